@@ -1,0 +1,25 @@
+"""cann-export: PyTorch models to ONNX and ATC-ready bundles for Ascend NPUs, with numeric parity.
+
+Heavy libraries (torch, onnx, onnxruntime) load only when an API function runs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ExportError
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+__all__ = ["export", "validate", "inspect", "ExportResult", "ExportError", "hookimpl", "errors", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("export", "validate", "inspect", "ExportResult"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "errors":
+        from . import errors
+
+        return errors
+    raise AttributeError(f"module 'cann_export' has no attribute {name!r}")

@@ -1,0 +1,34 @@
+"""Put any loaded model into inference mode, including graphs unlifted from torch.export archives."""
+from __future__ import annotations
+
+from typing import Any
+
+_DROPOUT_OPS = ("dropout.default", "dropout_.default", "feature_dropout.default", "alpha_dropout.default",
+                "feature_alpha_dropout.default")
+
+
+def to_eval(model: Any, kind: str) -> Any:
+    """``model.eval()``; a torch.export graph cannot switch mode, so its dropout and training-mode
+    batch norm calls are rewritten to their inference forms."""
+    if kind != "exported_program":
+        model.eval()
+        return model
+    import torch
+
+    graph = model.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        target = str(node.target).removeprefix("aten.")
+        if target in _DROPOUT_OPS:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            changed = True
+        elif node.target is torch.ops.aten.batch_norm.default and len(node.args) > 5 and node.args[5]:
+            node.args = (*node.args[:5], False, *node.args[6:])
+            changed = True
+    if changed:
+        graph.lint()
+        model.recompile()
+    return model

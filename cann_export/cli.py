@@ -1,0 +1,233 @@
+"""The ``cann-export`` command: a thin layer over the Python API that prints and sets exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError
+
+FORMATS_HELP = "atc_ready (directory bundle for ATC) or onnx (one .onnx file)"
+
+
+class DefaultCommandGroup(click.Group):
+    """``cann-export MODEL ...`` means ``cann-export export MODEL ...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["export", *args]
+        return super().parse_args(ctx, args)
+
+
+def _emit_error(err: Exception, as_json: bool) -> int:
+    if isinstance(err, ExportError):
+        code, payload = err.exit_code, err.to_dict()
+        text = f"error: {err}"
+    else:
+        code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {err}"}
+        text = (f"error: [internal] {type(err).__name__}: {err}. This is a bug in cann-export; "
+                "set CANN_EXPORT_DEBUG=1 for a traceback and report it")
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": payload}))
+    click.echo(text, err=True)
+    return code
+
+
+def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
+    """Run a command body; turn errors into one message and an exit code, never a traceback."""
+    try:
+        code = fn()
+    except (ExportError, Exception) as e:  # noqa: BLE001 - the CLI is where errors become messages
+        if os.environ.get("CANN_EXPORT_DEBUG") and not isinstance(e, ExportError):
+            raise
+        code = _emit_error(e, as_json)
+    except KeyboardInterrupt:
+        click.echo("interrupted; nothing was written", err=True)
+        code = 130
+    sys.exit(code)
+
+
+def _progress(index: int, stage: str, status: str, seconds: float) -> None:
+    click.echo(f"[{index}/11] {stage} ... {status} ({seconds:.2f}s)", err=True)
+
+
+@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cann-export", prog_name="cann-export")
+def cli() -> None:
+    """Export PyTorch models to ONNX and ATC-ready bundles for Huawei Ascend NPUs.
+
+    `cann-export MODEL ...` is short for `cann-export export MODEL ...`.
+    """
+
+
+@cli.command("export")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
+@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, help=FORMATS_HELP)
+@click.option("--model-class", help="pkg.module:Callable that builds the module for a state_dict / safetensors file.")
+@click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
+@click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file: only for files you trust).")
+@click.option("--input-shape", "input_shapes", multiple=True, help="NAME:D1,D2,...[:DTYPE]; repeatable.")
+@click.option("--example-inputs", type=click.Path(path_type=str), help="safetensors file of inputs named after the forward parameters.")
+@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (atc_ready: 11..18).")
+@click.option("--soc-version", default="Ascend310P3", show_default=True)
+@click.option("--precision-mode", default="force_fp16", show_default=True, help="ATC --precision_mode value.")
+@click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
+@click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
+@click.option("--exporter", default="auto", show_default=True, type=click.Choice(["auto", "dynamo", "torchscript"]))
+@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
+@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
+@click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")
+@click.option("--rtol", type=float, default=None, help="Parity relative tolerance (default 1e-3).")
+@click.option("--min-cosine", type=float, default=None, help="Parity minimum cosine similarity (default 0.999).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
+def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
+               trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int,
+               soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
+               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, atol: float | None,
+               rtol: float | None, min_cosine: float | None, overwrite: bool, as_json: bool) -> None:
+    """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
+
+    def body() -> int:
+        from . import api
+        from .errors import OptionsError
+        from .options import parse_key_values
+
+        kwargs: dict[str, Any] = {}
+        if model_kwargs:
+            try:
+                kwargs = json.loads(model_kwargs)
+            except json.JSONDecodeError as e:
+                raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+            if not isinstance(kwargs, dict):
+                raise OptionsError("--model-kwargs must be a JSON object")
+        out = output or _default_output(model, export_format)
+        result = api.export(
+            model, out, export_format,
+            model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
+            input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset,
+            soc_version=soc_version, precision_mode=precision_mode,
+            metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
+            exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
+            atol=atol, rtol=rtol, min_cosine=min_cosine, overwrite=overwrite, progress=_progress,
+        )
+        if as_json:
+            click.echo(json.dumps(result.to_dict(), default=str))
+        else:
+            _print_result(result)
+        return 0 if result.ok else EXIT_PARITY_FAILED
+
+    run_guarded(as_json, body)
+
+
+def _default_output(model: str, export_format: str) -> str:
+    stem = os.path.splitext(os.path.basename(model.rstrip("/")))[0] or "model"
+    return f"{stem}.onnx" if export_format == "onnx" else f"{stem}_{export_format}"
+
+
+def _print_result(result: Any) -> None:
+    click.echo(f"wrote {result.format}: {result.output} ({result.onnx['exporter']} exporter, opset {result.onnx['opset']})")
+    parity = result.parity
+    if not parity:
+        click.echo("parity: not validated (--no-validate)")
+        return
+    click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
+               f"reference: {parity['reference']})")
+    for o in parity["outputs"]:
+        mark = "ok  " if o["passed"] else "FAIL"
+        click.echo(f"  {mark} {o['name']}: max_abs={o['max_abs']:.3g} max_rel={o['max_rel']:.3g} cosine={o['cosine']:.6f}")
+    if not parity["passed"]:
+        click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+@cli.command("validate")
+@click.argument("bundle", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True)
+def validate_cmd(bundle: str, as_json: bool) -> None:
+    """Re-run numeric parity on an existing atc_ready BUNDLE (and check its files' sha256)."""
+
+    def body() -> int:
+        from . import api
+        from .manifest import summarize_parity
+
+        report = api.validate(bundle)
+        summary = summarize_parity(report)
+        if as_json:
+            click.echo(json.dumps({"ok": report["passed"], "bundle": bundle, "parity": summary}, default=str))
+        else:
+            click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'}")
+            for o in summary["outputs"]:
+                click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} {'ok' if o['passed'] else 'FAIL'}")
+        return 0 if report["passed"] else EXIT_PARITY_FAILED
+
+    run_guarded(as_json, body)
+
+
+@cli.command("inspect")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True)
+def inspect_cmd(path: str, as_json: bool) -> None:
+    """Show what a bundle or an .onnx file holds."""
+
+    def body() -> int:
+        from . import api
+
+        info = api.inspect(path)
+        if as_json:
+            click.echo(json.dumps(info, default=str))
+            return 0
+        click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
+        for title in ("inputs", "outputs"):
+            click.echo(f"{title}:")
+            for v in info[title]:
+                click.echo(f"  {v['name']}: {v['dtype']}{v['shape']}")
+        click.echo("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
+        if info["metadata"]:
+            click.echo("metadata:")
+            for k, v in info["metadata"].items():
+                click.echo(f"  {k} = {v}")
+        if info.get("parity"):
+            p = info["parity"]
+            click.echo(f"parity: {'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}")
+        return 0
+
+    run_guarded(as_json, body)
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True)
+def plugins_cmd(as_json: bool) -> None:
+    """List the plugins with their versions and hooks."""
+
+    def body() -> int:
+        from .plugin_manager import describe_plugins
+
+        rows = describe_plugins()
+        if as_json:
+            click.echo(json.dumps(rows))
+        else:
+            for row in rows:
+                kind = "built-in" if row["builtin"] else "third-party"
+                click.echo(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}")
+        return 0
+
+    run_guarded(as_json, body)
+
+
+def _register_plugin_commands() -> None:
+    from .plugin_manager import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(cli=cli)
+
+
+def main() -> None:
+    try:
+        _register_plugin_commands()
+    except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI
+        click.echo(f"warning: plugin commands not loaded: {e}", err=True)
+    cli()

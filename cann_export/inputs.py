@@ -1,0 +1,169 @@
+"""Example inputs: parsing ``--input-shape``, reading ``--example-inputs``, naming and seeded variants."""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import LoadError, OptionsError, PrepareError
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+# Inputs whose names say they hold token ids / masks default to int64.
+_INT_NAME = re.compile(r"(^|_)(ids?|mask|indices|positions?|labels?)$")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str | None = None  # None: float32, or int64 for token ids / masks
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype:
+            return self.dtype
+        return "int64" if _INT_NAME.search(self.name) else "float32"
+
+
+def parse_input_shape(text: str) -> InputSpec:
+    """Parse ``NAME:D1,D2,...[:DTYPE]``."""
+    parts = text.split(":")
+    hint = "write it as NAME:D1,D2,...[:DTYPE], e.g. input_ids:1,128:int64 or pixel_values:1,3,224,224"
+    if len(parts) not in (2, 3) or not parts[0].strip():
+        raise OptionsError(f"--input-shape {text!r} does not parse; {hint}")
+    name = parts[0].strip()
+    try:
+        shape = tuple(int(d) for d in parts[1].split(",") if d.strip() != "")
+    except ValueError:
+        raise OptionsError(f"--input-shape {text!r}: dimensions must be integers; {hint}") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise OptionsError(f"--input-shape {text!r}: every dimension must be a positive integer; {hint}")
+    dtype = parts[2].strip() if len(parts) == 3 else None
+    if dtype is not None and dtype not in DTYPES:
+        raise OptionsError(f"--input-shape {text!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return InputSpec(name, shape, dtype)
+
+
+def forward_input_names(model: Any) -> list[str]:
+    """Names of the model's forward parameters, in order (no *args/**kwargs)."""
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript
+        return [a.name for a in schema.arguments if a.name != "self"]
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in sig.parameters.values() if p.kind in kinds]
+
+
+def embedding_vocab(model: Any) -> int:
+    """Upper bound for random token ids: the config's vocab size, else the smallest Embedding table."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    import torch
+
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)] if isinstance(model, torch.nn.Module) else []
+    return min(sizes) if sizes else 2
+
+
+def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dict[str, Any]:
+    """Build example tensors from shapes: seeded normal floats; token ids below the vocabulary; masks of ones."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    for spec in specs:
+        dtype = getattr(torch, spec.resolved_dtype)
+        if dtype.is_floating_point:
+            out[spec.name] = torch.randn(spec.shape, generator=gen).to(dtype)
+        elif dtype == torch.bool or "mask" in spec.name:
+            out[spec.name] = torch.ones(spec.shape, dtype=dtype)
+        elif "token_type" in spec.name:
+            out[spec.name] = torch.zeros(spec.shape, dtype=dtype)
+        else:
+            high = min(embedding_vocab(model), 2**31 - 1)
+            out[spec.name] = torch.randint(0, high, spec.shape, generator=gen, dtype=torch.int64).to(dtype)
+    return out
+
+
+def read_example_inputs(path: str | Path) -> dict[str, Any]:
+    """Load named tensors from a safetensors file (no pickle)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LoadError("example-inputs file not found; pass a .safetensors file of named tensors", path=path)
+    try:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise LoadError(
+            f"cannot read example inputs as safetensors ({type(e).__name__}: {e}); "
+            "write them with safetensors.torch.save_file({name: tensor})",
+            path=path,
+        ) from None
+    if not tensors:
+        raise LoadError("the example-inputs file holds no tensors", path=path)
+    return dict(tensors)
+
+
+def check_input_names(names: list[str], accepted: list[str], source: str) -> None:
+    unknown = [n for n in names if accepted and n not in accepted]
+    if unknown:
+        raise PrepareError(
+            f"input(s) {', '.join(unknown)} from {source} are not parameters of the model's forward "
+            f"({', '.join(accepted)}); name the inputs after the forward parameters"
+        )
+
+
+def random_variants(inputs: dict[str, Any], count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` seeded inputs shaped like ``inputs``: floats keep the example's mean and spread,
+    integers stay inside the example's range, booleans are kept."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    variants = []
+    for _ in range(count):
+        one = {}
+        for name, t in inputs.items():
+            if t.dtype.is_floating_point:
+                x = t.detach().float()
+                std = float(x.std()) if x.numel() > 1 else 0.0
+                std = std if std > 0 else 1.0
+                one[name] = (float(x.mean()) + std * torch.randn(t.shape, generator=gen)).to(t.dtype)
+            elif t.dtype == torch.bool or t.numel() == 0:
+                one[name] = t.clone()
+            else:
+                lo, hi = int(t.min()), int(t.max())
+                one[name] = t.clone() if lo == hi else torch.randint(lo, hi + 1, t.shape, generator=gen).to(t.dtype)
+        variants.append(one)
+    return variants
+
+
+def flatten_outputs(outputs: Any) -> tuple[list[str], list[Any]]:
+    """Flatten a model's outputs (tensor, tuple, dict, transformers ModelOutput) into names and tensors."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    if hasattr(outputs, "to_tuple") and hasattr(outputs, "keys"):  # transformers ModelOutput
+        outputs = {k: outputs[k] for k in outputs.keys()}
+    leaves, _ = pytree.tree_flatten_with_path(outputs)
+    names, tensors = [], []
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        key = ".".join(_key_str(k) for k in path) or "output"
+        names.append(key if not key[0].isdigit() else f"output_{key}")
+        tensors.append(leaf)
+    return names, tensors
+
+
+def _key_str(k: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)

@@ -1,0 +1,92 @@
+"""Export options, their defaults and their validation (done before any heavy work)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import OptionsError
+from .inputs import InputSpec
+
+PRECISION_MODES = (
+    "force_fp32", "cube_fp16in_fp32out", "force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype",
+    "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16",
+)
+ATC_OPSETS = range(11, 19)  # ATC accepts ONNX opset 11..18
+ONNX_OPSETS = range(7, 24)
+EXTERNAL_DATA = ("auto", "always", "never")
+EXPORTERS = ("auto", "dynamo", "torchscript")
+
+
+@dataclass
+class Tolerance:
+    """Parity policy: an output passes when every element satisfies |a-b| <= atol + rtol*|ref|
+    and the cosine similarity of the flattened output is at least ``min_cosine``."""
+
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    min_cosine: float = 0.999
+
+    def to_dict(self) -> dict[str, float]:
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine}
+
+
+@dataclass
+class ExportOptions:
+    export_format: str = "atc_ready"
+    opset: int = 17
+    soc_version: str = "Ascend310P3"
+    precision_mode: str = "force_fp16"
+    metadata: dict[str, str] = field(default_factory=dict)
+    atc_hints: dict[str, Any] = field(default_factory=dict)
+    validate: bool = True
+    overwrite: bool = False
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    model_class: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    trust_pickle: bool = False
+    input_shapes: list[InputSpec] = field(default_factory=list)
+    example_inputs_file: str | None = None
+    external_data: str = "auto"
+    external_data_threshold: int = 2_000_000_000  # bytes of weights before external data in "auto"
+    exporter: str = "auto"
+    simplify: bool = True
+    num_random_inputs: int = 4
+    seed: int = 0
+    include_optimizer_state: bool = False
+    optimizer: Any = None
+
+    def check(self, known_formats: list[str]) -> None:
+        """Refuse bad option values with the list of valid ones."""
+        if self.export_format not in known_formats:
+            raise OptionsError(f"unknown format {self.export_format!r}; choose one of {', '.join(sorted(known_formats))}")
+        if self.export_format in ("atc_ready", "om") and self.opset not in ATC_OPSETS:
+            raise OptionsError(
+                f"opset {self.opset} is outside 11..18, the range ATC accepts for {self.export_format}; "
+                "pass --opset between 11 and 18 (17 is the default)"
+            )
+        if self.opset not in ONNX_OPSETS:
+            raise OptionsError(f"opset {self.opset} is not supported; use {ONNX_OPSETS.start}..{ONNX_OPSETS.stop - 1}")
+        if self.precision_mode not in PRECISION_MODES:
+            raise OptionsError(f"unknown precision mode {self.precision_mode!r}; ATC accepts {', '.join(PRECISION_MODES)}")
+        if self.external_data not in EXTERNAL_DATA:
+            raise OptionsError(f"external_data must be one of {', '.join(EXTERNAL_DATA)}")
+        if self.exporter not in EXPORTERS:
+            raise OptionsError(f"exporter must be one of {', '.join(EXPORTERS)}")
+        if self.include_optimizer_state and self.optimizer is None:
+            raise OptionsError("include_optimizer_state=True needs optimizer=<the torch.optim optimizer>")
+        if self.input_shapes and self.example_inputs_file:
+            raise OptionsError("pass either --input-shape or --example-inputs, not both")
+        tol = self.tolerance
+        if tol.atol < 0 or tol.rtol < 0 or not (-1.0 <= tol.min_cosine <= 1.0):
+            raise OptionsError("tolerances must be atol >= 0, rtol >= 0 and -1 <= min_cosine <= 1")
+
+
+def parse_key_values(pairs: list[str] | tuple[str, ...], flag: str) -> dict[str, str]:
+    """Parse repeated ``KEY=VALUE`` options."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise OptionsError(f"{flag} {pair!r} does not parse; write it as {flag} KEY=VALUE")
+        out[key.strip()] = value
+    return out

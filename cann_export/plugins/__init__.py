@@ -1,0 +1,1 @@
+"""Default plugins, registered through the same plugin manager as third-party ones."""

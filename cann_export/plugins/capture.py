@@ -1,0 +1,87 @@
+"""ONNX exporters for the capture stage: torch.onnx's dynamo exporter first, TorchScript as fallback."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..hookspecs import hookimpl
+
+_NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
+
+
+@contextlib.contextmanager
+def quiet_export() -> Iterator[None]:
+    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level."""
+    saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+    try:
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def call_args(ctx: Any) -> tuple[tuple, dict]:
+    """Modules take named inputs; TorchScript and torch.export graphs take them in order."""
+    inputs = ctx.example_inputs
+    if ctx.loaded.kind == "module":
+        return (), dict(inputs)
+    return tuple(inputs[n] for n in ctx.input_names), {}
+
+
+class DynamoExporter:
+    name = "dynamo"
+    priority = 100
+
+    def supports(self, model: Any) -> bool:
+        import torch
+
+        return isinstance(model, torch.nn.Module) and not isinstance(model, torch.jit.ScriptModule)
+
+    def export(self, model: Any, ctx: Any) -> Any:
+        import torch
+
+        args, kwargs = call_args(ctx)
+        with quiet_export():
+            program = torch.onnx.export(
+                model, args, kwargs=kwargs, dynamo=True, opset_version=ctx.options.opset,
+                input_names=list(ctx.input_names), output_names=list(ctx.output_names),
+                verbose=False, report=False, optimize=True,
+            )
+            return program.model_proto
+
+
+class TorchScriptExporter:
+    name = "torchscript"
+    priority = 50
+
+    def supports(self, model: Any) -> bool:
+        return True
+
+    def export(self, model: Any, ctx: Any) -> Any:
+        import onnx
+        import torch
+
+        args, kwargs = call_args(ctx)
+        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export():
+            path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
+            torch.onnx.export(
+                model, args, str(path), kwargs=kwargs or None, dynamo=False, opset_version=ctx.options.opset,
+                input_names=list(ctx.input_names), output_names=list(ctx.output_names),
+                do_constant_folding=True,
+            )
+            return onnx.load(str(path))
+
+
+@hookimpl
+def register_exporters(register):
+    register(DynamoExporter())
+    register(TorchScriptExporter())

@@ -1,0 +1,115 @@
+"""Output formats: a single ``.onnx`` file, and the ``atc_ready`` directory bundle."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import atomic
+from ..hookspecs import hookimpl
+from ..manifest import build_manifest, dumps
+from .atc import atc_arguments, convert_script
+
+
+def _external(ctx: Any) -> bool:
+    from ..onnx_utils import weights_bytes
+
+    mode = ctx.options.external_data
+    return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
+
+
+def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
+    from ..training_state import save_optimizer_state, save_weights
+
+    if not ctx.options.include_optimizer_state:
+        return []
+    weights, optim = directory / f"{prefix}weights.safetensors", directory / f"{prefix}optimizer.safetensors"
+    save_weights(ctx.model, weights)
+    save_optimizer_state(ctx.options.optimizer, optim)
+    return [weights, optim]
+
+
+class OnnxFormat:
+    name = "onnx"
+    description = "one .onnx file (weights in <name>.onnx.data past the 2 GB protobuf limit)"
+    is_directory = False
+
+    def write(self, ctx: Any, staging: Path) -> list[Path]:
+        from ..onnx_utils import save_model
+
+        name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
+        ctx.output_path = ctx.output_path.with_name(name)
+        files = save_model(ctx.onnx_model, staging / name, _external(ctx))
+        ctx.onnx_path = files[0]
+        return files + _write_training_state(ctx, staging, f"{ctx.output_path.stem}.")
+
+    def finalize(self, ctx: Any, staging: Path) -> None:
+        ctx.manifest = build_manifest(ctx, None)
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
+        return atomic.commit_files(staging, names, ctx.output_path.parent, ctx.options.overwrite)
+
+
+class AtcReadyFormat:
+    name = "atc_ready"
+    description = "directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh"
+    is_directory = True
+
+    def write(self, ctx: Any, staging: Path) -> list[Path]:
+        from ..onnx_utils import describe_values, save_model
+
+        files = save_model(ctx.onnx_model, staging / "model.onnx", _external(ctx))
+        ctx.onnx_path = files[0]
+        hints = ctx.options.atc_hints
+        args = atc_arguments("model.onnx", "model", describe_values(ctx.onnx_model.graph.input),
+                             ctx.options.soc_version, ctx.options.precision_mode, hints)
+        ctx.reports["atc"] = {"soc_version": hints.get("soc_version", ctx.options.soc_version),
+                              "precision_mode": hints.get("precision_mode", ctx.options.precision_mode),
+                              "hints": dict(hints), "command": args}
+        script = staging / "atc" / "convert.sh"
+        script.parent.mkdir()
+        script.write_text(convert_script(args), encoding="utf-8")
+        os.chmod(script, 0o755)
+        files.append(script)
+        if ctx.options.validate and ctx.input_sets:
+            files += _write_parity_data(ctx, staging / "parity")
+        training = staging / "training"
+        if ctx.options.include_optimizer_state:
+            training.mkdir()
+        return files + _write_training_state(ctx, training, "")
+
+    def finalize(self, ctx: Any, staging: Path) -> None:
+        if "parity" in ctx.reports:
+            atomic.write_text(staging / "parity.json", dumps(ctx.reports["parity"]))
+        ctx.manifest = build_manifest(ctx, staging)
+        atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
+        return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
+
+
+def _write_parity_data(ctx: Any, directory: Path) -> list[Path]:
+    """Inputs and reference outputs, so ``cann-export validate`` can re-run parity without the model."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    inputs, expected = {}, {}
+    for s, feed in enumerate(ctx.input_sets):
+        for name, t in feed.items():
+            inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
+        for name, arr in zip(ctx.output_names, ctx.reference_outputs[s]):
+            expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
+    order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
+             "sets": str(len(ctx.input_sets))}
+    save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
+    save_file(expected, str(directory / "expected.safetensors"), metadata=order)
+    return [directory / "inputs.safetensors", directory / "expected.safetensors"]
+
+
+@hookimpl
+def register_formats(register):
+    register(OnnxFormat())
+    register(AtcReadyFormat())

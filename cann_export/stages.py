@@ -1,0 +1,265 @@
+"""The default behaviour of each pipeline stage, driven by the plugin registries."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import errors, inputs as inputs_mod
+from . import plugin_manager as plugins
+from .pipeline import ExportContext, LoadedModel
+
+
+def load(ctx: ExportContext) -> str | None:
+    import torch
+
+    src = ctx.source
+    if isinstance(src, torch.export.ExportedProgram):
+        names = list(src.graph_signature.user_inputs)
+        ex = None
+        if src.example_inputs is not None:
+            ex = dict(zip(names, src.example_inputs[0]))
+            ex.update(src.example_inputs[1] or {})
+        ctx.loaded = LoadedModel(src.module(), "exported_program", ex, extras={"input_names": names})
+    elif isinstance(src, torch.jit.ScriptModule):
+        ctx.loaded = LoadedModel(src, "torchscript")
+    elif isinstance(src, torch.nn.Module):
+        ctx.loaded = LoadedModel(src, "module")
+    elif isinstance(src, (str, Path)):
+        ctx.loaded = load_path(Path(src), ctx.options, plugins.collect("register_loaders"))
+    else:
+        raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
+                               "or the path of a model file")
+    ctx.model = ctx.loaded.model
+    return ctx.loaded.kind
+
+
+def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
+    """Check the path, pick the first matching loader by priority, and hash the file."""
+    from .atomic import sha256_file
+
+    if not path.exists():
+        raise errors.LoadError("model file not found; check the path", path=path)
+    if path.is_dir():
+        raise errors.LoadError("is a directory; pass a model file (.pt2, .pt, .pth, .safetensors)", path=path)
+    for loader in sorted(loaders.values(), key=lambda x: -x.priority):
+        if loader.matches(path):
+            loaded = loader.load(path, options)
+            loaded.source_path = str(path)
+            loaded.source_sha256 = sha256_file(path)
+            return loaded
+    raise errors.LoadError("no loader understands this file", path=path)
+
+
+def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
+    """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
+    import torch
+
+    from .backend.eval_mode import to_eval
+    from .tracking import recorded_inputs
+
+    loaded, opts = ctx.loaded, ctx.options
+    to_eval(ctx.model, loaded.kind)
+    accepted = loaded.extras.get("input_names") or inputs_mod.forward_input_names(ctx.model)
+    if example_inputs is not None:
+        feed, source = _as_named(example_inputs, accepted), "example_inputs"
+    elif opts.example_inputs_file:
+        feed, source = inputs_mod.read_example_inputs(opts.example_inputs_file), str(opts.example_inputs_file)
+    elif opts.input_shapes:
+        feed, source = inputs_mod.tensors_from_specs(opts.input_shapes, ctx.model, opts.seed), "--input-shape"
+    elif loaded.example_inputs:
+        feed, source = dict(loaded.example_inputs), "the archive's example inputs"
+    elif (rec := recorded_inputs(ctx.source)) is not None:
+        args, kwargs = rec
+        feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
+    else:
+        raise errors.PrepareError(
+            "no example inputs: pass --input-shape NAME:D1,D2,... or --example-inputs FILE.safetensors "
+            "(example_inputs= in Python, or call the model once after cann.torch.track(model))",
+            path=loaded.source_path)
+    inputs_mod.check_input_names(list(feed), accepted, source)
+    if loaded.kind != "module":  # positional graphs need every input, in order
+        missing = [n for n in accepted if n not in feed]
+        if missing:
+            raise errors.PrepareError(f"the model needs inputs {', '.join(missing)} that {source} does not give",
+                                      path=loaded.source_path)
+        feed = {n: feed[n] for n in accepted}
+    else:
+        feed = {n: feed[n] for n in accepted if n in feed} or feed
+    ctx.input_names = list(feed)
+    ctx.example_inputs = feed
+    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1) if opts.validate else []
+    ctx.input_sets = [feed] + variants
+    ctx.reference_outputs = []
+    with torch.no_grad():
+        for i, one in enumerate(ctx.input_sets):
+            try:
+                out = _call(ctx.model, loaded.kind, one, ctx.input_names)
+            except Exception as e:
+                raise errors.PrepareError(
+                    f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
+                    f"{_gist(e)}. Check the input names, shapes and dtypes "
+                    f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
+                    path=loaded.source_path) from None
+            names, tensors = inputs_mod.flatten_outputs(out)
+            if not tensors:
+                raise errors.PrepareError("the model returned no tensors", path=loaded.source_path)
+            if i == 0:
+                ctx.output_names = names
+            ctx.reference_outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
+                                          else t.detach().cpu().numpy() for t in tensors])
+    return f"{len(ctx.input_sets)} input sets from {source}"
+
+
+def _call(model: Any, kind: str, feed: dict[str, Any], names: list[str]) -> Any:
+    if kind == "module":
+        return model(**feed)
+    return model(*[feed[n] for n in names])
+
+
+def _as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
+    import torch
+
+    if isinstance(value, (str, Path)):
+        return inputs_mod.read_example_inputs(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, torch.Tensor):
+        value = (value,)
+    if isinstance(value, (tuple, list)):
+        if len(value) > len(accepted):
+            raise errors.PrepareError(f"{len(value)} example inputs given, but forward takes {len(accepted)} "
+                                      f"({', '.join(accepted)})")
+        return dict(zip(accepted, value))
+    raise errors.PrepareError(f"example_inputs must be a tensor, a tuple of tensors or a dict name -> tensor, "
+                              f"not {type(value).__name__}")
+
+
+def strip(ctx: ExportContext) -> str | None:
+    passes = sorted(plugins.collect("register_passes").values(), key=lambda p: p.order)
+    ran = []
+    for p in passes:
+        if hasattr(p, "apply_module"):
+            ctx.model = p.apply_module(ctx.model, ctx)
+            ran.append(p.name)
+    ctx.reports["strip"] = {"module_passes": ran}
+    return ", ".join(ran)
+
+
+def capture(ctx: ExportContext) -> str | None:
+    """Try the exporters in priority order; the first valid graph at the requested opset wins, else
+    the first valid graph at any opset (recorded)."""
+    from .onnx_utils import check_graph, opset_of
+
+    exporters = sorted(plugins.collect("register_exporters").values(), key=lambda e: -e.priority)
+    if ctx.options.exporter != "auto":
+        exporters = [e for e in exporters if e.name == ctx.options.exporter]
+    attempts: list[dict[str, Any]] = []
+    fallback = None
+    for exporter in exporters:
+        if not exporter.supports(ctx.model):
+            attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
+            continue
+        try:
+            model = exporter.export(ctx.model, ctx)
+            check_graph(model)
+        except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
+            attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
+            continue
+        opset = opset_of(model)
+        attempts.append({"exporter": exporter.name, "opset": opset})
+        if opset == ctx.options.opset:
+            fallback = (exporter.name, model)
+            break
+        if fallback is None:
+            fallback = (exporter.name, model)
+        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset}; trying the next exporter"
+    if fallback is None:
+        detail = "; ".join(f"{a['exporter']}: {a.get('error')}" for a in attempts)
+        raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
+                                  path=ctx.loaded.source_path)
+    name, ctx.onnx_model = fallback
+    ctx.capture = {"exporter": name, "opset": opset_of(ctx.onnx_model), "opset_requested": ctx.options.opset,
+                   "attempts": attempts}
+    return f"{name}, opset {ctx.capture['opset']}"
+
+
+def optimize(ctx: ExportContext) -> str | None:
+    """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches."""
+    from .onnx_utils import weights_bytes
+
+    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+        if hasattr(p, "apply_graph"):
+            ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
+    if not ctx.options.simplify:
+        ctx.optimize["onnxsim"] = "disabled"
+        return "onnxsim disabled"
+    if weights_bytes(ctx.onnx_model) > 1_900_000_000:
+        ctx.optimize["onnxsim"] = "skipped: graph past the 2 GB protobuf limit"
+        return "onnxsim skipped (> 2 GB)"
+    verdict, simplified = _simplify(ctx)
+    ctx.optimize["onnxsim"] = verdict
+    if simplified is not None:
+        ctx.onnx_model = simplified
+        return "simplified"
+    return f"kept unsimplified graph ({verdict})"
+
+
+def _simplify(ctx: ExportContext) -> tuple[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+    import onnxsim
+
+    from .validators.metrics import compare
+
+    try:
+        simplified, ok = onnxsim.simplify(ctx.onnx_model)
+    except Exception as e:  # noqa: BLE001
+        return f"failed: {type(e).__name__}: {_gist(e, 200)}", None
+    if not ok:
+        return "failed: onnxsim's own check did not pass", None
+    feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
+    try:
+        outs = []
+        for m in (ctx.onnx_model, simplified):
+            sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            outs.append(sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()}))
+    except Exception as e:  # noqa: BLE001
+        return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
+    for before, after in zip(*outs):
+        if not compare(np.asarray(after), np.asarray(before), ctx.options.tolerance)["passed"]:
+            return "rejected: simplified graph changed outputs beyond tolerance", None
+    return "applied", simplified
+
+
+def annotate(ctx: ExportContext) -> str | None:
+    import json
+
+    from .onnx_utils import set_metadata
+
+    ctx.provenance = plugins.call_provenance(ctx)
+    ctx.metadata = {str(k): str(v) for k, v in ctx.options.metadata.items()}
+    props = dict(ctx.metadata)
+    props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
+    if ctx.options.atc_hints:
+        props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
+    set_metadata(ctx.onnx_model, props)
+    return f"{len(props)} metadata entries"
+
+
+def run_validators(ctx: ExportContext, stage: str) -> str | None:
+    validators = [v for v in plugins.collect("register_validators").values()
+                  if v.stage == stage and (v.formats == "*" or ctx.options.export_format in v.formats)]
+    if not validators:
+        return "skipped"
+    failed = []
+    for v in validators:
+        report = v.check(ctx)
+        ctx.reports[v.name] = report
+        if not report.get("passed", False):
+            failed.append(v.name)
+    return f"FAILED: {', '.join(failed)}" if failed else "passed"
+
+
+def _gist(e: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + " ..."

@@ -1,0 +1,1 @@
+"""Validators: numeric parity of the written graph against PyTorch, and (later) the ATC lint."""

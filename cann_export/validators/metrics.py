@@ -1,0 +1,60 @@
+"""Per-output comparison metrics and the pass/fail rule of a tolerance policy."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any]:
+    """max abs error, max relative error (|a-b| / max(|ref|, atol)), cosine similarity, verdict.
+
+    Integer and boolean outputs must match exactly. Matching NaN/inf positions count as equal.
+    """
+    if actual.shape != expected.shape:
+        return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine": 0.0, "passed": False,
+                "reason": f"shape {list(actual.shape)} != reference {list(expected.shape)}"}
+    if not np.issubdtype(expected.dtype, np.floating):
+        equal = bool(np.array_equal(actual, expected))
+        diff = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
+        return {"max_abs": diff, "max_rel": diff, "cosine": 1.0 if equal else 0.0, "passed": equal}
+    a = actual.astype(np.float64).ravel()
+    b = expected.astype(np.float64).ravel()
+    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    finite = ~same_special
+    bad_special = ~np.isfinite(a[finite]) | ~np.isfinite(b[finite])
+    err = np.abs(a[finite] - b[finite])
+    ref = np.abs(b[finite])
+    max_abs = float(err.max()) if err.size else 0.0
+    max_rel = float((err / np.maximum(ref, max(tol.atol, 1e-12))).max()) if err.size else 0.0
+    cos = cosine(a[finite], b[finite])
+    within = bool(np.all(err <= tol.atol + tol.rtol * ref)) and not bool(bad_special.any())
+    passed = within and cos >= tol.min_cosine
+    return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size == 0:
+        return 1.0
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return 0.0
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.clip(np.dot(a, b) / (na * nb), -1.0, 1.0))
+
+
+def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst case over the input sets."""
+    merged = {
+        "max_abs": max(r["max_abs"] for r in per_set),
+        "max_rel": max(r["max_rel"] for r in per_set),
+        "cosine": min(r["cosine"] for r in per_set),
+        "passed": all(r["passed"] for r in per_set),
+    }
+    reasons = [r["reason"] for r in per_set if r.get("reason")]
+    if reasons:
+        merged["reason"] = reasons[0]
+    return merged

@@ -1,0 +1,65 @@
+"""Numeric parity: the written graph in onnxruntime against the PyTorch eager fp32 reference.
+
+The reference is the original (unstripped) model in eval mode, run on the example inputs and on
+``num_random_inputs`` seeded variants of the same shapes; every output of every run is compared.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..hookspecs import hookimpl
+
+
+def run_onnx(path: Path, input_sets: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Run every input set through onnxruntime (CPU); returns output names and outputs per set."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    wanted = [i.name for i in session.get_inputs()]
+    missing = [n for n in wanted if n not in input_sets[0]]
+    if missing:
+        raise ValueError(f"the graph needs inputs {missing} that the parity data does not have")
+    names = [o.name for o in session.get_outputs()]
+    return names, [session.run(None, {n: feed[n] for n in wanted}) for feed in input_sets]
+
+
+def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
+                  tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)") -> dict[str, Any]:
+    """Compare the graph's outputs with ``expected`` per output, worst case over all input sets."""
+    import numpy as np
+
+    from .metrics import compare, merge
+
+    names, actual = run_onnx(path, input_sets)
+    report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
+                              "input_sets": len(input_sets), "tolerance": tolerance.to_dict(), "outputs": []}
+    if len(names) != len(expected[0]):
+        report.update(passed=False, reason=f"the graph has {len(names)} outputs, the reference {len(expected[0])}")
+        return report
+    for k, name in enumerate(names):
+        per_set = [compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
+        report["outputs"].append({"name": name, "shape": list(expected[0][k].shape), **merge(per_set)})
+    report["passed"] = all(o["passed"] for o in report["outputs"])
+    return report
+
+
+class ParityValidator:
+    name = "parity"
+    stage = "validate"
+    formats = "*"
+
+    def check(self, ctx: Any) -> dict[str, Any]:
+        feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
+        return parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance)
+
+
+def to_numpy(t: Any) -> Any:
+    return t.detach().cpu().numpy()
+
+
+@hookimpl
+def register_validators(register):
+    register(ParityValidator())
