@@ -23,7 +23,7 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
-        ctx.loaded = LoadedModel(src, "module")
+        ctx.loaded = LoadedModel(_private_copy(src), "module")
     elif isinstance(src, (str, Path)):
         ctx.loaded = load_path(Path(src), ctx.options, plugins.collect("register_loaders"))
     else:
@@ -31,6 +31,18 @@ def load(ctx: ExportContext) -> str | None:
                                "or the path of a model file")
     ctx.model = ctx.loaded.model
     return ctx.loaded.kind
+
+
+def _private_copy(module: Any) -> Any:
+    """Eval mode and the strip passes must never change the caller's module: work on a copy."""
+    import copy
+
+    try:
+        return copy.deepcopy(module)
+    except Exception as e:  # noqa: BLE001
+        raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
+                               f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
+                               "the file instead") from None
 
 
 def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
@@ -148,6 +160,7 @@ def strip(ctx: ExportContext) -> str | None:
 def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins, else
     the first valid graph at any opset (recorded)."""
+    from .backend.eval_mode import to_eval
     from .onnx_utils import check_graph, opset_of
 
     exporters = sorted(plugins.collect("register_exporters").values(), key=lambda e: -e.priority)
@@ -165,6 +178,8 @@ def capture(ctx: ExportContext) -> str | None:
         except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
             attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
             continue
+        finally:
+            to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
         opset = opset_of(model)
         attempts.append({"exporter": exporter.name, "opset": opset})
         if opset == ctx.options.opset:

@@ -71,14 +71,31 @@ class TorchScriptExporter:
         import torch
 
         args, kwargs = call_args(ctx)
+        if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
+            model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export():
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
             torch.onnx.export(
-                model, args, str(path), kwargs=kwargs or None, dynamo=False, opset_version=ctx.options.opset,
+                model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 do_constant_folding=True,
             )
             return onnx.load(str(path))
+
+
+def _Positional(model: Any, names: list[str]) -> Any:
+    """Wrap ``model`` so it takes exactly the named inputs, in order, as positional tensors."""
+    import torch
+
+    class Positional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.model(**dict(zip(names, tensors)))
+
+    return Positional().train(model.training)  # the exporter restores the wrapper's mode recursively
 
 
 @hookimpl

@@ -49,8 +49,17 @@ class DropoutPass:
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, dropouts):
-                    setattr(parent, name, torch.nn.Identity())
+                    setattr(parent, name, _stripped_dropout(child))
         return model
+
+
+def _stripped_dropout(child: Any) -> Any:
+    """An Identity that still answers ``.p`` / ``.inplace`` (models such as GPT-2 read them)."""
+    import torch
+
+    stripped = torch.nn.Identity()
+    stripped.p, stripped.inplace = 0.0, getattr(child, "inplace", False)
+    return stripped
 
 
 class SequentialConvBnPass:

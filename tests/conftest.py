@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # `helpers.toy_models:...` for --model-class
+os.environ.setdefault("CANN_EXPORT_LOAD_PLUGINS", "")  # hermetic: no installed third-party plugins
+
+
+@pytest.fixture
+def cli_env(monkeypatch):
+    """Environment for a real `cann-export` subprocess that can import the test helpers."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    env["CANN_EXPORT_LOAD_PLUGINS"] = ""
+    return env
+
+
+@pytest.fixture
+def run_ort():
+    """Run an ONNX file in onnxruntime with named numpy/torch inputs."""
+    import numpy as np
+    import onnxruntime as ort
+
+    def run(path, feeds):
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feed = {i.name: np.asarray(feeds[i.name].numpy() if hasattr(feeds[i.name], "numpy") else feeds[i.name])
+                for i in sess.get_inputs()}
+        return [o.name for o in sess.get_outputs()], sess.run(None, feed)
+
+    return run

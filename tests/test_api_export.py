@@ -1,0 +1,183 @@
+"""The Python API on hand-made models: stripping, both formats, manifest, parity, atomicity."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import cann_export
+from cann_export import errors
+from helpers.toy_models import ConvBnDropout, TwoInputs, make_mlp
+
+
+def op_types(path):
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+def test_atc_ready_bundle_strips_training_structure_and_passes_parity(tmp_path, run_ort):
+    torch.manual_seed(0)
+    model = ConvBnDropout().train()  # exported in train mode on purpose: strip must switch to eval
+    x = torch.randn(2, 3, 16, 16)
+    result = cann_export.export(model, tmp_path / "bundle", "atc_ready", example_inputs=(x,))
+
+    assert result.ok and result.parity["passed"]
+    bundle = tmp_path / "bundle"
+    names = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()}
+    assert {"model.onnx", "manifest.json", "parity.json", "atc/convert.sh",
+            "parity/inputs.safetensors", "parity/expected.safetensors"} <= names
+    ops = op_types(bundle / "model.onnx")
+    assert "BatchNormalization" not in ops and "Dropout" not in ops and "Identity" not in ops
+    assert ops.count("Conv") == 2
+
+    model.eval()
+    _, (out,) = run_ort(bundle / "model.onnx", {"x": x})
+    np.testing.assert_allclose(out, model(x).detach().numpy(), atol=1e-4, rtol=1e-3)
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["model"]["inputs"] == [{"name": "x", "shape": [2, 3, 16, 16], "dtype": "float"}]
+    assert manifest["parity"]["passed"] and manifest["parity"]["input_sets"] == 5
+    assert manifest["capture"]["exporter"] in ("dynamo", "torchscript")
+    assert manifest["model"]["opset"] == result.onnx["opset"]
+    for rel, entry in manifest["files"].items():
+        assert len(entry["sha256"]) == 64 and entry["size"] == (bundle / rel).stat().st_size
+    script = (bundle / "atc" / "convert.sh").read_text()
+    assert "atc --framework=5 --model=model.onnx --output=model --soc_version=Ascend310P3" in script
+    assert "--input_shape=x:2,3,16,16" in script and "--precision_mode=force_fp16" in script
+
+
+def test_onnx_format_metadata_and_provenance(tmp_path):
+    model = make_mlp()
+    result = cann_export.export(model, tmp_path / "mlp.onnx", "onnx", example_inputs=torch.randn(3, 12),
+                                metadata={"task": "regression", "owner": "ml-team"})
+    assert result.files == [str(tmp_path / "mlp.onnx")]
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / "mlp.onnx")).metadata_props}
+    assert props["task"] == "regression" and props["owner"] == "ml-team"
+    for key in ("tool", "torch", "onnx", "onnxruntime", "exporter", "opset", "created_utc"):
+        assert props[f"cann_export.{key}"], key
+    assert props["cann_export.source_kind"] == "module"
+    assert list(tmp_path.iterdir()) == [tmp_path / "mlp.onnx"]  # no staging leftovers
+
+
+def test_named_inputs_dict_outputs_and_token_ids(tmp_path, run_ort):
+    torch.manual_seed(0)
+    model = TwoInputs().eval()
+    feeds = {"input_ids": torch.randint(0, 50, (2, 7)), "features": torch.randn(2, 7, 16)}
+    result = cann_export.export(model, tmp_path / "b", example_inputs=feeds)
+    assert [o["name"] for o in result.parity["outputs"]] == ["hidden", "pooled"]
+    names, outs = run_ort(tmp_path / "b" / "model.onnx", feeds)
+    ref = model(**feeds)
+    for name, out in zip(names, outs):
+        np.testing.assert_allclose(out, ref[name].detach().numpy(), atol=1e-4)
+
+
+def test_input_shapes_build_token_ids_below_vocab(tmp_path):
+    result = cann_export.export(TwoInputs().eval(), tmp_path / "b", input_shapes=["input_ids:1,9", "features:1,9,16"])
+    manifest = result.manifest
+    dtypes = {i["name"]: i["dtype"] for i in manifest["model"]["inputs"]}
+    assert dtypes == {"input_ids": "int64", "features": "float"}
+    assert result.ok
+
+
+class SignBranch(torch.nn.Module):
+    """Data-dependent control flow: a traced export freezes the branch of the example input."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x * -3
+
+
+def test_parity_failure_writes_bundle_with_failure_recorded(tmp_path):
+    x = torch.tensor([[0.5, -0.4, 0.3, -0.2], [0.1, -0.1, 0.2, -0.3]])  # sum > 0; seeded variants take both branches
+    result = cann_export.export(SignBranch(), tmp_path / "b", example_inputs=x)
+    assert not result.ok and result.parity["passed"] is False
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["parity"]["passed"] is False
+    assert json.loads((tmp_path / "b" / "parity.json").read_text())["outputs"][0]["passed"] is False
+
+
+def test_failed_stage_leaves_nothing_behind(tmp_path):
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            return x.numpy()  # not traceable by any exporter
+
+    with pytest.raises(errors.ExportError) as info:
+        cann_export.export(Broken(), tmp_path / "out", example_inputs=torch.randn(2))
+    assert info.value.stage in ("prepare", "capture")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_refused_then_overwritten(tmp_path):
+    target = tmp_path / "b"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    with pytest.raises(errors.WriteError, match="--overwrite"):
+        cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False)
+    assert (target / "keep.txt").exists()
+    cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False, overwrite=True)
+    assert not (target / "keep.txt").exists() and (target / "model.onnx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_no_validate_skips_parity(tmp_path):
+    result = cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(1, 12), validate=False)
+    assert result.parity is None and result.ok
+    assert not (tmp_path / "b" / "parity.json").exists()
+    assert result.manifest["parity"] == {"validated": False}
+
+
+def test_external_data_when_over_threshold(tmp_path, run_ort):
+    model = make_mlp()
+    x = torch.randn(2, 12)
+    result = cann_export.export(model, tmp_path / "big.onnx", "onnx", example_inputs=x,
+                                external_data_threshold=1000)
+    assert sorted(result.files) == sorted([str(tmp_path / "big.onnx"), str(tmp_path / "big.onnx.data")])
+    assert result.parity["passed"]
+    _, (out,) = run_ort(tmp_path / "big.onnx", {"x": x})
+    np.testing.assert_allclose(out, model.eval()(x).detach().numpy(), atol=1e-5)
+
+
+def test_missing_example_inputs_says_what_to_pass(tmp_path):
+    with pytest.raises(errors.PrepareError, match="example_inputs"):
+        cann_export.export(make_mlp(), tmp_path / "b")
+
+
+def test_unknown_option_is_refused(tmp_path):
+    with pytest.raises(errors.OptionsError, match="unknown option"):
+        cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(1, 12), opsett=17)
+
+
+def test_exporter_choice_and_opset_recorded(tmp_path):
+    result = cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(1, 12), exporter="torchscript",
+                                opset=13)
+    assert result.onnx == {"path": str(tmp_path / "b" / "model.onnx"), "opset": 13, "exporter": "torchscript"}
+    assert onnx.load(str(tmp_path / "b" / "model.onnx")).opset_import[0].version == 13
+
+
+def test_callers_module_is_not_modified(tmp_path):
+    model = ConvBnDropout().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cann_export.export(model, tmp_path / "b", example_inputs=torch.randn(1, 3, 8, 8))
+    assert model.training
+    assert isinstance(model.drop, torch.nn.Dropout) and isinstance(model.stem[1], torch.nn.BatchNorm2d)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_include_optimizer_state_writes_safetensors_beside_weights(tmp_path):
+    from cann_export.training_state import load_optimizer_state
+
+    model = make_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 12)).sum().backward()
+    opt.step()
+    cann_export.export(model, tmp_path / "b", example_inputs=torch.randn(1, 12), include_optimizer_state=True,
+                       optimizer=opt)
+    training = tmp_path / "b" / "training"
+    assert sorted(p.name for p in training.iterdir()) == ["optimizer.safetensors", "weights.safetensors"]
+    fresh = torch.optim.AdamW(make_mlp().parameters(), lr=1e-3)
+    fresh.load_state_dict(load_optimizer_state(training / "optimizer.safetensors"))
+    for pid, entry in opt.state_dict()["state"].items():
+        assert torch.equal(fresh.state_dict()["state"][pid]["exp_avg"], entry["exp_avg"])
+    with pytest.raises(errors.OptionsError, match="optimizer="):
+        cann_export.export(model, tmp_path / "c", example_inputs=torch.randn(1, 12), include_optimizer_state=True)
