@@ -226,6 +226,10 @@ def _register_plugin_commands() -> None:
 
 
 def main() -> None:
+    if not os.environ.get("CANN_EXPORT_DEBUG"):
+        import warnings
+
+        warnings.filterwarnings("ignore")  # library chatter (tracer, deprecations) is not for CLI users
     try:
         _register_plugin_commands()
     except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI

@@ -276,5 +276,8 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:
-    text = " ".join(str(e).split())
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if any("Traceback" in line for line in lines):  # TorchScript errors: the cause is the last line
+        lines = lines[-1:]
+    text = " ".join(" ".join(lines).split())
     return text if len(text) <= limit else text[:limit] + " ..."

@@ -118,13 +118,18 @@ class TorchSaveLoader:
         try:
             obj = torch.load(str(path), map_location="cpu", weights_only=not trust)
         except pickle.UnpicklingError as e:
-            first = str(e).strip().splitlines()
-            detail = next((line for line in first if "GLOBAL" in line or "Unsupported" in line), first[0] if first else "")
+            found = pickle_globals(path, names)
+            if found is None:  # not a pickle stream at all
+                raise LoadError(f"not a readable PyTorch file ({' '.join(str(e).split())[-120:]}); pass a .pt2, "
+                                "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights",
+                                path=path) from None
+            unsafe = [g for g in found if not g.startswith(("torch.", "collections.OrderedDict", "builtins."))]
             raise LoadError(
-                "refused to unpickle: the file holds Python objects beyond tensors and plain containers "
-                f"({detail.strip()[:200]}). torch.load runs with weights_only=True because unpickling can run "
-                "arbitrary code. If this is a whole pickled nn.Module you trust, pass --trust-pickle; better, "
-                "save model.state_dict() (with --model-class) or a torch.export .pt2 archive", path=path) from None
+                "refused to unpickle: the file holds Python objects beyond tensors and plain containers"
+                f"{' (it references ' + ', '.join(unsafe[:5]) + ')' if unsafe else ''}. torch.load runs with "
+                "weights_only=True because unpickling can run arbitrary code. If this is a whole pickled nn.Module "
+                "you trust, pass --trust-pickle; better, save model.state_dict() (with --model-class) or a "
+                "torch.export .pt2 archive", path=path) from None
         except Exception as e:
             raise LoadError(
                 f"not a readable PyTorch file ({type(e).__name__}: {' '.join(str(e).split())[:200]}); pass a .pt2, "
@@ -133,6 +138,31 @@ class TorchSaveLoader:
             return LoadedModel(obj, "module", extras={"pickled_module": True})
         state, extras = split_checkpoint(obj, path)
         return LoadedModel(build_from_state_dict(state, options, path), "module", extras=extras)
+
+
+def pickle_globals(path: Path, zip_names: list[str] | None) -> list[str] | None:
+    """The globals a pickle would import, read with pickletools (nothing is executed); None if the
+    bytes are not a pickle stream."""
+    import io
+    import pickletools
+
+    try:
+        if zip_names is not None:
+            with zipfile.ZipFile(path) as z:
+                data = z.read(next(n for n in zip_names if n.endswith("/data.pkl")))
+        else:
+            data = path.read_bytes()
+        found, strings = [], []
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name == "GLOBAL":
+                found.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+            elif isinstance(arg, str):
+                strings.append(arg)
+        return sorted(set(found))
+    except Exception:  # noqa: BLE001 - any decoding failure means "not a pickle"
+        return None
 
 
 def split_checkpoint(obj: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
