@@ -51,8 +51,3 @@ def register_commands(cli: Any) -> None:
 @hookspec
 def provenance(ctx: Any) -> dict[str, str]:
     """Return key/value pairs to record as provenance in the ONNX metadata and the manifest."""
-
-
-@hookspec(firstresult=True)
-def resolve_atc_hint(key: str, value: Any) -> Any:
-    """Normalise an ATC hint this plugin understands (return the normalised value) or return None."""

@@ -80,10 +80,6 @@ def call_provenance(ctx: Any) -> dict[str, str]:
     return merged
 
 
-def resolve_atc_hint(key: str, value: Any) -> Any:
-    return get_plugin_manager().hook.resolve_atc_hint(key=key, value=value)
-
-
 def describe_plugins() -> list[dict[str, Any]]:
     """Name, version and hooks of every registered plugin (for ``cann-export plugins``)."""
     pm = get_plugin_manager()

@@ -1,0 +1,138 @@
+"""The CLI: both spellings, --json schema, inspect, validate, plugins, and a real subprocess."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from cann_export.cli import cli
+from helpers import files, hf_models
+
+
+def invoke(args):
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def check_json_schema(payload):
+    assert set(payload) >= {"ok", "format", "output", "files", "onnx", "parity"}
+    assert isinstance(payload["ok"], bool) and isinstance(payload["files"], list)
+    assert set(payload["onnx"]) >= {"path", "opset", "exporter"} and isinstance(payload["onnx"]["opset"], int)
+    assert isinstance(payload["parity"]["passed"], bool)
+    for out in payload["parity"]["outputs"]:
+        assert {"name", "max_abs", "max_rel", "cosine"} <= set(out)
+
+
+def test_bare_and_export_subcommand_spellings(tmp_path):
+    model = str(files.pt2(tmp_path))
+    a = invoke([model, "--format", "onnx", "-o", str(tmp_path / "a.onnx"), "--json"])
+    b = invoke(["export", model, "--format", "onnx", "-o", str(tmp_path / "b.onnx"), "--json"])
+    for result in (a, b):
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout)  # exactly one JSON object on stdout
+        check_json_schema(payload)
+        assert payload["format"] == "onnx" and payload["files"] == [payload["onnx"]["path"]]
+    assert "[5/11] capture" in a.stderr  # progress goes to stderr
+
+
+def test_bert_through_cli_with_example_inputs_and_hints(tmp_path):
+    model = hf_models.tiny_bert()
+    from safetensors.torch import save_model
+
+    save_model(model, str(tmp_path / "bert.safetensors"))
+    (tmp_path / "bert_factory.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom helpers.hf_models import tiny_bert\n" % os.path.dirname(__file__))
+    save_file(hf_models.token_inputs(1, 16), str(tmp_path / "inputs.safetensors"))
+    out = tmp_path / "bert_bundle"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        result = invoke([str(tmp_path / "bert.safetensors"), "--model-class", "bert_factory:tiny_bert",
+                         "--example-inputs", str(tmp_path / "inputs.safetensors"), "-o", str(out), "--json",
+                         "--metadata", "license=apache-2.0", "--atc-hint", "log=error",
+                         "--soc-version", "Ascend910B", "--precision-mode", "allow_mix_precision"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    check_json_schema(payload)
+    assert [o["name"] for o in payload["parity"]["outputs"]] == ["last_hidden_state", "pooler_output"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metadata"] == {"license": "apache-2.0"}
+    assert manifest["atc"]["hints"] == {"log": "error"}
+    script = (out / "atc" / "convert.sh").read_text()
+    assert "--soc_version=Ascend910B" in script and "--precision_mode=allow_mix_precision" in script
+    assert "--log=error" in script and "--input_shape=input_ids:1,16;attention_mask:1,16" in script
+
+
+def test_inspect_and_validate_a_bundle(tmp_path):
+    out = tmp_path / "b"
+    assert invoke([str(files.pt2(tmp_path)), "-o", str(out)]).exit_code == 0
+    info = json.loads(invoke(["inspect", str(out), "--json"]).stdout)
+    assert info["kind"] == "atc_ready" and info["inputs"][0]["name"] == "x"
+    assert info["ops"] and info["parity"]["passed"] and info["metadata"]["cann_export.exporter"]
+    text = invoke(["inspect", str(out / "model.onnx")]).stdout
+    assert "inputs:" in text and "ops:" in text and "opset" in text
+
+    ok = invoke(["validate", str(out), "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["parity"]["passed"]
+
+
+def test_validate_detects_a_tampered_bundle(tmp_path):
+    out = tmp_path / "b"
+    invoke([str(files.pt2(tmp_path)), "-o", str(out)])
+    data = bytearray((out / "model.onnx").read_bytes())
+    data[-20] ^= 0xFF
+    (out / "model.onnx").write_bytes(bytes(data))
+    result = invoke(["validate", str(out)])
+    assert result.exit_code == 2 and "model.onnx" in result.stderr and "sha256" in result.stderr
+
+
+def test_validate_reports_parity_failure_with_exit_1(tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file as save_np
+
+    out = tmp_path / "b"
+    invoke([str(files.pt2(tmp_path)), "-o", str(out)])
+    # Change the stored reference and re-sign the manifest: parity itself must then fail.
+    expected = load_file(str(out / "parity" / "expected.safetensors"))
+    from safetensors import safe_open
+
+    with safe_open(str(out / "parity" / "expected.safetensors"), "np") as f:
+        meta = f.metadata()
+    save_np({k: v + np.float32(1.0) for k, v in expected.items()}, str(out / "parity" / "expected.safetensors"),
+            metadata=meta)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.pop("files")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke(["validate", str(out), "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["ok"] is False
+
+
+def test_plugins_lists_builtins_with_hooks():
+    rows = json.loads(invoke(["plugins", "--json"]).stdout)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["cann_export.plugins.formats"]["hooks"] == ["register_formats"]
+    assert all(r["version"] for r in rows)
+    assert "register_loaders" in invoke(["plugins"]).stdout
+
+
+def test_real_subprocess_export_and_exit_codes(tmp_path, cli_env):
+    model = files.state_dict(tmp_path)
+    exe = [sys.executable, "-c", "from cann_export.cli import main; main()"]
+    ok = subprocess.run([*exe, str(model), "--model-class", files.MLP_CLASS, "--input-shape", "x:4,12",
+                         "--format", "onnx", "-o", str(tmp_path / "m.onnx"), "--json"],
+                        capture_output=True, text=True, env=cli_env, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["onnx"]["path"] == str(tmp_path / "m.onnx")
+    bad = subprocess.run([*exe, str(tmp_path / "missing.pth")], capture_output=True, text=True, env=cli_env,
+                         timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "[load]" in bad.stderr
+
+
+def test_help_does_not_import_torch(cli_env):
+    code = "import sys; from cann_export.cli import main; sys.argv=['cann-export','--help']\n" \
+           "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'onnx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "False False"
