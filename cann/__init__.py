@@ -1,0 +1,1 @@
+"""Facade so user code reads as in the seed documents: ``import cann.torch``; ``cann.torch.export(...)``."""

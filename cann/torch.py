@@ -1,0 +1,38 @@
+"""``cann.torch``: the adapter surface users know from the seeds, over ``cann_export``'s API."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cann_export import tracking
+
+__all__ = ["export", "track", "enable", "disable"]
+
+
+def export(model: Any = None, output_path: str | Path | None = None, export_format: str = "atc_ready",
+           include_optimizer_state: bool = False, optimizer: Any = None, metadata: dict[str, Any] | None = None,
+           atc_hints: dict[str, Any] | None = None, example_inputs: Any = None, **options: Any) -> Any:
+    """Export ``model`` as in ``cann_export.export``; without ``example_inputs`` the inputs of the
+    model's last forward call are used when they were recorded (``track(model)`` or ``enable()``)."""
+    from cann_export import api
+    from cann_export.errors import OptionsError
+
+    if model is None or output_path is None:
+        raise OptionsError("cann.torch.export needs model= and output_path=")
+    return api.export(model, output_path, export_format, example_inputs,
+                      include_optimizer_state=include_optimizer_state, optimizer=optimizer,
+                      metadata=dict(metadata or {}), atc_hints=dict(atc_hints or {}), **options)
+
+
+def track(model: Any) -> Any:
+    """Record ``model``'s forward inputs so ``export`` can reuse the most recent ones."""
+    return tracking.track(model)
+
+
+def enable() -> None:
+    """Record the inputs of every outermost module call in this process (for ``export``)."""
+    tracking.enable_global()
+
+
+def disable() -> None:
+    tracking.disable_global()

@@ -1,0 +1,41 @@
+"""The seeds' spelling: cann.torch.export with recorded inputs, metadata and ATC hints."""
+import json
+
+import pytest
+import torch
+
+import cann.torch
+from cann_export import errors
+from helpers.toy_models import TwoInputs, make_mlp
+
+
+def test_seed_spelling_with_tracked_forward(tmp_path):
+    model = cann.torch.track(TwoInputs())
+    model(input_ids=torch.randint(0, 50, (1, 6)), features=torch.randn(1, 6, 16))
+    result = cann.torch.export(model=model, output_path=str(tmp_path / "b"), export_format="atc_ready",
+                               include_optimizer_state=False, metadata={"task": "demo"},
+                               atc_hints={"memory_layout": "nhwc_optimized"})
+    assert result.ok
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["metadata"] == {"task": "demo"}
+    assert manifest["atc"]["hints"] == {"memory_layout": "nhwc_optimized"}
+    assert [i["shape"] for i in manifest["model"]["inputs"]] == [[1, 6], [1, 6, 16]]
+
+
+def test_enable_records_outermost_call_only(tmp_path):
+    model = make_mlp()
+    cann.torch.enable()
+    try:
+        model(torch.randn(3, 12))
+    finally:
+        cann.torch.disable()
+    result = cann.torch.export(model=model, output_path=tmp_path / "m.onnx", export_format="onnx")
+    assert result.manifest["model"]["inputs"][0]["shape"] == [3, 12]
+    from cann_export.tracking import recorded_inputs
+
+    assert recorded_inputs(model.net[0]) is None  # nested modules were not recorded
+
+
+def test_without_recorded_inputs_the_error_says_what_to_pass(tmp_path):
+    with pytest.raises(errors.PrepareError, match="example_inputs"):
+        cann.torch.export(model=make_mlp(), output_path=tmp_path / "b")
