@@ -34,6 +34,7 @@ class Tolerance:
 class ExportOptions:
     export_format: str = "atc_ready"
     opset: int = 17
+    strict_opset: bool = False  # True: a graph at another opset than asked is not accepted
     soc_version: str = "Ascend310P3"
     precision_mode: str = "force_fp16"
     metadata: dict[str, str] = field(default_factory=dict)
@@ -54,6 +55,14 @@ class ExportOptions:
     seed: int = 0
     include_optimizer_state: bool = False
     optimizer: Any = None
+
+    def accepts_opset(self, opset: int) -> bool:
+        """Whether a captured graph's opset is acceptable: the one asked for, or (unless strict) any
+        opset the format accepts; torch 2.13's dynamo exporter writes 18 when its down-conversion fails."""
+        if opset == self.opset:
+            return True
+        allowed = ATC_OPSETS if self.export_format in ("atc_ready", "om") else ONNX_OPSETS
+        return not self.strict_opset and opset in allowed
 
     def check(self, known_formats: list[str]) -> None:
         """Refuse bad option values with the list of valid ones."""

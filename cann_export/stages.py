@@ -158,8 +158,8 @@ def strip(ctx: ExportContext) -> str | None:
 
 
 def capture(ctx: ExportContext) -> str | None:
-    """Try the exporters in priority order; the first valid graph at the requested opset wins, else
-    the first valid graph at any opset (recorded)."""
+    """Try the exporters in priority order; the first valid graph at an acceptable opset wins (see
+    ExportOptions.accepts_opset). A valid graph at an unacceptable opset is kept as the last resort."""
     from .backend.eval_mode import to_eval
     from .onnx_utils import check_graph, opset_of
 
@@ -167,7 +167,7 @@ def capture(ctx: ExportContext) -> str | None:
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[dict[str, Any]] = []
-    fallback = None
+    chosen = None
     for exporter in exporters:
         if not exporter.supports(ctx.model):
             attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
@@ -182,20 +182,23 @@ def capture(ctx: ExportContext) -> str | None:
             to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
         opset = opset_of(model)
         attempts.append({"exporter": exporter.name, "opset": opset})
-        if opset == ctx.options.opset:
-            fallback = (exporter.name, model)
+        if ctx.options.accepts_opset(opset):
+            chosen = (exporter.name, model)
             break
-        if fallback is None:
-            fallback = (exporter.name, model)
-        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset}; trying the next exporter"
-    if fallback is None:
+        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} (strict); trying the next exporter"
+        chosen = chosen or (exporter.name, model)
+    if chosen is None:
         detail = "; ".join(f"{a['exporter']}: {a.get('error')}" for a in attempts)
         raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
                                   path=ctx.loaded.source_path)
-    name, ctx.onnx_model = fallback
-    ctx.capture = {"exporter": name, "opset": opset_of(ctx.onnx_model), "opset_requested": ctx.options.opset,
-                   "attempts": attempts}
-    return f"{name}, opset {ctx.capture['opset']}"
+    name, ctx.onnx_model = chosen
+    opset = opset_of(ctx.onnx_model)
+    ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    if opset != ctx.options.opset:
+        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset}; "
+                                  "pass --strict-opset to require the requested opset")
+        return f"{name}, opset {opset} (asked {ctx.options.opset})"
+    return f"{name}, opset {opset}"
 
 
 def optimize(ctx: ExportContext) -> str | None:
@@ -233,17 +236,24 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     if not ok:
         return "failed: onnxsim's own check did not pass", None
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
+    tol = ctx.options.tolerance
+
+    def run(m: Any) -> list[Any]:
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
+
+    def same(outs: list[Any], ref: list[Any]) -> bool:
+        return len(outs) == len(ref) and all(compare(a, r, tol)["passed"] for a, r in zip(outs, ref))
+
     try:
-        outs = []
-        for m in (ctx.onnx_model, simplified):
-            sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-            outs.append(sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()}))
+        after = run(simplified)
+        if same(after, ctx.reference_outputs[0]):  # the usual case: the original graph is never run
+            return "applied", simplified
+        if same(after, run(ctx.onnx_model)):  # simplification did not change what the graph computes
+            return "applied (outputs equal to the unsimplified graph)", simplified
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
-    for before, after in zip(*outs):
-        if not compare(np.asarray(after), np.asarray(before), ctx.options.tolerance)["passed"]:
-            return "rejected: simplified graph changed outputs beyond tolerance", None
-    return "applied", simplified
+    return "rejected: simplified graph changed outputs beyond tolerance", None
 
 
 def annotate(ctx: ExportContext) -> str | None:

@@ -181,3 +181,38 @@ def test_include_optimizer_state_writes_safetensors_beside_weights(tmp_path):
         assert torch.equal(fresh.state_dict()["state"][pid]["exp_avg"], entry["exp_avg"])
     with pytest.raises(errors.OptionsError, match="optimizer="):
         cann_export.export(model, tmp_path / "c", example_inputs=torch.randn(1, 12), include_optimizer_state=True)
+
+
+def test_opset_policy_records_or_enforces(tmp_path):
+    loose = cann_export.export(ConvBnDropout(), tmp_path / "a", example_inputs=torch.randn(1, 3, 8, 8), opset=17)
+    capture = loose.manifest["capture"]
+    assert capture["opset_requested"] == 17 and capture["attempts"][0]["exporter"] == "dynamo"
+    if loose.onnx["opset"] != 17:  # torch 2.13's dynamo exporter writes 18 when down-conversion fails
+        assert "--strict-opset" in capture["warning"]
+    strict = cann_export.export(ConvBnDropout(), tmp_path / "b", example_inputs=torch.randn(1, 3, 8, 8), opset=17,
+                                strict_opset=True)
+    assert strict.onnx["opset"] == 17 and strict.ok
+
+
+def test_simplifier_that_changes_outputs_is_rejected(tmp_path, monkeypatch):
+    import onnxsim
+    from onnx import numpy_helper
+
+    real = onnxsim.simplify
+
+    def perturbing(model, *a, **k):  # a simplifier bug: one weight changes
+        out, ok = real(model, *a, **k)
+        init = out.graph.initializer[0]
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+        return out, ok
+
+    monkeypatch.setattr(onnxsim, "simplify", perturbing)
+    result = cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(2, 12))
+    assert result.ok and result.manifest["optimize"]["onnxsim"].startswith("rejected")
+
+    def failing(model, *a, **k):
+        raise RuntimeError("simplifier crashed")
+
+    monkeypatch.setattr(onnxsim, "simplify", failing)
+    result = cann_export.export(make_mlp(), tmp_path / "c", example_inputs=torch.randn(2, 12))
+    assert result.ok and "simplifier crashed" in result.manifest["optimize"]["onnxsim"]
