@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -314,7 +313,7 @@ def print_table(results: dict[str, dict], help_result: dict, args: argparse.Name
                      f"{r['raw_peak_mib']:.0f}", f"{r['pipeline_peak_mib']:.0f}",
                      f"{r['rss_ratio']:.3f}{'' if r['rss_ok'] else ' !'}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
     print(f"\ncann-export --format onnx vs raw toolchain (opset {args.opset}, median of {args.repeat})")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -6,7 +6,7 @@ from typing import Any
 
 from cann_export import tracking
 
-__all__ = ["export", "track", "enable", "disable"]
+__all__ = ["disable", "enable", "export", "track"]
 
 
 def export(model: Any = None, output_path: str | Path | None = None, export_format: str = "atc_ready",

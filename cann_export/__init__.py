@@ -10,7 +10,7 @@ from .errors import ExportError
 from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
-__all__ = ["export", "validate", "inspect", "ExportResult", "ExportError", "hookimpl", "errors", "__version__"]
+__all__ = ["ExportError", "ExportResult", "__version__", "errors", "export", "hookimpl", "inspect", "validate"]
 
 
 def __getattr__(name: str) -> Any:

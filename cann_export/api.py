@@ -126,8 +126,8 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None) -> dict[str
 
 
 def _parity_data(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, dict]:
-    from safetensors.numpy import load_file
     from safetensors import safe_open
+    from safetensors.numpy import load_file
 
     inputs_file, expected_file = bundle / "parity" / "inputs.safetensors", bundle / "parity" / "expected.safetensors"
     if not inputs_file.is_file() or not expected_file.is_file():

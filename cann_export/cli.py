@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -40,7 +41,7 @@ def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
     """Run a command body; turn errors into one message and an exit code, never a traceback."""
     try:
         code = fn()
-    except (ExportError, Exception) as e:  # noqa: BLE001 - the CLI is where errors become messages
+    except (ExportError, Exception) as e:
         if os.environ.get("CANN_EXPORT_DEBUG") and not isinstance(e, ExportError):
             raise
         code = _emit_error(e, as_json)

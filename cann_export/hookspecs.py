@@ -5,7 +5,8 @@ object it contributes. Names must be unique across plugins; a duplicate is an er
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 

@@ -100,7 +100,7 @@ def read_example_inputs(path: str | Path) -> dict[str, Any]:
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for corrupt headers
         raise LoadError(
             f"cannot read example inputs as safetensors ({type(e).__name__}: {e}); "
             "write them with safetensors.torch.save_file({name: tensor})",

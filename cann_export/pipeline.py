@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import errors
 from .options import ExportOptions
@@ -80,7 +81,7 @@ def run_stages(ctx: ExportContext, handlers: dict[str, Callable[[ExportContext],
                 status = handler(ctx) or "ok"
             except errors.ExportError:
                 raise
-            except Exception as e:  # noqa: BLE001 - turned into a stage error with the cause kept
+            except Exception as e:
                 cls = _STAGE_ERRORS.get(stage, errors.ExportError)
                 raise cls(f"{type(e).__name__}: {_gist(e)}", path=_source_path(ctx), stage=stage) from e
         seconds = time.perf_counter() - started

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import errors, inputs as inputs_mod
+from . import errors
+from . import inputs as inputs_mod
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
 
@@ -106,7 +107,7 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
         for i, one in enumerate(ctx.input_sets):
             try:
                 out = _call(ctx.model, loaded.kind, one, ctx.input_names)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
                     f"{_gist(e)}. Check the input names, shapes and dtypes "

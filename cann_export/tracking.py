@@ -5,7 +5,7 @@ import threading
 import weakref
 from typing import Any
 
-_last_inputs: "weakref.WeakKeyDictionary[Any, tuple[tuple, dict]]" = weakref.WeakKeyDictionary()
+_last_inputs: weakref.WeakKeyDictionary[Any, tuple[tuple, dict]] = weakref.WeakKeyDictionary()
 _handles: dict[str, Any] = {}
 _depth = threading.local()
 

@@ -5,10 +5,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from helpers.toy_models import ConvBnDropout, TwoInputs, make_mlp
 
 import cann_export
 from cann_export import errors
-from helpers.toy_models import ConvBnDropout, TwoInputs, make_mlp
 
 
 def op_types(path):

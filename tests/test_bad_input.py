@@ -5,9 +5,9 @@ import zipfile
 
 import pytest
 from click.testing import CliRunner
+from helpers import files
 
 from cann_export.cli import cli
-from helpers import files
 
 
 def fails_cleanly(tmp_path, args, *, stage, needles, code=2):

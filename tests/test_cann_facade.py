@@ -3,10 +3,10 @@ import json
 
 import pytest
 import torch
+from helpers.toy_models import TwoInputs, make_mlp
 
 import cann.torch
 from cann_export import errors
-from helpers.toy_models import TwoInputs, make_mlp
 
 
 def test_seed_spelling_with_tracked_forward(tmp_path):

@@ -4,12 +4,11 @@ import os
 import subprocess
 import sys
 
-import pytest
 from click.testing import CliRunner
+from helpers import files, hf_models
 from safetensors.torch import save_file
 
 from cann_export.cli import cli
-from helpers import files, hf_models
 
 
 def invoke(args):
@@ -43,7 +42,7 @@ def test_bert_through_cli_with_example_inputs_and_hints(tmp_path):
 
     save_model(model, str(tmp_path / "bert.safetensors"))
     (tmp_path / "bert_factory.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom helpers.hf_models import tiny_bert\n" % os.path.dirname(__file__))
+        f"import sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\nfrom helpers.hf_models import tiny_bert\n")
     save_file(hf_models.token_inputs(1, 16), str(tmp_path / "inputs.safetensors"))
     out = tmp_path / "bert_bundle"
     sys.path.insert(0, str(tmp_path))
@@ -91,7 +90,8 @@ def test_validate_detects_a_tampered_bundle(tmp_path):
 
 def test_validate_reports_parity_failure_with_exit_1(tmp_path):
     import numpy as np
-    from safetensors.numpy import load_file, save_file as save_np
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file as save_np
 
     out = tmp_path / "b"
     invoke([str(files.pt2(tmp_path)), "-o", str(out)])
@@ -123,16 +123,16 @@ def test_real_subprocess_export_and_exit_codes(tmp_path, cli_env):
     exe = [sys.executable, "-c", "from cann_export.cli import main; main()"]
     ok = subprocess.run([*exe, str(model), "--model-class", files.MLP_CLASS, "--input-shape", "x:4,12",
                          "--format", "onnx", "-o", str(tmp_path / "m.onnx"), "--json"],
-                        capture_output=True, text=True, env=cli_env, timeout=300)
+                        capture_output=True, text=True, env=cli_env, timeout=300, check=False)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["onnx"]["path"] == str(tmp_path / "m.onnx")
     bad = subprocess.run([*exe, str(tmp_path / "missing.pth")], capture_output=True, text=True, env=cli_env,
-                         timeout=300)
+                         timeout=300, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "[load]" in bad.stderr
 
 
 def test_help_does_not_import_torch(cli_env):
     code = "import sys; from cann_export.cli import main; sys.argv=['cann-export','--help']\n" \
            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'onnx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60, check=False)
     assert out.stdout.strip().splitlines()[-1] == "False False"

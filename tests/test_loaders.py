@@ -5,9 +5,9 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import files
 
 from cann_export.cli import cli
-from helpers import files
 
 
 def run(args):
@@ -71,3 +71,14 @@ def test_malicious_pickle_never_runs(zipped, tmp_path):
     assert not marker.exists()
     assert "refused to unpickle" in result.stderr and str(path) in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_torchscript_conv_bn_is_folded_in_the_graph(tmp_path):
+    from helpers.toy_models import ConvBnDropout
+
+    path = tmp_path / "convbn_ts.pt"
+    torch.jit.save(torch.jit.script(ConvBnDropout().eval()), str(path))
+    result = run([str(path), "-o", str(tmp_path / "o"), "--input-shape", "x:1,3,8,8", "--json"])
+    assert json.loads(result.stdout)["parity"]["passed"], result.output
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "o" / "model.onnx")).graph.node]
+    assert "BatchNormalization" not in ops and ops.count("Conv") == 2

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.toy_models import make_mlp
 
 import cann_export
 from cann_export import errors, hookimpl
 from cann_export.plugin_manager import collect, get_plugin_manager
-from helpers.toy_models import make_mlp
 
 
 @pytest.fixture

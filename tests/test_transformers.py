@@ -3,9 +3,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from helpers import hf_models
 
 import cann_export
-from helpers import hf_models
 
 pytest.importorskip("transformers")
 
@@ -31,7 +31,7 @@ def test_transformers_model_exports_atc_ready_with_parity(name, tmp_path, run_or
     assert "Dropout" not in ops and "BatchNormalization" not in ops
 
     # Independent check: onnxruntime against torch on the example inputs.
-    names, outs = run_ort(result.onnx["path"], feeds)
+    _, outs = run_ort(result.onnx["path"], feeds)
     with torch.no_grad():
         ref = model(**feeds)
     ref_first = ref[0] if isinstance(ref, tuple) else next(iter(ref.values()))

@@ -6,8 +6,9 @@ import logging
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..hookspecs import hookimpl
 

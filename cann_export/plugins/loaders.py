@@ -9,7 +9,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..atomic import sha256_file
 from ..errors import LoadError
 from ..hookspecs import hookimpl
 from ..pipeline import LoadedModel
@@ -45,7 +44,7 @@ class ExportedProgramLoader:
                 "torch.export.save(torch.export.export(model, args), path)", path=path)
         try:
             ep = torch.export.load(str(path))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
             raise LoadError(f"torch.export.load failed ({type(e).__name__}: {e}); the archive may be "
                             "truncated or written by an incompatible torch version", path=path) from None
         module = ep.module()
@@ -71,7 +70,7 @@ class TorchScriptLoader:
 
         try:
             module = torch.jit.load(str(path), map_location="cpu")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
             raise LoadError(f"torch.jit.load failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                             "the TorchScript archive is corrupt or from an incompatible torch", path=path) from None
         return LoadedModel(module, "torchscript")
@@ -89,7 +88,7 @@ class SafetensorsLoader:
 
         try:
             state = load_file(str(path))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
             raise LoadError(f"cannot read safetensors weights ({type(e).__name__}: {e})", path=path) from None
         return LoadedModel(build_from_state_dict(state, options, path), "module")
 
@@ -130,7 +129,7 @@ class TorchSaveLoader:
                 "weights_only=True because unpickling can run arbitrary code. If this is a whole pickled nn.Module "
                 "you trust, pass --trust-pickle; better, save model.state_dict() (with --model-class) or a "
                 "torch.export .pt2 archive", path=path) from None
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
             raise LoadError(
                 f"not a readable PyTorch file ({type(e).__name__}: {' '.join(str(e).split())[:200]}); pass a .pt2, "
                 "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights", path=path) from None
@@ -217,7 +216,7 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
     factory = import_callable(options.model_class)
     try:
         model = factory(**(options.model_kwargs or {}))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
         raise LoadError(f"{options.model_class}(**{json.dumps(options.model_kwargs or {})}) raised "
                         f"{type(e).__name__}: {e}; check --model-kwargs") from None
     if not isinstance(model, torch.nn.Module):

@@ -7,6 +7,7 @@ or input format produced the graph (TorchScript archives and torch.export progra
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ..hookspecs import hookimpl
@@ -78,7 +79,7 @@ class SequentialConvBnPass:
         bns = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
         for seq in [m for m in model.modules() if isinstance(m, torch.nn.Sequential)]:
             names = list(seq._modules)
-            for a, b in zip(names, names[1:]):
+            for a, b in itertools.pairwise(names):
                 conv, bn = seq._modules[a], seq._modules[b]
                 if isinstance(conv, convs) and isinstance(bn, bns) and bn.track_running_stats \
                         and bn.running_mean is not None:
