@@ -75,6 +75,9 @@ def cli() -> None:
 @click.option("--example-inputs", type=click.Path(path_type=str), help="safetensors file of inputs named after the forward parameters.")
 @click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (atc_ready: 11..18).")
 @click.option("--strict-opset", is_flag=True, help="Require exactly --opset (by default another opset the format accepts is kept and recorded).")
+@click.option("--cann-version", default="8.0", show_default=True, help="Target CANN release for the ATC lint.")
+@click.option("--lint", "lint_mode", default="error", show_default=True, type=click.Choice(["error", "warn", "off"]), help="ATC lint errors fail the export (error) or are only reported (warn).")
+@click.option("--fix-precision", is_flag=True, help="Add the nodes where device precision diverges to keep_dtype until parity passes.")
 @click.option("--soc-version", default="Ascend310P3", show_default=True)
 @click.option("--precision-mode", default="force_fp16", show_default=True, help="ATC --precision_mode value.")
 @click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
@@ -90,6 +93,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
                trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int, strict_opset: bool,
+               cann_version: str, lint_mode: str, fix_precision: bool,
                soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
                exporter: str, external_data: str, no_simplify: bool, no_validate: bool, atol: float | None,
                rtol: float | None, min_cosine: float | None, overwrite: bool, as_json: bool) -> None:
@@ -113,6 +117,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
             model, out, export_format,
             model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
             input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
+            cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
             soc_version=soc_version, precision_mode=precision_mode,
             metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
             exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,

@@ -15,6 +15,7 @@ ATC_OPSETS = range(11, 19)  # ATC accepts ONNX opset 11..18
 ONNX_OPSETS = range(7, 24)
 EXTERNAL_DATA = ("auto", "always", "never")
 EXPORTERS = ("auto", "dynamo", "torchscript")
+LINT_MODES = ("error", "warn", "off")
 
 
 @dataclass
@@ -35,6 +36,9 @@ class ExportOptions:
     export_format: str = "atc_ready"
     opset: int = 17
     strict_opset: bool = False  # True: a graph at another opset than asked is not accepted
+    cann_version: str = "8.0"  # target CANN release for the ATC lint
+    lint: str = "error"  # "error": lint errors fail the export; "warn": they are reported only; "off"
+    fix_precision: bool = False  # add diverging nodes to keep_dtype until device-precision parity passes
     soc_version: str = "Ascend310P3"
     precision_mode: str = "force_fp16"
     metadata: dict[str, str] = field(default_factory=dict)
@@ -79,6 +83,10 @@ class ExportOptions:
             raise OptionsError(f"unknown precision mode {self.precision_mode!r}; ATC accepts {', '.join(PRECISION_MODES)}")
         if self.external_data not in EXTERNAL_DATA:
             raise OptionsError(f"external_data must be one of {', '.join(EXTERNAL_DATA)}")
+        if self.lint not in LINT_MODES:
+            raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
+        if not _is_version(self.cann_version):
+            raise OptionsError(f"--cann-version {self.cann_version!r} is not a version like 8.0 or 7.0.RC1")
         if self.exporter not in EXPORTERS:
             raise OptionsError(f"exporter must be one of {', '.join(EXPORTERS)}")
         if self.include_optimizer_state and self.optimizer is None:
@@ -88,6 +96,11 @@ class ExportOptions:
         tol = self.tolerance
         if tol.atol < 0 or tol.rtol < 0 or not (-1.0 <= tol.min_cosine <= 1.0):
             raise OptionsError("tolerances must be atol >= 0, rtol >= 0 and -1 <= min_cosine <= 1")
+
+
+def _is_version(text: str) -> bool:
+    head = str(text).split(".")
+    return len(head) >= 2 and head[0].isdigit() and head[1][:1].isdigit()
 
 
 def parse_key_values(pairs: list[str] | tuple[str, ...], flag: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from . import errors
 from . import inputs as inputs_mod
+from . import module_paths
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
 
@@ -193,6 +194,7 @@ def capture(ctx: ExportContext) -> str | None:
         raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
                                   path=ctx.loaded.source_path)
     name, ctx.onnx_model = chosen
+    ctx.module_paths = module_paths.collect(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
     ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
     if opset != ctx.options.opset:
@@ -269,6 +271,7 @@ def annotate(ctx: ExportContext) -> str | None:
     if ctx.options.atc_hints:
         props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
     set_metadata(ctx.onnx_model, props)
+    module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     return f"{len(props)} metadata entries"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hookspecs import hookimpl
+from ..module_paths import stamp_from_exporter
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
 
@@ -57,7 +58,9 @@ class DynamoExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 verbose=False, report=False, optimize=True,
             )
-            return program.model_proto
+            model_proto = program.model_proto
+        stamp_from_exporter(model_proto)
+        return model_proto
 
 
 class TorchScriptExporter:
@@ -81,7 +84,9 @@ class TorchScriptExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 do_constant_folding=True,
             )
-            return onnx.load(str(path))
+            graph = onnx.load(str(path))
+        stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
+        return graph
 
 
 def _Positional(model: Any, names: list[str]) -> Any:
