@@ -276,8 +276,12 @@ def annotate(ctx: ExportContext) -> str | None:
 
 
 def run_validators(ctx: ExportContext, stage: str) -> str | None:
+    """Run the validators of ``stage``. A failed lint raises (unless ``--lint warn``/``off``); a failed
+    parity is recorded and reported through the result instead."""
     validators = [v for v in plugins.collect("register_validators").values()
                   if v.stage == stage and (v.formats == "*" or ctx.options.export_format in v.formats)]
+    if stage == "lint" and ctx.options.lint == "off":
+        validators = []
     if not validators:
         return "skipped"
     failed = []
@@ -286,7 +290,20 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
         ctx.reports[v.name] = report
         if not report.get("passed", False):
             failed.append(v.name)
+    if failed and stage == "lint":
+        findings = [f for name in failed for f in ctx.reports[name].get("findings", [])
+                    if f.get("severity") == "error"]
+        if ctx.options.lint == "error":
+            shown = "; ".join(f.get("message", "") for f in findings[:10])
+            more = f" (+{len(findings) - 10} more)" if len(findings) > 10 else ""
+            raise errors.LintError(f"{len(findings)} ATC lint error(s): {shown}{more}. Fix the model or the hints, "
+                                   "or pass --lint warn to export anyway", path=_source(ctx))
+        return f"{len(findings)} lint error(s) reported as warnings (--lint warn)"
     return f"FAILED: {', '.join(failed)}" if failed else "passed"
+
+
+def _source(ctx: ExportContext) -> str | None:
+    return ctx.loaded.source_path if ctx.loaded else None
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:
