@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atomic, errors, stages
+from . import atc_hints, atomic, errors, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import ExportContext, ProgressFn, run_stages
@@ -63,12 +63,14 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     opts = _options(export_format, dict(options))
     formats = plugins.collect("register_formats")
     opts.check(list(formats))
+    hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
     atomic.check_target(output, opts.overwrite)
     if opts.export_format == "onnx" and output.suffix != ".onnx":
         atomic.check_target(output.with_name(output.name + ".onnx"), opts.overwrite)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
+    ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
 
     def write(c: ExportContext) -> str:
         c.staging = atomic.staging_dir(output)

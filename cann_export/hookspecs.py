@@ -52,3 +52,10 @@ def register_commands(cli: Any) -> None:
 @hookspec
 def provenance(ctx: Any) -> dict[str, str]:
     """Return key/value pairs to record as provenance in the ONNX metadata and the manifest."""
+
+
+@hookspec
+def register_atc_hints(register: Callable[[Any], None]) -> None:
+    """Register ATC hints a user may pass (``atc_hints={...}`` / ``--atc-hint``): objects with ``name``,
+    ``advisory`` (kept in the manifest only), ``conflicts`` (names of hints ATC refuses alongside it) and
+    ``normalize(value) -> value`` raising ValueError with the accepted values when ``value`` is wrong."""

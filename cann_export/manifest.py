@@ -43,6 +43,7 @@ def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
         "capture": ctx.capture,
         "optimize": ctx.optimize,
         "parity": summarize_parity(parity),
+        "warnings": dict(ctx.reports.get("warnings", {})),
         "stage_seconds": dict(ctx.stage_seconds),
     }
     if root is not None:

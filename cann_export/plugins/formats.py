@@ -8,7 +8,7 @@ from typing import Any
 from .. import atomic
 from ..hookspecs import hookimpl
 from ..manifest import build_manifest, dumps
-from .atc import atc_arguments, convert_script
+from .atc import render as render_atc
 
 
 def _external(ctx: Any) -> bool:
@@ -57,21 +57,11 @@ class AtcReadyFormat:
     is_directory = True
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from ..onnx_utils import describe_values, save_model
+        from ..onnx_utils import save_model
 
         files = save_model(ctx.onnx_model, staging / "model.onnx", _external(ctx))
         ctx.onnx_path = files[0]
-        hints = ctx.options.atc_hints
-        args = atc_arguments("model.onnx", "model", describe_values(ctx.onnx_model.graph.input),
-                             ctx.options.soc_version, ctx.options.precision_mode, hints)
-        ctx.reports["atc"] = {"soc_version": hints.get("soc_version", ctx.options.soc_version),
-                              "precision_mode": hints.get("precision_mode", ctx.options.precision_mode),
-                              "hints": dict(hints), "command": args}
-        script = staging / "atc" / "convert.sh"
-        script.parent.mkdir()
-        script.write_text(convert_script(args), encoding="utf-8")
-        os.chmod(script, 0o755)
-        files.append(script)
+        files += render_atc(ctx, staging)
         if ctx.options.validate and ctx.input_sets:
             files += _write_parity_data(ctx, staging / "parity")
         training = staging / "training"
@@ -80,6 +70,8 @@ class AtcReadyFormat:
         return files + _write_training_state(ctx, training, "")
 
     def finalize(self, ctx: Any, staging: Path) -> None:
+        if ctx.reports.get("precision_fix", {}).get("kept"):
+            render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
         if "parity" in ctx.reports:
             atomic.write_text(staging / "parity.json", dumps(ctx.reports["parity"]))
         ctx.manifest = build_manifest(ctx, staging)
