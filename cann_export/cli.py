@@ -145,9 +145,15 @@ def _print_result(result: Any) -> None:
         return
     click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
                f"reference: {parity['reference']})")
+    if parity.get("precision"):
+        click.echo(f"device precision: {parity['precision']['mode']} (emulated: {parity['precision']['emulated']})")
     for o in parity["outputs"]:
         mark = "ok  " if o["passed"] else "FAIL"
         click.echo(f"  {mark} {o['name']}: max_abs={o['max_abs']:.3g} max_rel={o['max_rel']:.3g} cosine={o['cosine']:.6f}")
+    if parity.get("first_divergence"):
+        click.echo(parity["first_divergence"]["message"])
+    if parity.get("fixed_by_keep_dtype"):
+        click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
     if not parity["passed"]:
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
 

@@ -43,6 +43,7 @@ def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
         "capture": ctx.capture,
         "optimize": ctx.optimize,
         "parity": summarize_parity(parity),
+        "lint": {name: r for name, r in ctx.reports.items() if name in ctx.lint_reports},
         "warnings": dict(ctx.reports.get("warnings", {})),
         "stage_seconds": dict(ctx.stage_seconds),
     }
@@ -58,7 +59,9 @@ def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
     return {"validated": True, "passed": report["passed"], "reference": report.get("reference"),
             "tolerance": report.get("tolerance"), "input_sets": report.get("input_sets"),
             "outputs": [{k: o[k] for k in keep if k in o} for o in report.get("outputs", [])],
-            **({"reason": report["reason"]} if report.get("reason") else {})}
+            **{k: report[k] for k in ("reason", "precision", "first_divergence", "fixed_by_keep_dtype")
+               if report.get(k) is not None},
+            **({"graph_fp32_passed": report["graph_fp32"]["passed"]} if "graph_fp32" in report else {})}
 
 
 def dumps(data: Any) -> str:

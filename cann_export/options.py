@@ -26,9 +26,16 @@ class Tolerance:
     atol: float = 1e-4
     rtol: float = 1e-3
     min_cosine: float = 0.999
+    # device-precision (fp16/bf16 emulation) policy: cosine and max abs error relative to the output's range
+    device_min_cosine: float = 0.99
+    device_max_abs_of_range: float = 1e-2
 
     def to_dict(self) -> dict[str, float]:
-        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine}
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine,
+                "device_min_cosine": self.device_min_cosine, "device_max_abs_of_range": self.device_max_abs_of_range}
+
+    def device_policy(self) -> dict[str, float]:
+        return {"min_cosine": self.device_min_cosine, "max_abs_of_range": self.device_max_abs_of_range}
 
 
 @dataclass

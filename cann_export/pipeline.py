@@ -56,6 +56,7 @@ class ExportContext:
     metadata: dict[str, str] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lint_reports: list[str] = field(default_factory=list)  # names in ``reports`` that lint validators wrote
     format: Any = None
     staging: Path | None = None
     onnx_path: Path | None = None  # the written graph (inside staging until commit)

@@ -288,6 +288,8 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
     for v in validators:
         report = v.check(ctx)
         ctx.reports[v.name] = report
+        if stage == "lint":
+            ctx.lint_reports.append(v.name)
         if not report.get("passed", False):
             failed.append(v.name)
     if failed and stage == "lint":

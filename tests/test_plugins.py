@@ -113,7 +113,11 @@ def test_validator_pass_and_provenance_hooks(plugin, tmp_path):
 
     plugin({"register_validators": register_validators, "register_passes": register_passes,
             "provenance": provenance}, "extras")
-    result = cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(1, 12))
+    with pytest.raises(errors.LintError, match="lint"):  # a failing lint-stage validator stops the export
+        cann_export.export(make_mlp(), tmp_path / "a", example_inputs=torch.randn(1, 12))
+    assert not (tmp_path / "a").exists()
+    result = cann_export.export(make_mlp(), tmp_path / "b", example_inputs=torch.randn(1, 12), lint="warn")
+    assert result.manifest["lint"]["no-gemm"]["gemm_nodes"] == 2
     assert seen["pass"] == "MLP"
     assert result.manifest["provenance"]["ci_job"] == "1234"
     assert result.manifest["stage_seconds"]["lint"] >= 0

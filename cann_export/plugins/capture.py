@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hookspecs import hookimpl
-from ..module_paths import stamp_from_exporter
+from ..module_paths import collect, stamp, stamp_from_exporter
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
 
@@ -49,18 +49,38 @@ class DynamoExporter:
         return isinstance(model, torch.nn.Module) and not isinstance(model, torch.jit.ScriptModule)
 
     def export(self, model: Any, ctx: Any) -> Any:
+        import onnx
         import torch
 
         args, kwargs = call_args(ctx)
+        asked = ctx.options.opset
+        native = max(asked, _dynamo_min_opset())
         with quiet_export():
             program = torch.onnx.export(
-                model, args, kwargs=kwargs, dynamo=True, opset_version=ctx.options.opset,
+                model, args, kwargs=kwargs, dynamo=True, opset_version=native,
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 verbose=False, report=False, optimize=True,
             )
-            model_proto = program.model_proto
-        stamp_from_exporter(model_proto)
-        return model_proto
+            graph = program.model_proto
+        stamp_from_exporter(graph)
+        if asked < native:  # convert down ourselves (as torch would) so the module paths survive by node name
+            origins = collect(graph)
+            try:
+                graph = onnx.version_converter.convert_version(graph, asked)
+            except Exception:  # noqa: BLE001 - torch keeps the native opset too; capture records it
+                pass
+            stamp(graph, origins)
+        return graph
+
+
+def _dynamo_min_opset() -> int:
+    """The lowest opset torch.onnx's dynamo exporter implements (18 in torch 2.13)."""
+    try:
+        from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET
+
+        return int(TORCHLIB_OPSET)
+    except Exception:  # noqa: BLE001 - a private constant: fall back to the value torch 2.13 uses
+        return 18
 
 
 class TorchScriptExporter:

@@ -47,13 +47,56 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
 
 
 class ParityValidator:
+    """fp32 parity of the written graph; for atc_ready / om also device-precision parity (the graph
+    computed as the NPU will under the precision mode), with localisation and --fix-precision."""
+
     name = "parity"
     stage = "validate"
     formats = "*"
 
     def check(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
-        return parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance)
+        report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance)
+        if ctx.options.export_format not in ("atc_ready", "om") or "outputs" not in report or not report["outputs"]:
+            return report
+        import onnx
+
+        from ..atc_hints import effective_precision
+
+        keep = ctx.reports.get("atc", {}).get("keep_dtype", {}).get("nodes", [])
+        model = onnx.load(str(ctx.onnx_path))
+        return with_device_parity(report, model, effective_precision(ctx.options), keep, feeds,
+                                  ctx.reference_outputs, ctx.options.tolerance, ctx.module_paths,
+                                  fix=ctx.options.fix_precision, reports=ctx.reports)
+
+
+def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,
+                       tolerance: Any, paths: dict[str, str], fix: bool = False,
+                       reports: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Add the device-precision run to an fp32 parity report; the verdict needs both."""
+    from .device_parity import device_report, fix_precision
+    from .precision import emulation_for
+
+    if emulation_for(mode).rounds == "none":
+        report["precision"] = {"mode": mode, "emulated": emulation_for(mode).description, "keep_dtype": keep}
+        return report
+    names = [o["name"] for o in report["outputs"]]
+    args = (feeds, expected, names, tolerance.device_policy(), paths)
+    if fix:
+        device, kept = fix_precision(model, mode, keep, *args)
+        if reports is not None:
+            reports["precision_fix"] = {"kept": kept, "passed": device["passed"],
+                                        "kept_modules": sorted({paths.get(n, n) for n in kept})}
+        device["fixed_by_keep_dtype"] = kept
+    else:
+        device = device_report(model, mode, keep, *args)
+    graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
+    report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
+                  passed=bool(graph["passed"] and device["passed"]))
+    for key in ("first_divergence", "fixed_by_keep_dtype"):
+        if key in device:
+            report[key] = device[key]
+    return report
 
 
 def to_numpy(t: Any) -> Any:
