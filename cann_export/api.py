@@ -111,18 +111,29 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
 
 def validate(bundle: str | Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
-    """Re-run parity on an atc_ready bundle from its stored inputs and reference outputs, after
-    checking every file against the manifest's sha256."""
-    from .bundle import read_bundle, verify_files
+    """Re-run parity on an atc_ready bundle (or an om-stub) from its stored inputs and reference outputs,
+    after checking every file against the manifest's sha256."""
+    from .bundle import open_artifact, read_bundle, verify_files
     from .validators.parity import parity_report
 
-    bundle = Path(bundle)
-    manifest = read_bundle(bundle)
-    verify_files(bundle, manifest)
-    feeds, expected, tol_dict = _parity_data(bundle, manifest)
-    tol = tolerance or Tolerance(**tol_dict)
-    report = parity_report(bundle / manifest["model"]["file"], feeds, expected, tol,
-                           reference=manifest["parity"].get("reference") or "stored reference outputs")
+    with open_artifact(Path(bundle)) as directory:
+        manifest = read_bundle(directory)
+        verify_files(directory, manifest)
+        feeds, expected, tol_dict = _parity_data(directory, manifest)
+        tol = tolerance or Tolerance(**tol_dict)
+        model_path = directory / manifest["model"]["file"]
+        report = parity_report(model_path, feeds, expected, tol,
+                               reference=manifest["parity"].get("reference") or "stored reference outputs")
+        precision = manifest.get("parity", {}).get("precision")
+        if precision and report.get("outputs"):  # re-run the device-precision emulation the export ran
+            import onnx
+
+            from . import module_paths
+            from .validators.parity import with_device_parity
+
+            model = onnx.load(str(model_path))
+            report = with_device_parity(report, model, precision["mode"], list(precision.get("keep_dtype", [])),
+                                        feeds, expected, tol, module_paths.collect(model))
     report["bundle"] = str(bundle)
     return report
 
@@ -142,6 +153,7 @@ def _parity_data(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, di
     feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
     expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
     tol = (manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict()
+    tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
     return feeds, expected, tol
 
 

@@ -1,7 +1,9 @@
-"""Reading existing artifacts: atc_ready bundles and plain .onnx files."""
+"""Reading existing artifacts: atc_ready / om bundles, om-stubs and plain .onnx files."""
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +39,45 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
                             + ". Re-export or restore the bundle", path=path)
 
 
+@contextlib.contextmanager
+def open_artifact(path: Path) -> Iterator[Path]:
+    """Yield a bundle directory for ``path``: a directory as is, an om-stub unpacked into a temporary
+    directory (verified first; removed afterwards). Any other file is yielded unchanged."""
+    from . import om_stub
+
+    path = Path(path)
+    if om_stub.is_om_file(path):
+        with om_stub.extracted(path) as directory:
+            yield directory
+    else:
+        yield path
+
+
 def describe(path: Path) -> dict[str, Any]:
+    from . import om_stub
+
+    if not path.exists():
+        raise ValidateError("path not found", path=path, stage="inspect")
+    if om_stub.is_om_file(path):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="cann-export-om-") as tmp:
+            try:
+                header = om_stub.extract_stub(path, tmp)
+                info = _describe(Path(tmp))
+            except ValidateError as e:
+                e.stage = "inspect"
+                raise
+        info.update({"path": str(path), "kind": "om-stub", "om": header})
+        return info
+    return _describe(path)
+
+
+def _describe(path: Path) -> dict[str, Any]:
     import onnx
 
     from .onnx_utils import describe_values, op_histogram, opset_of
 
-    if not path.exists():
-        raise ValidateError("path not found", path=path, stage="inspect")
     manifest = None
     onnx_path = path
     if path.is_dir():
@@ -57,7 +91,7 @@ def describe(path: Path) -> dict[str, Any]:
     meta = {p.key: p.value for p in model.metadata_props}
     info = {
         "path": str(path),
-        "kind": "atc_ready" if manifest else "onnx",
+        "kind": (manifest.get("format") or "atc_ready") if manifest else "onnx",
         "opset": opset_of(model),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "inputs": describe_values(model.graph.input),

@@ -115,3 +115,16 @@ def test_cli_prints_the_first_divergence(tmp_path):
     result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o")])
     assert result.exit_code == 1
     assert "first divergence: energy" in result.stdout and "fp16 overflow" in result.stdout
+
+
+def test_validate_reruns_device_precision(tmp_path):
+    from cann_export.cli import cli
+
+    cann_export.export(Overflowing(), tmp_path / "fixed", example_inputs=(big_input(),), fix_precision=True)
+    cann_export.export(Overflowing(), tmp_path / "broken", example_inputs=(big_input(),))
+    ok = CliRunner().invoke(cli, ["validate", str(tmp_path / "fixed"), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["parity"]["precision"]["mode"] == "force_fp16"
+    bad = CliRunner().invoke(cli, ["validate", str(tmp_path / "broken"), "--json"])
+    assert bad.exit_code == 1
+    assert json.loads(bad.stdout)["parity"]["first_divergence"]["module"] == "energy"
