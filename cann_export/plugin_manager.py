@@ -19,8 +19,11 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.strip",
     "cann_export.plugins.capture",
     "cann_export.plugins.formats",
+    "cann_export.plugins.om",
+    "cann_export.plugins.atc",
     "cann_export.plugins.provenance",
     "cann_export.validators.parity",
+    "cann_export.validators.atc_lint",
 )
 
 _pm: pluggy.PluginManager | None = None

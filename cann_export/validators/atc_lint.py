@@ -1,0 +1,358 @@
+"""ATC lint: what Huawei's ``atc`` converter would refuse, found without a CANN install.
+
+Checks the ONNX graph against the target CANN release: the graph opset, every op type against the
+published list of ONNX operators ATC parses (``data/atc_onnx_ops.json``, which records its source),
+input dtypes and shapes against the dynamic-shape hints, and quantized graphs against the hints and
+precision mode. Every finding names the ONNX node and the PyTorch module it came from.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from .. import module_paths as mp
+from ..hookspecs import hookimpl
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
+HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+# TensorProto data types (onnx.TensorProto enum values), so this module needs no onnx import to classify
+FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10
+INTEGER_OK = {INT32: "int32", INT64: "int64"}
+
+
+@functools.lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """The packaged table of ONNX operators ATC parses (see its ``source`` and ``notes``)."""
+    from importlib.resources import files
+
+    return json.loads(files("cann_export.validators.data").joinpath("atc_onnx_ops.json").read_text(encoding="utf-8"))
+
+
+def parse_cann_version(text: str) -> tuple[int, int] | None:
+    """``"8.0"``, ``"7.0.RC1"``, ``"6.3.RC2"``, ``"8.0.0"`` -> (major, minor); None when it does not parse."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.[0-9A-Za-z.]+)?\s*", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def opset_range(version: tuple[int, int]) -> tuple[int, int]:
+    """The ONNX opsets ATC of this CANN release parses (from the ATC guides the table cites)."""
+    for row in load_table()["opset_ranges"]:
+        if version[0] >= row["min_major"] and (row["max_major"] is None or version[0] <= row["max_major"]):
+            return tuple(row["opsets"])  # type: ignore[return-value]
+    return (9, 13)
+
+
+class _Findings(list):
+    def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
+            op_type: str | None = None) -> None:
+        module = None
+        if node is not None:
+            module = (module_paths or {}).get(node.name)
+            if module is None:
+                module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+            message = f"{where(node, module_paths)}: {message}"
+        self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
+                     "module": module, "op_type": op_type or (node.op_type if node is not None else None),
+                     "message": message})
+
+
+def where(node: Any, module_paths: dict[str, str] | None) -> str:
+    """``module encoder.layer.0.attn (Softmax), node 'n'``: the PyTorch module and the ONNX node."""
+    path = (module_paths or {}).get(node.name)
+    if path is None:
+        path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+    name = node.name or "<unnamed>"
+    if path is None:
+        return f"node {name!r} ({node.op_type}), PyTorch module unknown"
+    return f"{'the root module' if path == '' else 'module ' + path} ({node.op_type}), node {name!r}"
+
+
+def _nodes(graph: Any) -> Iterator[Any]:
+    """Every node, including those in If/Loop/Scan bodies."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nodes(attr.g)
+            for g in attr.graphs:
+                yield from _nodes(g)
+
+
+def _graph_opset(model: Any) -> int | None:
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    return None
+
+
+def _fixed_dims(hints: dict[str, Any]) -> dict[str, list[int]]:
+    """``input_shape`` hint ``x:1,3,224,224;y:1,10`` -> {name: dims}."""
+    out: dict[str, list[int]] = {}
+    for part in str(hints.get("input_shape") or "").split(";"):
+        name, sep, dims = part.rpartition(":")
+        if sep and name:
+            try:
+                out[name] = [int(d) for d in dims.split(",")]
+            except ValueError:
+                continue
+    return out
+
+
+def _covering_hint(hints: dict[str, Any], axis: int | None, rank: int | None) -> str | None:
+    """The dynamic-profile hint that lets ATC accept a dynamic dimension at ``axis`` (None: unknown rank)."""
+    if "input_shape_range" in hints:
+        return "input_shape_range"
+    if axis is None:
+        return None
+    if "dynamic_dims" in hints:
+        return "dynamic_dims"
+    if "dynamic_batch_size" in hints and axis == 0:
+        return "dynamic_batch_size"
+    if "dynamic_image_size" in hints and rank == 4 and axis in (1, 2, 3):  # H, W of NCHW or NHWC
+        return "dynamic_image_size"
+    return None
+
+
+def _check_inputs(model: Any, hints: dict[str, Any], findings: _Findings) -> None:
+    initializers = {i.name for i in model.graph.initializer}
+    fixed = _fixed_dims(hints)
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        name = value.name
+        t = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            findings.add("error", "input-type", f"input {name!r} is not a tensor; ATC takes tensor inputs only")
+            continue
+        dtype = t.elem_type
+        if dtype in (FLOAT, FLOAT16):
+            pass
+        elif dtype in INTEGER_OK:
+            findings.add("warning", "input-dtype",
+                         f"input {name!r} is {INTEGER_OK[dtype]}: ATC accepts it for index-like inputs (token ids, "
+                         "masks, positions); any other input must be float32 or float16")
+        elif dtype == UINT8:
+            if "aipp" not in hints:
+                findings.add("error", "input-dtype",
+                             f"input {name!r} is uint8: ATC takes uint8 images only through AIPP; pass an aipp hint "
+                             "(--atc-hint aipp=...) or take float32/float16 input")
+        else:
+            findings.add("error", "input-dtype",
+                         f"input {name!r} is {_dtype_name(dtype)}: ATC model inputs must be float32 or float16 "
+                         "(int32/int64 for index-like inputs); cast inside the model instead")
+        if not t.HasField("shape"):
+            hint = _covering_hint(hints, None, None)
+            if hint is None:
+                findings.add("error", "dynamic-shape",
+                             f"input {name!r} has no shape (unknown rank): ATC needs a static shape or an "
+                             "input_shape_range hint")
+            continue
+        dims = list(t.shape.dim)
+        shown = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        for axis, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                findings.add("error", "zero-dim",
+                             f"input {name!r} has shape {shown} with dimension {axis} equal to 0: ATC refuses "
+                             "empty tensors; export with a non-empty example input")
+                continue
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            pinned = fixed.get(name)
+            if pinned and axis < len(pinned) and pinned[axis] > 0:
+                continue  # the input_shape hint fixes it
+            if _covering_hint(hints, axis, len(dims)) is None:
+                label = d.dim_param or "-1"
+                findings.add("error", "dynamic-shape",
+                             f"input {name!r} has shape {shown} with dynamic dimension {axis} ({label}) and no "
+                             "dynamic profile covers it: ATC converts static shapes only unless you pass "
+                             "dynamic_batch_size (axis 0), dynamic_image_size (H,W), dynamic_dims or "
+                             "input_shape_range, or fix it with input_shape")
+
+
+def _dtype_name(dtype: int) -> str:
+    try:
+        import onnx
+
+        return onnx.TensorProto.DataType.Name(dtype).lower()
+    except Exception:  # noqa: BLE001
+        return f"dtype {dtype}"
+
+
+def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | None = None,
+               precision_mode: str = "force_fp16", module_paths: dict[str, str] | None = None) -> dict[str, Any]:
+    """Lint an onnx.ModelProto; returns the report (see module docstring). Collects every finding."""
+    hints = dict(hints or {})
+    module_paths = module_paths or {}
+    table = load_table()
+    ops = table["ops"]
+    known_domains = set(table.get("known_domains", []))
+    findings = _Findings()
+
+    version = parse_cann_version(cann_version)
+    opset = _graph_opset(model)
+    if version is None:
+        findings.add("error", "cann-version", f"CANN version {cann_version!r} does not parse; write it like 8.0, "
+                                              "7.0.RC1 or 6.3.RC2")
+    elif opset is None:
+        findings.add("error", "opset", "the graph imports no ai.onnx opset; ATC cannot parse it")
+    else:
+        low, high = opset_range(version)
+        if not low <= opset <= high:
+            findings.add("error", "opset",
+                         f"the graph is at ONNX opset {opset}, but ATC of CANN {cann_version} parses opset "
+                         f"{low}..{high} (E19010 'No parser is registered for Op ... ai.onnx::{opset}::...' at "
+                         f"conversion); export with --opset {min(max(opset, low), high)} or target a newer CANN")
+
+    quantized = False
+    for node in _nodes(model.graph):
+        if node.op_type in QDQ and node.domain in DEFAULT_DOMAINS:
+            quantized = True
+        if node.domain not in DEFAULT_DOMAINS:
+            if node.domain not in known_domains:
+                findings.add("error", "custom-domain",
+                             f"op {node.op_type} is in custom domain {node.domain!r}: ATC parses only ai.onnx ops "
+                             f"(E19010 at conversion); rewrite it with standard ops or register a custom ATC ONNX "
+                             "parser plugin for it", node, module_paths)
+            continue
+        if node.op_type in ops:
+            continue
+        message = f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion)"
+        if node.op_type in QDQ:
+            message += ("; ATC converts QuantizeLinear/DequantizeLinear graphs only after AMCT rewrites them "
+                        "(amct_onnx.convert_qat_model)")
+        else:
+            message += "; replace the PyTorch op with ones ATC supports or register a custom ATC ONNX parser plugin"
+        findings.add("error", "unsupported-op", message, node, module_paths)
+
+    _check_inputs(model, hints, findings)
+
+    if quantized:
+        dynamic = [h for h in DYNAMIC_HINTS if h in hints]
+        if dynamic:
+            findings.add("warning", "quant-dynamic-shape",
+                         f"the graph is quantized (QuantizeLinear/DequantizeLinear) and {', '.join(dynamic)} is set: "
+                         "int8 kernels with dynamic shapes are limited on Ascend; prefer static shapes for the "
+                         "quantized model", op_type="QuantizeLinear")
+        precision = hints.get("precision_mode_v2") or hints.get("precision_mode") or precision_mode
+        if precision in HIGH_PRECISION:
+            findings.add("warning", "quant-precision-mode",
+                         f"the graph is quantized but precision mode is {precision}: int8 needs the quantized path, "
+                         "which a high-precision mode keeps from running; use force_fp16 or allow_mix_precision",
+                         op_type="QuantizeLinear")
+
+    return {"passed": not any(f["severity"] == "error" for f in findings),
+            "cann_version": str(cann_version),
+            "opset": opset,
+            "table": {"source": table["source"], "cann_version": table["cann_version"]},
+            "findings": list(findings)}
+
+
+class AtcLint:
+    """The ``lint`` stage validator for formats that go to ATC."""
+
+    name = "atc-lint"
+    stage = "lint"
+    formats = ("atc_ready", "om")
+
+    def check(self, ctx: Any) -> dict[str, Any]:
+        opts = ctx.options
+        return lint_model(ctx.onnx_model, getattr(opts, "cann_version", "8.0"), getattr(opts, "atc_hints", {}) or {},
+                          getattr(opts, "precision_mode", "force_fp16"), getattr(ctx, "module_paths", None) or {})
+
+
+def load_for_lint(path: Path, cann_version: str, extra_hints: dict[str, Any]) -> SimpleNamespace:
+    """A minimal context (onnx_model, options, module_paths) for an .onnx file or an atc_ready bundle."""
+    import onnx
+
+    from ..errors import LintError
+
+    if not path.exists():
+        raise LintError("path not found; pass an .onnx file or an atc_ready bundle directory", path=path)
+    hints: dict[str, Any] = {}
+    precision = "force_fp16"
+    onnx_path = path
+    if path.is_dir():
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            raise LintError("not an atc_ready bundle (no manifest.json); pass the bundle directory or an .onnx file",
+                            path=path)
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise LintError(f"manifest.json is not valid JSON ({e}); export the bundle again",
+                            path=manifest_path) from None
+        atc = manifest.get("atc") or {}
+        hints = dict(atc.get("hints") or {})
+        precision = atc.get("precision_mode") or precision
+        onnx_path = path / ((manifest.get("model") or {}).get("file") or "model.onnx")
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+        raise LintError(f"not a readable ONNX model ({type(e).__name__}); pass an .onnx file or an atc_ready bundle",
+                        path=onnx_path) from None
+    if not path.is_dir():
+        stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc_hints")
+        if stored:
+            try:
+                hints = dict(json.loads(stored))
+            except (ValueError, TypeError):
+                hints = {}
+    hints.update(extra_hints)
+    options = SimpleNamespace(cann_version=cann_version, atc_hints=hints,
+                              precision_mode=hints.get("precision_mode") or precision)
+    return SimpleNamespace(onnx_model=model, options=options, module_paths=mp.collect(model))
+
+
+def _print_report(path: str, report: dict[str, Any]) -> None:
+    import click
+
+    errors_ = [f for f in report["findings"] if f["severity"] == "error"]
+    warnings_ = [f for f in report["findings"] if f["severity"] == "warning"]
+    for f in report["findings"]:
+        click.echo(f"{f['severity']}: [{f['rule']}] {f['message']}")
+    verdict = "passed" if report["passed"] else "FAILED"
+    click.echo(f"{path}: ATC lint {verdict} for CANN {report['cann_version']} (opset {report['opset']}; "
+               f"{len(errors_)} error(s), {len(warnings_)} warning(s); op table: CANN {report['table']['cann_version']})")
+
+
+@hookimpl
+def register_validators(register):
+    register(AtcLint())
+
+
+@hookimpl
+def register_commands(cli):
+    import click
+
+    @cli.command("lint")
+    @click.argument("path", type=click.Path(path_type=str))
+    @click.option("--cann-version", default="8.0", show_default=True, help="Target CANN release (8.0, 7.0.RC1, ...).")
+    @click.option("--atc-hint", "atc_hints", multiple=True,
+                  help="KEY=VALUE ATC option to lint with (added to the bundle's hints); repeatable.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+    def lint_cmd(path: str, cann_version: str, atc_hints: tuple[str, ...], as_json: bool) -> None:
+        """Check an .onnx file or an atc_ready bundle against what ATC accepts (no CANN install needed)."""
+        from ..cli import run_guarded
+
+        def body() -> int:
+            from ..errors import LintError
+            from ..options import parse_key_values
+
+            if parse_cann_version(cann_version) is None:
+                raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
+            ctx = load_for_lint(Path(path), cann_version, parse_key_values(atc_hints, "--atc-hint"))
+            report = AtcLint().check(ctx)
+            if as_json:
+                click.echo(json.dumps({"ok": report["passed"], "path": path, **report}, default=str))
+            else:
+                _print_report(path, report)
+            return 0 if report["passed"] else 1
+
+        run_guarded(as_json, body)
