@@ -11,7 +11,7 @@ import click
 
 from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError
 
-FORMATS_HELP = "atc_ready (directory bundle for ATC) or onnx (one .onnx file)"
+FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
 
 
 class DefaultCommandGroup(click.Group):
@@ -73,7 +73,7 @@ def cli() -> None:
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file: only for files you trust).")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME:D1,D2,...[:DTYPE]; repeatable.")
 @click.option("--example-inputs", type=click.Path(path_type=str), help="safetensors file of inputs named after the forward parameters.")
-@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (atc_ready: 11..18).")
+@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (atc_ready and om: 11..18).")
 @click.option("--strict-opset", is_flag=True, help="Require exactly --opset (by default another opset the format accepts is kept and recorded).")
 @click.option("--cann-version", default="8.0", show_default=True, help="Target CANN release for the ATC lint.")
 @click.option("--lint", "lint_mode", default="error", show_default=True, type=click.Choice(["error", "warn", "off"]), help="ATC lint errors fail the export (error) or are only reported (warn).")
@@ -204,9 +204,14 @@ def inspect_cmd(path: str, as_json: bool) -> None:
             click.echo("metadata:")
             for k, v in info["metadata"].items():
                 click.echo(f"  {k} = {v}")
+        if info.get("om"):
+            click.echo("om header: " + ", ".join(f"{k}={v}" for k, v in info["om"].items()))
         if info.get("parity"):
             p = info["parity"]
-            click.echo(f"parity: {'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}")
+            click.echo(f"parity: {'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
+                       + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
+            if p.get("first_divergence"):
+                click.echo(f"  {p['first_divergence']['message']}")
         return 0
 
     run_guarded(as_json, body)

@@ -24,6 +24,8 @@ def test_transformers_model_exports_atc_ready_with_parity(name, tmp_path, run_or
     result = cann_export.export(model, tmp_path / name, "atc_ready", example_inputs=feeds)
 
     assert result.ok, result.parity
+    assert result.parity["precision"]["mode"] == "force_fp16"  # passes under the device's fp16 emulation
+    assert result.parity["graph_fp32_passed"]
     assert 11 <= result.onnx["opset"] <= 18
     graph = onnx.load(result.onnx["path"])
     onnx.checker.check_model(graph, full_check=True)

@@ -66,7 +66,9 @@ class DynamoExporter:
         if asked < native:  # convert down ourselves (as torch would) so the module paths survive by node name
             origins = collect(graph)
             try:
-                graph = onnx.version_converter.convert_version(graph, asked)
+                converted = onnx.version_converter.convert_version(graph, asked)
+                onnx.checker.check_model(converted, full_check=True)  # the converter can write invalid nodes
+                graph = converted
             except Exception:  # noqa: BLE001 - torch keeps the native opset too; capture records it
                 pass
             stamp(graph, origins)
