@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -26,9 +25,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def models():
-    from transformers import BertConfig, BertModel
-
     from test_device_precision import Overflowing, big_input
+    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     bert = BertModel(BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,

@@ -4,9 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import errors
+from . import errors, module_paths
 from . import inputs as inputs_mod
-from . import module_paths
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
 

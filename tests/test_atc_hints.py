@@ -3,10 +3,10 @@ import json
 
 import pytest
 import torch
+from helpers.toy_models import ConvBnDropout, TwoInputs
 
 import cann_export
 from cann_export import errors
-from helpers.toy_models import ConvBnDropout, TwoInputs
 
 
 def export(tmp_path, hints, model=None, **kw):

@@ -11,9 +11,10 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..hookspecs import hookimpl
 from ..options import PRECISION_MODES

@@ -1,7 +1,6 @@
 """Output formats: a single ``.onnx`` file, and the ``atc_ready`` directory bundle."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
