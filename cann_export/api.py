@@ -10,7 +10,7 @@ from typing import Any
 from . import atc_hints, atomic, errors, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
-from .pipeline import ExportContext, ProgressFn, run_stages
+from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
 
@@ -26,11 +26,15 @@ class ExportResult:
     onnx: dict[str, Any]
     parity: dict[str, Any] | None
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
+    published: dict[str, Any] | None = None  # the model zoo record when --publish was given
 
     def to_dict(self) -> dict[str, Any]:
         parity = self.parity or {"passed": None, "validated": False, "outputs": []}
-        return {"ok": self.ok, "format": self.format, "output": self.output, "files": self.files,
-                "onnx": self.onnx, "parity": parity}
+        out = {"ok": self.ok, "format": self.format, "output": self.output, "files": self.files,
+               "onnx": self.onnx, "parity": parity}
+        if self.published is not None:
+            out["published"] = self.published
+        return out
 
 
 def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
@@ -89,12 +93,14 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         "validate": (lambda c: stages.run_validators(c, "validate")) if opts.validate else None,
     }
     try:
-        run_stages(ctx, handlers, progress)
+        run_stages(ctx, handlers, progress, only=STAGES[:-1])
         ctx.format.finalize(ctx, ctx.staging)
         files = ctx.format.commit(ctx, ctx.staging)
     except BaseException:
         atomic.discard(ctx.staging)
         raise
+    # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
+    run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")
     final_onnx = (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path
     from .manifest import summarize_parity
@@ -107,6 +113,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"]},
         parity=summarize_parity(parity) if parity else None,
         manifest=getattr(ctx, "manifest", {}),
+        published=ctx.reports.get("publish"),
     )
 
 

@@ -89,6 +89,14 @@ def cli() -> None:
 @click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")
 @click.option("--rtol", type=float, default=None, help="Parity relative tolerance (default 1e-3).")
 @click.option("--min-cosine", type=float, default=None, help="Parity minimum cosine similarity (default 0.999).")
+@click.option("--qat", "quantize", flag_value="qat", default=None, help="Quantization-aware training to int8 (needs --calibration-data).")
+@click.option("--ptq", "quantize", flag_value="ptq", help="Post-training int8 quantization: calibration only.")
+@click.option("--calibration-data", type=click.Path(path_type=str), help="safetensors file of input batches for calibration / QAT.")
+@click.option("--qat-steps", type=int, default=200, show_default=True, help="QAT fine-tuning steps.")
+@click.option("--qat-lr", type=float, default=1e-4, show_default=True, help="QAT learning rate.")
+@click.option("--backend", default="auto", show_default=True, help="Device the model runs on for QAT and the reference (cpu, cuda, npu, npu-sim, auto).")
+@click.option("--publish", default=None, help="Publish the artifact to the model zoo under this name.")
+@click.option("--zoo", default=None, help="Model zoo location (directory or s3://bucket/prefix; default $CANN_MODEL_ZOO or the user cache).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
@@ -96,7 +104,9 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                cann_version: str, lint_mode: str, fix_precision: bool,
                soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
                exporter: str, external_data: str, no_simplify: bool, no_validate: bool, atol: float | None,
-               rtol: float | None, min_cosine: float | None, overwrite: bool, as_json: bool) -> None:
+               rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
+               qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
+               overwrite: bool, as_json: bool) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     def body() -> int:
@@ -121,7 +131,9 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
             soc_version=soc_version, precision_mode=precision_mode,
             metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
             exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
-            atol=atol, rtol=rtol, min_cosine=min_cosine, overwrite=overwrite, progress=_progress,
+            atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
+            qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
+            overwrite=overwrite, progress=_progress,
         )
         if as_json:
             click.echo(json.dumps(result.to_dict(), default=str))

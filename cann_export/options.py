@@ -66,6 +66,16 @@ class ExportOptions:
     seed: int = 0
     include_optimizer_state: bool = False
     optimizer: Any = None
+    # quantization (issue: QAT to int8): "qat" fine-tunes with fake quantization, "ptq" calibrates only
+    quantize: str | None = None
+    calibration_data: str | None = None  # safetensors file of input batches named after forward's inputs
+    qat_steps: int = 200
+    qat_lr: float = 1e-4
+    quant_config: dict[str, Any] = field(default_factory=dict)
+    backend: str = "auto"
+    # model zoo: publish the artifact under this name after a successful export
+    publish: str | None = None
+    zoo: str | None = None  # registry URL or directory (default: CANN_MODEL_ZOO or the user cache)
 
     def accepts_opset(self, opset: int) -> bool:
         """Whether a captured graph's opset is acceptable: the one asked for, or (unless strict) any
@@ -90,6 +100,13 @@ class ExportOptions:
             raise OptionsError(f"unknown precision mode {self.precision_mode!r}; ATC accepts {', '.join(PRECISION_MODES)}")
         if self.external_data not in EXTERNAL_DATA:
             raise OptionsError(f"external_data must be one of {', '.join(EXTERNAL_DATA)}")
+        if self.quantize not in (None, "qat", "ptq"):
+            raise OptionsError("quantize must be 'qat' or 'ptq'")
+        if self.quantize and not self.calibration_data:
+            raise OptionsError(f"--{self.quantize} needs --calibration-data FILE.safetensors (input batches named "
+                               "after the model's forward parameters)")
+        if self.qat_steps < 0 or self.qat_lr <= 0:
+            raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):

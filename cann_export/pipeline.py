@@ -66,13 +66,15 @@ class ExportContext:
 
 
 def run_stages(ctx: ExportContext, handlers: dict[str, Callable[[ExportContext], str | None]],
-               progress: ProgressFn | None = None) -> None:
+               progress: ProgressFn | None = None, only: tuple[str, ...] = STAGES) -> None:
     """Run each stage in order; a handler returns a status word ("ok", "skipped", ...) or None for ok.
 
     Errors that are not already ``ExportError`` are wrapped in the stage's error with their gist,
     so the CLI never shows a traceback for them.
     """
     for index, stage in enumerate(STAGES, start=1):
+        if stage not in only:
+            continue
         handler = handlers.get(stage)
         started = time.perf_counter()
         if handler is None:
