@@ -243,15 +243,17 @@ def quantized_model():
 
 def test_quantized_graph_warnings():
     plain = atc_lint.lint_model(quantized_model(), "8.0", {}, "force_fp16")
-    assert {f["rule"] for f in plain["findings"]} == {"unsupported-op"}  # native Q/DQ need AMCT first
-    assert all("convert_qat_model" in f["message"] for f in plain["findings"])
+    assert plain["passed"]  # Q/DQ graphs are exportable: one warning says AMCT must convert them for ATC
+    assert [(f["rule"], f["severity"]) for f in plain["findings"]] == [("qdq-needs-amct", "warning")]
+    assert "convert_qat_model" in plain["findings"][0]["message"]
 
     report = atc_lint.lint_model(quantized_model(), "8.0", {"dynamic_batch_size": "1,2"}, "force_fp32")
     warnings = {f["rule"]: f for f in report["findings"] if f["severity"] == "warning"}
-    assert set(warnings) == {"quant-dynamic-shape", "quant-precision-mode"}
+    assert set(warnings) == {"quant-dynamic-shape", "quant-precision-mode", "qdq-needs-amct"}
     assert "force_fp32" in warnings["quant-precision-mode"]["message"]
     report = atc_lint.lint_model(quantized_model(), "8.0", {"precision_mode_v2": "origin"}, "force_fp16")
-    assert [f["rule"] for f in report["findings"] if f["severity"] == "warning"] == ["quant-precision-mode"]
+    assert [f["rule"] for f in report["findings"] if f["severity"] == "warning"] == ["quant-precision-mode",
+                                                                                     "qdq-needs-amct"]
 
 
 def test_unreadable_input_is_one_line_exit_2(tmp_path, lint_cli):

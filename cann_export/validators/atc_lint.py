@@ -221,15 +221,16 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
                              f"(E19010 at conversion); rewrite it with standard ops or register a custom ATC ONNX "
                              "parser plugin for it", node, module_paths)
             continue
-        if node.op_type in ops:
+        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: one graph-level finding below
             continue
-        message = f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion)"
-        if node.op_type in QDQ:
-            message += ("; ATC converts QuantizeLinear/DequantizeLinear graphs only after AMCT rewrites them "
-                        "(amct_onnx.convert_qat_model)")
-        else:
-            message += "; replace the PyTorch op with ones ATC supports or register a custom ATC ONNX parser plugin"
+        message = (f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion); replace the PyTorch op "
+                   "with ones ATC supports or register a custom ATC ONNX parser plugin")
         findings.add("error", "unsupported-op", message, node, module_paths)
+    if quantized and not all(op in ops for op in QDQ):
+        findings.add("warning", "qdq-needs-amct",
+                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not list: run "
+                     "AMCT's amct_onnx.convert_qat_model on model.onnx to turn them into AscendQuant/AscendDequant "
+                     "before atc (see atc/convert.sh)", op_type="QuantizeLinear")
 
     _check_inputs(model, hints, findings)
 
