@@ -252,8 +252,8 @@ def test_quantized_graph_warnings():
     assert set(warnings) == {"quant-dynamic-shape", "quant-precision-mode", "qdq-needs-amct"}
     assert "force_fp32" in warnings["quant-precision-mode"]["message"]
     report = atc_lint.lint_model(quantized_model(), "8.0", {"precision_mode_v2": "origin"}, "force_fp16")
-    assert [f["rule"] for f in report["findings"] if f["severity"] == "warning"] == ["quant-precision-mode",
-                                                                                     "qdq-needs-amct"]
+    assert {f["rule"] for f in report["findings"] if f["severity"] == "warning"} == {"quant-precision-mode",
+                                                                                     "qdq-needs-amct"}
 
 
 def test_unreadable_input_is_one_line_exit_2(tmp_path, lint_cli):
