@@ -6,7 +6,10 @@ from typing import Any
 
 from cann_export import tracking
 
-__all__ = ["disable", "enable", "export", "track"]
+__all__ = ["config", "disable", "enable", "export", "prepare", "track"]
+
+_CONFIG_KEYS = ("quantization_aware_training", "quant_config")
+_config: dict[str, Any] = {"quantization_aware_training": False, "quant_config": {}}
 
 
 def export(model: Any = None, output_path: str | Path | None = None, export_format: str = "atc_ready",
@@ -36,3 +39,28 @@ def enable() -> None:
 
 def disable() -> None:
     tracking.disable_global()
+
+
+def config(**settings: Any) -> dict[str, Any]:
+    """Library-wide settings, as in the seeds: ``config(quantization_aware_training=True,
+    quant_config={"weight_bits": 8, "activation_bits": 8})``. Returns the current settings."""
+    from cann_export.errors import OptionsError
+    from cann_export.qat.config import parse
+
+    unknown = sorted(set(settings) - set(_CONFIG_KEYS))
+    if unknown:
+        raise OptionsError(f"unknown cann.torch.config key(s) {', '.join(unknown)}; known keys: {', '.join(_CONFIG_KEYS)}")
+    if "quant_config" in settings:
+        settings["quant_config"] = parse(settings["quant_config"]).to_dict()
+    _config.update(settings)
+    return dict(_config)
+
+
+def prepare(model: Any, example_inputs: Any = None) -> Any:
+    """Insert fake quantization (BatchNorm folded) as configured with ``config``; returns a new module."""
+    from cann_export.errors import OptionsError
+    from cann_export.qat import prepare as qat_prepare
+
+    if not _config["quantization_aware_training"]:
+        raise OptionsError("cann.torch.prepare needs cann.torch.config(quantization_aware_training=True, ...) first")
+    return qat_prepare(model, example_inputs, _config["quant_config"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, errors, stages
+from . import atc_hints, atomic, errors, quant_stages, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
@@ -84,6 +84,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     handlers = {
         "load": stages.load,
         "prepare": lambda c: stages.prepare(c, example_inputs),
+        "train": quant_stages.train if opts.quantize else None,
         "strip": stages.strip,
         "capture": stages.capture,
         "optimize": stages.optimize,
@@ -94,6 +95,10 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     }
     try:
         run_stages(ctx, handlers, progress, only=STAGES[:-1])
+        if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes
+            atomic.discard(ctx.staging)
+            return ExportResult(ok=True, format=opts.export_format, output="", files=[], onnx={}, parity=None,
+                                manifest={"halted": ctx.halted})
         ctx.format.finalize(ctx, ctx.staging)
         files = ctx.format.commit(ctx, ctx.staging)
     except BaseException:

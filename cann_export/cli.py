@@ -133,7 +133,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
             exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
             atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
             qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-            overwrite=overwrite, progress=_progress,
+            overwrite=overwrite, progress=_progress, train_callback=_TrainProgress() if quantize == "qat" else None,
         )
         if as_json:
             click.echo(json.dumps(result.to_dict(), default=str))
@@ -142,6 +142,23 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
         return 0 if result.ok else EXIT_PARITY_FAILED
 
     run_guarded(as_json, body)
+
+
+class _TrainProgress:
+    """A progress bar with the distillation loss, on stderr."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, step: int, total: int, loss: float) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="qat fine-tuning", file=sys.stderr,
+                                         item_show_func=lambda item: item, show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(1, f"loss {loss:.4g}")
+        if step >= total:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
 def _default_output(model: str, export_format: str) -> str:

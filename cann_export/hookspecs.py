@@ -22,8 +22,9 @@ def register_loaders(register: Callable[[Any], None]) -> None:
 
 @hookspec
 def register_passes(register: Callable[[Any], None]) -> None:
-    """Register strip passes: objects with ``name``, ``order`` (ascending run order) and
-    ``apply(model, ctx) -> model`` removing training-only structure from a module."""
+    """Register strip passes: objects with ``name``, ``order`` (ascending run order) and any of
+    ``apply_module(model, ctx) -> model`` (strip stage, on the torch module), ``apply_graph(onnx_model, ctx)``
+    (optimize stage, before onnxsim) and ``apply_final_graph(onnx_model, ctx)`` (after onnxsim)."""
 
 
 @hookspec

@@ -43,6 +43,7 @@ def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
         "capture": ctx.capture,
         "optimize": ctx.optimize,
         "parity": summarize_parity(parity),
+        **({"quantization": ctx.reports["quantization"]} if "quantization" in ctx.reports else {}),
         "lint": {name: r for name, r in ctx.reports.items() if name in ctx.lint_reports},
         "warnings": dict(ctx.reports.get("warnings", {})),
         "stage_seconds": dict(ctx.stage_seconds),

@@ -24,9 +24,17 @@ def _from_name_scopes(value: str) -> str | None:
 def _from_scoped_name(name: str, strip_prefix: str | None) -> str | None:
     if not name.startswith("/"):
         return None
-    parts = name.strip("/").split("/")[:-1]  # the last part is the op
-    if strip_prefix and parts and parts[0] == strip_prefix:
-        parts = parts[1:]
+    segments = name.strip("/").split("/")[:-1]  # the last part is the op
+    if strip_prefix and segments and segments[0] == strip_prefix:
+        segments = segments[1:]
+    parts: list[str] = []
+    for seg in segments:  # a Sequential's child is scoped "stem/stem.0": the child repeats its parent's name
+        if parts and seg.startswith(parts[-1].rsplit(".", 1)[-1] + ".") and "." not in parts[-1]:
+            parts[-1] = seg
+        elif parts and seg.startswith(parts[-1] + "."):
+            parts[-1] = seg
+        else:
+            parts.append(seg)
     return ".".join(parts)
 
 

@@ -73,6 +73,7 @@ class ExportOptions:
     qat_lr: float = 1e-4
     quant_config: dict[str, Any] = field(default_factory=dict)
     backend: str = "auto"
+    train_callback: Any = None  # called as (step, total, loss) during QAT fine-tuning
     # model zoo: publish the artifact under this name after a successful export
     publish: str | None = None
     zoo: str | None = None  # registry URL or directory (default: CANN_MODEL_ZOO or the user cache)

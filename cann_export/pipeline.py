@@ -63,6 +63,12 @@ class ExportContext:
     files: list[Path] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
+    # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)
+    teacher: Any = None  # the float model
+    float_reference_outputs: list[list[Any]] = field(default_factory=list)
+    calibration_batches: list[dict[str, Any]] = field(default_factory=list)
+    quant_table: dict[str, dict[str, Any]] = field(default_factory=dict)  # module path -> scales, zero points
+    halted: str | None = None  # set by a stage when this process must not go on (e.g. DDP rank != 0)
 
 
 def run_stages(ctx: ExportContext, handlers: dict[str, Callable[[ExportContext], str | None]],
@@ -73,7 +79,7 @@ def run_stages(ctx: ExportContext, handlers: dict[str, Callable[[ExportContext],
     so the CLI never shows a traceback for them.
     """
     for index, stage in enumerate(STAGES, start=1):
-        if stage not in only:
+        if stage not in only or ctx.halted:
             continue
         handler = handlers.get(stage)
         started = time.perf_counter()

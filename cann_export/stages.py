@@ -65,8 +65,6 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
 
 def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
-    import torch
-
     from .backend.eval_mode import to_eval
     from .tracking import recorded_inputs
 
@@ -81,6 +79,11 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
         feed, source = inputs_mod.tensors_from_specs(opts.input_shapes, ctx.model, opts.seed), "--input-shape"
     elif loaded.example_inputs:
         feed, source = dict(loaded.example_inputs), "the archive's example inputs"
+    elif opts.calibration_data:
+        from .quant_stages import read_calibration
+
+        feed = {k: v[:1] for k, v in read_calibration(opts.calibration_data, accepted).items()}
+        source = f"the first sample of {opts.calibration_data}"
     elif (rec := recorded_inputs(ctx.source)) is not None:
         args, kwargs = rec
         feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
@@ -102,25 +105,38 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     ctx.example_inputs = feed
     variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1) if opts.validate else []
     ctx.input_sets = [feed] + variants
-    ctx.reference_outputs = []
+    if opts.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train stage)
+        from .quant_stages import prepare_quantization
+
+        return prepare_quantization(ctx, source, accepted)
+    ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+    float_model = (getattr(ctx.model, "_cann_qat", None) or {}).get("float_model")
+    if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
+        _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
+    return f"{len(ctx.input_sets)} input sets from {source}"
+
+
+def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str]) -> tuple[list, list]:
+    """Run ``model`` on every input set: (output names, numpy outputs per set)."""
+    import torch
+
+    names, outputs = [], []
     with torch.no_grad():
-        for i, one in enumerate(ctx.input_sets):
+        for one in ctx.input_sets:
             try:
-                out = _call(ctx.model, loaded.kind, one, ctx.input_names)
+                out = _call(model, ctx.loaded.kind, one, ctx.input_names)
             except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
                     f"{_gist(e)}. Check the input names, shapes and dtypes "
                     f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
-                    path=loaded.source_path) from None
+                    path=ctx.loaded.source_path) from None
             names, tensors = inputs_mod.flatten_outputs(out)
             if not tensors:
-                raise errors.PrepareError("the model returned no tensors", path=loaded.source_path)
-            if i == 0:
-                ctx.output_names = names
-            ctx.reference_outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
-                                          else t.detach().cpu().numpy() for t in tensors])
-    return f"{len(ctx.input_sets)} input sets from {source}"
+                raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
+            outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
+                            else t.detach().cpu().numpy() for t in tensors])
+    return names, outputs
 
 
 def _call(model: Any, kind: str, feed: dict[str, Any], names: list[str]) -> Any:
@@ -212,16 +228,25 @@ def optimize(ctx: ExportContext) -> str | None:
             ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
     if not ctx.options.simplify:
         ctx.optimize["onnxsim"] = "disabled"
+        _final_graph_passes(ctx)
         return "onnxsim disabled"
     if weights_bytes(ctx.onnx_model) > 1_900_000_000:
         ctx.optimize["onnxsim"] = "skipped: graph past the 2 GB protobuf limit"
+        _final_graph_passes(ctx)
         return "onnxsim skipped (> 2 GB)"
     verdict, simplified = _simplify(ctx)
     ctx.optimize["onnxsim"] = verdict
     if simplified is not None:
         ctx.onnx_model = simplified
-        return "simplified"
-    return f"kept unsimplified graph ({verdict})"
+    _final_graph_passes(ctx)
+    return "simplified" if simplified is not None else f"kept unsimplified graph ({verdict})"
+
+
+def _final_graph_passes(ctx: ExportContext) -> None:
+    """Passes that must see the simplified graph (onnxsim would fold their work away), e.g. Q/DQ lowering."""
+    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+        if hasattr(p, "apply_final_graph"):
+            ctx.onnx_model = p.apply_final_graph(ctx.onnx_model, ctx)
 
 
 def _simplify(ctx: ExportContext) -> tuple[str, Any]:

@@ -82,3 +82,18 @@ def compare_device(actual: np.ndarray, expected: np.ndarray, min_cosine: float =
     if overflow:
         result["reason"] = "overflow: inf/nan where the fp32 reference is finite"
     return result
+
+
+def compare_quantized(actual: np.ndarray, expected: np.ndarray, bits: int = 8, min_cosine: float = 0.999) -> dict[str, Any]:
+    """A Q/DQ graph against the fake-quant model: max abs error within one quantization step of the
+    output (its range / (2**bits - 1)) and cosine >= ``min_cosine``."""
+    if actual.shape != expected.shape:
+        return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine": 0.0, "passed": False,
+                "reason": f"shape {list(actual.shape)} != reference {list(expected.shape)}"}
+    a, b = actual.astype(np.float64).ravel(), expected.astype(np.float64).ravel()
+    step = float(b.max() - b.min()) / (2 ** bits - 1) if b.size else 0.0
+    step = step if step > 0 else 1e-6
+    max_abs = float(np.abs(a - b).max()) if a.size else 0.0
+    cos = cosine(a, b)
+    return {"max_abs": max_abs, "max_rel": max_abs / step, "cosine": cos,
+            "passed": bool(np.isfinite(max_abs) and max_abs <= step and cos >= min_cosine), "quant_step": step}

@@ -27,11 +27,12 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]]) -> tuple[list[str], l
 
 
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
-                  tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)") -> dict[str, Any]:
+                  tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)",
+                  quantized: bool = False) -> dict[str, Any]:
     """Compare the graph's outputs with ``expected`` per output, worst case over all input sets."""
     import numpy as np
 
-    from .metrics import compare, merge
+    from .metrics import compare, compare_quantized, merge
 
     names, actual = run_onnx(path, input_sets)
     report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
@@ -40,7 +41,8 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
         report.update(passed=False, reason=f"the graph has {len(names)} outputs, the reference {len(expected[0])}")
         return report
     for k, name in enumerate(names):
-        per_set = [compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
+        per_set = [compare_quantized(np.asarray(actual[s][k]), expected[s][k]) if quantized
+                   else compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
         report["outputs"].append({"name": name, "shape": list(expected[0][k].shape), **merge(per_set)})
     report["passed"] = all(o["passed"] for o in report["outputs"])
     return report
@@ -56,7 +58,15 @@ class ParityValidator:
 
     def check(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
-        report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance)
+        quantized = bool(ctx.quant_table)
+        reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
+        report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
+                               quantized=quantized)
+        if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
+            cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
+                                 "pytorch float model (eval mode)", quantized=True)
+            ctx.reports.setdefault("quantization", {})["int8_vs_float"] = {
+                "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
         if ctx.options.export_format not in ("atc_ready", "om") or "outputs" not in report or not report["outputs"]:
             return report
         import onnx

@@ -1,0 +1,114 @@
+"""``prepare``: fold BatchNorm into its Conv, then wrap the chosen layers in fake quantization."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import QuantConfig, parse
+from .fake_quant import QuantLayer, quant_layers
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+STATE_ATTR = "_cann_qat"  # a plain dict on the prepared model (not a submodule, not in state_dict)
+
+
+def _get(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path) if path else model
+
+
+def _set(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(_get(model, parent), name, module)
+
+
+def conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
+    """(conv path, bn path) where the BN consumes only that conv's output: traced with torch.fx when the
+    model traces, else neighbours inside nn.Sequential."""
+    pairs = []
+    try:
+        from torch import fx
+
+        graph = fx.symbolic_trace(model).graph
+        for node in graph.nodes:
+            if node.op != "call_module" or not isinstance(_get(model, node.target), _BNS):
+                continue
+            src = node.args[0] if node.args else None
+            if getattr(src, "op", None) == "call_module" and isinstance(_get(model, src.target), _CONVS) \
+                    and len(src.users) == 1:
+                pairs.append((src.target, node.target))
+        return pairs
+    except Exception:  # noqa: BLE001 - models with data-dependent control flow do not trace
+        pass
+    for path, seq in model.named_modules():
+        if isinstance(seq, nn.Sequential):
+            names = list(seq._modules)
+            for a, b in zip(names, names[1:]):
+                if isinstance(seq._modules[a], _CONVS) and isinstance(seq._modules[b], _BNS):
+                    pairs.append((f"{path}.{a}".lstrip("."), f"{path}.{b}".lstrip(".")))
+    return pairs
+
+
+def fold_batchnorm(model: nn.Module) -> list[str]:
+    """Fold each Conv -> BatchNorm pair (running statistics) into the conv; the BN becomes Identity."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    folded = []
+    for conv_path, bn_path in conv_bn_pairs(model):
+        conv, bn = _get(model, conv_path), _get(model, bn_path)
+        if bn.running_mean is None:
+            continue
+        fused = fuse_conv_bn_eval(conv.eval(), bn.eval())
+        fused.train(model.training)
+        _set(model, conv_path, fused)
+        _set(model, bn_path, nn.Identity())
+        folded.append(bn_path)
+    return folded
+
+
+def prepare(model: nn.Module, example_inputs: Any = None, config: dict[str, Any] | QuantConfig | None = None,
+            *, keep_float_copy: bool = True) -> nn.Module:
+    """Return a copy of ``model`` ready for quantization-aware training (the original is not changed).
+
+    BatchNorm is folded into the preceding conv, then every layer of ``config.quantize_types`` outside
+    ``config.skip_modules`` is wrapped in fake quantization. Train it with your usual loop (activation
+    ranges are observed in training mode) and export it with ``cann_export.export``.
+    """
+    cfg = parse(config)
+    float_model = copy.deepcopy(model).eval() if keep_float_copy else None
+    qmodel = copy.deepcopy(model)
+    folded = fold_batchnorm(qmodel)
+    wrapped = []
+    for path, module in list(qmodel.named_modules()):
+        if not path or type(module).__name__ not in cfg.quantize_types or not isinstance(module, (*_CONVS, nn.Linear)):
+            continue
+        if any(path == s or path.startswith(s + ".") for s in cfg.skip_modules):
+            continue
+        if any(path.startswith(w + ".") for w in wrapped):
+            continue
+        _set(qmodel, path, QuantLayer(module, cfg.weight_bits))
+        wrapped.append(path)
+    if not wrapped:
+        from ..errors import OptionsError
+
+        raise OptionsError(f"nothing to quantize: no {', '.join(cfg.quantize_types)} layer outside skip_modules "
+                           f"{list(cfg.skip_modules)}")
+    object.__setattr__(qmodel, STATE_ATTR, {"config": cfg, "float_model": float_model, "folded_bn": folded,
+                                            "quantized": wrapped})
+    if example_inputs is not None:  # one forward in eval mode checks the inputs fit
+        with torch.no_grad():
+            was = qmodel.training
+            qmodel.eval()
+            qmodel(**example_inputs) if isinstance(example_inputs, dict) else qmodel(
+                *(example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)))
+            qmodel.train(was)
+    return qmodel
+
+
+def qat_state(model: Any) -> dict[str, Any] | None:
+    state = getattr(model, STATE_ATTR, None)
+    if state is None and isinstance(model, nn.Module) and quant_layers(model):
+        state = {"config": QuantConfig(), "float_model": None, "folded_bn": [], "quantized": list(quant_layers(model))}
+    return state

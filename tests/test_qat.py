@@ -1,0 +1,182 @@
+"""QAT / PTQ to int8 on a real task (scikit-learn's bundled digits), exported as ONNX Q/DQ."""
+import json
+
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file, save_model
+
+import cann_export
+from cann_export import errors
+from cann_export.cli import cli
+from helpers import digits
+
+MODEL_CLASS = "helpers.digits:DigitsCNN"
+
+
+@pytest.fixture(scope="module")
+def digits_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("digits")
+    model = digits.trained()
+    save_model(model, str(tmp / "digits.safetensors"))
+    x_train = digits.split()[0]
+    save_file({"x": x_train[:512].contiguous()}, str(tmp / "calib.safetensors"))
+    return tmp, digits.accuracy_torch(model)
+
+
+def export_quantized(tmp, mode, out, *extra):
+    args = [str(tmp / "digits.safetensors"), "--model-class", MODEL_CLASS, f"--{mode}",
+            "--calibration-data", str(tmp / "calib.safetensors"), "-o", str(out), "--json", *extra]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), json.loads((out / "manifest.json").read_text())
+
+
+def test_qat_and_ptq_keep_digits_accuracy(digits_files, tmp_path):
+    tmp, fp32_acc = digits_files
+    qat_json, qat_manifest = export_quantized(tmp, "qat", tmp_path / "qat", "--qat-steps", "60", "--qat-lr", "1e-4")
+    ptq_json, ptq_manifest = export_quantized(tmp, "ptq", tmp_path / "ptq")
+    qat_acc = digits.accuracy_onnx(tmp_path / "qat" / "model.onnx")
+    ptq_acc = digits.accuracy_onnx(tmp_path / "ptq" / "model.onnx")
+    print(f"digits accuracy: fp32 {fp32_acc:.2f}  int8 QAT {qat_acc:.2f}  int8 PTQ {ptq_acc:.2f}")
+    assert qat_acc >= fp32_acc - 1.0
+    assert ptq_acc >= fp32_acc - 5.0  # reported for comparison; PTQ has no fine-tuning
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "qat" / "model.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops and "BatchNormalization" not in ops
+    assert qat_json["parity"]["passed"] and ptq_json["parity"]["passed"]
+    q = qat_manifest["quantization"]
+    assert q["mode"] == "qat" and ptq_manifest["quantization"]["mode"] == "ptq"
+    assert q["config"]["weight_bits"] == 8 and len(q["calibration_data"]["sha256"]) == 64
+    assert set(q["layers"]) == {"features.0", "features.3", "classifier"}
+    assert q["qat"]["steps"] == 60 and 0.5 < q["int8_vs_float"]["outputs"][0]["cosine"] <= 1.0
+    assert qat_manifest["parity"]["reference"] == "pytorch fake-quant model (eval mode)"
+
+
+def test_qdq_graph_matches_the_fake_quant_model_per_channel(digits_files, tmp_path):
+    from onnx import numpy_helper
+
+    tmp, _ = digits_files
+    export_quantized(tmp, "ptq", tmp_path / "p", "--exporter", "torchscript")
+    graph = onnx.load(str(tmp_path / "p" / "model.onnx"))
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.graph.initializer}
+    weight_dq = [n for n in graph.graph.node if n.op_type == "DequantizeLinear" and "weight" in n.name]
+    assert len(weight_dq) == 3
+    for node in weight_dq:
+        assert inits[node.input[0]].dtype.name == "int8"
+        assert inits[node.input[1]].ndim == 1 and inits[node.input[1]].size > 1  # per channel
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert all(o["passed"] for o in manifest["parity"]["outputs"])
+
+
+def test_python_flow_with_the_users_own_loop(tmp_path):
+    import cann.torch
+
+    cann.torch.config(quantization_aware_training=True,
+                      quant_config={"weight_bits": 8, "activation_bits": 8, "skip_modules": ["features.0"]})
+    x, y, _, _ = digits.split()
+    model = cann.torch.prepare(digits.trained(), x[:1])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model.train()
+    for i in range(0, 256, 32):  # the user's unchanged training loop
+        loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    result = cann.torch.export(model=model, output_path=tmp_path / "b", export_format="atc_ready",
+                               example_inputs=(x[:4],))
+    assert result.ok, result.parity
+    layers = result.manifest["quantization"]["layers"]
+    assert set(layers) == {"features.3", "classifier"}  # the first conv stayed float
+    assert digits.accuracy_onnx(tmp_path / "b" / "model.onnx") > 95
+
+
+def test_weight_bits_4(tmp_path):
+    from cann_export import qat
+
+    x = digits.split()[0]
+    model = qat.prepare(digits.trained(), config={"weight_bits": 4})
+    qat.calibrate(model, [{"x": x[:128]}])
+    result = cann_export.export(model, tmp_path / "b", example_inputs=(x[:2],))
+    assert result.ok
+    scales = result.manifest["quantization"]["layers"]["classifier"]
+    assert scales["weight_bits"] == 4
+
+
+def test_tiny_bert_linear_layers_through_qat(tmp_path):
+    from helpers import hf_models
+
+    bert = hf_models.tiny_bert()
+    feeds = hf_models.token_inputs(8, 12)
+    save_model(bert, str(tmp_path / "bert.safetensors"))
+    save_file(feeds, str(tmp_path / "calib.safetensors"))
+    (tmp_path / "bert_factory.py").write_text("from helpers.hf_models import tiny_bert\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        result = cann_export.export(str(tmp_path / "bert.safetensors"), tmp_path / "b", model_class="bert_factory:tiny_bert",
+                                    quantize="qat", calibration_data=str(tmp_path / "calib.safetensors"),
+                                    qat_steps=5, quant_config={"batch_size": 4, "quantize_types": ["Linear"]})
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert result.ok, result.parity
+    layers = result.manifest["quantization"]["layers"]
+    assert "encoder.layer.0.attention.self.query" in layers and len(layers) == 2 * 6 + 1  # 6 per layer + pooler
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"weight_bit": 8}, "valid keys"),
+    ({"weight_bits": 9}, "4, 5, 6, 7, 8"),
+    ({"weight_bits": 3}, "4, 5, 6, 7, 8"),
+    ({"activation_bits": 4}, "valid values: 8"),
+    ({"quantize_types": ["LSTM"]}, "Conv2d"),
+])
+def test_quant_config_mistakes_are_refused(config, needle):
+    import cann.torch
+
+    with pytest.raises(errors.OptionsError, match=needle):
+        cann.torch.config(quantization_aware_training=True, quant_config=config)
+
+
+def test_unknown_config_key_is_refused():
+    import cann.torch
+
+    with pytest.raises(errors.OptionsError, match="quantization_aware_training"):
+        cann.torch.config(quantisation_aware_training=True)
+
+
+def _cli(tmp, *args):
+    return CliRunner().invoke(cli, [str(tmp / "digits.safetensors"), "--model-class", MODEL_CLASS, *args])
+
+
+def test_calibration_file_problems(digits_files, tmp_path):
+    tmp, _ = digits_files
+    missing = _cli(tmp, "--qat", "--calibration-data", str(tmp_path / "none.safetensors"), "-o", str(tmp_path / "o"))
+    assert missing.exit_code == 2 and "none.safetensors" in missing.stderr and "not found" in missing.stderr
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x01" * 64)
+    bad = _cli(tmp, "--qat", "--calibration-data", str(corrupt), "-o", str(tmp_path / "o"))
+    assert bad.exit_code == 2 and "corrupt.safetensors" in bad.stderr
+    save_file({"pixels": torch.zeros(4, 1, 8, 8)}, str(tmp_path / "names.safetensors"))
+    names = _cli(tmp, "--qat", "--calibration-data", str(tmp_path / "names.safetensors"), "-o", str(tmp_path / "o"))
+    assert names.exit_code == 2 and "pixels" in names.stderr
+    save_file({"x": torch.zeros(4, 1, 9, 9)}, str(tmp_path / "shape.safetensors"))
+    shape = _cli(tmp, "--qat", "--calibration-data", str(tmp_path / "shape.safetensors"), "--input-shape", "x:1,1,8,8",
+                 "-o", str(tmp_path / "o"))
+    assert shape.exit_code == 2 and "per-sample shape" in shape.stderr
+    no_data = _cli(tmp, "--qat", "-o", str(tmp_path / "o"))
+    assert no_data.exit_code == 2 and "--calibration-data" in no_data.stderr
+    for r in (missing, bad, names, shape, no_data):
+        assert "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_qat_on_torchscript_is_refused(digits_files, tmp_path):
+    tmp, _ = digits_files
+    path = tmp_path / "ts.pt"
+    torch.jit.save(torch.jit.script(digits.trained()), str(path))
+    result = CliRunner().invoke(cli, [str(path), "--qat", "--calibration-data", str(tmp / "calib.safetensors"),
+                                      "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "trainable nn.Module" in result.stderr and "--model-class" in result.stderr
