@@ -135,6 +135,9 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
             qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
             overwrite=overwrite, progress=_progress, train_callback=_TrainProgress() if quantize == "qat" else None,
         )
+        if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
+            click.echo(result.manifest["halted"], err=True)
+            return 0
         if as_json:
             click.echo(json.dumps(result.to_dict(), default=str))
         else:

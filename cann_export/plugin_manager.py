@@ -17,9 +17,11 @@ ENTRY_POINT_GROUP = "cann_export"
 DEFAULT_PLUGINS = (
     "cann_export.plugins.loaders",
     "cann_export.plugins.strip",
+    "cann_export.plugins.quant",
     "cann_export.plugins.capture",
     "cann_export.plugins.formats",
     "cann_export.plugins.om",
+    "cann_export.plugins.zoo_cli",
     "cann_export.plugins.atc",
     "cann_export.plugins.provenance",
     "cann_export.validators.parity",

@@ -294,6 +294,8 @@ def annotate(ctx: ExportContext) -> str | None:
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
         props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
+    if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
+        props["cann_export.quantization"] = json.dumps(ctx.reports["quantization"], sort_keys=True, default=str)
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     return f"{len(props)} metadata entries"

@@ -1,7 +1,7 @@
 """Fake quantization for QAT: layers that see int8-rounded inputs and weights while training in float.
 
-Forward and backward use torch's fake_quantize ops (straight-through gradients). The same arithmetic
-exported as ONNX QuantizeLinear/DequantizeLinear gives the same numbers (round half to even, clamp).
+The arithmetic is ONNX's QuantizeLinear/DequantizeLinear (round half to even of x / scale, plus the zero
+point, saturated), so the exported Q/DQ graph computes the same numbers; gradients pass straight through.
 """
 from __future__ import annotations
 
@@ -22,14 +22,45 @@ def weight_range(bits: int) -> tuple[int, int]:
 def weight_scale(weight: torch.Tensor, bits: int) -> torch.Tensor:
     """Per output channel (axis 0): max |w| / qmax."""
     qmax = weight_range(bits)[1]
-    return (weight.detach().abs().flatten(1).amax(dim=1) / qmax).clamp(min=1e-12)
+    flat = weight.detach().flatten(1)
+    # amax and amin separately: on CPU, both together run several times faster than aminmax(dim=1) or abs().amax()
+    return (torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) / qmax).clamp(min=1e-12)
 
 
 def fake_quant_weight(weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """round(w / s) * s per output channel, gradient passed straight through. Nothing is clipped (the
+    scale comes from max |w|), so the straight-through estimator is exact. Vectorised tensor ops run
+    several times faster on CPU than torch's fake_quantize_per_channel_affine kernel."""
     qmin, qmax = weight_range(bits)
-    scale = weight_scale(weight, bits).float()
-    zero = torch.zeros_like(scale, dtype=torch.int32)
-    return torch.fake_quantize_per_channel_affine(weight, scale, zero, 0, qmin, qmax)
+    scale = weight_scale(weight, bits).reshape(-1, *([1] * (weight.dim() - 1)))
+    with torch.no_grad():
+        quantized = torch.round(weight / scale).clamp_(qmin, qmax).mul_(scale)
+    return _StraightThrough.apply(weight, quantized, None) if weight.requires_grad else quantized
+
+
+def fake_quant_activation(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """ONNX QuantizeLinear -> DequantizeLinear arithmetic (round half to even of x / s, plus the zero point,
+    saturated); the gradient passes where the value was not clipped, as in torch's fake_quantize."""
+    with torch.no_grad():
+        q = torch.round(x / scale).add_(zero)
+        inside = (q >= ACT_QMIN) & (q <= ACT_QMAX) if x.requires_grad else None
+        dequantized = q.clamp_(ACT_QMIN, ACT_QMAX).sub_(zero).mul_(scale)
+    return _StraightThrough.apply(x, dequantized, inside) if x.requires_grad else dequantized
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: the precomputed quantized value. Backward: the gradient unchanged (masked where clipped)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, quantized: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(mask if mask is not None else torch.empty(0))
+        ctx.masked = mask is not None
+        return quantized
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (mask,) = ctx.saved_tensors
+        return (grad * mask if ctx.masked else grad), None, None
 
 
 def activation_qparams(lo: float, hi: float) -> tuple[float, int]:
@@ -52,22 +83,38 @@ class QuantLayer(nn.Module):
         self.register_buffer("act_max", torch.tensor(float("-inf")))
         self.observing = True
         self.calibrating = False
+        self._ranged: bool | None = False  # None: unknown (buffers loaded), read once from the buffers
 
     @property
     def calibrated(self) -> bool:
-        return bool(torch.isfinite(self.act_min)) and bool(torch.isfinite(self.act_max))
+        if self._ranged is None:
+            self._ranged = bool(torch.isfinite(self.act_min)) and bool(torch.isfinite(self.act_max))
+        return self._ranged
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._ranged = None
 
     def act_qparams(self) -> tuple[float, int]:
         return activation_qparams(float(self.act_min), float(self.act_max))
 
+    def _act_qparams_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same parameters as ``act_qparams`` computed on the device (no host synchronisation)."""
+        lo, hi = self.act_min.clamp(max=0.0), self.act_max.clamp(min=0.0)
+        scale = ((hi - lo) / (ACT_QMAX - ACT_QMIN)).clamp(min=1e-12).float()
+        zero = torch.round(ACT_QMIN - lo / scale).clamp(ACT_QMIN, ACT_QMAX)
+        return scale, zero
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.observing and (self.training or self.calibrating):
             with torch.no_grad():
-                self.act_min.copy_(torch.minimum(self.act_min, x.detach().min().to(self.act_min)))
-                self.act_max.copy_(torch.maximum(self.act_max, x.detach().max().to(self.act_max)))
+                low, high = torch.aminmax(x.detach())
+                torch.minimum(self.act_min, low.to(self.act_min), out=self.act_min)
+                torch.maximum(self.act_max, high.to(self.act_max), out=self.act_max)
+            self._ranged = True
         if self.calibrated and not self.calibrating:
-            scale, zero = self.act_qparams()
-            x = torch.fake_quantize_per_tensor_affine(x, scale, zero, ACT_QMIN, ACT_QMAX)
+            scale, zero = self._act_qparams_tensor()
+            x = fake_quant_activation(x, scale, zero)
         w = fake_quant_weight(self.layer.weight, self.weight_bits)
         if isinstance(self.layer, nn.Linear):
             return F.linear(x, w, self.layer.bias)

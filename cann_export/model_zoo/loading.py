@@ -1,0 +1,154 @@
+"""Rebuild an nn.Module from a version: the recorded architecture plus verified safetensors weights.
+
+The weights file is hashed on a second thread while safetensors reads it; the module is returned only
+when every digest matched."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .errors import ZooError, ZooIntegrityError
+
+
+def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
+           model_kwargs: dict[str, Any] | None) -> Any:
+    import torch
+
+    arch = manifest.get("architecture")
+    if model_class:
+        arch = {"kind": "callable", "callable": model_class, "kwargs": dict(model_kwargs or {})}
+    if not arch:
+        raise ZooError(f"{name} version {version} holds weights but no architecture; pass model_class="
+                       "'pkg.module:Callable' (and model_kwargs=) to load_model, or framework='onnx'")
+    if arch["kind"] == "torch.export":
+        try:
+            return torch.export.load(str(root / arch["file"])).module()
+        except Exception as e:  # noqa: BLE001 - torch's many failure types
+            raise ZooError(f"{name} version {version}: torch.export.load failed ({type(e).__name__}: {e}); the "
+                           "archive may need a newer torch") from None
+    from ..plugins.loaders import import_callable
+
+    try:
+        factory = import_callable(arch["callable"])
+    except Exception as e:  # noqa: BLE001 - LoadError or the module's own import errors
+        raise ZooError(f"{name} version {version} was published with architecture {arch['callable']}, which does "
+                       f"not import here ({getattr(e, 'message', e)}); install the package that defines it "
+                       "or pass model_class=") from None
+    try:
+        module = factory(**arch.get("kwargs", {}))
+    except Exception as e:  # noqa: BLE001 - the user's callable
+        raise ZooError(f"{arch['callable']}(**{arch.get('kwargs')}) raised {type(e).__name__}: {e}") from None
+    if not isinstance(module, torch.nn.Module):
+        raise ZooError(f"{arch['callable']} returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path: Path) -> Any | None:
+    """Build the module on the meta device (no random init) and assign the stored tensors; tied parameters
+    are tied again. None when the module cannot be built that way (then the plain path is taken)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ..plugins.loaders import import_callable
+
+    try:
+        factory = import_callable(arch["callable"])
+        with torch.device("meta"):
+            module = factory(**arch.get("kwargs", {}))
+    except Exception:  # noqa: BLE001 - any failure: the plain path reports it properly
+        return None
+    if not isinstance(module, torch.nn.Module):
+        return None
+    groups: dict[int, list[str]] = {}
+    for key, p in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(key)
+    for key, b in module.named_buffers(remove_duplicate=False):
+        groups.setdefault(id(b), []).append(key)
+    state = load_file(str(path))
+    expected = set(module.state_dict(keep_vars=True))
+    for names in groups.values():
+        present = [n for n in names if n in state]
+        if present:
+            for n in names:
+                state.setdefault(n, state[present[0]])
+    if set(state) != expected:
+        return None
+    module.load_state_dict(state, strict=True, assign=True)
+    for names in groups.values():  # assign=True gives each name its own Parameter: restore the sharing
+        if len(names) > 1:
+            first = module.get_parameter(names[0]) if names[0] in dict(module.named_parameters()) else None
+            if first is None:
+                return None
+            for n in names[1:]:
+                owner, _, attr = n.rpartition(".")
+                setattr(module.get_submodule(owner) if owner else module, attr, first)
+    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        return None  # e.g. non-persistent buffers computed in __init__
+    return module
+
+
+def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
+            model_kwargs: dict[str, Any] | None) -> Any:
+    from safetensors.torch import load_model as st_load_model
+
+    from .verify import check_dir, check_file
+
+    weights = manifest.get("weights")
+    if not weights:
+        targets = ", ".join(sorted(manifest.get("artifacts") or {}))
+        raise ZooError(f"{name} version {version} holds no PyTorch weights (only exported artifacts: {targets}); "
+                       "use framework='onnx'")
+    arch = manifest.get("architecture") or {}
+    needed = ["README.md"] + ([arch["file"]] if arch.get("file") and not model_class else [])
+    root = store.version_dir(name, version, manifest, [weights["file"], *needed])
+    problems = check_dir(root, manifest, needed)
+    wfile = weights["file"]
+    entry = manifest["files"][wfile]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(check_file, root / wfile, wfile, entry)
+        module = None
+        arch = ({"kind": "callable", "callable": model_class, "kwargs": dict(model_kwargs or {})} if model_class
+                else manifest.get("architecture") or {})
+        if not problems and arch.get("kind") == "callable" and (root / wfile).is_file():
+            module = _meta_load(root, manifest, arch, root / wfile)
+            if module is not None:
+                wproblem = pending.result()
+                if wproblem:
+                    problems.append(wproblem)
+                    module = None
+                    raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was "
+                                            f"loaded: {wproblem}. Restore the file or publish the model again",
+                                            path=str(root))
+                module.eval()
+                return module
+        if not problems:
+            module = _build(root, name, version, manifest, model_class, model_kwargs)
+        if (root / wfile).is_file():
+            wproblem = pending.result() if module is None else None
+            if module is not None:
+                try:
+                    missing, unexpected = st_load_model(module, str(root / wfile), strict=False)
+                except Exception as e:  # noqa: BLE001 - corrupt header or shape mismatch
+                    wproblem = pending.result()
+                    if not wproblem:
+                        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
+                                       f"({' '.join(str(e).split())[:300]})") from None
+                else:
+                    wproblem = pending.result()
+                    if not wproblem and (missing or unexpected):
+                        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
+                                       f"(missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]})")
+        else:
+            wproblem = pending.result()
+    if wproblem:
+        problems.append(wproblem)
+    if problems:
+        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
+                                + "; ".join(problems) + ". Restore the file or publish the model again",
+                                path=str(root))
+    try:
+        module.eval()
+    except NotImplementedError:  # torch.export's unlifted modules are already in inference form
+        pass
+    return module

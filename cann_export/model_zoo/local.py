@@ -1,0 +1,227 @@
+"""The embedded store: a directory of immutable version directories plus a SQLite index.
+
+    ROOT/index.sqlite                 versions, aliases, alias_log (WAL, busy timeout, UNIQUE constraints)
+    ROOT/models/NAME/VERSION/         manifest.json, README.md, weights/, architecture/, artifacts/TARGET/
+    ROOT/.tmp/HOST-PID-TIME-RAND/     staging; removed by the next publish once its process is gone
+
+Commit: blobs are staged and fsynced; then, inside one ``BEGIN IMMEDIATE`` transaction, the version is
+chosen, manifest.json is written last (fsync + os.replace), the staging directory is renamed into place
+and the index row inserted; COMMIT makes it visible. A directory under models/ without an index row is
+the remains of a killed commit: invisible to readers and removed by the next publish of that name."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import faults
+from .errors import ZooConflictError, ZooError
+from .files import clean_stale, fsync_dir, new_staging, write_json
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL, version TEXT NOT NULL, seq INTEGER NOT NULL, digest TEXT NOT NULL,
+    path TEXT NOT NULL, created_utc TEXT NOT NULL, created_by TEXT, size INTEGER NOT NULL,
+    files INTEGER NOT NULL, kinds TEXT NOT NULL, targets TEXT NOT NULL, metadata TEXT NOT NULL,
+    UNIQUE (name, version), UNIQUE (name, seq));
+CREATE TABLE IF NOT EXISTS aliases (
+    name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL, updated_utc TEXT NOT NULL,
+    PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES versions (name, version));
+CREATE TABLE IF NOT EXISTS alias_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL,
+    previous TEXT, time_utc TEXT NOT NULL, who TEXT);
+"""
+BUSY_MS = 60_000
+RETRIES = 20
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
+class LocalStore:
+    remote = False
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+        self.url = str(self.root)
+        self.models = self.root / "models"
+        self.tmp = self.root / ".tmp"
+        self._db: sqlite3.Connection | None = None
+
+    # ----------------------------------------------------------------------------------- index
+    def _connect(self, create: bool) -> sqlite3.Connection | None:
+        if self._db is not None:
+            return self._db
+        index = self.root / "index.sqlite"
+        if not index.exists() and not create:
+            return None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(str(index), timeout=BUSY_MS / 1000, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise ZooError(f"cannot open the model zoo index ({e}); check the directory is writable or pass "
+                           "--zoo DIR", path=index) from None
+        db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+        db.row_factory = sqlite3.Row
+        for attempt in range(RETRIES):
+            try:
+                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(SCHEMA)
+                break
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e) or attempt == RETRIES - 1:
+                    raise ZooError(f"the model zoo index is unusable ({e})", path=index) from None
+                time.sleep(0.05 * (attempt + 1))
+        self._db = db
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: the database write lock), retried while busy."""
+        db = self._connect(create=True)
+        for attempt in range(RETRIES):
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e) or attempt == RETRIES - 1:
+                    raise ZooError(f"the model zoo index stays locked ({e}); retry later", path=self.root) from None
+                time.sleep(0.05 * (attempt + 1))
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        db = self._connect(create=False)
+        return [] if db is None else db.execute(sql, args).fetchall()
+
+    # ----------------------------------------------------------------------------------- publish
+    def staging(self) -> Path:
+        clean_stale(self.tmp)
+        return new_staging(self.tmp)
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
+               aliases: list[str]) -> tuple[dict[str, Any], bool]:
+        """Make the staged version visible; returns (row, existed)."""
+        digest = manifest["digest"]
+        with self._write() as db:
+            rows = db.execute("SELECT * FROM versions WHERE name=? ORDER BY seq", (name,)).fetchall()
+            same = [r for r in rows if r["digest"] == digest and (version is None or r["version"] == version)]
+            if same:
+                self.discard(staging)
+                return _row(same[-1]), True
+            taken = {r["version"] for r in rows}
+            if version is not None and version in taken:
+                raise ZooConflictError(f"{name} version {version} already exists with different contents; versions "
+                                       "are immutable: publish under a new version (or omit --version)")
+            if version is None:
+                version = str(max([int(v) for v in taken if v.isdigit()] + [0]) + 1)
+            seq = max([r["seq"] for r in rows] + [0]) + 1
+            self._clean_orphans(name, taken)
+            final = self.models / name / version
+            manifest = {**manifest, "name": name, "version": version}
+            write_json(staging / "manifest.json", manifest)  # the manifest goes last
+            faults.point("manifest")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(staging, final)
+            fsync_dir(final.parent)
+            faults.point("renamed")
+            files = manifest["files"]
+            db.execute("INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", (
+                name, version, seq, digest, f"models/{name}/{version}", manifest["created_utc"],
+                manifest.get("created_by"), sum(f["size"] for f in files.values()), len(files),
+                json.dumps(manifest["kinds"]), json.dumps(sorted(manifest["artifacts"])),
+                json.dumps(manifest["metadata"], default=str)))
+            for alias in aliases:
+                self._set_alias(db, name, alias, version, manifest.get("created_by"))
+        faults.point("committed")
+        return self._get_row(name, version), False
+
+    def _clean_orphans(self, name: str, taken: set[str]) -> None:
+        """Directories of killed commits (no index row); safe: we hold the write lock."""
+        folder = self.models / name
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.name not in taken:
+                    aside = self.tmp / f"orphan-{uuid.uuid4().hex[:8]}"
+                    self.tmp.mkdir(parents=True, exist_ok=True)
+                    os.rename(entry, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ read
+    def _get_row(self, name: str, version: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM versions WHERE name=? AND version=?", (name, version))
+        return _row(rows[0]) if rows else None
+
+    def names(self) -> list[str]:
+        return [r["name"] for r in self._rows("SELECT DISTINCT name FROM versions ORDER BY name")]
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        return [_row(r) for r in self._rows("SELECT * FROM versions WHERE name=? ORDER BY seq", (name,))]
+
+    def aliases(self, name: str) -> dict[str, str]:
+        return {r["alias"]: r["version"] for r in self._rows("SELECT * FROM aliases WHERE name=? ORDER BY alias", (name,))}
+
+    def alias_history(self, name: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows("SELECT alias, version, previous, time_utc, who FROM alias_log "
+                                            "WHERE name=? ORDER BY id", (name,))]
+
+    def manifest(self, name: str, version: str) -> dict[str, Any]:
+        path = self.models / name / version / "manifest.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ZooError(f"{name} version {version}: manifest.json is unreadable ({type(e).__name__}); the store "
+                           "is damaged, run `cann-export zoo verify`", path=path) from None
+
+    def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
+        return self.models / name / version
+
+    def read_problems(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None) -> list[str]:
+        from .verify import check_dir
+
+        return check_dir(self.models / name / version, manifest, only)
+
+    # ----------------------------------------------------------------------------------- aliases
+    def set_alias(self, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
+        with self._write() as db:
+            if not db.execute("SELECT 1 FROM versions WHERE name=? AND version=?", (name, version)).fetchone():
+                raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them")
+            return self._set_alias(db, name, alias, version, who)
+
+    @staticmethod
+    def _set_alias(db: sqlite3.Connection, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
+        from .api import utc_now
+
+        row = db.execute("SELECT version FROM aliases WHERE name=? AND alias=?", (name, alias)).fetchone()
+        previous = row["version"] if row else None
+        now = utc_now()
+        db.execute("INSERT INTO aliases VALUES (?,?,?,?) ON CONFLICT (name, alias) DO UPDATE SET "
+                   "version=excluded.version, updated_utc=excluded.updated_utc", (name, alias, version, now))
+        db.execute("INSERT INTO alias_log (name, alias, version, previous, time_utc, who) VALUES (?,?,?,?,?,?)",
+                   (name, alias, version, previous, now, who))
+        return {"name": name, "alias": alias, "version": version, "previous": previous, "time_utc": now}
+
+
+def _row(r: sqlite3.Row) -> dict[str, Any]:
+    d = dict(r)
+    for key in ("kinds", "targets", "metadata"):
+        d[key] = json.loads(d[key])
+    d.pop("seq", None)
+    return d

@@ -1,0 +1,246 @@
+"""The same registry on an fsspec filesystem (S3 through s3fs; endpoint configurable).
+
+    PREFIX/blobs/sha256/HEX                        every file, content-addressed (uploaded first)
+    PREFIX/models/NAME/VERSION/manifest.json       the commit: created last, write-once (If-None-Match: *)
+    PREFIX/models/NAME/aliases/ALIAS/SEQ.json      alias moves: a write-once log; the highest SEQ is current
+
+S3 has no rename, so blobs are content-addressed rather than staged under temp names: a killed publish
+leaves at most complete blobs that no manifest names (harmless, reused by the next publish of the same
+bytes) and never a manifest. Fetched blobs are verified and cached locally."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import faults
+from .errors import ZooConflictError, ZooError, ZooIntegrityError
+from .files import clean_stale, hash_file, new_staging
+from .location import remote_cache_dir
+
+RETRIES = 50
+
+
+class RemoteStore:
+    remote = True
+
+    def __init__(self, protocol: str, root: str, options: dict[str, Any], url: str):
+        import fsspec
+
+        options = dict(options)
+        if protocol == "s3":
+            options.setdefault("use_listings_cache", False)
+            options.setdefault("skip_instance_cache", True)
+        try:
+            self.fs = fsspec.filesystem(protocol, **options)
+        except (ImportError, ValueError) as e:
+            hint = " (pip install 'cann-export[s3]')" if protocol == "s3" else ""
+            raise ZooError(f"cannot open the model zoo at {url}: {e}{hint}") from None
+        self.protocol, self.root, self.url = protocol, root.rstrip("/"), url
+        self.cache = remote_cache_dir(url)
+
+    def _p(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except PermissionError as e:
+            raise ZooError(f"access to the model zoo at {self.url} was denied ({e}); check the credentials") from None
+        except OSError as e:
+            raise ZooError(f"the model zoo at {self.url} is unreachable ({type(e).__name__}: {e}); check the URL "
+                           "and the endpoint (CANN_MODEL_ZOO_ENDPOINT)") from None
+
+    def _read_json(self, path: str) -> Any:
+        return json.loads(self._call(self.fs.cat_file, path))
+
+    def _create(self, path: str, data: dict[str, Any]) -> bool:
+        """Create ``path`` only if absent; False if it already exists."""
+        body = (json.dumps(data, indent=2, default=str) + "\n").encode()
+        try:
+            if self.protocol == "s3":
+                self._call(self.fs.pipe_file, path, body, mode="create")
+            else:  # no conditional write: best effort
+                if self._call(self.fs.exists, path):
+                    return False
+                self._call(self.fs.pipe_file, path, body)
+            return True
+        except FileExistsError:
+            return False
+        except ZooError as e:
+            if "PreconditionFailed" in e.message or "412" in e.message or "precondition" in e.message.lower():
+                return False
+            raise
+
+    # ----------------------------------------------------------------------------------- publish
+    def staging(self) -> Path:
+        clean_stale(self.cache / ".tmp")
+        return new_staging(self.cache / ".tmp")
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
+               aliases: list[str]) -> tuple[dict[str, Any], bool]:
+        try:
+            if version is not None:  # refuse a taken version before uploading anything
+                try:
+                    existing = self._read_json(self._p("models", name, version, "manifest.json"))
+                except FileNotFoundError:
+                    existing = None
+                if existing is not None and existing["digest"] != manifest["digest"]:
+                    raise ZooConflictError(f"{name} version {version} already exists with different contents; "
+                                           "versions are immutable: publish under a new version (or omit --version)")
+            for rel, entry in sorted(manifest["files"].items()):
+                blob = self._p("blobs", "sha256", entry["sha256"])
+                if not self._call(self.fs.exists, blob):
+                    self._call(self.fs.put_file, str(staging / rel), blob)
+            faults.point("staged")
+            for _ in range(RETRIES):
+                rows = self.versions(name)
+                same = [r for r in rows if r["digest"] == manifest["digest"] and version in (None, r["version"])]
+                if same:
+                    return same[-1], True
+                taken = {r["version"] for r in rows}
+                if version is not None and version in taken:
+                    raise ZooConflictError(f"{name} version {version} already exists with different contents; "
+                                           "versions are immutable: publish under a new version (or omit --version)")
+                chosen = version or str(max([int(v) for v in taken if v.isdigit()] + [0]) + 1)
+                full = {**manifest, "name": name, "version": chosen}
+                if self._create(self._p("models", name, chosen, "manifest.json"), full):
+                    faults.point("committed")
+                    for alias in aliases:
+                        self.set_alias(name, alias, chosen, manifest.get("created_by"))
+                    return _summary(full, self._p("models", name, chosen)), False
+            raise ZooError(f"could not allocate a version of {name} after {RETRIES} attempts (heavy concurrent "
+                           "publishing); retry")
+        finally:
+            self.discard(staging)
+
+    # ------------------------------------------------------------------------------------ read
+    def names(self) -> list[str]:
+        try:
+            entries = self._call(self.fs.ls, self._p("models"), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        paths = self._call(self.fs.glob, self._p("models", name, "*", "manifest.json"))
+        rows = []
+        for path in paths:
+            try:
+                m = self._read_json(path)
+            except FileNotFoundError:
+                continue
+            rows.append(_summary(m, path.rsplit("/", 1)[0]))
+        return sorted(rows, key=lambda r: (r["created_utc"], r["version"]))
+
+    def manifest(self, name: str, version: str) -> dict[str, Any]:
+        try:
+            return self._read_json(self._p("models", name, version, "manifest.json"))
+        except FileNotFoundError:
+            raise ZooError(f"{name} has no version {version}") from None
+
+    def _history(self, name: str, alias: str) -> list[tuple[int, str]]:
+        paths = self._call(self.fs.glob, self._p("models", name, "aliases", alias, "*.json"))
+        return sorted((int(p.rsplit("/", 1)[-1][:-5]), p) for p in paths if p.rsplit("/", 1)[-1][:-5].isdigit())
+
+    def aliases(self, name: str) -> dict[str, str]:
+        out = {}
+        for path in self._call(self.fs.glob, self._p("models", name, "aliases", "*")):
+            alias = path.rstrip("/").rsplit("/", 1)[-1]
+            hist = self._history(name, alias)
+            if hist:
+                out[alias] = self._read_json(hist[-1][1])["version"]
+        return dict(sorted(out.items()))
+
+    def alias_history(self, name: str) -> list[dict[str, Any]]:
+        entries = []
+        for path in self._call(self.fs.glob, self._p("models", name, "aliases", "*", "*.json")):
+            entries.append(self._read_json(path))
+        return sorted(entries, key=lambda e: (e["time_utc"], e["alias"]))
+
+    def set_alias(self, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
+        from .api import utc_now
+
+        if not self._call(self.fs.exists, self._p("models", name, version, "manifest.json")):
+            raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them")
+        for _ in range(RETRIES):
+            hist = self._history(name, alias)
+            previous = self._read_json(hist[-1][1])["version"] if hist else None
+            seq = (hist[-1][0] + 1) if hist else 1
+            entry = {"alias": alias, "version": version, "previous": previous, "time_utc": utc_now(), "who": who}
+            if self._create(self._p("models", name, "aliases", alias, f"{seq:08d}.json"), entry):
+                return {"name": name, **{k: entry[k] for k in ("alias", "version", "previous", "time_utc")}}
+        raise ZooError(f"could not move alias {alias} of {name} (concurrent moves); retry")
+
+    # ------------------------------------------------------------------------------- fetch/verify
+    def _blob(self, entry: dict[str, Any]) -> Path:
+        """A verified local copy of a blob (downloaded to a temp name, checked, renamed into the cache)."""
+        digest = entry["sha256"]
+        cached = self.cache / "blobs" / digest
+        if cached.is_file():
+            return cached
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.part")
+        try:
+            self._call(self.fs.get_file, self._p("blobs", "sha256", digest), str(tmp))
+        except FileNotFoundError:
+            raise ZooIntegrityError(f"blob {digest} is missing from {self.url}") from None
+        got = hash_file(tmp)
+        if got["sha256"] != digest:
+            tmp.unlink(missing_ok=True)
+            raise ZooIntegrityError(f"blob {digest} downloaded from {self.url} has sha256 {got['sha256']}")
+        os.replace(tmp, cached)
+        return cached
+
+    def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
+        """Materialise the version (or the ``only`` subtrees) in the local cache from verified blobs."""
+        from .verify import selected
+
+        root = self.cache / "versions" / name / version
+        for rel, entry in selected(manifest, only).items():
+            target = root / rel
+            if target.is_file() and target.stat().st_size == entry["size"]:
+                continue
+            blob = self._blob(entry)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+            try:
+                os.link(blob, tmp)
+            except OSError:
+                shutil.copyfile(blob, tmp)
+            os.replace(tmp, target)
+        (root / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        return root
+
+    def read_problems(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None) -> list[str]:
+        """Check the stored blobs themselves: each exists remotely and hashes to its name."""
+        from .verify import selected
+
+        problems = []
+        for rel, entry in sorted(selected(manifest, only).items()):
+            blob = self._p("blobs", "sha256", entry["sha256"])
+            try:
+                data = self._call(self.fs.cat_file, blob)
+            except FileNotFoundError:
+                problems.append(f"{rel}: missing (blob {entry['sha256'][:12]})")
+                continue
+            import hashlib
+
+            if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                problems.append(f"{rel}: sha256 mismatch (blob {entry['sha256'][:12]} changed)")
+        return problems
+
+
+def _summary(m: dict[str, Any], path: str) -> dict[str, Any]:
+    files = m.get("files") or {}
+    return {"name": m["name"], "version": m["version"], "digest": m["digest"], "path": path,
+            "created_utc": m["created_utc"], "created_by": m.get("created_by"),
+            "size": sum(f["size"] for f in files.values()), "files": len(files), "kinds": m.get("kinds", []),
+            "targets": sorted(m.get("artifacts") or {}), "metadata": m.get("metadata") or {}}

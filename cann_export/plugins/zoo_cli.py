@@ -1,0 +1,209 @@
+"""``cann-export zoo ...``: the model zoo commands for CI/CD steps (publish, list, show, pull, alias, verify)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..hookspecs import hookimpl
+
+ZOO_HELP = "Model zoo: a directory or s3://bucket/prefix (default: $CANN_MODEL_ZOO or ~/.cache/cann-export/zoo)."
+
+
+def _echo_json(data: Any) -> None:
+    import click
+
+    click.echo(json.dumps(data, default=str))
+
+
+@hookimpl
+def register_commands(cli):
+    import click
+
+    from ..cli import run_guarded
+
+    zoo_option = click.option("--zoo", envvar="CANN_MODEL_ZOO", default=None, help=ZOO_HELP)
+    json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+    @cli.group("zoo")
+    def zoo_group() -> None:
+        """Publish, list, show, pull, alias and verify models in the model zoo."""
+
+    @zoo_group.command("publish")
+    @click.argument("path", type=click.Path(path_type=str))
+    @click.option("--name", required=True, help="Model name (letters, digits, '.', '_', '-').")
+    @click.option("--version", "version", default=None, help="Explicit version (default: the next number).")
+    @click.option("--metadata", multiple=True, help="KEY=VALUE (license, task, base_model, metrics, tags go to the card); repeatable.")
+    @click.option("--alias", "aliases", multiple=True, help="Point this alias at the published version; repeatable.")
+    @click.option("--model-class", default=None, help="pkg.module:Callable that rebuilds the module from the weights.")
+    @click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
+    @click.option("--card", type=click.Path(path_type=str), default=None, help="A README.md to use as the model card body.")
+    @click.option("--artifact", "artifacts", multiple=True, help="An extra exported bundle / .onnx to store with the weights.")
+    @click.option("--trust-pickle", is_flag=True, help="Accept a pickled nn.Module (converted to safetensors).")
+    @zoo_option
+    @json_option
+    def publish_cmd(path: str, name: str, version: str | None, metadata: tuple[str, ...], aliases: tuple[str, ...],
+                    model_class: str | None, model_kwargs: str | None, card: str | None, artifacts: tuple[str, ...],
+                    trust_pickle: bool, zoo: str | None, as_json: bool) -> None:
+        """Publish PATH (weights/checkpoint file, .pt2, or an exported bundle / .onnx / om-stub)."""
+
+        def body() -> int:
+            from ..model_zoo import api
+            from ..options import parse_key_values
+
+            kwargs = _kwargs(model_kwargs)
+            record = api.publish(model=path, name=name, version=version,
+                                 metadata=parse_key_values(metadata, "--metadata"), card=card, zoo=zoo,
+                                 alias=list(aliases), model_class=model_class, model_kwargs=kwargs,
+                                 trust_pickle=trust_pickle, artifacts=list(artifacts))
+            if as_json:
+                _echo_json({"ok": True, **record})
+            else:
+                state = "already published (identical contents)" if record["existed"] else "published"
+                click.echo(f"{record['name']} version {record['version']} {state}: {record['path']}")
+            return 0
+
+        run_guarded(as_json, body)
+
+    @zoo_group.command("list")
+    @zoo_option
+    @json_option
+    def list_cmd(zoo: str | None, as_json: bool) -> None:
+        """List the models with their versions and aliases."""
+
+        def body() -> int:
+            from ..model_zoo import api
+
+            rows = api.list_models(zoo=zoo)
+            if as_json:
+                _echo_json({"ok": True, "models": rows})
+                return 0
+            if not rows:
+                click.echo("the model zoo is empty")
+            for r in rows:
+                aliases = " ".join(f"{a}->{v}" for a, v in r["aliases"].items())
+                click.echo(f"{r['name']}  latest {r['latest']}  versions {','.join(r['versions'])}"
+                           f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
+            return 0
+
+        run_guarded(as_json, body)
+
+    @zoo_group.command("show")
+    @click.argument("ref")
+    @zoo_option
+    @json_option
+    def show_cmd(ref: str, zoo: str | None, as_json: bool) -> None:
+        """Show NAME[@VERSION|@ALIAS]: versions, aliases and their history, the manifest."""
+
+        def body() -> int:
+            from ..model_zoo import api
+
+            info = api.show(ref, zoo=zoo)
+            if as_json:
+                _echo_json({"ok": True, **info})
+                return 0
+            m = info["manifest"]
+            click.echo(f"{info['name']} version {info['version']} (digest {m['digest'][:16]}, {m['created_utc']}, "
+                       f"{m.get('created_by')})")
+            click.echo("versions: " + ", ".join(v["version"] for v in info["versions"]))
+            for a, v in info["aliases"].items():
+                click.echo(f"alias {a} -> {v}")
+            for h in info["alias_history"]:
+                click.echo(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}")
+            if m.get("card"):
+                click.echo("card: " + ", ".join(f"{k}={v}" for k, v in m["card"].items()))
+            if m.get("architecture"):
+                click.echo(f"architecture: {m['architecture'].get('callable') or m['architecture'].get('file')}")
+            for key in m.get("artifacts") or {}:
+                click.echo(f"artifact: {key}")
+            for step in m.get("lineage") or []:
+                click.echo("lineage: " + " -> ".join(f"{k} {str(step[k])[:16]}" for k in
+                                                     ("source_weights_sha256", "onnx_sha256", "om_sha256") if step.get(k)))
+            click.echo(f"files: {len(m['files'])} ({sum(f['size'] for f in m['files'].values())} bytes)")
+            return 0
+
+        run_guarded(as_json, body)
+
+    @zoo_group.command("pull")
+    @click.argument("ref")
+    @click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Directory to write.")
+    @click.option("--target", default=None, help="Only the artifact for this soc_version or target key.")
+    @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+    @zoo_option
+    @json_option
+    def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> None:
+        """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""
+
+        def body() -> int:
+            from ..model_zoo import api
+
+            result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo)
+            if as_json:
+                _echo_json(result)
+            else:
+                click.echo(f"pulled {result['name']} version {result['version']} to {result['output']} "
+                           f"({len(result['files'])} files, verified)")
+            return 0
+
+        run_guarded(as_json, body)
+
+    @zoo_group.command("alias")
+    @click.argument("name")
+    @click.argument("alias")
+    @click.argument("version")
+    @zoo_option
+    @json_option
+    def alias_cmd(name: str, alias: str, version: str, zoo: str | None, as_json: bool) -> None:
+        """Point ALIAS of NAME at VERSION (logged with time and the previous target)."""
+
+        def body() -> int:
+            from ..model_zoo import api
+
+            result = api.set_alias(name, alias, version, zoo=zoo)
+            if as_json:
+                _echo_json({"ok": True, **result})
+            else:
+                click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
+            return 0
+
+        run_guarded(as_json, body)
+
+    @zoo_group.command("verify")
+    @click.argument("ref")
+    @zoo_option
+    @json_option
+    def verify_cmd(ref: str, zoo: str | None, as_json: bool) -> None:
+        """Check the sha256 of every file of NAME (all versions) or NAME@VERSION."""
+
+        def body() -> int:
+            from ..errors import EXIT_PARITY_FAILED
+            from ..model_zoo import api
+
+            report = api.verify(ref, zoo=zoo)
+            if as_json:
+                _echo_json(report)
+            else:
+                for v in report["versions"]:
+                    click.echo(f"{report['name']} version {v['version']}: "
+                               f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files)")
+                    for p in v["problems"]:
+                        click.echo(f"  {p}")
+            if not report["ok"]:
+                click.echo(f"error: [zoo] {report['name']}: integrity check failed; restore the files or publish "
+                           "again", err=True)
+            return 0 if report["ok"] else EXIT_PARITY_FAILED
+
+        run_guarded(as_json, body)
+
+
+def _kwargs(raw: str | None) -> dict[str, Any]:
+    from ..errors import OptionsError
+
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+    if not isinstance(value, dict):
+        raise OptionsError("--model-kwargs must be a JSON object")
+    return value

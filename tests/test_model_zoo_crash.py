@@ -1,0 +1,139 @@
+"""Model zoo guarantees under crashes and concurrency: SIGKILL at each commit point, 8 racing publishers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.zoo_models import write_weights
+
+from cann.model_zoo import list_models, load_model, publish, verify
+
+CLI = [sys.executable, "-m", "cann_export"]
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["CANN_EXPORT_LOAD_PLUGINS"] = ""
+    env.update(extra)
+    return env
+
+
+def _index_rows(zoo: Path) -> list[tuple[str, str, str]]:
+    if not (zoo / "index.sqlite").exists():
+        return []
+    db = sqlite3.connect(str(zoo / "index.sqlite"))
+    try:
+        return db.execute("SELECT name, version, path FROM versions").fetchall()
+    finally:
+        db.close()
+
+
+def _assert_consistent(zoo: Path) -> None:
+    """Every index row points at a complete version directory whose files match their sha256."""
+    for name, version, rel in _index_rows(zoo):
+        manifest = json.loads((zoo / rel / "manifest.json").read_text())
+        for f in manifest["files"]:
+            assert (zoo / rel / f).is_file(), f"{name}@{version}: index row points at missing {f}"
+    for row in list_models(zoo=str(zoo)):
+        assert verify(row["name"], zoo=str(zoo))["ok"]
+
+
+@pytest.mark.parametrize("point", ["copy", "staged", "manifest", "renamed"])
+def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
+    zoo = tmp_path / "zoo"
+    weights = write_weights(tmp_path / "w.safetensors", seed=1, n=600)  # > one copy block
+    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), "--json"],
+                          env=_env(CANN_MODEL_ZOO_FAULT=point), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert list_models(zoo=str(zoo)) == []
+    assert _index_rows(zoo) == []
+    leftovers = list((zoo / ".tmp").iterdir()) + list((zoo / "models").glob("m/*"))
+    assert leftovers, "the kill should have left staging or an uncommitted directory behind"
+    # the next publish cleans the stale staging / orphan directory and commits normally
+    rec = publish(model=str(weights), name="m", zoo=str(zoo))
+    assert (rec["version"], rec["existed"]) == ("1", False)
+    assert list((zoo / ".tmp").iterdir()) == []
+    assert sorted(p.name for p in (zoo / "models" / "m").iterdir()) == ["1"]
+    _assert_consistent(zoo)
+
+
+def test_sigkill_after_commit_keeps_a_complete_version(tmp_path):
+    zoo = tmp_path / "zoo"
+    weights = write_weights(tmp_path / "w.safetensors", seed=2)
+    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo)],
+                          env=_env(CANN_MODEL_ZOO_FAULT="committed"), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert [r["versions"] for r in list_models(zoo=str(zoo))] == [["1"]]
+    _assert_consistent(zoo)
+    assert publish(model=str(weights), name="m", zoo=str(zoo))["existed"]
+
+
+def test_external_sigkill_mid_publish(tmp_path):
+    """A kill from outside at an arbitrary moment (here: while the manifest is about to be renamed in)."""
+    zoo = tmp_path / "zoo"
+    weights = write_weights(tmp_path / "w.safetensors", seed=3)
+    proc = subprocess.Popen([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo)],
+                            env=_env(CANN_MODEL_ZOO_FAULT="manifest:sleep=30"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline and not list((zoo / ".tmp").glob("*/manifest.json")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert list_models(zoo=str(zoo)) == [] and _index_rows(zoo) == []
+    assert publish(model=str(weights), name="m", zoo=str(zoo))["version"] == "1"
+    _assert_consistent(zoo)
+
+
+def _race(tmp_path: Path, zoo: Path, extra: list[str]) -> list[subprocess.CompletedProcess]:
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
+              "from cann_export.cli import main\nsys.argv = ['cann-export'] + sys.argv[1:]\nmain()\n")
+    procs = []
+    for i in range(8):
+        w = write_weights(tmp_path / f"w{i}.safetensors", seed=100 + i)
+        procs.append(subprocess.Popen([sys.executable, "-c", script, "zoo", "publish", str(w), "--name", "race",
+                                       "--zoo", str(zoo), "--json", *extra], env=_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(1.0)  # let every process import and wait at the barrier
+    go.touch()
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def test_eight_concurrent_publishers_get_distinct_versions(tmp_path):
+    zoo = tmp_path / "zoo"
+    results = _race(tmp_path, zoo, [])
+    assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results]
+    versions = sorted(int(json.loads(r.stdout)["version"]) for r in results)
+    assert versions == list(range(1, 9))
+    assert sorted(v for _, v, _ in _index_rows(zoo)) == sorted(str(v) for v in range(1, 9))
+    _assert_consistent(zoo)
+
+
+def test_eight_concurrent_publishers_same_explicit_version_conflict_cleanly(tmp_path):
+    zoo = tmp_path / "zoo"
+    results = _race(tmp_path, zoo, ["--version", "2.0"])
+    ok = [r for r in results if r.returncode == 0]
+    refused = [r for r in results if r.returncode != 0]
+    assert len(ok) == 1 and len(refused) == 7
+    for r in refused:
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert json.loads(r.stdout)["error"]["message"].startswith("race version 2.0 already exists")
+    assert [v for _, v, _ in _index_rows(zoo)] == ["2.0"]
+    assert list((zoo / ".tmp").iterdir()) == []
+    winner = json.loads(ok[0].stdout)
+    assert load_model("race", framework="pytorch", zoo=str(zoo), model_class="helpers.zoo_models:Wide",
+                      model_kwargs={"width": 64, "depth": 1}) is not None
+    assert winner["version"] == "2.0"
