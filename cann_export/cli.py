@@ -111,17 +111,9 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
 
     def body() -> int:
         from . import api
-        from .errors import OptionsError
-        from .options import parse_key_values
+        from .options import parse_key_values, parse_model_kwargs
 
-        kwargs: dict[str, Any] = {}
-        if model_kwargs:
-            try:
-                kwargs = json.loads(model_kwargs)
-            except json.JSONDecodeError as e:
-                raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
-            if not isinstance(kwargs, dict):
-                raise OptionsError("--model-kwargs must be a JSON object")
+        kwargs = parse_model_kwargs(model_kwargs)
         out = output or _default_output(model, export_format)
         result = api.export(
             model, out, export_format,

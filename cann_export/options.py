@@ -137,3 +137,18 @@ def parse_key_values(pairs: list[str] | tuple[str, ...], flag: str) -> dict[str,
             raise OptionsError(f"{flag} {pair!r} does not parse; write it as {flag} KEY=VALUE")
         out[key.strip()] = value
     return out
+
+
+def parse_model_kwargs(raw: str | None) -> dict[str, Any]:
+    """``--model-kwargs``: a JSON object of keyword arguments for ``--model-class``."""
+    import json
+
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+    if not isinstance(value, dict):
+        raise OptionsError("--model-kwargs must be a JSON object")
+    return value

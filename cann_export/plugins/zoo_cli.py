@@ -196,14 +196,6 @@ def register_commands(cli):
 
 
 def _kwargs(raw: str | None) -> dict[str, Any]:
-    from ..errors import OptionsError
+    from ..options import parse_model_kwargs
 
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
-    if not isinstance(value, dict):
-        raise OptionsError("--model-kwargs must be a JSON object")
-    return value
+    return parse_model_kwargs(raw)
