@@ -6,7 +6,8 @@ from typing import Any
 
 from cann_export import tracking
 
-__all__ = ["config", "disable", "enable", "export", "prepare", "track"]
+__all__ = ["config", "device_count", "disable", "enable", "export", "is_available", "prepare", "resume",
+           "set_device", "track"]
 
 _CONFIG_KEYS = ("quantization_aware_training", "quant_config")
 _config: dict[str, Any] = {"quantization_aware_training": False, "quant_config": {}}
@@ -32,9 +33,59 @@ def track(model: Any) -> Any:
     return tracking.track(model)
 
 
-def enable() -> None:
-    """Record the inputs of every outermost module call in this process (for ``export``)."""
+def enable(backend: str = "auto") -> str:
+    """Make ``npu`` usable in this process, then record the inputs of every outermost module call (for
+    ``export``). ``auto``: the real Ascend device when torch_npu imports and reports one, else npu-sim
+    (an emulated ``npu`` computing on the CPU). Returns the backend's name. Never runs on import."""
+    from cann_export.backend.registry import resolve
+
+    chosen = resolve(backend)
+    chosen.activate()
+    global _backend
+    _backend = chosen.name
     tracking.enable_global()
+    return chosen.name
+
+
+_backend: str | None = None
+
+
+def set_device(device: Any = "npu:0") -> None:
+    """Choose the device, as in the seeds: ``"npu:0"`` (also ``"cann:0"``), ``"npu-sim"``, ``"cpu"``."""
+    import torch
+
+    name = str(device)
+    if name.startswith("cann"):
+        name = "npu" + name[4:]
+    if name.startswith("npu") and name != "npu-sim":
+        if _backend is None:
+            enable()
+        getattr(torch, "npu").set_device(torch.device(name))
+    else:
+        enable(name)
+
+
+def device_count() -> int:
+    """Number of npu devices (1 under npu-sim; 0 before ``enable()`` when there is no real NPU)."""
+    import torch
+
+    module = getattr(torch, "npu", None)
+    return int(module.device_count()) if module is not None else 0
+
+
+def is_available() -> bool:
+    import torch
+
+    module = getattr(torch, "npu", None)
+    return bool(module is not None and module.is_available())
+
+
+def resume(path: str | Path, model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """Load a checkpoint saved on npu, npu-sim, cuda or cpu into ``model``/``optimizer`` on their current
+    device; returns the rest of the checkpoint (epoch, step, ...)."""
+    from cann_export.backend.checkpoint import resume as _resume
+
+    return _resume(path, model, optimizer)
 
 
 def disable() -> None:

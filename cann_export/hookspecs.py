@@ -60,3 +60,9 @@ def register_atc_hints(register: Callable[[Any], None]) -> None:
     """Register ATC hints a user may pass (``atc_hints={...}`` / ``--atc-hint``): objects with ``name``,
     ``advisory`` (kept in the manifest only), ``conflicts`` (names of hints ATC refuses alongside it) and
     ``normalize(value) -> value`` raising ValueError with the accepted values when ``value`` is wrong."""
+
+
+@hookspec
+def register_backends(register: Callable[[Any], None]) -> None:
+    """Register devices models run on (QAT, the parity reference, ``cann.torch``): objects with ``name``,
+    ``device`` (torch device string), ``available() -> (bool, reason)`` and ``activate() -> device``."""

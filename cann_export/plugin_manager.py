@@ -24,6 +24,7 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.zoo_cli",
     "cann_export.plugins.atc",
     "cann_export.plugins.provenance",
+    "cann_export.plugins.backends",
     "cann_export.validators.parity",
     "cann_export.validators.atc_lint",
 )

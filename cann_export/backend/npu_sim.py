@@ -51,6 +51,7 @@ _CPU = torch.device("cpu")
 _lock = threading.Lock()
 _installed = False
 _library: Any = None
+_libraries: list[Any] = []
 
 
 def _retag(t: torch.Tensor, device_type: int) -> torch.Tensor:
@@ -173,10 +174,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         if i < len(cargs) and isinstance(cargs[i], (int, float, bool, complex)):
             cargs[i] = _scalar_tensor(cargs[i], any(isinstance(c, _Tensor) and c.is_floating_point() for c in cargs))
     ckw = {k: _to_cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
-    # out= tensors that must grow: give the CPU kernel a fresh tensor, then rebind the npu one
+    # out= tensors: the CPU kernel may need to resize them, which an alias of npu memory cannot do; it
+    # writes a fresh tensor, copied into the npu one (same shape) or rebound to it (new shape)
     for name in info.mutable_kw:
         o = kwargs.get(name)
-        if isinstance(o, _Tensor) and o.device.type == NAME and o.numel() == 0:
+        if isinstance(o, _Tensor) and o.device.type == NAME:
             ckw[name] = torch.empty(0, dtype=o.dtype)
     out = op(*cargs, **ckw)
     for i in info.mutable_pos:
@@ -186,7 +188,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     for name in info.mutable_kw:
         o = kwargs.get(name)
         if isinstance(o, _Tensor) and o.device.type == NAME:
-            _rebind(o, ckw[name])
+            fresh = ckw[name]
+            if fresh.shape == o.shape:
+                _retag(o, _KDL_CPU).copy_(fresh)
+            else:
+                o.data = from_cpu(fresh)
     if info.device_kw:
         dev = kwargs.get("device") if info.device_pos is None or info.device_pos >= len(args) else args[info.device_pos]
         if dev is not None and torch.device(dev).type != NAME:
@@ -370,6 +376,20 @@ class _DeviceModule:
         return 0
 
 
+_DIRECT_OPS = ("convolution", "convolution_backward", "mse_loss")
+
+
+def _direct_kernel(op: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return _fallback(op, *args, **kwargs)
+    return kernel
+
+
+def _refuse_pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    raise NpuSimError("npu-sim has no pinned (page-locked) host memory: pin_memory() is not supported. "
+                      "Drop pin_memory=True / .pin_memory() when running on npu-sim.")
+
+
 def _deserialize(obj: Any, location: str) -> Any:
     """``torch.load`` onto npu: the CPU bytes become an npu storage (torch's own path would allocate
     through a PrivateUse1 allocator, which only C++ can register)."""
@@ -423,8 +443,17 @@ def install() -> None:
         lib = torch.library.Library("_", "IMPL")
         lib.fallback(_fallback, "PrivateUse1")
         _library = lib
-        from . import npu_autocast
-
-        npu_autocast.register()
+        # composite kernels that would pick a device-specific path ("*_overrideable") run on the CPU kernel
+        direct = torch.library.Library("aten", "IMPL")
+        for name in _DIRECT_OPS:
+            packet = getattr(torch.ops.aten, name)
+            for overload in packet.overloads():
+                op = getattr(packet, overload)
+                direct.impl(op, _direct_kernel(op), "PrivateUse1")
+        _libraries.append(direct)
+        # host-side pinning is asked of the CPU tensor before any npu kernel runs: refuse it there
+        pin = torch.library.Library("aten", "IMPL")
+        pin.impl("_pin_memory", _refuse_pin_memory, "CPU")
+        _libraries.append(pin)
         torch.serialization.register_package(5, _serialization_tag, _deserialize)
         _installed = True

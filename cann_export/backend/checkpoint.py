@@ -1,0 +1,34 @@
+"""Cross-hardware resume: a checkpoint saved on npu, npu-sim, cuda or cpu, loaded onto the current device."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _device_of(model: Any) -> Any:
+    import torch
+
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def resume(path: str | Path, model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """Load ``{"model": ..., "optimizer": ..., "epoch": ..., "step": ...}`` (or a bare state_dict) from
+    ``path`` into ``model``/``optimizer`` on the model's current device; return the training state."""
+    import torch
+
+    ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path}: not a checkpoint dict")
+    state = ckpt.get("model", ckpt.get("state_dict", ckpt))
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: no model state_dict in the checkpoint")
+    model.load_state_dict(state)  # copies into the parameters, wherever they live
+    if optimizer is not None:
+        if "optimizer" not in ckpt:
+            raise ValueError(f"{path}: an optimizer was given but the checkpoint holds no optimizer state")
+        optimizer.load_state_dict(ckpt["optimizer"])  # the optimizer casts its state to its params' device
+    if state is ckpt:
+        return {}
+    return {k: v for k, v in ckpt.items() if k not in ("model", "state_dict", "optimizer")}

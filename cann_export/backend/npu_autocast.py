@@ -1,5 +1,0 @@
-"""Autocast for npu-sim (filled in below)."""
-
-
-def register() -> None:
-    return None

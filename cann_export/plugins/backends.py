@@ -1,0 +1,34 @@
+"""Built-in backends (cpu, cuda, npu, npu-sim) and the ``cann-export backends`` command."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import click
+
+from ..hookspecs import hookimpl
+
+
+@hookimpl
+def register_backends(register: Callable[[Any], None]) -> None:
+    from ..backend.registry import builtin_backends
+
+    for backend in builtin_backends():
+        register(backend)
+
+
+@hookimpl
+def register_commands(cli: Any) -> None:
+    @cli.command("backends")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
+    def backends_command(as_json: bool) -> None:
+        """List the devices models can run on, and why unavailable ones are not."""
+        from ..backend.registry import describe
+
+        rows = describe()
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        for row in rows:
+            mark = "yes" if row["available"] else "no "
+            click.echo(f"{row['name']:<8} {mark}  {row['device']:<5} {row['reason']}")

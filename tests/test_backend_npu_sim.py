@@ -1,0 +1,196 @@
+"""npu-sim: the emulated npu device. Every check runs in a subprocess (PrivateUse1's name is process-global)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAIN = """
+import json, sys, torch
+from torch import nn
+DEVICE = sys.argv[1]
+torch.manual_seed(0)
+if sys.argv[2] == "mlp":
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 10))
+else:
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 10))
+model = model.to(DEVICE)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+images = torch.randn(256, 1, 28, 28)
+labels = torch.randint(0, 10, (256,))
+losses = []
+for epoch in range(2):
+    for i in range(0, 256, 64):
+        x, y = images[i:i + 64].to(DEVICE), labels[i:i + 64].to(DEVICE)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+model.eval()
+with torch.no_grad():
+    acc = (model(images.to(DEVICE)).argmax(1).cpu() == labels).float().mean().item()
+torch.save(model.state_dict(), sys.argv[3])
+back = torch.load(sys.argv[3], map_location="cpu")
+assert all(v.device.type == "cpu" for v in back.values())
+print(json.dumps({"losses": [l.hex() for l in losses], "acc": acc,
+                  "device": str(next(model.parameters()).device),
+                  "first": model.state_dict()[next(iter(model.state_dict()))].cpu().numpy().sum().item()}))
+"""
+
+ENABLE = "import cann.torch\ncann.torch.enable()\n"
+
+
+def run(code: str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CANN_EXPORT_LOAD_PLUGINS": "", **(env or {})}
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
+                          timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"subprocess failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_unchanged_training_script_matches_cpu_bitwise(arch, tmp_path):
+    cpu = json.loads(run(TRAIN, "cpu", arch, str(tmp_path / "cpu.pt")).stdout.splitlines()[-1])
+    sim = json.loads(run(ENABLE + TRAIN, "npu", arch, str(tmp_path / "npu.pt")).stdout.splitlines()[-1])
+    assert sim["device"] == "npu:0" and cpu["device"] == "cpu"
+    assert sim["losses"] == cpu["losses"]  # float.hex: bitwise
+    assert sim["acc"] == cpu["acc"] and sim["first"] == cpu["first"]
+
+
+def test_device_api_and_tensor_round_trip():
+    code = ENABLE + textwrap.dedent("""
+        import torch
+        assert torch.npu.is_available() and torch.npu.device_count() == 1
+        assert cann.torch.device_count() == 1 and cann.torch.is_available()
+        cann.torch.set_device("cann:0"); cann.torch.set_device("npu:0")
+        torch.manual_seed(1); a = torch.randn(3, 4, device="npu")
+        torch.manual_seed(1); b = torch.randn(3, 4)
+        assert a.device.type == "npu" and torch.equal(a.cpu(), b)
+        t = torch.arange(6.).npu().view(2, 3).t()
+        assert t.cpu().numpy().tolist() == [[0., 3.], [1., 4.], [2., 5.]]
+        m = torch.nn.Linear(4, 2).npu()
+        assert m.weight.device.type == "npu" and m.weight.is_npu
+        print("ok")
+    """)
+    assert run(code).stdout.strip().endswith("ok")
+
+
+REFUSE = ENABLE + textwrap.dedent("""
+    import sys, torch
+    what = sys.argv[1]
+    try:
+        if what == "pin":
+            torch.randn(2).pin_memory()
+        elif what == "loader":
+            ds = torch.utils.data.TensorDataset(torch.randn(4, 2))
+            next(iter(torch.utils.data.DataLoader(ds, pin_memory=True)))
+        elif what == "device1":
+            torch.randn(2, device="npu:1")
+        elif what == "to1":
+            torch.randn(2).to("npu:1")
+        elif what == "set1":
+            cann.torch.set_device("npu:1")
+        elif what == "numpy":
+            torch.randn(2, device="npu").numpy()
+    except Exception as e:
+        print(type(e).__name__, e)
+""")
+
+
+@pytest.mark.parametrize("what,expected", [
+    ("pin", "no pinned (page-locked) host memory"),
+    ("loader", "no pinned (page-locked) host memory"),
+    ("device1", "single device, npu:0"),
+    ("to1", "single device, npu:0"),
+    ("set1", "single device, npu:0"),
+    ("numpy", "Use Tensor.cpu()"),
+])
+def test_refusals_are_clear(what, expected):
+    assert expected in run(REFUSE, what).stdout
+
+
+def test_not_a_side_effect_of_import():
+    out = run("import torch, cann_export, cann.torch, cann.model_zoo\n"
+              "print(torch._C._get_privateuse1_backend_name(), hasattr(torch, 'npu'))").stdout
+    assert out.split() == ["privateuseone", "False"]
+
+
+def test_steps_aside_when_real_torch_npu_imports(tmp_path):
+    (tmp_path / "torch_npu").mkdir()
+    (tmp_path / "torch_npu" / "__init__.py").write_text("")
+    code = textwrap.dedent("""
+        import cann_export.backend.npu_sim as sim
+        try:
+            sim.install()
+        except sim.NpuSimError as e:
+            print(e)
+    """)
+    out = run(code, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}).stdout
+    assert "real torch_npu imports" in out and "steps aside" in out
+
+
+SAVE = """
+import sys, torch
+dev = sys.argv[1]
+if dev == "npu":
+    import cann.torch; cann.torch.enable()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(7)
+x, y = torch.randn(32, 8, generator=g).to(dev), torch.randn(32, 2, generator=g).to(dev)
+def step():
+    loss = torch.nn.functional.mse_loss(model(x), y); opt.zero_grad(); loss.backward(); opt.step(); return loss.item()
+for _ in range(3): step()
+torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "step": 30}, sys.argv[2])
+print(step().hex())
+"""
+
+RESUME = """
+import sys, torch
+dev = sys.argv[1]
+if dev == "npu":
+    import cann.torch; cann.torch.enable()
+import cann.torch
+torch.manual_seed(123)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+state = cann.torch.resume(sys.argv[2], model, opt)
+assert state == {"epoch": 3, "step": 30}, state
+assert all(v.device.type == dev for s in opt.state.values() for v in s.values() if v.dim() > 0)
+g = torch.Generator().manual_seed(7)
+x, y = torch.randn(32, 8, generator=g).to(dev), torch.randn(32, 2, generator=g).to(dev)
+loss = torch.nn.functional.mse_loss(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
+print(loss.item().hex())
+"""
+
+
+@pytest.mark.parametrize("saved_on,resumed_on", [("cpu", "npu"), ("npu", "cpu"), ("npu", "npu")])
+def test_resume_across_cpu_and_npu_sim(saved_on, resumed_on, tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    expected = run(SAVE, saved_on, str(ckpt)).stdout.split()[-1]
+    got = run(RESUME, resumed_on, str(ckpt)).stdout.split()[-1]
+    assert got == expected
+
+
+def test_backends_command_lists_availability_with_reasons():
+    out = run("from cann_export.cli import main; main()", env={}, check=False)
+    proc = subprocess.run([sys.executable, "-m", "cann_export", "backends", "--json"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["cpu"]["available"] and rows["npu-sim"]["available"]
+    assert set(rows) >= {"cpu", "cuda", "npu", "npu-sim"}
+    assert not rows["npu"]["available"] and "torch_npu" in rows["npu"]["reason"]
+    del out
