@@ -42,7 +42,8 @@ def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
         "atc": dict(ctx.reports.get("atc", {})),
         "capture": ctx.capture,
         "optimize": ctx.optimize,
-        "parity": summarize_parity(parity),
+        "parity": {**summarize_parity(parity), **({"reference_device": ctx.reports["reference"]["device"]}
+                                                   if "reference" in ctx.reports else {})},
         **({"quantization": ctx.reports["quantization"]} if "quantization" in ctx.reports else {}),
         "lint": {name: r for name, r in ctx.reports.items() if name in ctx.lint_reports},
         "warnings": dict(ctx.reports.get("warnings", {})),

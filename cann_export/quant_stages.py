@@ -72,15 +72,22 @@ def train(ctx: ExportContext) -> str | None:
     from .qat.train import ensure_distributed
     from .stages import reference_outputs
 
+    from .backend.placement import pipeline_device, to_device
+
     opts = ctx.options
     report = ctx.reports.get("quantization")
     status = "calibrated only (--ptq)"
     if opts.quantize == "qat":
-        history = qat.finetune(ctx.model, ctx.teacher, ctx.calibration_batches, opts.qat_steps, opts.qat_lr,
-                               qat.parse(opts.quant_config).loss, on_step=opts.train_callback)
+        device = pipeline_device(opts.backend)
+        report["device"] = device
+        student, teacher = to_device(ctx.model, device), to_device(ctx.teacher, device)
+        history = qat.finetune(student, teacher, to_device(ctx.calibration_batches, device), opts.qat_steps,
+                               opts.qat_lr, qat.parse(opts.quant_config).loss, on_step=opts.train_callback)
+        ctx.model, ctx.teacher = to_device(student, "cpu"), to_device(teacher, "cpu")  # capture runs on the CPU
         report["qat"] = {"steps": opts.qat_steps, "lr": opts.qat_lr,
                          "loss_first": history[0] if history else None, "loss_last": history[-1] if history else None}
-        status = f"{opts.qat_steps} steps" + (f", loss {history[0]:.4g} -> {history[-1]:.4g}" if history else "")
+        status = f"{opts.qat_steps} steps on {device}" + (
+            f", loss {history[0]:.4g} -> {history[-1]:.4g}" if history else "")
     ctx.model.eval()
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, "the fake-quant model", ctx.input_names)
     rank, world = ensure_distributed()

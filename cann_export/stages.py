@@ -120,11 +120,16 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     """Run ``model`` on every input set: (output names, numpy outputs per set)."""
     import torch
 
+    from .backend.placement import pipeline_device, to_device
+
+    device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"
+    ctx.reports.setdefault("reference", {})["device"] = device
+    model = to_device(model, device)
     names, outputs = [], []
     with torch.no_grad():
         for one in ctx.input_sets:
             try:
-                out = _call(model, ctx.loaded.kind, one, ctx.input_names)
+                out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
             except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
@@ -136,6 +141,7 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
                 raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
             outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
                             else t.detach().cpu().numpy() for t in tensors])
+    to_device(model, "cpu")  # capture and the exporters run on the CPU
     return names, outputs
 
 

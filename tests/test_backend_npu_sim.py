@@ -194,3 +194,43 @@ def test_backends_command_lists_availability_with_reasons():
     assert set(rows) >= {"cpu", "cuda", "npu", "npu-sim"}
     assert not rows["npu"]["available"] and "torch_npu" in rows["npu"]["reason"]
     del out
+
+
+def test_qat_export_on_npu_sim_equals_cpu(tmp_path):
+    """--backend npu-sim runs the QAT fine-tuning on the emulated npu: same scales as on the CPU."""
+    from safetensors.torch import save_file, save_model
+
+    from helpers import digits
+
+    save_model(digits.trained(), str(tmp_path / "d.safetensors"))
+    save_file({"x": digits.split()[0][:128].contiguous()}, str(tmp_path / "c.safetensors"))
+    layers = {}
+    for backend in ("cpu", "npu-sim"):
+        out = tmp_path / f"{backend}.onnx"
+        code = "import sys; sys.argv = ['cann-export'] + sys.argv[1:]\nfrom cann_export.cli import main\nmain()\n"
+        tests_dir = str(Path(__file__).parent)
+        run(code, "export", str(tmp_path / "d.safetensors"), "--model-class", "helpers.digits:DigitsCNN", "--qat",
+            "--calibration-data", str(tmp_path / "c.safetensors"), "--qat-steps", "4", "--backend", backend,
+            "--format", "onnx", "-o", str(out), "--json",
+            env={"PYTHONPATH": os.pathsep.join([str(ROOT), tests_dir])})
+        import onnx
+
+        props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+        q = json.loads(props["cann_export.quantization"])
+        assert q["device"] == ("cpu" if backend == "cpu" else "npu")
+        layers[backend] = q["layers"]
+    assert layers["cpu"] == layers["npu-sim"]
+
+
+def test_parity_reference_runs_on_npu_sim(tmp_path):
+    code = textwrap.dedent("""
+        import json, sys, torch
+        import cann_export
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        result = cann_export.export(model, sys.argv[1], example_inputs=torch.randn(3, 12), backend="npu-sim")
+        print(json.dumps({"ok": result.ok, "device": result.manifest["parity"]["reference_device"],
+                          "renamed": torch._C._get_privateuse1_backend_name()}))
+    """)
+    out = json.loads(run(code, str(tmp_path / "b")).stdout.strip().splitlines()[-1])
+    assert out == {"ok": True, "device": "npu", "renamed": "npu"}
