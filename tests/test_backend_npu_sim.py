@@ -234,3 +234,41 @@ def test_parity_reference_runs_on_npu_sim(tmp_path):
     """)
     out = json.loads(run(code, str(tmp_path / "b")).stdout.strip().splitlines()[-1])
     assert out == {"ok": True, "device": "npu", "renamed": "npu"}
+
+
+def test_autocast_cast_lists_and_grad_scaler():
+    code = textwrap.dedent("""
+        import json, torch
+        import cann.torch
+        cann.torch.enable()
+
+        def train(device, amp):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            scaler = torch.amp.GradScaler(device, enabled=amp)
+            x, y = torch.randn(64, 16).to(device), torch.randint(0, 4, (64,)).to(device)
+            losses, dtypes = [], {}
+            for _ in range(5):
+                with torch.autocast(device, dtype=torch.float16, enabled=amp):
+                    logits = model(x)
+                    probs = torch.softmax(logits, -1)
+                    loss = torch.nn.functional.cross_entropy(logits, y)
+                dtypes = {"linear": str(logits.dtype), "softmax": str(probs.dtype), "loss": str(loss.dtype)}
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                losses.append(loss.item())
+            return losses, dtypes, scaler.get_scale() if amp else None
+
+        amp_losses, dtypes, scale = train("npu", True)
+        fp32_losses, _, _ = train("cpu", False)
+        print(json.dumps({"amp": amp_losses, "fp32": fp32_losses, "dtypes": dtypes, "scale": scale}))
+    """)
+    out = json.loads(run(code).stdout.strip().splitlines()[-1])
+    assert out["dtypes"] == {"linear": "torch.float16", "softmax": "torch.float32", "loss": "torch.float32"}
+    assert out["scale"] == 65536.0
+    for amp, ref in zip(out["amp"], out["fp32"]):
+        assert abs(amp - ref) <= 1e-2 * abs(ref)  # fp16 matmuls, fp32 softmax/loss: close to fp32
+    assert out["amp"] != out["fp32"]  # ... and visibly computed in reduced precision

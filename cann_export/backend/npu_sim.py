@@ -456,4 +456,7 @@ def install() -> None:
         pin.impl("_pin_memory", _refuse_pin_memory, "CPU")
         _libraries.append(pin)
         torch.serialization.register_package(5, _serialization_tag, _deserialize)
+        from .npu_autocast import install as install_autocast
+
+        install_autocast()
         _installed = True
