@@ -61,6 +61,15 @@ def discard(staging: Path | None) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def is_safe_relpath(rel: str) -> bool:
+    """A relative POSIX path that stays inside its root: no absolute path, '..', backslash or empty part."""
+    from pathlib import PurePosixPath
+
+    p = PurePosixPath(rel)
+    return bool(rel) and not rel.endswith("/") and not p.is_absolute() and "\\" not in rel \
+        and all(part not in ("..", "", ".") for part in p.parts)
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

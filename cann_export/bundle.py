@@ -27,8 +27,16 @@ def read_bundle(path: Path) -> dict[str, Any]:
 
 def verify_files(path: Path, manifest: dict[str, Any]) -> None:
     """Every file listed in the manifest exists with its recorded sha256; collect all problems."""
+    from .atomic import is_safe_relpath
+
     problems = []
-    for rel, entry in (manifest.get("files") or {}).items():
+    files = manifest.get("files") or {}
+    if not isinstance(files, dict):
+        raise ValidateError("manifest.json lists no valid file table; the bundle is damaged", path=path)
+    for rel, entry in files.items():
+        if not is_safe_relpath(str(rel)):
+            problems.append(f"{rel!r}: not a path inside the bundle (refused)")
+            continue
         f = path / rel
         if not f.is_file():
             problems.append(f"{rel}: missing")

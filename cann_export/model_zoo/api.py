@@ -15,7 +15,6 @@ from .errors import ZooError, ZooIntegrityError
 from .names import LATEST, check_alias, check_name, check_version, split_ref
 
 MANIFEST_SCHEMA = "cann-export/zoo-version/1"
-_VOLATILE = ("name", "version", "digest", "created_utc", "created_by", "tools", "source")
 
 
 def utc_now() -> str:
@@ -75,7 +74,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
                       example_inputs=example_inputs, trust_pickle=trust_pickle, artifacts=list(artifacts or []))
         fields = content.write_card(staged, name, metadata, card)
         from . import faults
-        from .files import canonical_digest, file_table
+        from .files import file_table, manifest_digest
 
         files = file_table(staging, staged.known)
         faults.point("staged")
@@ -86,7 +85,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
             "artifacts": staged.artifacts, "card": fields, "metadata": metadata, "lineage": staged.lineage,
             "files": files,
         }
-        manifest["digest"] = canonical_digest({k: v for k, v in manifest.items() if k not in _VOLATILE})
+        manifest["digest"] = manifest_digest(manifest)
         manifest.update({"created_utc": utc_now(), "created_by": who(), "source": staged.source,
                          "tools": _tool_versions(staged.tools)})
         row, existed = store.commit(name, version, staging, manifest, aliases)

@@ -2,6 +2,8 @@
 the model card, and the manifest's content part (files, lineage). Written into a staging directory."""
 from __future__ import annotations
 
+import re
+
 import json
 import os
 from pathlib import Path
@@ -144,14 +146,21 @@ def _stage_weights_file(staged: Staged, path: Path, model_class: str | None, mod
             staged.architecture = _callable_arch(model_class, model_kwargs, state, tied=staged.weights.get("tied"))
         return
     if path.suffix == ".pt2":
-        return _stage_program_file(staged, path)
+        return _stage_program_file(staged, path, trust_pickle)
     _stage_pickle(staged, path, model_class, model_kwargs, trust_pickle)
 
 
-def _stage_program_file(staged: Staged, path: Path) -> None:
+def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) -> None:
     import torch
 
+    from ..archive_safety import check_export_archive
+    from ..errors import LoadError
+
     _tools(staged)
+    try:
+        check_export_archive(path, trust_pickle)
+    except LoadError as e:
+        raise ZooError(e.message, path=path) from None
     try:
         ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001 - any failure is the user's file
@@ -325,7 +334,12 @@ def _export_program(staged: Staged, model: Any, example_inputs: Any) -> dict[str
 
 
 def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
-    return "-".join(p for p in (fmt, soc, precision) if p)
+    parts = [str(p) for p in (fmt, soc, precision) if p]
+    bad = [p for p in parts if not re.fullmatch(r"[A-Za-z0-9._+]+", p) or p in (".", "..")]
+    if bad:
+        raise ZooError(f"the artifact's target fields {bad} are not plain names (format, soc_version, precision "
+                       "mode); the bundle's manifest is damaged or forged")
+    return "-".join(parts)
 
 
 def _stage_artifact(staged: Staged, path: Path) -> None:

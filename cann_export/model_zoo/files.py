@@ -160,5 +160,31 @@ def clean_stale(tmp_root: Path) -> list[str]:
     return removed
 
 
+VOLATILE = ("name", "version", "digest", "created_utc", "created_by", "tools", "source")
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The content digest: everything but who/when/where (those are set at commit)."""
+    return canonical_digest({k: v for k, v in manifest.items() if k not in VOLATILE})
+
+
+def check_manifest(manifest: Any, where: str, expected: str | None = None) -> dict[str, Any]:
+    """Refuse a manifest edited after publish (its digest no longer matches, or differs from the index),
+    or one whose file table points outside the version directory."""
+    from ..atomic import is_safe_relpath
+    from .errors import ZooIntegrityError
+
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "digest" not in manifest:
+        raise ZooIntegrityError(f"{where}: manifest.json is not a cann-export zoo manifest; nothing was loaded")
+    actual = manifest_digest(manifest)
+    if actual != manifest["digest"] or (expected is not None and expected != actual):
+        raise ZooIntegrityError(f"{where}: manifest.json was changed after publish (digest mismatch); nothing was "
+                                "loaded. Restore the version or publish it again")
+    unsafe = [rel for rel in manifest["files"] if not is_safe_relpath(str(rel))]
+    if unsafe:
+        raise ZooIntegrityError(f"{where}: manifest.json lists paths outside the version ({unsafe[:3]}); refused")
+    return manifest
+
+
 def canonical_digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str, separators=(",", ":")).encode()).hexdigest()

@@ -22,6 +22,9 @@ def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_
         raise ZooError(f"{name} version {version} holds weights but no architecture; pass model_class="
                        "'pkg.module:Callable' (and model_kwargs=) to load_model, or framework='onnx'")
     if arch["kind"] == "torch.export":
+        from ..archive_safety import check_export_archive
+
+        check_export_archive(root / arch["file"], trust_pickle=False)  # verified bytes; still weights-only
         try:
             return torch.export.load(str(root / arch["file"])).module()
         except Exception as e:  # noqa: BLE001 - torch's many failure types

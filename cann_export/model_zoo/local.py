@@ -183,12 +183,16 @@ class LocalStore:
                                             "WHERE name=? ORDER BY id", (name,))]
 
     def manifest(self, name: str, version: str) -> dict[str, Any]:
+        from .files import check_manifest
+
         path = self.models / name / version / "manifest.json"
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            manifest = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise ZooError(f"{name} version {version}: manifest.json is unreadable ({type(e).__name__}); the store "
                            "is damaged, run `cann-export zoo verify`", path=path) from None
+        rows = self._rows("SELECT digest FROM versions WHERE name=? AND version=?", (name, version))
+        return check_manifest(manifest, f"{name} version {version}", rows[0]["digest"] if rows else None)
 
     def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
         return self.models / name / version

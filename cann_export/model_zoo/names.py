@@ -15,7 +15,7 @@ LATEST = "latest"  # a reserved alias: the most recently published version
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise ZooError("a model name is required (name=..., --name NAME)")
-    if len(name) > MAX_NAME or not _NAME.match(name) or ".." in name:
+    if len(name) > MAX_NAME or not _NAME.fullmatch(name) or ".." in name:
         raise ZooError(f"invalid model name {name[:160]!r}: use 1-{MAX_NAME} characters from letters, digits, "
                        "'.', '_' and '-', starting with a letter or digit (no '/', '\\' or '..')")
     return name
@@ -23,14 +23,14 @@ def check_name(name: object) -> str:
 
 def check_version(version: object) -> str:
     version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
-    if not isinstance(version, str) or not _VERSION.match(version) or ".." in version:
+    if not isinstance(version, str) or not _VERSION.fullmatch(version) or ".." in version:
         raise ZooError(f"invalid version {str(version)[:80]!r}: use up to 64 letters, digits, '.', '_', '+' "
                        "or '-', starting with a letter or digit (e.g. 3 or 1.2.0)")
     return version
 
 
 def check_alias(alias: object) -> str:
-    if not isinstance(alias, str) or not _ALIAS.match(alias) or ".." in alias:
+    if not isinstance(alias, str) or not _ALIAS.fullmatch(alias) or ".." in alias:
         raise ZooError(f"invalid alias {str(alias)[:80]!r}: use up to 64 letters, digits, '.', '_' or '-', "
                        "starting with a letter (e.g. prod, staging)")
     if alias == LATEST:

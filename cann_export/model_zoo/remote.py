@@ -141,10 +141,13 @@ class RemoteStore:
         return sorted(rows, key=lambda r: (r["created_utc"], r["version"]))
 
     def manifest(self, name: str, version: str) -> dict[str, Any]:
+        from .files import check_manifest
+
         try:
-            return self._read_json(self._p("models", name, version, "manifest.json"))
+            manifest = self._read_json(self._p("models", name, version, "manifest.json"))
         except FileNotFoundError:
             raise ZooError(f"{name} has no version {version}") from None
+        return check_manifest(manifest, f"{name} version {version}")
 
     def _history(self, name: str, alias: str) -> list[tuple[int, str]]:
         paths = self._call(self.fs.glob, self._p("models", name, "aliases", alias, "*.json"))

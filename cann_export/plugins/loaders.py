@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ..archive_safety import check_export_archive
 from ..errors import LoadError
 from ..hookspecs import hookimpl
 from ..pipeline import LoadedModel
@@ -42,6 +43,7 @@ class ExportedProgramLoader:
             raise LoadError(
                 "not a readable torch.export archive (truncated or corrupt zip); re-create it with "
                 "torch.export.save(torch.export.export(model, args), path)", path=path)
+        check_export_archive(path, bool(options.trust_pickle))
         try:
             ep = torch.export.load(str(path))
         except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
