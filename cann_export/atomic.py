@@ -14,7 +14,11 @@ from .errors import WriteError
 def staging_dir(target: Path) -> Path:
     """A fresh hidden directory beside ``target`` (same filesystem, so renames are atomic)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.cann-tmp-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.cann-tmp-", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would follow the artifact into place
+    return staging
 
 
 def write_text(path: Path, text: str) -> None:

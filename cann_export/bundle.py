@@ -19,10 +19,14 @@ def read_bundle(path: Path) -> dict[str, Any]:
         raise ValidateError("not an atc_ready bundle (no manifest.json); pass the directory an atc_ready "
                             "export wrote", path=path)
     try:
-        return json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
                             path=manifest_path) from None
+    if not isinstance(manifest, dict):
+        raise ValidateError("manifest.json is not a cann-export manifest (not an object); the bundle is damaged",
+                            path=manifest_path)
+    return manifest
 
 
 def verify_files(path: Path, manifest: dict[str, Any]) -> None:
@@ -54,11 +58,16 @@ def open_artifact(path: Path) -> Iterator[Path]:
     from . import om_stub
 
     path = Path(path)
-    if om_stub.is_om_file(path):
-        with om_stub.extracted(path) as directory:
-            yield directory
-    else:
+    if not om_stub.is_om_file(path):
         yield path
+        return
+    with om_stub.extracted(path) as directory:
+        try:
+            yield directory
+        except ValidateError as e:  # name the stub, not the temporary directory it was unpacked into
+            if e.path and e.path.startswith(str(directory)):
+                e.path = str(path) + e.path[len(str(directory)):]
+            raise
 
 
 def describe(path: Path) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def _platform_version(bundle_dir: Path) -> str:
     try:
         manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
         return str((manifest.get("atc") or {}).get("soc_version") or "")
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return ""
 
 
@@ -242,9 +242,9 @@ def extract_stub(path: str | Path, dest_dir: str | Path) -> dict[str, Any]:
                     mode = (member.external_attr >> 16) & 0o777
                     if mode:
                         os.chmod(target, mode)
-        except zipfile.BadZipFile as e:
-            raise ValidateError(f"om-stub payload is not a readable bundle ({e}); the file is damaged",
-                                path=path) from None
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ValidateError(f"om-stub payload is not a readable bundle ({type(e).__name__}: {e}); the file is "
+                                "damaged", path=path) from None
     return info
 
 

@@ -82,3 +82,35 @@ def test_bundle_file_table_cannot_leave_the_bundle(tmp_path):
     publish = CliRunner().invoke(cli, ["zoo", "publish", str(out), "--name", "b", "--zoo", str(tmp_path / "z")])
     assert publish.exit_code != 0 and not (tmp_path / "escape-force_fp16").exists()
 
+
+
+def test_exported_bundles_are_not_private_to_the_exporter(tmp_path):
+    out = tmp_path / "b"
+    assert CliRunner().invoke(cli, [str(files.pt2(tmp_path)), "-o", str(out)]).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_damaged_stub_payload_names_the_stub(tmp_path):
+    from cann_export import om_stub
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("[1, 2]")
+    stub = tmp_path / "x.om"
+    om_stub.write_stub(stub, bundle, "x")
+    result = CliRunner().invoke(cli, ["validate", str(stub)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(stub) in result.stderr and "cann-export-om" not in result.stderr
+
+
+def test_lint_reads_stubs_and_checks_bundle_files(tmp_path):
+    out = tmp_path / "b"
+    assert CliRunner().invoke(cli, [str(files.pt2(tmp_path)), "-o", str(out), "--format", "om"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["lint", str(out / "model.om")]).exit_code == 0
+    data = bytearray((out / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (out / "model.onnx").write_bytes(bytes(data))
+    tampered = CliRunner().invoke(cli, ["lint", str(out)])
+    assert tampered.exit_code == 2 and "sha256" in tampered.stderr

@@ -290,7 +290,10 @@ def pull(ref: str, output: str | os.PathLike, version: str | None = None, target
     if target is not None:
         key = _pick_target(name, chosen, manifest, target, required=True)
         only = [p for p in manifest["files"] if not p.startswith("artifacts/")] + [manifest["artifacts"][key]["path"]]
-    out = Path(output)
+    out = Path(output).resolve()
+    if out == Path.cwd() or out in Path.cwd().parents or out.parent == out:
+        raise ZooError("refusing to replace the current directory or one of its parents; pull into a new "
+                       "directory, e.g. -o ./model", path=output)
     if out.exists() and not overwrite:
         raise ZooError("output already exists; pass --overwrite or choose another directory", path=out)
     root = _verified_dir(store, name, chosen, manifest, only)

@@ -138,7 +138,9 @@ class RemoteStore:
             except FileNotFoundError:
                 continue
             rows.append(_summary(m, path.rsplit("/", 1)[0]))
-        return sorted(rows, key=lambda r: (r["created_utc"], r["version"]))
+        # auto-numbered versions sort by number (start times of concurrent publishes interleave)
+        return sorted(rows, key=lambda r: (0, int(r["version"]), "") if r["version"].isdigit()
+                      else (1, 0, r["created_utc"]))
 
     def manifest(self, name: str, version: str) -> dict[str, Any]:
         from .files import check_manifest

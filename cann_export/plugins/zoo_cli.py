@@ -36,7 +36,7 @@ def register_commands(cli):
     @click.option("--alias", "aliases", multiple=True, help="Point this alias at the published version; repeatable.")
     @click.option("--model-class", default=None, help="pkg.module:Callable that rebuilds the module from the weights.")
     @click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
-    @click.option("--card", type=click.Path(path_type=str), default=None, help="A README.md to use as the model card body.")
+    @click.option("--card", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None, help="A README.md to use as the model card body.")
     @click.option("--artifact", "artifacts", multiple=True, help="An extra exported bundle / .onnx to store with the weights.")
     @click.option("--trust-pickle", is_flag=True, help="Accept a pickled nn.Module (converted to safetensors).")
     @zoo_option

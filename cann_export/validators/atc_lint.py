@@ -284,11 +284,14 @@ def load_for_lint(path: Path, cann_version: str, extra_hints: dict[str, Any]) ->
         if not manifest_path.is_file():
             raise LintError("not an atc_ready bundle (no manifest.json); pass the bundle directory or an .onnx file",
                             path=path)
+        from ..bundle import read_bundle, verify_files
+        from ..errors import ValidateError
+
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LintError(f"manifest.json is not valid JSON ({e}); export the bundle again",
-                            path=manifest_path) from None
+            manifest = read_bundle(path)
+            verify_files(path, manifest)  # lint the graph the manifest describes, not an edited one
+        except ValidateError as e:
+            raise LintError(e.message, path=e.path) from None
         atc = manifest.get("atc") or {}
         hints = dict(atc.get("hints") or {})
         precision = atc.get("precision_mode") or precision
@@ -348,7 +351,10 @@ def register_commands(cli):
 
             if parse_cann_version(cann_version) is None:
                 raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
-            ctx = load_for_lint(Path(path), cann_version, parse_key_values(atc_hints, "--atc-hint"))
+            from ..bundle import open_artifact
+
+            with open_artifact(Path(path)) as artifact:  # an om-stub is unpacked (and verified) first
+                ctx = load_for_lint(artifact, cann_version, parse_key_values(atc_hints, "--atc-hint"))
             report = AtcLint().check(ctx)
             if as_json:
                 click.echo(json.dumps({"ok": report["passed"], "path": path, **report}, default=str))
