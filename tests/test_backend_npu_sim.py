@@ -103,6 +103,10 @@ REFUSE = ENABLE + textwrap.dedent("""
             cann.torch.set_device("npu:1")
         elif what == "numpy":
             torch.randn(2, device="npu").numpy()
+        elif what == "inductor":
+            model = torch.nn.Linear(4, 2).npu()
+            assert torch.compile(model, backend="aot_eager")(torch.randn(3, 4, device="npu")).shape == (3, 2)
+            torch.compile(model)(torch.randn(3, 4, device="npu"))
     except Exception as e:
         print(type(e).__name__, e)
 """)
@@ -115,6 +119,7 @@ REFUSE = ENABLE + textwrap.dedent("""
     ("to1", "single device, npu:0"),
     ("set1", "single device, npu:0"),
     ("numpy", "Use Tensor.cpu()"),
+    ("inductor", "inductor backend does not run on npu-sim"),
 ])
 def test_refusals_are_clear(what, expected):
     assert expected in run(REFUSE, what).stdout

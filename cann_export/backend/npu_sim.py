@@ -421,6 +421,27 @@ def is_installed() -> bool:
     return _installed
 
 
+def _refuse_inductor() -> None:
+    """torch.compile's default backend (inductor) has no code generator for npu-sim and fails deep inside
+    with an internal assert; inductor's pre-grad pass hook runs first, so refuse there with a message.
+    Eager backends ("eager", "aot_eager") never run inductor passes and keep working."""
+    import torch._inductor.config as inductor_config
+
+    previous = inductor_config.pre_grad_custom_pass
+
+    def refuse_npu_graphs(graph: Any) -> None:
+        for node in graph.nodes:
+            value = node.meta.get("example_value", node.meta.get("val"))
+            if isinstance(value, torch.Tensor) and value.device.type == NAME:
+                raise NpuSimError("torch.compile with the inductor backend does not run on npu-sim (it generates "
+                                  "code for real devices); use torch.compile(model, backend='eager') or "
+                                  "backend='aot_eager', or run without torch.compile")
+        if previous is not None:
+            previous(graph)
+
+    inductor_config.pre_grad_custom_pass = refuse_npu_graphs
+
+
 def install() -> None:
     """Make ``npu`` an emulated device in this process (idempotent). Refuses when the PrivateUse1 name
     is already taken (by the real torch_npu or another backend): there is one such slot per process."""
@@ -459,4 +480,5 @@ def install() -> None:
         from .npu_autocast import install as install_autocast
 
         install_autocast()
+        _refuse_inductor()
         _installed = True
