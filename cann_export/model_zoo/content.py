@@ -177,7 +177,7 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
 
     import torch
 
-    from ..plugins.loaders import pickle_globals, split_checkpoint
+    from ..plugins.loaders import _zip_names, pickle_globals, split_checkpoint
 
     _tools(staged)
     staged.source["sha256"] = hash_file(path)["sha256"]
@@ -213,16 +213,6 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
     if model_class:
         staged.architecture = _callable_arch(model_class, model_kwargs, state)
     _save_state(staged, state, converted_from="torch.save state_dict" + (" (checkpoint)" if extras else ""))
-
-
-def _zip_names(path: Path) -> list[str] | None:
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return None
 
 
 def _save_state(staged: Staged, obj: Any, converted_from: str) -> None:
