@@ -9,7 +9,8 @@ from cann_export import tracking
 __all__ = ["config", "device_count", "disable", "enable", "export", "is_available", "prepare", "resume",
            "set_device", "track"]
 
-_CONFIG_KEYS = ("quantization_aware_training", "quant_config")
+_CONFIG_KEYS = ("mixed_precision", "gradient_checkpointing", "dataloader_workers", "compile_model",
+                "quantization_aware_training", "quant_config")
 _config: dict[str, Any] = {"quantization_aware_training": False, "quant_config": {}}
 
 
@@ -101,10 +102,16 @@ def config(**settings: Any) -> dict[str, Any]:
     unknown = sorted(set(settings) - set(_CONFIG_KEYS))
     if unknown:
         raise OptionsError(f"unknown cann.torch.config key(s) {', '.join(unknown)}; known keys: {', '.join(_CONFIG_KEYS)}")
+    from cann_export.qat import settings as training
+
     if "quant_config" in settings:
         settings["quant_config"] = parse(settings["quant_config"]).to_dict()
-    _config.update(settings)
-    return dict(_config)
+    if "quantization_aware_training" in settings and not isinstance(settings["quantization_aware_training"], bool):
+        raise OptionsError("quantization_aware_training must be True or False")
+    chosen = training.parse({k: v for k, v in settings.items() if k in training.KEYS}, training.current())
+    training.set_current(chosen)  # the library's QAT fine-tuning and calibration loops follow these
+    _config.update({k: v for k, v in settings.items() if k not in training.KEYS})
+    return {**_config, **chosen.to_dict()}
 
 
 def prepare(model: Any, example_inputs: Any = None) -> Any:

@@ -180,3 +180,53 @@ def test_qat_on_torchscript_is_refused(digits_files, tmp_path):
     result = CliRunner().invoke(cli, [str(path), "--qat", "--calibration-data", str(tmp / "calib.safetensors"),
                                       "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "trainable nn.Module" in result.stderr and "--model-class" in result.stderr
+
+
+@pytest.fixture
+def training_settings():
+    from cann_export.qat import settings
+
+    saved = settings.current()
+    yield settings
+    settings.set_current(saved)
+
+
+def _finetune_losses(steps=6):
+    from cann_export import qat
+
+    x = digits.split()[0][:128]
+    teacher = digits.trained()
+    student = qat.prepare(teacher, config={})
+    batches = qat.train.split_batches({"x": x}, 32)
+    qat.calibrate(student, batches)
+    return qat.finetune(student, teacher, batches, steps, 1e-3)
+
+
+def test_seed_config_keys_drive_the_training_helpers(training_settings):
+    import cann.torch
+
+    baseline = _finetune_losses()
+    cann.torch.config(gradient_checkpointing=True)
+    assert _finetune_losses() == baseline  # recomputation changes memory, not results
+    cann.torch.config(gradient_checkpointing=False, dataloader_workers=2)
+    assert _finetune_losses() == baseline  # same batches, loaded by worker processes
+    cann.torch.config(dataloader_workers=0, compile_model="eager")
+    assert _finetune_losses() == pytest.approx(baseline, rel=1e-5)
+    current = cann.torch.config(compile_model=False, mixed_precision="bf16")
+    assert current["mixed_precision"] == "bf16"
+    amp = _finetune_losses()
+    assert amp != baseline and all(v == v and v < 10 for v in amp)  # computed in bf16, still converging
+    assert 0.5 < amp[0] / baseline[0] < 2  # the same first step, up to bf16 rounding
+
+
+@pytest.mark.parametrize("settings,needle", [
+    ({"mixed_precision": "fp8"}, "'fp16', 'bf16'"),
+    ({"gradient_checkpointing": "yes"}, "True, False"),
+    ({"dataloader_workers": -1}, "integer >= 0"),
+    ({"compile_model": 3}, "backend name"),
+])
+def test_seed_config_values_are_checked(settings, needle, training_settings):
+    import cann.torch
+
+    with pytest.raises(errors.OptionsError, match=needle):
+        cann.torch.config(**settings)

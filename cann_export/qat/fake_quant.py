@@ -83,6 +83,7 @@ class QuantLayer(nn.Module):
         self.register_buffer("act_max", torch.tensor(float("-inf")))
         self.observing = True
         self.calibrating = False
+        self.checkpointed = False  # recompute this layer in backward (gradient_checkpointing)
         self._ranged: bool | None = False  # None: unknown (buffers loaded), read once from the buffers
 
     @property
@@ -106,6 +107,13 @@ class QuantLayer(nn.Module):
         return scale, zero
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.observing and (self.training or self.calibrating):
             with torch.no_grad():
                 low, high = torch.aminmax(x.detach())

@@ -38,9 +38,25 @@ def ensure_distributed() -> tuple[int, int]:
     return 0, 1
 
 
-def split_batches(tensors: dict[str, torch.Tensor], batch_size: int) -> list[dict[str, torch.Tensor]]:
-    n = next(iter(tensors.values())).shape[0]
-    return [{k: v[i:i + batch_size] for k, v in tensors.items()} for i in range(0, n, batch_size)]
+def split_batches(tensors: dict[str, torch.Tensor], batch_size: int,
+                  workers: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """Batches in order (no shuffling: every rank and every run sees the same ones), through a DataLoader
+    with ``dataloader_workers`` worker processes."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from .settings import current
+
+    names = list(tensors)
+
+    class Rows(Dataset):
+        def __len__(self) -> int:
+            return int(tensors[names[0]].shape[0])
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {k: tensors[k][i] for k in names}
+
+    workers = current().dataloader_workers if workers is None else workers
+    return list(DataLoader(Rows(), batch_size=batch_size, shuffle=False, num_workers=workers))
 
 
 def _shard(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
@@ -87,26 +103,50 @@ def distill_loss(student: list[torch.Tensor], teacher: list[torch.Tensor], kind:
 def finetune(student: nn.Module, teacher: nn.Module, batches: list[dict[str, torch.Tensor]], steps: int,
              lr: float, loss: str = "mse", on_step: StepFn | None = None) -> list[float]:
     """Train the fake-quant ``student`` to match the float ``teacher``'s outputs (no labels needed)."""
+    from .settings import current
+
+    settings = current()
     rank, world = ensure_distributed()
     set_mode(student, observing=False)  # ranges stay as calibrated
     teacher.eval()
     student.train()
+    _checkpointing(student, settings.gradient_checkpointing)
     model: nn.Module = student
     if world > 1:
         model = nn.parallel.DistributedDataParallel(student)
+    if settings.compile_model:
+        model = torch.compile(model, backend=settings.compile_model)
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
+    device = params[0].device.type if params else "cpu"
+    amp = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(settings.mixed_precision or "")
+    scaler = torch.amp.GradScaler(device, enabled=amp is torch.float16)
     history = []
     for step in range(steps):
         batch = _shard(batches[step % len(batches)], rank, world)
-        with torch.no_grad():
-            target = _outputs(teacher(**batch))
-        value = distill_loss(_outputs(model(**batch)), target, loss)
+        with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
+            with torch.no_grad():
+                target = [t.float() for t in _outputs(teacher(**batch))]
+            value = distill_loss([t.float() for t in _outputs(model(**batch))], target, loss)
         opt.zero_grad(set_to_none=True)
-        value.backward()
-        opt.step()
+        scaler.scale(value).backward()
+        scaler.step(opt)
+        scaler.update()
         history.append(float(value.detach()))
         if on_step is not None and rank == 0:
             on_step(step + 1, steps, history[-1])
+    _checkpointing(student, False)
     student.eval()
     return history
+
+
+def _checkpointing(model: nn.Module, on: bool) -> None:
+    """transformers models through their own switch; other models recompute each quantized layer."""
+    if hasattr(model, "gradient_checkpointing_enable"):
+        if on:
+            model.gradient_checkpointing_enable()
+        elif getattr(model, "is_gradient_checkpointing", False):
+            model.gradient_checkpointing_disable()
+        return
+    for layer in quant_layers(model).values():
+        layer.checkpointed = on
