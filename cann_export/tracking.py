@@ -11,14 +11,19 @@ _depth = threading.local()
 
 
 def _detach(value: Any) -> Any:
+    """Detached references, not copies: this runs on every forward call of a training loop, and export
+    only needs the inputs' shapes, dtypes and (if nothing overwrote them) their values."""
     import torch
+
+    if isinstance(value, tuple) and all(isinstance(x, torch.Tensor) for x in value):
+        return tuple(x.detach() for x in value)
     from torch.utils import _pytree as pytree
 
-    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
+    return pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, value)
 
 
 def _record(module: Any, args: tuple, kwargs: dict) -> None:
-    _last_inputs[module] = (_detach(args), _detach(kwargs))
+    _last_inputs[module] = (_detach(args), _detach(kwargs) if kwargs else {})
 
 
 def track(model: Any) -> Any:
