@@ -5,7 +5,7 @@ runs alternate and the median per-step time of each is reported, because these m
 The npu-sim process also reports how long ``cann.torch.enable()`` took. Results go to
 ``benchmarks/results/npu_sim.json``.
 
-    python benchmarks/bench_npu_sim.py [--rounds 3] [--steps 50]
+    python benchmarks/bench_npu_sim.py [--rounds 5] [--steps 50]
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def measure(dev: str, arch: str, steps: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="processes per device and model (median is reported)")
+    ap.add_argument("--rounds", type=int, default=5, help="processes per device and model (median is reported)")
     ap.add_argument("--steps", type=int, default=50, help="timed steps per process, after 5 warm-up steps")
     args = ap.parse_args()
     rows = []
