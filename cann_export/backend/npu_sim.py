@@ -101,7 +101,7 @@ _KINDS = {"Tensor": _TENSOR, "Optional[Tensor]": _TENSOR, "List[Tensor]": _TENSO
 class _OpInfo:
     """What the kernel needs to know about one operator overload, read once from its schema."""
 
-    __slots__ = ("name", "call", "plan", "device_at", "mutable_pos", "mutable_kw", "returns")
+    __slots__ = ("call", "device_at", "mutable_kw", "mutable_pos", "name", "plan", "returns")
 
     def __init__(self, op: Any) -> None:
         schema = op._schema
