@@ -65,8 +65,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     recorded and ``result.ok`` is False.
     """
     opts = _options(export_format, dict(options))
-    formats = plugins.collect("register_formats")
-    opts.check(list(formats))
+    formats = plugins.registry().formats()
+    opts.check(formats, [e.name for e in plugins.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
     atomic.check_target(output, opts.overwrite)
@@ -117,7 +117,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         files=[str(f) for f in files],
         onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"]},
         parity=summarize_parity(parity) if parity else None,
-        manifest=getattr(ctx, "manifest", {}),
+        manifest=ctx.manifest,
         published=ctx.reports.get("publish"),
     )
 

@@ -14,6 +14,27 @@ from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError
 FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
 
 
+class Registered(click.Choice):
+    """A choice among the names a registry holds now (formats, exporters, backends), plus fixed ``extra``
+    values: plugins' names are accepted and listed in --help exactly like the built-ins'."""
+
+    def __init__(self, registry_name: str, extra: tuple[str, ...] = ()) -> None:
+        self.registry_name, self.extra = registry_name, extra
+        super().__init__([])
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        from .plugin_manager import registry
+
+        found = getattr(registry(), self.registry_name)()
+        names = list(found) if isinstance(found, dict) else [obj.name for obj in found]
+        return (*self.extra, *sorted(names))
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns it
+        pass
+
+
 class DefaultCommandGroup(click.Group):
     """``cann-export MODEL ...`` means ``cann-export export MODEL ...``."""
 
@@ -52,7 +73,9 @@ def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
 
 
 def _progress(index: int, stage: str, status: str, seconds: float) -> None:
-    click.echo(f"[{index}/11] {stage} ... {status} ({seconds:.2f}s)", err=True)
+    from .pipeline import STAGES
+
+    click.echo(f"[{index}/{len(STAGES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +90,7 @@ def cli() -> None:
 @cli.command("export")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
-@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, help=FORMATS_HELP)
+@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, type=Registered("formats"), help=FORMATS_HELP)
 @click.option("--model-class", help="pkg.module:Callable that builds the module for a state_dict / safetensors file.")
 @click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file: only for files you trust).")
@@ -82,7 +105,7 @@ def cli() -> None:
 @click.option("--precision-mode", default="force_fp16", show_default=True, help="ATC --precision_mode value.")
 @click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
 @click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
-@click.option("--exporter", default="auto", show_default=True, type=click.Choice(["auto", "dynamo", "torchscript"]))
+@click.option("--exporter", default="auto", show_default=True, type=Registered("exporters", ("auto",)), help="ONNX exporter (auto: each in priority order until one gives a valid graph).")
 @click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
@@ -94,7 +117,7 @@ def cli() -> None:
 @click.option("--calibration-data", type=click.Path(path_type=str), help="safetensors file of input batches for calibration / QAT.")
 @click.option("--qat-steps", type=int, default=200, show_default=True, help="QAT fine-tuning steps.")
 @click.option("--qat-lr", type=float, default=1e-4, show_default=True, help="QAT learning rate.")
-@click.option("--backend", default="auto", show_default=True, help="Device the model runs on for QAT and the reference (cpu, cuda, npu, npu-sim, auto).")
+@click.option("--backend", default="auto", show_default=True, type=Registered("backends", ("auto",)), help="Device the model runs on for QAT and the reference (auto: the real NPU, else the CPU).")
 @click.option("--publish", default=None, help="Publish the artifact to the model zoo under this name.")
 @click.option("--zoo", default=None, help="Model zoo location (directory or s3://bucket/prefix; default $CANN_MODEL_ZOO or the user cache).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
@@ -115,18 +138,20 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
 
         kwargs = parse_model_kwargs(model_kwargs)
         out = output or _default_output(model, export_format)
-        result = api.export(
-            model, out, export_format,
-            model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
-            input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
-            cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
-            soc_version=soc_version, precision_mode=precision_mode,
-            metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
-            exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
-            atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
-            qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-            overwrite=overwrite, progress=_progress, train_callback=_TrainProgress() if quantize == "qat" else None,
-        )
+
+        with _TrainProgress() as train_progress:  # closed however the export ends
+            result = api.export(
+                model, out, export_format,
+                model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
+                input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
+                cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
+                soc_version=soc_version, precision_mode=precision_mode,
+                metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
+                exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
+                atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
+                qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
+                overwrite=overwrite, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
+            )
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)
             return 0
@@ -140,20 +165,27 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
 
 
 class _TrainProgress:
-    """A progress bar with the distillation loss, on stderr."""
+    """A progress bar with the distillation loss, on stderr. Used as a context manager around the export,
+    so the bar is closed however training ends (a raised error included)."""
 
     def __init__(self) -> None:
         self.bar: Any = None
+
+    def __enter__(self) -> _TrainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+            self.bar = None
 
     def __call__(self, step: int, total: int, loss: float) -> None:
         if self.bar is None:
             self.bar = click.progressbar(length=total, label="qat fine-tuning", file=sys.stderr,
                                          item_show_func=lambda item: item, show_pos=True)
-            self.bar.__enter__()
         self.bar.update(1, f"loss {loss:.4g}")
         if step >= total:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
+            self.__exit__(None, None, None)
 
 
 def _default_output(model: str, export_format: str) -> str:
@@ -262,9 +294,9 @@ def plugins_cmd(as_json: bool) -> None:
 
 
 def _register_plugin_commands() -> None:
-    from .plugin_manager import get_plugin_manager
+    from .plugin_manager import registry
 
-    get_plugin_manager().hook.register_commands(cli=cli)
+    registry().add_commands(cli)
 
 
 def main() -> None:

@@ -61,6 +61,7 @@ class ExportContext:
     staging: Path | None = None
     onnx_path: Path | None = None  # the written graph (inside staging until commit)
     files: list[Path] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)  # set by the format's finalize()
     stage_seconds: dict[str, float] = field(default_factory=dict)
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)

@@ -26,7 +26,7 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.nn.Module):
         ctx.loaded = LoadedModel(_private_copy(src), "module")
     elif isinstance(src, (str, Path)):
-        ctx.loaded = load_path(Path(src), ctx.options, plugins.collect("register_loaders"))
+        ctx.loaded = load_path(Path(src), ctx.options, plugins.registry().loaders())
     else:
         raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
                                "or the path of a model file")
@@ -170,7 +170,7 @@ def _as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
 
 
 def strip(ctx: ExportContext) -> str | None:
-    passes = sorted(plugins.collect("register_passes").values(), key=lambda p: p.order)
+    passes = plugins.registry().passes()
     ran = []
     for p in passes:
         if hasattr(p, "apply_module"):
@@ -186,7 +186,7 @@ def capture(ctx: ExportContext) -> str | None:
     from .backend.eval_mode import to_eval
     from .onnx_utils import check_graph, opset_of
 
-    exporters = sorted(plugins.collect("register_exporters").values(), key=lambda e: -e.priority)
+    exporters = plugins.registry().exporters()
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[dict[str, Any]] = []
@@ -205,7 +205,7 @@ def capture(ctx: ExportContext) -> str | None:
             to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
         opset = opset_of(model)
         attempts.append({"exporter": exporter.name, "opset": opset})
-        if ctx.options.accepts_opset(opset):
+        if ctx.options.accepts_opset(opset, ctx.format):
             chosen = (exporter.name, model)
             break
         attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} (strict); trying the next exporter"
@@ -229,7 +229,7 @@ def optimize(ctx: ExportContext) -> str | None:
     """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches."""
     from .onnx_utils import weights_bytes
 
-    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+    for p in plugins.registry().passes():
         if hasattr(p, "apply_graph"):
             ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
     if not ctx.options.simplify:
@@ -250,7 +250,7 @@ def optimize(ctx: ExportContext) -> str | None:
 
 def _final_graph_passes(ctx: ExportContext) -> None:
     """Passes that must see the simplified graph (onnxsim would fold their work away), e.g. Q/DQ lowering."""
-    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+    for p in plugins.registry().passes():
         if hasattr(p, "apply_final_graph"):
             ctx.onnx_model = p.apply_final_graph(ctx.onnx_model, ctx)
 
@@ -294,7 +294,7 @@ def annotate(ctx: ExportContext) -> str | None:
 
     from .onnx_utils import set_metadata
 
-    ctx.provenance = plugins.call_provenance(ctx)
+    ctx.provenance = plugins.registry().provenance(ctx)
     ctx.metadata = {str(k): str(v) for k, v in ctx.options.metadata.items()}
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
@@ -310,8 +310,7 @@ def annotate(ctx: ExportContext) -> str | None:
 def run_validators(ctx: ExportContext, stage: str) -> str | None:
     """Run the validators of ``stage``. A failed lint raises (unless ``--lint warn``/``off``); a failed
     parity is recorded and reported through the result instead."""
-    validators = [v for v in plugins.collect("register_validators").values()
-                  if v.stage == stage and (v.formats == "*" or ctx.options.export_format in v.formats)]
+    validators = [v for v in plugins.registry().validators() if v.stage == stage and _applies(v, ctx.format)]
     if stage == "lint" and ctx.options.lint == "off":
         validators = []
     if not validators:
@@ -334,6 +333,12 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
                                    "or pass --lint warn to export anyway", path=_source(ctx))
         return f"{len(findings)} lint error(s) reported as warnings (--lint warn)"
     return f"FAILED: {', '.join(failed)}" if failed else "passed"
+
+
+def _applies(validator: Any, fmt: Any) -> bool:
+    """A validator's ``formats``: "*", a tuple of format names, or a predicate on the Format object."""
+    wanted = validator.formats
+    return wanted == "*" or (wanted(fmt) if callable(wanted) else fmt.name in wanted)
 
 
 def publish(ctx: ExportContext) -> str | None:

@@ -7,6 +7,7 @@ from typing import Any
 from .. import atomic
 from ..hookspecs import hookimpl
 from ..manifest import build_manifest, dumps
+from ..options import ATC_OPSETS
 from .atc import render as render_atc
 
 
@@ -32,6 +33,9 @@ class OnnxFormat:
     name = "onnx"
     description = "one .onnx file (weights in <name>.onnx.data past the 2 GB protobuf limit)"
     is_directory = False
+    atc_opsets = None  # any opset onnx supports
+    device_parity = False
+    lint = False
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
         from ..onnx_utils import save_model
@@ -54,6 +58,9 @@ class AtcReadyFormat:
     name = "atc_ready"
     description = "directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh"
     is_directory = True
+    atc_opsets = ATC_OPSETS
+    device_parity = True
+    lint = True
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
         from ..onnx_utils import save_model

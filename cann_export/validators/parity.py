@@ -67,7 +67,7 @@ class ParityValidator:
                                  "pytorch float model (eval mode)", quantized=True)
             ctx.reports.setdefault("quantization", {})["int8_vs_float"] = {
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
-        if ctx.options.export_format not in ("atc_ready", "om") or "outputs" not in report or not report["outputs"]:
+        if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
             return report
         import onnx
 
