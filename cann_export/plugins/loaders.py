@@ -197,6 +197,11 @@ def import_callable(spec: str) -> Any:
             sys.path.remove(str(Path.cwd()))
 
 
+def _echo(text: str, limit: int = 200) -> str:
+    """User-supplied text quoted in an error: at most ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> Any:
     """Instantiate ``--model-class`` with ``--model-kwargs`` and load the weights strictly."""
     import torch
@@ -209,8 +214,8 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
     try:
         model = factory(**(options.model_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
-        raise LoadError(f"{options.model_class}(**{json.dumps(options.model_kwargs or {})}) raised "
-                        f"{type(e).__name__}: {e}; check --model-kwargs") from None
+        raise LoadError(f"{options.model_class}(**{_echo(json.dumps(options.model_kwargs or {}))}) raised "
+                        f"{type(e).__name__}: {_echo(str(e))}; check --model-kwargs") from e
     if not isinstance(model, torch.nn.Module):
         raise LoadError(f"{options.model_class} returned {type(model).__name__}, not a torch.nn.Module")
     if state and all(k.startswith("module.") for k in state):  # saved from DataParallel / DDP
