@@ -51,9 +51,9 @@ def infer_example_input(model: Any, accepted: list[str], seed: int = 0) -> tuple
             model(**{accepted[0]: tensor})
     except Exception:  # noqa: BLE001 - any failure means the guess does not fit this model
         return None
-    return ({accepted[0]: tensor},
-            f"an input shape inferred from the first {type(layer).__name__} ({name or 'the model'}): "
+    said = (f"an input shape inferred from the first {type(layer).__name__} ({name or 'the model'}): "
             f"--input-shape {accepted[0]}:{spec}; pass --input-shape to choose another")
+    return {accepted[0]: tensor}, said
 
 
 def no_inputs_message(accepted: list[str]) -> str:

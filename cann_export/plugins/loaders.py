@@ -213,7 +213,7 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
     factory = import_callable(options.model_class)
     try:
         model = factory(**(options.model_kwargs or {}))
-    except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
+    except Exception as e:
         raise LoadError(f"{options.model_class}(**{_echo(json.dumps(options.model_kwargs or {}))}) raised "
                         f"{type(e).__name__}: {_echo(str(e))}; check --model-kwargs") from e
     if not isinstance(model, torch.nn.Module):
