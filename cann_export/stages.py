@@ -88,7 +88,8 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     elif not isinstance(ctx.source, (str, Path)) and (rec := recorded_inputs(ctx.source)) is not None:
         args, kwargs = rec
         feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
-    elif (inferred := infer_example_input(ctx.model, accepted, opts.seed)) is not None:
+    elif isinstance(ctx.source, (str, Path)) and (inferred := infer_example_input(ctx.model, accepted,
+                                                                                   opts.seed)) is not None:
         feed, source = inferred
         ctx.reports.setdefault("warnings", {})["inputs"] = source
     else:
