@@ -150,7 +150,11 @@ def parse_model_kwargs(raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+        raise OptionsError(f"--model-kwargs is not valid JSON ({str(e)[:200]}); pass an object like "
+                           "'{\"hidden\": 64}'") from e
+    except RecursionError as e:
+        raise OptionsError(f"--model-kwargs nests too deeply ({len(raw)} characters); pass a flat JSON object of "
+                           "keyword arguments like '{\"hidden\": 64}'") from e
     if not isinstance(value, dict):
-        raise OptionsError("--model-kwargs must be a JSON object")
+        raise OptionsError(f"--model-kwargs must be a JSON object, not {type(value).__name__}")
     return value

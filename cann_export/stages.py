@@ -66,6 +66,7 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
 def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
     from .backend.eval_mode import to_eval
+    from .shape_inference import infer_example_input, no_inputs_message
     from .tracking import recorded_inputs
 
     loaded, opts = ctx.loaded, ctx.options
@@ -84,14 +85,15 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
 
         feed = {k: v[:1] for k, v in read_calibration(opts.calibration_data, accepted).items()}
         source = f"the first sample of {opts.calibration_data}"
-    elif (rec := recorded_inputs(ctx.source)) is not None:
+    elif not isinstance(ctx.source, (str, Path)) and (rec := recorded_inputs(ctx.source)) is not None:
         args, kwargs = rec
         feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
+    elif isinstance(ctx.source, (str, Path)) and (inferred := infer_example_input(ctx.model, accepted,
+                                                                                   opts.seed)) is not None:
+        feed, source = inferred
+        ctx.reports.setdefault("warnings", {})["inputs"] = source
     else:
-        raise errors.PrepareError(
-            "no example inputs: pass --input-shape NAME:D1,D2,... or --example-inputs FILE.safetensors "
-            "(example_inputs= in Python, or call the model once after cann.torch.track(model))",
-            path=loaded.source_path)
+        raise errors.PrepareError(no_inputs_message(accepted), path=loaded.source_path)
     inputs_mod.check_input_names(list(feed), accepted, source)
     if loaded.kind != "module":  # positional graphs need every input, in order
         missing = [n for n in accepted if n not in feed]
