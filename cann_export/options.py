@@ -63,6 +63,8 @@ class ExportOptions:
     exporter: str = "auto"
     simplify: bool = True
     num_random_inputs: int = 4
+    parity_data: str | None = None  # safetensors / .npz of many input samples: parity runs every one
+    accept_trace_specialization: bool = False  # accept a traced graph valid only on the example's path
     seed: int = 0
     include_optimizer_state: bool = False
     optimizer: Any = None
@@ -148,7 +150,7 @@ def parse_model_kwargs(raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from e
     if not isinstance(value, dict):
         raise OptionsError("--model-kwargs must be a JSON object")
     return value
