@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError, gist, innermost_cause
+from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError, gist
 from .jsonio import dumps as to_json
 
 FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
@@ -27,8 +27,7 @@ def _emit_error(err: Exception, as_json: bool) -> int:
     if isinstance(err, ExportError):
         code, payload = err.exit_code, err.to_dict()
         text = f"error: {err}"
-        inner = innermost_cause(err)
-        if inner is not err and payload.get("cause") and gist(inner) not in text:
+        if payload.get("cause"):
             text += f" (cause: {payload['cause']})"
     else:
         code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {gist(err)}"}

@@ -31,7 +31,7 @@ class ExportError(Exception):
     def to_dict(self) -> dict:
         out = {"stage": self.stage, "message": self.message, "path": self.path}
         cause = innermost_cause(self)
-        if cause is not self:
+        if cause is not self and one_line(cause) not in self.message:
             out["cause"] = f"{type(cause).__name__}: {one_line(cause)}"
         return out
 

@@ -318,8 +318,7 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
 
 
 def annotate(ctx: ExportContext) -> str | None:
-    import json
-
+    from .jsonio import dumps
     from .onnx_utils import set_metadata
 
     ctx.provenance = plugins.call_provenance(ctx)
@@ -327,9 +326,9 @@ def annotate(ctx: ExportContext) -> str | None:
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
-        props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
+        props["cann_export.atc_hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
     if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
-        props["cann_export.quantization"] = json.dumps(ctx.reports["quantization"], sort_keys=True, default=str)
+        props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     return f"{len(props)} metadata entries"

@@ -194,6 +194,22 @@ def test_cli_error_shows_the_cause_and_debug_prints_the_chain(tmp_path):
         api.export(_ViewFails(), tmp_path / "v.onnx", "onnx", example_inputs=(torch.randn(2, 8),))
     assert "ValueError: Cannot view a tensor with shape [8, 2]" in str(info.value)
     assert isinstance(info.value.__cause__, ValueError)  # the chain is kept, not cut with `from None`
-    err = info.value.to_dict()
-    assert err["cause"].startswith("RuntimeError: view size is not compatible")
-    json.loads(dumps(err))
+    assert "(cause: RuntimeError: view size is not compatible" in str(info.value)  # the innermost, in one line
+    assert "\n" not in str(info.value)
+    json.loads(dumps(info.value.to_dict()))
+
+
+def test_debug_prints_the_whole_chain_of_an_export_error(tmp_path):
+    model_file = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(parity_models.MLP().eval(), (torch.randn(2, 8),)), str(model_file))
+    data = tmp_path / "broken.npz"
+    data.write_bytes(b"PK\x03\x04 not really a zip")
+    args = [str(model_file), "--format", "onnx", "-o", str(tmp_path / "m.onnx"), "--parity-data", str(data), "--json"]
+    plain = invoke(args, env={"CANN_EXPORT_DEBUG": ""})
+    assert plain.exit_code == 2 and "Traceback" not in plain.stderr
+    error = loads_strict(plain.stdout)["error"]
+    assert error["stage"] == "prepare" and "cannot read parity data" in error["message"]
+    debug = invoke(args, env={"CANN_EXPORT_DEBUG": "1"})
+    assert debug.exit_code == 2
+    assert "Traceback" in debug.stderr and "The above exception was the direct cause" in debug.stderr
+    assert "PrepareError" in debug.stderr and "cannot read parity data" in debug.stderr.splitlines()[-1]

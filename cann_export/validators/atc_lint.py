@@ -357,7 +357,9 @@ def register_commands(cli):
                 ctx = load_for_lint(artifact, cann_version, parse_key_values(atc_hints, "--atc-hint"))
             report = AtcLint().check(ctx)
             if as_json:
-                click.echo(json.dumps({"ok": report["passed"], "path": path, **report}, default=str))
+                from ..jsonio import dumps
+
+                click.echo(dumps({"ok": report["passed"], "path": path, **report}))
             else:
                 _print_report(path, report)
             return 0 if report["passed"] else 1
