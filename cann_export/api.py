@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +114,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         format=opts.export_format,
         output=str(ctx.output_path),
         files=[str(f) for f in files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"]},
+        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
+              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
         parity=summarize_parity(parity) if parity else None,
         manifest=ctx.manifest,
         published=ctx.reports.get("publish"),
@@ -164,7 +164,9 @@ def _parity_data(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, di
     ins, outs = load_file(str(inputs_file)), load_file(str(expected_file))
     feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
     expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
-    tol = (manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict()
+    tol = dict((manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict())
+    device_tol = ((manifest.get("parity") or {}).get("device") or {}).get("tolerance") or {}
+    tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
     tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
     return feeds, expected, tol
 
@@ -177,4 +179,7 @@ def inspect(path: str | Path) -> dict[str, Any]:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, default=str)
+    """Strict RFC 8259 JSON of ``data``: what ``--json`` prints (see cann_export.jsonio)."""
+    from .jsonio import dumps
+
+    return dumps(data)

@@ -22,7 +22,7 @@ def resolve(options: Any) -> list[str]:
         try:
             hints[key] = specs[key].normalize(value)
         except (ValueError, TypeError) as e:
-            raise OptionsError(f"ATC hint {key}={value!r}: {e}") from None
+            raise OptionsError(f"ATC hint {key}={value!r}: {e}") from e
     explicit = set(hints)
     if options.precision_mode != DEFAULT_PRECISION_MODE:
         explicit.add("precision_mode")

@@ -1,7 +1,6 @@
 """The ``cann-export`` command: a thin layer over the Python API that prints and sets exit codes."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -9,7 +8,8 @@ from typing import Any
 
 import click
 
-from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError
+from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError, gist
+from .jsonio import dumps as to_json
 
 FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
 
@@ -48,23 +48,28 @@ def _emit_error(err: Exception, as_json: bool) -> int:
     if isinstance(err, ExportError):
         code, payload = err.exit_code, err.to_dict()
         text = f"error: {err}"
+        if payload.get("cause"):
+            text += f" (cause: {payload['cause']})"
     else:
-        code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {err}"}
-        text = (f"error: [internal] {type(err).__name__}: {err}. This is a bug in cann-export; "
+        code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {gist(err)}"}
+        text = (f"error: [internal] {type(err).__name__}: {gist(err)}. This is a bug in cann-export; "
                 "set CANN_EXPORT_DEBUG=1 for a traceback and report it")
     if as_json:
-        click.echo(json.dumps({"ok": False, "error": payload}))
+        click.echo(to_json({"ok": False, "error": payload}))
     click.echo(text, err=True)
     return code
 
 
 def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
-    """Run a command body; turn errors into one message and an exit code, never a traceback."""
+    """Run a command body; turn errors into one message and an exit code, never a traceback
+    (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first)."""
     try:
         code = fn()
-    except (ExportError, Exception) as e:
-        if os.environ.get("CANN_EXPORT_DEBUG") and not isinstance(e, ExportError):
-            raise
+    except (ExportError, Exception) as e:  # noqa: BLE001 - every error becomes one message and an exit code
+        if os.environ.get("CANN_EXPORT_DEBUG"):
+            import traceback
+
+            click.echo("".join(traceback.format_exception(e)), err=True, nl=False)
         code = _emit_error(e, as_json)
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)
@@ -109,6 +114,8 @@ def cli() -> None:
 @click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
+@click.option("--parity-data", type=click.Path(path_type=str), help="safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys N/NAME); metrics over all samples.")
+@click.option("--accept-trace-specialization", is_flag=True, help="Accept a traced graph (TorchScript fallback) that tracing specialised to the example's path.")
 @click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")
 @click.option("--rtol", type=float, default=None, help="Parity relative tolerance (default 1e-3).")
 @click.option("--min-cosine", type=float, default=None, help="Parity minimum cosine similarity (default 0.999).")
@@ -126,7 +133,8 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int, strict_opset: bool,
                cann_version: str, lint_mode: str, fix_precision: bool,
                soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
-               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, atol: float | None,
+               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, parity_data: str | None,
+               accept_trace_specialization: bool, atol: float | None,
                rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
                qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
                overwrite: bool, as_json: bool) -> None:
@@ -148,6 +156,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                 soc_version=soc_version, precision_mode=precision_mode,
                 metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
                 exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
+                parity_data=parity_data, accept_trace_specialization=accept_trace_specialization,
                 atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
                 qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
                 overwrite=overwrite, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
@@ -156,7 +165,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
             click.echo(result.manifest["halted"], err=True)
             return 0
         if as_json:
-            click.echo(json.dumps(result.to_dict(), default=str))
+            click.echo(to_json(result.to_dict()))
         else:
             _print_result(result)
         return 0 if result.ok else EXIT_PARITY_FAILED
@@ -203,15 +212,34 @@ def _print_result(result: Any) -> None:
                f"reference: {parity['reference']})")
     if parity.get("precision"):
         click.echo(f"device precision: {parity['precision']['mode']} (emulated: {parity['precision']['emulated']})")
-    for o in parity["outputs"]:
-        mark = "ok  " if o["passed"] else "FAIL"
-        click.echo(f"  {mark} {o['name']}: max_abs={o['max_abs']:.3g} max_rel={o['max_rel']:.3g} cosine={o['cosine']:.6f}")
+    sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
+    if parity.get("device"):
+        sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
+    for title, section in sections:
+        tol = ", ".join(f"{k}={v:g}" for k, v in (section.get("tolerance") or {}).items() if isinstance(v, (int, float)))
+        click.echo(f"  {title}" + (f" [{tol}]" if tol else ""))
+        for o in section["outputs"]:
+            mark = "ok  " if o["passed"] else "FAIL"
+            click.echo(f"    {mark} {o['name']}: max_abs={_num(o.get('max_abs'))} max_rel={_num(o.get('max_rel'))} "
+                       f"cosine={_num(o.get('cosine'), '.6f')}" + (f" ({o['reason']})" if o.get("reason") else ""))
     if parity.get("first_divergence"):
         click.echo(parity["first_divergence"]["message"])
+    if parity.get("trace_specialized"):
+        spec = parity["trace_specialized"]
+        from .trace_check import where
+
+        click.echo(f"traced graph, specialised to the example's path ({'accepted' if spec['accepted'] else 'not accepted'}): "
+                   + "; ".join(where(f) for f in spec["warnings"][:3]))
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
     if not parity["passed"]:
+        if parity.get("reason"):
+            click.echo(f"parity failed: {parity['reason']}", err=True)
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+def _num(value: Any, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 @cli.command("validate")
@@ -227,7 +255,7 @@ def validate_cmd(bundle: str, as_json: bool) -> None:
         report = api.validate(bundle)
         summary = summarize_parity(report)
         if as_json:
-            click.echo(json.dumps({"ok": report["passed"], "bundle": bundle, "parity": summary}, default=str))
+            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "parity": summary}))
         else:
             click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'}")
             for o in summary["outputs"]:
@@ -248,7 +276,7 @@ def inspect_cmd(path: str, as_json: bool) -> None:
 
         info = api.inspect(path)
         if as_json:
-            click.echo(json.dumps(info, default=str))
+            click.echo(to_json(info))
             return 0
         click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
         for title in ("inputs", "outputs"):
@@ -283,7 +311,7 @@ def plugins_cmd(as_json: bool) -> None:
 
         rows = describe_plugins()
         if as_json:
-            click.echo(json.dumps(rows))
+            click.echo(to_json(rows))
         else:
             for row in rows:
                 kind = "built-in" if row["builtin"] else "third-party"

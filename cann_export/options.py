@@ -62,6 +62,8 @@ class ExportOptions:
     exporter: str = "auto"
     simplify: bool = True
     num_random_inputs: int = 4
+    parity_data: str | None = None  # safetensors / .npz of many input samples: parity runs every one
+    accept_trace_specialization: bool = False  # accept a traced graph valid only on the example's path
     seed: int = 0
     include_optimizer_state: bool = False
     optimizer: Any = None

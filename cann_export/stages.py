@@ -40,10 +40,10 @@ def _private_copy(module: Any) -> Any:
 
     try:
         return copy.deepcopy(module)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
-                               "the file instead") from None
+                               "the file instead") from e
 
 
 def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
@@ -105,8 +105,16 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
         feed = {n: feed[n] for n in accepted if n in feed} or feed
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
-    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1) if opts.validate else []
-    ctx.input_sets = [feed] + variants
+    vocab = {n: inputs_mod.embedding_vocab(ctx.model, n) for n in feed if "ids" in n.lower()}
+    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab) if opts.validate else []
+    samples = []
+    if opts.validate and opts.parity_data:
+        from .parity_data import read_parity_data
+
+        samples = read_parity_data(opts.parity_data, feed)
+    ctx.input_sets = [feed] + variants + samples
+    ctx.reports.setdefault("reference", {})["input_sets"] = {"example": 1, "random": len(variants),
+                                                              "parity_data": len(samples)}
     if opts.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train stage)
         from .quant_stages import prepare_quantization
 
@@ -118,8 +126,9 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     return f"{len(ctx.input_sets)} input sets from {source}"
 
 
-def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str]) -> tuple[list, list]:
-    """Run ``model`` on every input set: (output names, numpy outputs per set)."""
+def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
+                      input_sets: list[dict[str, Any]] | None = None) -> tuple[list, list]:
+    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set)."""
     import torch
 
     from .backend.placement import pipeline_device, to_device
@@ -129,15 +138,15 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     model = to_device(model, device)
     names, outputs = [], []
     with torch.no_grad():
-        for one in ctx.input_sets:
+        for one in ctx.input_sets if input_sets is None else input_sets:
             try:
                 out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
-            except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
+            except Exception as e:  # any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
                     f"{_gist(e)}. Check the input names, shapes and dtypes "
                     f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
-                    path=ctx.loaded.source_path) from None
+                    path=ctx.loaded.source_path) from e
             names, tensors = inputs_mod.flatten_outputs(out)
             if not tensors:
                 raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
@@ -193,12 +202,15 @@ def capture(ctx: ExportContext) -> str | None:
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[dict[str, Any]] = []
     chosen = None
+    traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     for exporter in exporters:
         if not exporter.supports(ctx.model):
             attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
             continue
         try:
+            ctx.trace_warnings = []
             model = exporter.export(ctx.model, ctx)
+            traced[exporter.name] = ctx.trace_warnings
             check_graph(model)
         except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
             attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
@@ -220,11 +232,27 @@ def capture(ctx: ExportContext) -> str | None:
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
     ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    ctx.trace_warnings = traced.get(name, [])
+    if ctx.trace_warnings:
+        _specialised(ctx)
     if opset != ctx.options.opset:
         ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset}; "
                                   "pass --strict-opset to require the requested opset")
         return f"{name}, opset {opset} (asked {ctx.options.opset})"
     return f"{name}, opset {opset}"
+
+
+def _specialised(ctx: ExportContext) -> None:
+    """A traced graph that warned: record it, and the reference on inputs that may take other paths
+    (from the stripped module, which is what was traced)."""
+    from . import trace_check
+
+    trace_check.record(ctx, ctx.trace_warnings)
+    if ctx.options.validate and not ctx.quant_table:
+        ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
+        if ctx.path_input_sets:
+            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
+                                                              list(ctx.input_names), ctx.path_input_sets)
 
 
 def optimize(ctx: ExportContext) -> str | None:
@@ -292,8 +320,7 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
 
 
 def annotate(ctx: ExportContext) -> str | None:
-    import json
-
+    from .jsonio import dumps
     from .onnx_utils import set_metadata
 
     ctx.provenance = plugins.registry().provenance(ctx)
@@ -301,9 +328,9 @@ def annotate(ctx: ExportContext) -> str | None:
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
-        props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
+        props["cann_export.atc_hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
     if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
-        props["cann_export.quantization"] = json.dumps(ctx.reports["quantization"], sort_keys=True, default=str)
+        props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     return f"{len(props)} metadata entries"
@@ -362,8 +389,4 @@ def _source(ctx: ExportContext) -> str | None:
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if any("Traceback" in line for line in lines):  # TorchScript errors: the cause is the last line
-        lines = lines[-1:]
-    text = " ".join(" ".join(lines).split())
-    return text if len(text) <= limit else text[:limit] + " ..."
+    return errors.gist(e, limit)

@@ -17,15 +17,22 @@ _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "
 
 
 @contextlib.contextmanager
-def quiet_export() -> Iterator[None]:
-    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level."""
+def quiet_export(record: list | None = None) -> Iterator[None]:
+    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level; with ``record``,
+    the tracer's TracerWarnings are appended to it instead of dropped (trace specialisation)."""
     saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
     try:
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
+            if record is not None:
+                import torch
+
+                warnings.simplefilter("always", torch.jit.TracerWarning)
             yield
+            if record is not None:
+                record.extend(caught)
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
@@ -99,7 +106,8 @@ class TorchScriptExporter:
         args, kwargs = call_args(ctx)
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
             model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
-        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export():
+        caught: list = []
+        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
@@ -108,6 +116,9 @@ class TorchScriptExporter:
             )
             graph = onnx.load(str(path))
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
+        from ..trace_check import tracer_findings
+
+        ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph
 
 

@@ -34,16 +34,16 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
             manifest = read_bundle(path)
             verify_files(path, manifest)  # lint the graph the manifest describes, not an edited one
         except ValidateError as e:
-            raise LintError(e.message, path=e.path) from None
+            raise LintError(e.message, path=e.path) from e
         atc = manifest.get("atc") or {}
         hints = dict(atc.get("hints") or {})
         precision = atc.get("precision_mode") or precision
         onnx_path = path / ((manifest.get("model") or {}).get("file") or "model.onnx")
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+    except Exception as e:  # protobuf raises DecodeError and friends
         raise LintError(f"not a readable ONNX model ({type(e).__name__}); pass an .onnx file or an atc_ready bundle",
-                        path=onnx_path) from None
+                        path=onnx_path) from e
     if not path.is_dir():
         stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc_hints")
         if stored:
@@ -93,7 +93,9 @@ def register_commands(cli):
                 model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
             report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
             if as_json:
-                click.echo(json.dumps({"ok": report["passed"], "path": path, **report}, default=str))
+                from ..jsonio import dumps
+
+                click.echo(dumps({"ok": report["passed"], "path": path, **report}))
             else:
                 _print_report(path, report)
             return 0 if report["passed"] else 1

@@ -38,7 +38,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     """Compare the graph's outputs with ``expected`` per output, worst case over all input sets."""
     import numpy as np
 
-    from .metrics import compare, compare_quantized, merge
+    from .metrics import compare, compare_quantized, merge, reference_problem
 
     names, actual = run_onnx(path, input_sets, quantized)
     report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
@@ -49,8 +49,15 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     for k, name in enumerate(names):
         per_set = [compare_quantized(np.asarray(actual[s][k]), expected[s][k]) if quantized
                    else compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
-        report["outputs"].append({"name": name, "shape": list(expected[0][k].shape), **merge(per_set)})
+        entry = {"name": name, "shape": list(expected[0][k].shape), **merge(per_set)}
+        problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
+        if problem:  # a meaningless reference is a failed check with its own message, never a pass
+            entry.update(problem, passed=False)
+        report["outputs"].append(entry)
     report["passed"] = all(o["passed"] for o in report["outputs"])
+    bad = [o for o in report["outputs"] if o.get("reference")]
+    if bad and "reason" not in report:
+        report["reason"] = f"{bad[0]['name']}: {bad[0]['reason']}"
     return report
 
 
@@ -63,6 +70,18 @@ class ParityValidator:
     formats = "*"
 
     def check(self, ctx: Any) -> dict[str, Any]:
+        from ..trace_check import apply_verdict
+
+        report = self.check_graph(ctx)
+        report["input_sets_from"] = dict(ctx.reports.get("reference", {}).get("input_sets", {}))
+        other = None
+        if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
+            feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
+            other = parity_report(ctx.onnx_path, feeds, ctx.path_reference_outputs, ctx.options.tolerance,
+                                  "the stripped module (the traced one) on sign-flipped / scaled examples")
+        return apply_verdict(report, ctx, other)
+
+    def check_graph(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
         quantized = bool(ctx.quant_table)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
@@ -108,6 +127,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         device = device_report(model, mode, keep, *args)
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
+                  device={"passed": device["passed"], "tolerance": device.get("tolerance"), "outputs": device["outputs"]},
                   passed=bool(graph["passed"] and device["passed"]))
     for key in ("first_divergence", "fixed_by_keep_dtype"):
         if key in device:
