@@ -198,8 +198,11 @@ def _check_atc(checked: Checked) -> None:
     checked.options, checked.command = report["options"], report["command"]
     checked.keep_nodes = list((report.get("keep_dtype") or {}).get("nodes", []))
     if atc.get("command") is not None and atc["command"] != report["command"]:
-        diffs.append(f"atc.command: the manifest says {_short(atc['command'])}, the validated options render "
-                     f"{_short(report['command'])}")
+        extra = [a for a in atc["command"] if a not in report["command"]]
+        missing = [a for a in report["command"] if a not in atc["command"]]
+        diffs.append(f"atc.command: the manifest says {_short(extra)} beyond and lacks {_short(missing)} of what "
+                     "the validated options render" if extra or missing else
+                     "atc.command: the manifest's arguments are in another order than the validated options render")
     for key in ("soc_version", "precision_mode"):
         if atc.get(key) != report[key]:
             diffs.append(f"atc.{key}: the manifest says {atc.get(key)!r}, the validated options {report[key]!r}")
@@ -239,26 +242,30 @@ def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[d
     diffs = []
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
-    for key, value in claimed.items():
-        if key in used and float(value) != float(used[key]):
+    changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
+    comparable = not (explicit and changed)
+    if not comparable:  # the user chose another tolerance: the recorded verdict is not comparable
+        report["recorded_tolerance"] = claimed
+    elif not explicit:
+        for key, value in changed.items():
             diffs.append(f"parity.tolerance.{key}: the manifest records {value!r}, validate used {used[key]!r} "
-                         f"({'as passed' if explicit else 'the tool policy'}; pass --{key.replace('_', '-')} to "
-                         "validate under another value)")
-    if recorded.get("passed") != report["passed"]:
-        diffs.append(f"parity.passed: the manifest says {recorded.get('passed')}, re-derived {report['passed']}")
-    if "graph_fp32_passed" in recorded and "graph_fp32" in report \
-            and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
-        diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
-                     f"{report['graph_fp32']['passed']}")
+                         f"(the tool policy; pass --{key.replace('_', '-')} to validate under another value)")
+    if comparable:
+        if recorded.get("passed") != report["passed"]:
+            diffs.append(f"parity.passed: the manifest says {recorded.get('passed')}, re-derived {report['passed']}")
+        if "graph_fp32_passed" in recorded and "graph_fp32" in report \
+                and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
+            diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
+                         f"{report['graph_fp32']['passed']}")
+        got = {o["name"]: o.get("passed") for o in report.get("outputs", [])}
+        for o in recorded.get("outputs") or []:
+            if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
+                diffs.append(f"parity.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
+                             f"{got[o['name']]}")
     claimed_mode = (recorded.get("precision") or {}).get("mode")
     if mode is not None and claimed_mode is not None and claimed_mode != mode:
         diffs.append(f"parity.precision.mode: the manifest says {claimed_mode!r}, the validated ATC options "
                      f"give {mode!r}")
-    got = {o["name"]: o.get("passed") for o in report.get("outputs", [])}
-    for o in recorded.get("outputs") or []:
-        if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
-            diffs.append(f"parity.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
-                         f"{got[o['name']]}")
     return report, diffs
 
 
