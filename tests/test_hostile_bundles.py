@@ -434,3 +434,35 @@ def test_validate_reports_a_stub_whose_bundle_was_changed_inside(stub, tmp_path)
     om_stub.write_stub(stub, unpacked, "MLP")
     with pytest.raises(ValidateError, match="metadata.license"):
         cann_export.validate(stub)
+
+
+def test_cli_archive_and_a_compiled_om_file(tmp_path, recording_atc):
+    from helpers import files
+
+    model = files.state_dict(tmp_path)
+    base = [model, "--model-class", files.MLP_CLASS, "--input-shape", "x:2,12"]
+    archive = tmp_path / "x.zip"
+    result = invoke([*base, "-o", archive, "--json"])
+    assert result.exit_code == 0, result.output
+    assert archive.is_file() and json.loads(result.stdout)["files"] == [str(archive)]
+    assert invoke(["validate", archive]).exit_code == 0
+
+    out = tmp_path / "deploy.om"
+    result = invoke([*base, "--format", "om", "-o", out, "--require-atc", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["om"]["kind"] == "atc" and out.read_bytes().startswith(b"FAKE-OM ")
+    beside = tmp_path / "deploy_bundle"
+    om = manifest(beside)["atc"]["om"]
+    assert om["file"] == "../deploy.om" and om["sha256"] == digests.sha256_file(out)
+    assert "model.om" not in manifest(beside)["files"] and not (beside / "model.om").exists()
+    assert "atc/atc.log" in manifest(beside)["files"]
+    assert invoke(["validate", beside]).exit_code == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_version_1_stub_is_refused_with_the_fix(stub):
+    raw = bytearray(stub.read_bytes())
+    raw[120:152] = b"CANN-EXPORT-STUB/1".ljust(32, b"\0")
+    stub.write_bytes(bytes(raw))
+    refused(["inspect", stub], "om-stub version 1", "export it again")
