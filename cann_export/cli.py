@@ -127,6 +127,7 @@ def cli() -> None:
 @click.option("--backend", default="auto", show_default=True, type=Registered("backends", ("auto",)), help="Device the model runs on for QAT and the reference (auto: the real NPU, else the CPU).")
 @click.option("--publish", default=None, help="Publish the artifact to the model zoo under this name.")
 @click.option("--zoo", default=None, help="Model zoo location (directory or s3://bucket/prefix; default $CANN_MODEL_ZOO or the user cache).")
+@click.option("--require-atc", is_flag=True, help="--format om: fail (exit 3) when `atc` is not on PATH instead of writing an om-stub.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
@@ -137,7 +138,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                accept_trace_specialization: bool, atol: float | None,
                rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
                qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
-               overwrite: bool, as_json: bool) -> None:
+               require_atc: bool, overwrite: bool, as_json: bool) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     def body() -> int:
@@ -159,7 +160,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                 parity_data=parity_data, accept_trace_specialization=accept_trace_specialization,
                 atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
                 qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-                overwrite=overwrite, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
+                overwrite=overwrite, require_atc=require_atc, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
             )
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)
@@ -203,7 +204,12 @@ def _default_output(model: str, export_format: str) -> str:
 
 
 def _print_result(result: Any) -> None:
-    click.echo(f"wrote {result.format}: {result.output} ({result.onnx['exporter']} exporter, opset {result.onnx['opset']})")
+    om = (result.manifest.get("atc") or {}).get("om") or {}
+    what = "om-stub" if om.get("kind") == "stub" else result.format
+    click.echo(f"wrote {what}: {result.output} ({result.onnx['exporter']} exporter, opset {result.onnx['opset']})")
+    if om.get("kind") == "stub":
+        click.echo("  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert "
+                   f"{result.output}` on a machine with CANN (or export with --require-atc)")
     parity = result.parity
     if not parity:
         click.echo("parity: not validated (--no-validate)")
@@ -244,20 +250,30 @@ def _num(value: Any, spec: str = ".3g") -> str:
 
 @cli.command("validate")
 @click.argument("bundle", type=click.Path(path_type=str))
+@click.option("--atol", type=float, default=None, help="Validate under this absolute tolerance instead of the tool's policy.")
+@click.option("--rtol", type=float, default=None, help="Validate under this relative tolerance instead of the tool's policy.")
+@click.option("--min-cosine", type=float, default=None, help="Validate under this minimum cosine instead of the tool's policy.")
+@click.option("--expect-sha256", default=None, metavar="HEX", help="Refuse unless manifest.json has this sha256 (pin a bundle).")
 @click.option("--json", "as_json", is_flag=True)
-def validate_cmd(bundle: str, as_json: bool) -> None:
-    """Re-run numeric parity on an existing atc_ready BUNDLE (and check its files' sha256)."""
+def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
+                 expect_sha256: str | None, as_json: bool) -> None:
+    """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
+
+    Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
+    bundle differs from its manifest (each difference is listed) or is malformed."""
 
     def body() -> int:
         from . import api
         from .manifest import summarize_parity
 
-        report = api.validate(bundle)
+        report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
         summary = summarize_parity(report)
         if as_json:
-            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "parity": summary}))
+            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
+                                "parity": summary}))
         else:
-            click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'}")
+            click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
+                       f"{report['manifest_sha256']})")
             for o in summary["outputs"]:
                 click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} {'ok' if o['passed'] else 'FAIL'}")
         return 0 if report["passed"] else EXIT_PARITY_FAILED
@@ -288,11 +304,15 @@ def inspect_cmd(path: str, as_json: bool) -> None:
             click.echo("metadata:")
             for k, v in info["metadata"].items():
                 click.echo(f"  {k} = {v}")
+        if info.get("manifest_sha256"):
+            click.echo(f"manifest sha256: {info['manifest_sha256']}")
         if info.get("om"):
-            click.echo("om header: " + ", ".join(f"{k}={v}" for k, v in info["om"].items()))
+            click.echo("om-stub (not a compiled model; `cann-export convert` compiles it) header: "
+                       + ", ".join(f"{k}={v}" for k, v in info["om"].items() if k != "kind"))
         if info.get("parity"):
             p = info["parity"]
-            click.echo(f"parity: {'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
+            click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "
+                       f"{'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
                        + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
             if p.get("first_divergence"):
                 click.echo(f"  {p['first_divergence']['message']}")

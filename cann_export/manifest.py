@@ -4,19 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .atomic import sha256_file
+from .digests import file_table
 
 SCHEMA = "cann-export/manifest/1"
-
-
-def file_table(root: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> dict[str, dict[str, Any]]:
-    """sha256 and size of every file under ``root`` (relative POSIX paths)."""
-    table = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel not in exclude:
-            table[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-    return table
+__all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"]
 
 
 def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:

@@ -78,6 +78,7 @@ class ExportOptions:
     # model zoo: publish the artifact under this name after a successful export
     publish: str | None = None
     zoo: str | None = None  # registry URL or directory (default: CANN_MODEL_ZOO or the user cache)
+    require_atc: bool = False  # --format om: a missing `atc` is an error instead of an om-stub
 
     def accepts_opset(self, opset: int, fmt: Any) -> bool:
         """Whether a captured graph's opset is acceptable: the one asked for, or (unless strict) any

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic
+from ..bundle_zip import ARCHIVE_SUFFIXES, commit_archive
 from ..hookspecs import hookimpl
 from ..manifest import build_manifest, dumps
 from ..options import ATC_OPSETS
@@ -37,6 +38,10 @@ class OnnxFormat:
     device_parity = False
     lint = False
 
+    def targets(self, output: Path) -> list[Path]:
+        """The paths an export to ``output`` creates: ``-o m.onnx`` is that file, any other name gets ``.onnx``."""
+        return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
+
     def write(self, ctx: Any, staging: Path) -> list[Path]:
         from ..onnx_utils import save_model
 
@@ -56,11 +61,20 @@ class OnnxFormat:
 
 class AtcReadyFormat:
     name = "atc_ready"
-    description = "directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh"
+    description = ("directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh; "
+                   "-o NAME.zip / NAME.pth writes the same bundle as one zip file")
     is_directory = True
     atc_opsets = ATC_OPSETS
     device_parity = True
     lint = True
+
+    def targets(self, output: Path) -> list[Path]:
+        if output.suffix == ".om":
+            from ..errors import OptionsError
+
+            raise OptionsError(f"{self.name} writes a directory or a single-file bundle ({', '.join(ARCHIVE_SUFFIXES)}), "
+                               "not an .om; pass --format om for NAME.om", path=output)
+        return [output]
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
         from ..onnx_utils import save_model
@@ -84,6 +98,9 @@ class AtcReadyFormat:
         atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
 
     def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        if ctx.output_path.suffix in ARCHIVE_SUFFIXES:  # a file path is a file: the bundle as one zip
+            ctx.final_onnx = f"{ctx.output_path}!/{ctx.onnx_path.name}"
+            return commit_archive(staging, ctx.output_path, ctx.options.overwrite)
         atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
         return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
 

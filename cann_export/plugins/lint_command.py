@@ -27,18 +27,19 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
         if not manifest_path.is_file():
             raise LintError("not an atc_ready bundle (no manifest.json); pass the bundle directory or an .onnx file",
                             path=path)
-        from ..bundle import read_bundle, verify_files
+        from ..bundle_check import check_bundle
         from ..errors import ValidateError
 
-        try:
-            manifest = read_bundle(path)
-            verify_files(path, manifest)  # lint the graph the manifest describes, not an edited one
+        try:  # lint the graph and the ATC options the bundle really holds, re-derived, not read back
+            checked = check_bundle(path, stage="lint")
         except ValidateError as e:
             raise LintError(e.message, path=e.path) from e
-        atc = manifest.get("atc") or {}
-        hints = dict(atc.get("hints") or {})
-        precision = atc.get("precision_mode") or precision
-        onnx_path = path / ((manifest.get("model") or {}).get("file") or "model.onnx")
+        if checked.options is not None:
+            from ..atc_hints import effective_precision
+
+            hints = dict(checked.options.atc_hints)
+            precision = effective_precision(checked.options)
+        onnx_path = path / checked.manifest["model"]["file"]
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as e:  # protobuf raises DecodeError and friends
