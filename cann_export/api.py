@@ -69,9 +69,11 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     opts.check(list(formats))
     hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
-    atomic.check_target(output, opts.overwrite)
+    protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
+                                opts.calibration_data) if p)
+    atomic.check_target(output, opts.overwrite, protect)
     if opts.export_format == "onnx" and output.suffix != ".onnx":
-        atomic.check_target(output.with_name(output.name + ".onnx"), opts.overwrite)
+        atomic.check_target(output.with_name(output.name + ".onnx"), opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
     ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
