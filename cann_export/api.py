@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, errors, quant_stages, stages
+from . import atc_hints, atomic, errors, large_model, quant_stages, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
@@ -106,6 +106,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     except BaseException:
         atomic.discard(ctx.staging)
         raise
+    finally:
+        large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
     run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")
