@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, digests, errors, quant_stages, stages
+from . import atc_hints, atomic, digests, errors, large_model, quant_stages, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
@@ -74,9 +74,11 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     opts.check(formats, [e.name for e in plugins.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
-    atomic.check_target(output, opts.overwrite)
+    protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
+                                opts.calibration_data) if p)
+    atomic.check_target(output, opts.overwrite, protect)
     for target in getattr(formats[opts.export_format], "targets", lambda o: [o])(output):
-        atomic.check_target(target, opts.overwrite)
+        atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
     ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
@@ -111,6 +113,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     except BaseException:
         atomic.discard(ctx.staging)
         raise
+    finally:
+        large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
     run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")

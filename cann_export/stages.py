@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import errors, module_paths
+from . import errors, large_model, module_paths
 from . import inputs as inputs_mod
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
@@ -24,7 +24,7 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
-        ctx.loaded = LoadedModel(_private_copy(src), "module")
+        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
     elif isinstance(src, (str, Path)):
         ctx.loaded = load_path(Path(src), ctx.options, plugins.registry().loaders())
     else:
@@ -34,12 +34,14 @@ def load(ctx: ExportContext) -> str | None:
     return ctx.loaded.kind
 
 
-def _private_copy(module: Any) -> Any:
-    """Eval mode and the strip passes must never change the caller's module: work on a copy."""
+def _private_copy(module: Any, share_weights: bool = False) -> Any:
+    """Eval mode and the strip passes must never change the caller's module: work on a copy. Without
+    training (``share_weights``) the copy's parameters and buffers are new tensors over the caller's storage:
+    no pass writes weights in place, and a large model is not held twice."""
     import copy
 
     try:
-        return copy.deepcopy(module)
+        return copy.deepcopy(module, large_model.shared_weights_memo(module) if share_weights else None)
     except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
@@ -211,7 +213,7 @@ def capture(ctx: ExportContext) -> str | None:
             ctx.trace_warnings = []
             model = exporter.export(ctx.model, ctx)
             traced[exporter.name] = ctx.trace_warnings
-            check_graph(model)
+            large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
         except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
             attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
             continue
@@ -262,6 +264,10 @@ def optimize(ctx: ExportContext) -> str | None:
     for p in plugins.registry().passes():
         if hasattr(p, "apply_graph"):
             ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
+    if large_model.state(ctx) is not None:  # the graph's weights are on disk: no copy of them in memory
+        ctx.optimize["onnxsim"] = large_model.optimize_note(ctx.large_graph)
+        _final_graph_passes(ctx)
+        return "onnxsim skipped (external data)"
     if not ctx.options.simplify:
         ctx.optimize["onnxsim"] = "disabled"
         _final_graph_passes(ctx)

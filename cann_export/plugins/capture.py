@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import large_model
 from ..hookspecs import hookimpl
 from ..module_paths import collect, stamp, stamp_from_exporter
 
@@ -68,7 +69,7 @@ class DynamoExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 verbose=False, report=False, optimize=True,
             )
-            graph = program.model_proto
+            graph = large_model.dynamo_graph(program, ctx)  # past the threshold: saved with external data
         stamp_from_exporter(graph)
         if asked < native:  # convert down ourselves (as torch would) so the module paths survive by node name
             origins = collect(graph)
@@ -100,7 +101,6 @@ class TorchScriptExporter:
         return True
 
     def export(self, model: Any, ctx: Any) -> Any:
-        import onnx
         import torch
 
         args, kwargs = call_args(ctx)
@@ -114,7 +114,7 @@ class TorchScriptExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 do_constant_folding=True,
             )
-            graph = onnx.load(str(path))
+            graph = large_model.load_captured(path, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from ..trace_check import tracer_findings
 

@@ -19,6 +19,15 @@ def _external(ctx: Any) -> bool:
     return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
 
 
+def _save(ctx: Any, path: Path) -> list[Path]:
+    from .. import large_model
+    from ..onnx_utils import save_model
+
+    if large_model.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
+        return large_model.save(ctx.onnx_model, path, ctx)
+    return save_model(ctx.onnx_model, path, _external(ctx))
+
+
 def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
     from ..training_state import save_optimizer_state, save_weights
 
@@ -43,11 +52,9 @@ class OnnxFormat:
         return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from ..onnx_utils import save_model
-
         name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
         ctx.output_path = ctx.output_path.with_name(name)
-        files = save_model(ctx.onnx_model, staging / name, _external(ctx))
+        files = _save(ctx, staging / name)
         ctx.onnx_path = files[0]
         return files + _write_training_state(ctx, staging, f"{ctx.output_path.stem}.")
 
@@ -77,9 +84,7 @@ class AtcReadyFormat:
         return [output]
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from ..onnx_utils import save_model
-
-        files = save_model(ctx.onnx_model, staging / "model.onnx", _external(ctx))
+        files = _save(ctx, staging / "model.onnx")
         ctx.onnx_path = files[0]
         files += render_atc(ctx, staging)
         if ctx.options.validate and ctx.input_sets:

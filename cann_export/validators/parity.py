@@ -94,6 +94,10 @@ class ParityValidator:
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
         if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
             return report
+        if getattr(ctx, "large_graph", None) is not None:
+            from ..large_model import device_parity_note
+
+            return device_parity_note(report, ctx)
         import onnx
 
         from ..atc_hints import effective_precision
