@@ -15,6 +15,22 @@ def _skip(ctx: Any, why: str) -> list[Path]:
     return []
 
 
+def _positional(model: Any, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Inputs that are the leading positional parameters of ``forward`` are passed by position, so the
+    loaded program is called as the model was (``module(x)``); anything else stays a keyword."""
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return (), kwargs
+    lead = params[:len(kwargs)]
+    if set(lead) != set(kwargs):
+        return (), kwargs
+    return tuple(kwargs[n] for n in lead), {}
+
+
 def write_program(ctx: Any, staging: Path) -> list[Path]:
     import torch
 
@@ -26,7 +42,7 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         return _skip(ctx, f"{size} bytes of weights is past the external-data threshold")
     inputs = ctx.example_inputs
     if loaded.kind == "module":
-        args, kwargs = (), dict(inputs)
+        args, kwargs = _positional(model, dict(inputs))
     else:
         args, kwargs = tuple(inputs[n] for n in ctx.input_names), {}
     target = staging / PROGRAM_FILE

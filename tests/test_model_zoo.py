@@ -22,7 +22,6 @@ from cann.model_zoo import (
     verify,
 )
 
-
 WIDE = {"model_class": "helpers.zoo_models:Wide", "model_kwargs": {"width": 64, "depth": 1}}
 
 

@@ -31,7 +31,7 @@ def check_allowed(spec: str, allow: list[str] | tuple[str, ...] | None, name: st
     raise ZooError(f"{name} version {version} names its architecture as the callable {spec[:120]!r}; a zoo "
                    "manifest never decides which code runs (anyone who can write to the store could name any "
                    "function). If you trust that code, pass model_class= to load_model, or allow its module: "
-                   f"allow_modules=[{module[:80]!r}] (--allow-module {module[:80]}) or "
+                   f"allow_modules=[{module[:80]!r}] or "
                    f"{ENV_ALLOW}={module[:80]}. Better: publish the exported artifact or example_inputs=, "
                    "which store a torch.export program")
 
