@@ -87,6 +87,9 @@ class AtcReadyFormat:
         files = _save(ctx, staging / "model.onnx")
         ctx.onnx_path = files[0]
         files += render_atc(ctx, staging)
+        from ..torch_program import write_program  # the zoo loads the model back from this program
+
+        files += write_program(ctx, staging)
         if ctx.options.validate and ctx.input_sets:
             files += _write_parity_data(ctx, staging / "parity")
         training = staging / "training"
