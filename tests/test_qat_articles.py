@@ -128,3 +128,83 @@ def test_eval_calls_do_not_quantize(qat_config):
     with torch.no_grad():
         model(torch.randn(1, 3, 8, 8))
     assert not any(type(m).__name__ == "QuantLayer" for m in model.modules())
+
+
+class StubNet(nn.Module):
+    """The eager torch.ao layout: QuantStub / DeQuantStub around a conv-bn-relu block and a head."""
+
+    def __init__(self):
+        super().__init__()
+        import torch.ao.quantization as tq
+
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv, self.bn, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.relu(self.bn(self.conv(self.quant(x))))
+        return self.dequant(self.fc(x.mean((2, 3))))
+
+
+def _ort(path, x):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_torch_ao_eager_prepare_qat_exports_qdq(tmp_path):
+    import torch.ao.quantization as tq
+
+    torch.manual_seed(0)
+    model = StubNet().train()
+    model.qconfig = tq.get_default_qat_qconfig("x86")  # activations reduce_range 0..127, weights per channel
+    model = tq.fuse_modules_qat(model, [["conv", "bn", "relu"]])
+    tq.prepare_qat(model, inplace=True)
+    x = torch.randn(16, 3, 8, 8)
+    _train(model, [(x, torch.zeros(16, 4))], nn.functional.mse_loss)
+    model.eval()
+    result = cann_export_export(model, tmp_path / "ao", x)
+    assert result.manifest["parity"]["fp32"]["passed"], result.parity
+    graph = onnx.load(str(tmp_path / "ao" / "model.onnx"))
+    ops = [n.op_type for n in graph.graph.node]
+    assert ops.count("QuantizeLinear") >= 4 and "Clip" in ops  # reduce_range written as Clip + full-range Q/DQ
+    assert set(result.manifest["quantization"]["torch_ao"])  # every FakeQuantize recorded with its range
+    # independent: onnxruntime on the file against the torch.ao model itself on a fresh input (observers frozen)
+    model.apply(tq.disable_observer)
+    probe = x[:2]
+    with torch.no_grad():
+        ref = model(probe).numpy()
+    np.testing.assert_allclose(_ort(tmp_path / "ao" / "model.onnx", probe), ref, atol=1e-5)
+
+
+def test_torchao_pt2e_qat_exports_qdq(tmp_path):
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 8, 8)
+    exported = torch.export.export(ConvBnNet(), (x,)).module()
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
+    prepared = pt2e.prepare_qat_pt2e(exported, quantizer)
+    _train(prepared, [(x, torch.randint(0, 4, (8,)))], nn.functional.cross_entropy)
+    converted = pt2e.convert_pt2e(prepared)
+    result = cann_export_export(converted, tmp_path / "pt2e", x)
+    assert result.manifest["parity"]["fp32"]["passed"], result.parity
+    graph = onnx.load(str(tmp_path / "pt2e" / "model.onnx"))
+    assert [n.op_type for n in graph.graph.node].count("QuantizeLinear") >= 2
+    assert any(t.data_type == onnx.TensorProto.INT8 for t in graph.graph.initializer)
+    with torch.no_grad():
+        ref = converted(x).numpy()
+    np.testing.assert_allclose(_ort(tmp_path / "pt2e" / "model.onnx", x), ref, atol=1e-5)
+
+
+def cann_export_export(model, out, x):
+    import cann_export
+
+    return cann_export.export(model, out, "atc_ready", example_inputs=(x,))

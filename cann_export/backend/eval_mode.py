@@ -12,6 +12,9 @@ def to_eval(model: Any, kind: str) -> Any:
     batch norm calls are rewritten to their inference forms."""
     if kind != "exported_program":
         model.eval()
+        from ..qat.torch_ao import freeze_observers
+
+        freeze_observers(model)  # a torch.ao QAT model: inference means its ranges stop moving
         return model
     import torch
 

@@ -150,6 +150,30 @@ def _channel_axis(node: Any, weight: Any, channels: int) -> int:
     return axis
 
 
+class LowerTorchAoFakeQuant:
+    """Models prepared with torch.ao.quantization's eager QAT: each FakeQuantize becomes the fixed
+    fake_quantize arithmetic it computes, which the exporters write as QuantizeLinear/DequantizeLinear."""
+
+    name = "lower-torch-ao-fake-quant"
+    order = 4
+
+    def apply_module(self, model: Any, ctx: Any) -> Any:
+        if not hasattr(model, "named_modules"):
+            return model
+        from ..qat import torch_ao
+
+        try:
+            lowered = torch_ao.lower(model)
+        except ValueError as e:
+            raise StripError(f"torch.ao fake quantization cannot be written as ONNX Q/DQ: {e}; use a qconfig with "
+                             "an 8-bit range") from e
+        if lowered:
+            ctx.reports.setdefault("quantization", {"mode": "qat (torch.ao.quantization prepare_qat)"})
+            ctx.reports["quantization"]["torch_ao"] = torch_ao.summary(model)
+        return model
+
+
 @hookimpl
 def register_passes(register):
+    register(LowerTorchAoFakeQuant())
     register(LowerFakeQuant())
