@@ -321,6 +321,24 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
             with weights_only_unpickling():
                 return torch.export.load(str(path))
     except Exception as e:
-        detail = " ".join(str(e).split())
-        raise LoadError(f"torch.export.load failed ({type(e).__name__}: {detail[:300]}); the archive may be "
+        cause = _logged_cause(path, trust_pickle) if "warnings above" in str(e) else e
+        detail = " ".join(str(cause).split())
+        raise LoadError(f"torch.export.load failed ({type(cause).__name__}: {detail[:300]}); the archive may be "
                         "truncated, crafted, or written by an incompatible torch version", path=path) from e
+
+
+def _logged_cause(path: Path, trust_pickle: bool) -> BaseException:
+    """torch.export.load logs the real error and raises a generic one ("check the warnings above"); the
+    warnings are silenced, so the current-layout loader is run again to get the real error."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        with quiet_torch():
+            if trust_pickle:
+                load_pt2(str(path))
+            else:
+                with weights_only_unpickling():
+                    load_pt2(str(path))
+    except Exception as inner:  # noqa: BLE001 - whatever torch raised is the answer
+        return inner
+    return RuntimeError("torch.export.load could not deserialize the archive")

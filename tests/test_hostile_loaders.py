@@ -304,3 +304,15 @@ def test_real_architectures_load_without_trust_pickle(build, tmp_path):
     got = ep.module()(*args)
     first = (lambda o: o if isinstance(o, torch.Tensor) else next(iter(o.values())) if isinstance(o, dict) else o[0])
     torch.testing.assert_close(first(got), first(expected))
+
+
+def test_a_broken_archive_names_the_member_without_torch_chatter(tmp_path):
+    src = files.pt2(tmp_path)
+    path = tmp_path / "missing.pt2"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w") as zout:
+        for item in zin.infolist():
+            if not item.filename.endswith("data/weights/weight_0"):
+                zout.writestr(item, zin.read(item.filename))
+    result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "data/weights/weight_0" in result.stderr, result.output
+    assert "warnings above" not in result.stderr and "Traceback" not in result.output
