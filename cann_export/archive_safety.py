@@ -42,8 +42,10 @@ _SAFE_TORCH_CALLABLES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not"
                          "sym_sqrt", "_sym_sqrt", "sym_fresh_size", "_check", "_check_is_size",
                          "sym_constrain_range", "sym_constrain_range_for_size", "_assert", "_assert_async")
 _SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True", "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise", "ITE", "Abs", "floor", "ceiling", "sqrt", "Max", "Min", "Add", "Mul", "Pow", "Mod"])
+# torch writes expressions in sympy's srepr form: Mul(Integer(2), Symbol('s77', positive=True, integer=True))
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-                    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^]))")
+                    r"|(?P<str>'[A-Za-z_][A-Za-z0-9_]*'|\"[A-Za-z_][A-Za-z0-9_]*\"|'[-+0-9.eE]+'|\"[-+0-9.eE]+\")"
+                    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^=]))")
 _SYMBOL = re.compile(r"^[a-z]+\d+$")
 
 
@@ -113,8 +115,9 @@ def _pickletools_globals(stream: io.BytesIO) -> set[str]:
 
 def _sym_problem(expr: str) -> str | None:
     import torch.utils._sympy.functions as sympy_functions
+    from sympy.core.assumptions import _assume_defined  # keyword names: Symbol('s0', positive=True)
 
-    allowed = _SYMPY_NAMES | set(getattr(sympy_functions, "__all__", ()))
+    allowed = _SYMPY_NAMES | set(getattr(sympy_functions, "__all__", ())) | set(_assume_defined)
     pos = 0
     while pos < len(expr):
         m = _TOKEN.match(expr, pos)

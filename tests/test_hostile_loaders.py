@@ -316,3 +316,24 @@ def test_a_broken_archive_names_the_member_without_torch_chatter(tmp_path):
     result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "data/weights/weight_0" in result.stderr, result.output
     assert "warnings above" not in result.stderr and "Traceback" not in result.output
+
+
+class _Dynamic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        b = x.shape[0]
+        return self.lin(x).reshape(b * 2, 2) * (b % 3 + 1) + b // 2
+
+
+def test_dynamic_shapes_graph_loads_untrusted(tmp_path):
+    """Symbolic shapes are written in sympy's srepr form (Symbol('s77', positive=True, integer=True)) and
+    SymInt arithmetic uses _operator targets: both must pass the graph check."""
+    path = tmp_path / "dyn.pt2"
+    ep = torch.export.export(_Dynamic(), (torch.randn(6, 8),), dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    torch.export.save(ep, str(path))
+    assert b"Symbol(" in zipfile.ZipFile(path).read(next(n for n in zipfile.ZipFile(path).namelist()
+                                                        if n.endswith("models/model.json")))
+    assert load_exported_program(path, trust_pickle=False).module()(torch.randn(10, 8)).shape == (20, 2)
