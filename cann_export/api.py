@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, errors, quant_stages, stages
+from . import atc_hints, atomic, digests, errors, large_model, quant_stages, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
@@ -27,6 +26,7 @@ class ExportResult:
     parity: dict[str, Any] | None
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     published: dict[str, Any] | None = None  # the model zoo record when --publish was given
+    manifest_sha256: str | None = None  # of the manifest.json written (pin it with validate --expect-sha256)
 
     def to_dict(self) -> dict[str, Any]:
         parity = self.parity or {"passed": None, "validated": False, "outputs": []}
@@ -34,6 +34,11 @@ class ExportResult:
                "onnx": self.onnx, "parity": parity}
         if self.published is not None:
             out["published"] = self.published
+        if self.manifest_sha256 is not None:
+            out["manifest_sha256"] = self.manifest_sha256
+        om = (self.manifest.get("atc") or {}).get("om") if isinstance(self.manifest.get("atc"), dict) else None
+        if om:
+            out["om"] = {k: om[k] for k in ("kind", "file", "sha256", "size") if k in om}
         return out
 
 
@@ -65,13 +70,15 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     recorded and ``result.ok`` is False.
     """
     opts = _options(export_format, dict(options))
-    formats = plugins.collect("register_formats")
-    opts.check(list(formats))
+    formats = plugins.registry().formats()
+    opts.check(formats, [e.name for e in plugins.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
-    atomic.check_target(output, opts.overwrite)
-    if opts.export_format == "onnx" and output.suffix != ".onnx":
-        atomic.check_target(output.with_name(output.name + ".onnx"), opts.overwrite)
+    protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
+                                opts.calibration_data) if p)
+    atomic.check_target(output, opts.overwrite, protect)
+    for target in getattr(formats[opts.export_format], "targets", lambda o: [o])(output):
+        atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
     ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
@@ -100,14 +107,19 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
             return ExportResult(ok=True, format=opts.export_format, output="", files=[], onnx={}, parity=None,
                                 manifest={"halted": ctx.halted})
         ctx.format.finalize(ctx, ctx.staging)
+        staged_manifest = ctx.staging / "manifest.json"
+        manifest_digest = digests.sha256_file(staged_manifest) if staged_manifest.is_file() else None
         files = ctx.format.commit(ctx, ctx.staging)
     except BaseException:
         atomic.discard(ctx.staging)
         raise
+    finally:
+        large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
     run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")
-    final_onnx = (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path
+    final_onnx = getattr(ctx, "final_onnx", None) or (
+        (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
     from .manifest import summarize_parity
 
     return ExportResult(
@@ -115,38 +127,59 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         format=opts.export_format,
         output=str(ctx.output_path),
         files=[str(f) for f in files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"]},
+        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
+              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
         parity=summarize_parity(parity) if parity else None,
-        manifest=getattr(ctx, "manifest", {}),
+        manifest=ctx.manifest,
         published=ctx.reports.get("publish"),
+        manifest_sha256=manifest_digest,
     )
 
 
-def validate(bundle: str | Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
-    """Re-run parity on an atc_ready bundle (or an om-stub) from its stored inputs and reference outputs,
-    after checking every file against the manifest's sha256."""
-    from .bundle import open_artifact, read_bundle, verify_files
-    from .validators.parity import parity_report
+def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_sha256: str | None = None,
+             **tolerance_values: float) -> dict[str, Any]:
+    """Re-derive an atc_ready / om bundle's verdicts (a directory, a single-file bundle or an om-stub).
 
-    with open_artifact(Path(bundle)) as directory:
-        manifest = read_bundle(directory)
-        verify_files(directory, manifest)
-        feeds, expected, tol_dict = _parity_data(directory, manifest)
-        tol = tolerance or Tolerance(**tol_dict)
-        model_path = directory / manifest["model"]["file"]
-        report = parity_report(model_path, feeds, expected, tol,
-                               reference=manifest["parity"].get("reference") or "stored reference outputs")
-        precision = manifest.get("parity", {}).get("precision")
-        if precision and report.get("outputs"):  # re-run the device-precision emulation the export ran
-            import onnx
+    The file table, the graph against the manifest and the ATC command and cfg files (re-rendered from the
+    validated ATC options) are checked, then parity is re-run from the stored inputs and reference outputs
+    under the tool's policy (``Tolerance()``; ``tolerance`` or ``atol=`` / ``rtol=`` / ``min_cosine=``
+    replace it explicitly), never under the tolerance the manifest records. Any difference between what the
+    manifest claims and what was re-derived raises ``BundleMismatchError`` (exit 2) listing each one;
+    ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised."""
+    from . import bundle_check, digests, om_stub
+    from .bundle import manifest_sha256, open_artifact
 
-            from . import module_paths
-            from .validators.parity import with_device_parity
-
-            model = onnx.load(str(model_path))
-            report = with_device_parity(report, model, precision["mode"], list(precision.get("keep_dtype", [])),
-                                        feeds, expected, tol, module_paths.collect(model))
+    explicit = tolerance is not None or any(v is not None for v in tolerance_values.values())
+    tol = tolerance or Tolerance()
+    unknown = sorted(set(tolerance_values) - {"atol", "rtol", "min_cosine"})
+    if unknown:
+        raise errors.OptionsError(f"unknown tolerance option(s) {', '.join(unknown)}; known: atol, rtol, min_cosine")
+    tol = dataclasses.replace(tol, **{k: float(v) for k, v in tolerance_values.items() if v is not None})
+    if expect_sha256 is not None and not digests.is_sha256(expect_sha256.lower()):
+        raise errors.OptionsError(f"--expect-sha256 {expect_sha256!r} is not 64 hex digits")
+    path = Path(bundle)
+    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
+    with open_artifact(path) as directory:
+        digest = manifest_sha256(directory)
+        if expect_sha256 is not None and digest != expect_sha256.lower():
+            raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
+                                       "this is not the bundle that was pinned", path=path)
+        checked = bundle_check.check_bundle(directory, om_header=header, raise_on_difference=False)
+        try:
+            report, parity_diffs = bundle_check.rederive_parity(checked, tol, explicit)
+        except errors.ExportError as e:
+            if checked.differences:  # the parity data is unusable because the bundle was changed
+                raise bundle_check.BundleMismatchError(checked.differences, path=path) from e
+            raise
+        except Exception as e:
+            if not checked.differences:
+                raise errors.ValidateError(f"parity could not run ({type(e).__name__}: {e})", path=path) from e
+            report, parity_diffs = {}, []
+        differences = checked.differences + parity_diffs
+        if differences:
+            raise bundle_check.BundleMismatchError(differences, path=path)
     report["bundle"] = str(bundle)
+    report["manifest_sha256"] = digest
     return report
 
 
@@ -158,13 +191,19 @@ def _parity_data(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, di
     if not inputs_file.is_file() or not expected_file.is_file():
         raise errors.ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
                                    "export again with validation to get re-runnable parity", path=bundle)
-    with safe_open(str(inputs_file), "np") as f:
-        meta = f.metadata()
-    names_in, names_out, sets = meta["inputs"].split(","), meta["outputs"].split(","), int(meta["sets"])
-    ins, outs = load_file(str(inputs_file)), load_file(str(expected_file))
-    feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
-    expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
-    tol = (manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict()
+    try:
+        with safe_open(str(inputs_file), "np") as f:
+            meta = f.metadata() or {}
+        names_in, names_out, sets = meta["inputs"].split(","), meta["outputs"].split(","), int(meta["sets"])
+        ins, outs = load_file(str(inputs_file)), load_file(str(expected_file))
+        feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
+        expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
+    except Exception as e:
+        raise errors.ValidateError(f"the parity data is unreadable ({type(e).__name__}: {e}); the bundle is damaged, "
+                                   "export it again", path=bundle) from e
+    tol = dict((manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict())
+    device_tol = ((manifest.get("parity") or {}).get("device") or {}).get("tolerance") or {}
+    tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
     tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
     return feeds, expected, tol
 
@@ -177,4 +216,7 @@ def inspect(path: str | Path) -> dict[str, Any]:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, default=str)
+    """Strict RFC 8259 JSON of ``data``: what ``--json`` prints (see cann_export.jsonio)."""
+    from .jsonio import dumps
+
+    return dumps(data)

@@ -7,7 +7,8 @@ little-endian, no padding)::
       0   4  magic            0x444F4D49 ("IMOD" on disk), MODEL_FILE_MAGIC_NUM
       4   4  headsize         256, MODEL_FILE_HEAD_LEN
       8   4  version          0x10000000, MODEL_VERSION (1.0)
-     12  64  checksum         here: sha256 of the payload, 64 lowercase hex digits
+     12  64  checksum         here: sha256 of the 256-byte header (this field zeroed) followed by the
+                              payload, 64 lowercase hex digits: no header field changes undetected
      76   4  length           payload bytes = file size - 256
      80   1  is_encrypt       0 (UNENCRYPTED)
      81   1  is_checksum      0 (CHECK)
@@ -21,7 +22,9 @@ little-endian, no padding)::
     176   1  platform_type    0
     177  79  reserved         zeros
 
-The payload is a zip of the bundle (model.onnx [+ .data], manifest.json, parity.json, parity/*, atc/*, ...).
+The payload is a zip of the bundle (model.onnx [+ .data], manifest.json, parity.json, parity/*, atc/*, ...),
+written in place after the header (its offsets count from the start of the file, as in a self-extracting
+archive, so ``zipfile.ZipFile("model.om")`` reads it directly).
 """
 from __future__ import annotations
 
@@ -29,30 +32,28 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
-import stat
 import struct
 import tempfile
 import zipfile
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, BinaryIO
 
+from . import bundle_zip, digests
 from .errors import ValidateError, WriteError
 
 MAGIC = 0x444F4D49
 HEAD_SIZE = 256
 MODEL_VERSION = 0x10000000
 STUB_MARK = b"CANN-EXPORT-STUB"
-STUB_VERSION = 1
+STUB_VERSION = 2  # 2: the checksum covers the header as well as the payload
 HEADER = struct.Struct("<III64sIBBBB32sI32sI20sB79s")
 assert HEADER.size == HEAD_SIZE
 FIELDS = ("magic", "headsize", "version", "checksum", "length", "is_encrypt", "is_checksum", "modeltype",
           "genmode", "name", "ops", "userdefineinfo", "om_ir_version", "platform_version", "platform_type",
           "reserved")
 _MAX_LENGTH = 0xFFFFFFFF
-_BIG_FILE = 16 << 20  # stored, not deflated, past this size (weights barely compress)
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so the same bundle gives the same stub
+_CHECKSUM = slice(12, 76)
 
 
 def _cstr(raw: bytes) -> str:
@@ -71,17 +72,6 @@ def _fixed(text: str | bytes, size: int) -> bytes:
     return raw.ljust(size, b"\0")
 
 
-def _bundle_files(bundle_dir: Path, exclude: Path | None) -> list[Path]:
-    files = []
-    for p in sorted(bundle_dir.rglob("*")):
-        if not p.is_file() or p.is_symlink() or (exclude is not None and p.resolve() == exclude.resolve()):
-            continue
-        if any(part.startswith(".") and ".cann-tmp-" in part for part in p.relative_to(bundle_dir).parts):
-            continue
-        files.append(p)
-    return files
-
-
 def _platform_version(bundle_dir: Path) -> str:
     try:
         manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
@@ -90,50 +80,43 @@ def _platform_version(bundle_dir: Path) -> str:
         return ""
 
 
-def write_stub(path: str | Path, bundle_dir: str | Path, model_name: str) -> dict[str, Any]:
-    """Write an om-stub at ``path`` holding every file under ``bundle_dir`` (``path`` itself excluded);
-    atomic (temp name beside ``path``, then rename). Returns the header fields."""
+def header_digest(head: bytes, f: BinaryIO, length: int) -> str:
+    """sha256 of the header with its checksum field zeroed, then the ``length`` payload bytes read from ``f``:
+    every header field (version, name, ops, platform, is_checksum, ...) is covered, the digest itself not."""
+    h = hashlib.sha256(head[:_CHECKSUM.start] + b"\0" * (_CHECKSUM.stop - _CHECKSUM.start) + head[_CHECKSUM.stop:])
+    return digests.sha256_stream(f, length, h)
+
+
+def write_stub(path: str | Path, bundle_dir: str | Path, model_name: str,
+               exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Write an om-stub at ``path`` holding every file under ``bundle_dir`` (``path`` and ``exclude``
+    left out); the zip is written in place after the header, and the file is renamed into place when whole."""
     path, bundle_dir = Path(path), Path(bundle_dir)
-    files = _bundle_files(bundle_dir, path)
-    tmp_zip = tmp_stub = None
+    files = bundle_zip.bundle_files(bundle_dir, (path, *exclude))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.stub.tmp")
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".zip.tmp", dir=path.parent)
-        os.close(fd)
-        tmp_zip = Path(name)
-        with zipfile.ZipFile(tmp_zip, "w", allowZip64=True) as zf:
-            for f in files:
-                info = zipfile.ZipInfo(f.relative_to(bundle_dir).as_posix(), date_time=_ZIP_TIME)
-                info.external_attr = (stat.S_IFREG | (f.stat().st_mode & 0o777)) << 16
-                size = f.stat().st_size
-                info.compress_type = zipfile.ZIP_STORED if size > _BIG_FILE else zipfile.ZIP_DEFLATED
-                with open(f, "rb") as src, zf.open(info, "w", force_zip64=size >= zipfile.ZIP64_LIMIT) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-        length = tmp_zip.stat().st_size
-        if length > _MAX_LENGTH:
-            raise WriteError(f"the bundle is {length} bytes zipped, past the 4 GiB an om header's length field "
-                             "holds; use --format atc_ready, or install CANN's toolkit so ATC writes the real "
-                             "model.om", path=path)
-        h = hashlib.sha256()
-        with open(tmp_zip, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        digest = h.hexdigest()
-        mark = STUB_MARK + b"/" + str(STUB_VERSION).encode()
-        header = HEADER.pack(MAGIC, HEAD_SIZE, MODEL_VERSION, digest.encode("ascii"), length, 0, 0, 0, 0,
-                             _fixed(model_name, 32), 0, _fixed(mark, 32), 0,
-                             _fixed(_platform_version(bundle_dir), 20), 0, b"\0" * 79)
-        tmp_stub = path.with_name(f".{path.name}.{os.getpid()}.stub.tmp")
-        with open(tmp_stub, "wb") as out, open(tmp_zip, "rb") as src:
+        with open(tmp, "w+b") as out:
+            out.write(b"\0" * HEAD_SIZE)
+            bundle_zip.write_zip(out, bundle_dir, files)
+            length = out.tell() - HEAD_SIZE
+            if length > _MAX_LENGTH:
+                raise WriteError(f"the bundle is {length} bytes zipped, past the 4 GiB an om header's length "
+                                 "field holds; use --format atc_ready, or install CANN's toolkit so ATC writes "
+                                 "the real model.om", path=path)
+            mark = STUB_MARK + b"/" + str(STUB_VERSION).encode()
+            fields = [MAGIC, HEAD_SIZE, MODEL_VERSION, b"\0" * 64, length, 0, 0, 0, 0, _fixed(model_name, 32), 0,
+                      _fixed(mark, 32), 0, _fixed(_platform_version(bundle_dir), 20), 0, b"\0" * 79]
+            out.seek(HEAD_SIZE)
+            fields[3] = header_digest(HEADER.pack(*fields), out, length).encode("ascii")
+            header = HEADER.pack(*fields)
+            out.seek(0)
             out.write(header)
-            shutil.copyfileobj(src, out, 1 << 20)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp_stub, path)
-        tmp_stub = None
+        os.replace(tmp, path)
     finally:
-        for tmp in (tmp_zip, tmp_stub):
-            if tmp is not None and tmp.exists():
-                tmp.unlink()
+        if tmp.exists():
+            tmp.unlink()
     return _header_dict(HEADER.unpack(header))
 
 
@@ -182,13 +165,12 @@ def read_header(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
                                 "or parity data; pass the bundle or stub it was converted from", path=path)
         if info["is_encrypt"]:
             raise ValidateError("encrypted om-stubs are not supported", path=path)
-        if verify:
-            h = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-            if h.hexdigest() != info["checksum"]:
-                raise ValidateError("om-stub payload does not match the sha256 in its header (the file was "
-                                    "modified or damaged); export or download it again", path=path)
+        if info["stub_version"] != STUB_VERSION:
+            raise ValidateError(f"om-stub version {info['stub_version']} is not the version this cann-export reads "
+                                f"({STUB_VERSION}: its sha256 covers the header too); export it again", path=path)
+        if verify and header_digest(head, f, info["length"]) != info["checksum"]:
+            raise ValidateError("om-stub header or payload does not match the sha256 in its header (the file was "
+                                "modified or damaged); export or download it again", path=path)
     return info
 
 
@@ -212,39 +194,17 @@ def read_stub(path: str | Path) -> tuple[dict[str, Any], bytes]:
         return info, f.read()
 
 
-def _safe_name(name: str) -> PurePosixPath | None:
-    p = PurePosixPath(name)
-    if not name or name.endswith("/") or p.is_absolute() or "\\" in name or any(part in ("..", "") for part in p.parts):
-        return None
-    return p
-
-
 def extract_stub(path: str | Path, dest_dir: str | Path) -> dict[str, Any]:
-    """Verify an om-stub and unpack its bundle into ``dest_dir``; returns the header fields."""
+    """Verify an om-stub and unpack its bundle into ``dest_dir`` (bounded reads, see bundle_zip);
+    zipfile reads the archive in place behind the header. Returns the header fields."""
     path, dest_dir = Path(path), Path(dest_dir)
     info = read_header(path)
-    with open(path, "rb") as f:
-        f.seek(HEAD_SIZE)
-        try:
-            with zipfile.ZipFile(_Window(f, HEAD_SIZE, info["length"])) as zf:
-                names = zf.namelist()
-                if len(set(names)) != len(names):
-                    raise ValidateError("om-stub payload lists a file twice; the file is damaged", path=path)
-                for member in zf.infolist():
-                    rel = _safe_name(member.filename)
-                    if rel is None:
-                        raise ValidateError(f"om-stub payload holds an unsafe path {member.filename!r}; refusing "
-                                            "to unpack it", path=path)
-                    target = dest_dir.joinpath(*rel.parts)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(member) as src, open(target, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                    mode = (member.external_attr >> 16) & 0o777
-                    if mode:
-                        os.chmod(target, mode)
-        except (zipfile.BadZipFile, OSError) as e:
-            raise ValidateError(f"om-stub payload is not a readable bundle ({type(e).__name__}: {e}); the file is "
-                                "damaged", path=path) from None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bundle_zip.extract(zf, info["length"], dest_dir, path, "om-stub payload")
+    except zipfile.BadZipFile as e:
+        raise ValidateError(f"om-stub payload is not a readable bundle ({e}); the file is damaged",
+                            path=path) from e
     return info
 
 
@@ -254,33 +214,3 @@ def extracted(path: str | Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="cann-export-om-") as tmp:
         extract_stub(path, tmp)
         yield Path(tmp)
-
-
-class _Window:
-    """A read-only, seekable view of ``length`` bytes of ``f`` starting at ``start`` (the zip payload),
-    so zipfile reads the payload in place without loading it into memory."""
-
-    def __init__(self, f: BinaryIO, start: int, length: int):
-        self._f, self._start, self._length, self._pos = f, start, length, 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        left = max(0, self._length - self._pos)
-        n = left if n is None or n < 0 else min(n, left)
-        self._f.seek(self._start + self._pos)
-        data = self._f.read(n)
-        self._pos += len(data)
-        return data

@@ -103,10 +103,19 @@ def test_validate_reports_parity_failure_with_exit_1(tmp_path):
         meta = f.metadata()
     save_np({k: v + np.float32(1.0) for k, v in expected.items()}, str(out / "parity" / "expected.safetensors"),
             metadata=meta)
+    # Without the file table the manifest is malformed: a refusal (exit 2), not a verdict.
     manifest = json.loads((out / "manifest.json").read_text())
     manifest.pop("files")
     (out / "manifest.json").write_text(json.dumps(manifest))
     result = invoke(["validate", str(out), "--json"])
+    assert result.exit_code == 2 and "file table" in json.loads(result.stdout)["error"]["message"]
+
+
+def test_validate_under_a_tighter_explicit_tolerance_fails_with_exit_1(tmp_path):
+    out = tmp_path / "b"
+    invoke([str(files.pt2(tmp_path)), "-o", str(out)])
+    assert invoke(["validate", str(out)]).exit_code == 0
+    result = invoke(["validate", str(out), "--atol", "0", "--rtol", "0", "--json"])
     assert result.exit_code == 1 and json.loads(result.stdout)["ok"] is False
 
 

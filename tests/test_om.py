@@ -125,14 +125,15 @@ def test_om_export_without_atc_writes_a_stub_with_an_atc_header(stub_bundle):
     assert struct.unpack_from("<I", raw, 8)[0] == 0x10000000
     assert struct.unpack_from("<I", raw, 76)[0] == len(raw) - 256
     assert raw[84:116].rstrip(b"\0") == b"MLP"
-    assert raw[120:152].rstrip(b"\0") == b"CANN-EXPORT-STUB/1"
+    assert raw[120:152].rstrip(b"\0") == b"CANN-EXPORT-STUB/2"
     assert raw[156:176].rstrip(b"\0") == b"Ascend310P3"
-    assert raw[12:76].decode() == hashlib.sha256(raw[256:]).hexdigest()
+    # the digest covers the whole header (its own field zeroed) and the payload
+    assert raw[12:76].decode() == hashlib.sha256(raw[:12] + b"\0" * 64 + raw[76:]).hexdigest()
 
     header, payload = om.read_stub(stub_bundle / "model.om")
     assert (header["magic"], header["headsize"], header["length"]) == (0x444F4D49, 256, len(raw) - 256)
-    assert header["name"] == "MLP" and header["userdefineinfo"] == "CANN-EXPORT-STUB/1"
-    assert header["stub"] and header["stub_version"] == 1
+    assert header["name"] == "MLP" and header["userdefineinfo"] == "CANN-EXPORT-STUB/2"
+    assert header["stub"] and header["stub_version"] == 2
     assert payload == raw[256:]
 
     manifest = manifest_of(stub_bundle)
@@ -145,7 +146,7 @@ def test_om_export_without_atc_writes_a_stub_with_an_atc_header(stub_bundle):
 def test_stub_payload_is_the_atc_ready_bundle(stub_bundle, tmp_path):
     with zipfile.ZipFile(stub_bundle / "model.om") as zf:  # the payload is a plain zip after the header
         members = set(zf.namelist())
-    assert members == {"model.onnx", "manifest.json", "parity.json", "atc/convert.sh",
+    assert members == {"model.onnx", "manifest.json", "parity.json", "atc/convert.sh", "torch/program.pt2",
                        "parity/inputs.safetensors", "parity/expected.safetensors"}
     header = om.extract_stub(stub_bundle / "model.om", tmp_path / "x")
     assert header["name"] == "MLP"

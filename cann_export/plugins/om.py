@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from .. import atomic, digests
 from ..errors import EXIT_STAGE_FAILED, ExportError, ValidateError, WriteError
 from ..hookspecs import hookimpl
 from ..manifest import build_manifest, dumps
@@ -81,13 +81,21 @@ def _output_stem(args: list[str]) -> str:
 class OmFormat(AtcReadyFormat):
     name = "om"
     description = ("directory: the atc_ready bundle plus model.om (compiled by ATC when `atc` is on PATH, "
-                   "else an om-stub for `cann-export convert`)")
+                   "else an om-stub for `cann-export convert`); -o NAME.om writes the file NAME.om with the "
+                   "bundle beside it in NAME_bundle/")
     is_directory = True
+
+    def targets(self, output: Path) -> list[Path]:
+        return [bundle_beside(output), output] if output.suffix == ".om" else super().targets(output)
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
         files = super().write(ctx, staging)
         atc = find_atc()
         if atc is None:
+            if getattr(ctx.options, "require_atc", False):
+                raise AtcError(f"--require-atc: `atc` is not on PATH, so no real model.om can be compiled; "
+                               f"{INSTALL_HINT}, or drop --require-atc to write an om-stub",
+                               path=_source(ctx), stage="write")
             ctx.reports["atc"].update({"ran": False, "exit_code": None, "om": {"file": OM_FILE, "kind": "stub"}})
             return files
         return files + self._compile(ctx, staging, atc)
@@ -104,24 +112,52 @@ class OmFormat(AtcReadyFormat):
                            path=_source(ctx))
         if not om.is_file():
             raise AtcError(f"ATC exited 0 but wrote no {om.name}: {atc_error_text(output)}", path=_source(ctx))
-        report["om"] = {"file": om.name, "kind": "atc", "sha256": atomic.sha256_file(om), "size": om.stat().st_size}
+        report["om"] = {"file": om.name, "kind": "atc", "sha256": digests.sha256_file(om), "size": om.stat().st_size}
         return [om, staging / ATC_LOG]
 
     def finalize(self, ctx: Any, staging: Path) -> None:
         report = ctx.reports["atc"]
+        single = ctx.output_path.suffix == ".om"
+        aside = staging / ".cann-tmp-om" / OM_FILE  # left out of the file table and the stub's payload
         if report.get("ran"):
             if report.get("ran_command") != report.get("command"):  # a later stage changed the ATC options
                 self._compile(ctx, staging, report["atc"])
             report.pop("ran_command", None)
+            if single:
+                aside.parent.mkdir()
+                os.replace(staging / report["om"]["file"], aside)
+                report["om"]["file"] = f"../{ctx.output_path.name}"
             super().finalize(ctx, staging)
             return
         super().finalize(ctx, staging)  # the bundle the stub carries, manifest.json included
-        header = write_stub(staging / OM_FILE, staging, _model_name(ctx))
-        om = staging / OM_FILE
-        report["om"] = {"file": OM_FILE, "kind": "stub", "sha256": atomic.sha256_file(om),
-                        "size": om.stat().st_size, "payload_sha256": header["checksum"]}
-        ctx.manifest = build_manifest(ctx, staging)  # now listing model.om too
+        om = aside if single else staging / OM_FILE
+        om.parent.mkdir(exist_ok=True)
+        header = write_stub(om, staging, _model_name(ctx))
+        report["om"] = {"file": f"../{ctx.output_path.name}" if single else OM_FILE, "kind": "stub",
+                        "sha256": digests.sha256_file(om), "size": om.stat().st_size,
+                        "payload_sha256": header["checksum"]}
+        ctx.manifest = build_manifest(ctx, staging)  # now listing model.om too (in the directory form)
         atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        if ctx.output_path.suffix != ".om":
+            return super().commit(ctx, staging)
+        target, bundle_dir = ctx.output_path, bundle_beside(ctx.output_path)
+        om_staging = atomic.staging_dir(target)
+        try:
+            os.replace(staging / ".cann-tmp-om" / OM_FILE, om_staging / target.name)
+            (staging / ".cann-tmp-om").rmdir()
+            atomic.commit_dir(staging, bundle_dir, ctx.options.overwrite)
+            placed = atomic.commit_files(om_staging, [target.name], target.parent, ctx.options.overwrite)
+        finally:
+            atomic.discard(om_staging)
+        ctx.final_onnx = bundle_dir / ctx.onnx_path.name
+        return sorted(p for p in bundle_dir.rglob("*") if p.is_file()) + placed
+
+
+def bundle_beside(om_path: Path) -> Path:
+    """Where ``-o NAME.om`` puts the bundle the om was made from: ``NAME_bundle/`` beside it."""
+    return om_path.with_name(f"{om_path.stem}_bundle")
 
 
 def _source(ctx: Any) -> str | None:
@@ -139,86 +175,83 @@ def _model_name(ctx: Any) -> str:
 # ---------------------------------------------------------------- convert
 
 
-def _with_soc(args: list[str], soc_version: str | None) -> list[str]:
-    if not soc_version:
-        return list(args)
-    flag = f"--soc_version={soc_version}"
-    out = [flag if a.startswith("--soc_version=") else a for a in args]
-    return out if flag in out else [*out, flag]
-
-
-def _default_output(path: Path, soc: str) -> Path:
+def _default_output(path: Path) -> Path:
     target = path.parent / f"{path.name if path.is_dir() else path.stem}.om"
     if target.resolve() == path.resolve():  # never replace the stub we read from
-        target = path.with_name(f"{path.stem}.{soc}.om")
+        target = path.with_name(f"{path.stem}.converted.om")
     return target
 
 
-def _stage_inputs(bundle: Path, manifest: dict[str, Any], work: Path, om_name: str) -> None:
-    """Make the bundle's files visible in ``work`` for ATC: the graph (and its external data) as symlinks,
-    since ATC only reads them; the rest as copies, so nothing ATC writes can reach the input."""
-    model_file = (manifest.get("model") or {}).get("file") or "model.onnx"
-    for rel in manifest.get("files") or {}:
-        if rel.startswith("training/") or rel in (om_name, ATC_LOG):
-            continue
+def _stage_inputs(bundle: Path, checked: Any, work: Path) -> None:
+    """The graph and its external data (validated paths, listed in the file table) as symlinks in ``work``:
+    ATC only reads them. Nothing else of the bundle reaches ATC; atc/ is rendered into ``work``."""
+    from ..bundle_check import external_data_files
+
+    model_file = checked.manifest["model"]["file"]
+    for rel in [model_file, *external_data_files(checked.model)]:
         src, dst = bundle / rel, work / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if rel.startswith(model_file):
-            try:
-                os.symlink(src.resolve(), dst)
-                continue
-            except OSError:
-                pass
-        shutil.copy2(src, dst)
+        try:
+            os.symlink(src.resolve(), dst)
+        except OSError:
+            shutil.copy2(src, dst)
 
 
 def convert(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
             overwrite: bool = False) -> dict[str, Any]:
-    """Compile an atc_ready/om bundle or an om-stub into a real ``.om`` with ATC (the CI/CD deploy step).
+    """Compile an atc_ready/om bundle (a directory or a single-file bundle) or an om-stub into a real ``.om``
+    with ATC (the CI/CD deploy step).
 
-    The bundle is checked against its manifest first. ATC runs with the bundle's rendered command
-    (``--soc_version`` replaced when given) in a work directory beside the output; the ``.om`` is renamed
-    into place and ATC's log kept beside it as ``<name>.atc.log``."""
-    from ..bundle import open_artifact, read_bundle, verify_files
+    The bundle is checked against its manifest first (files, graph, ATC options; see bundle_check). ATC runs
+    the command cann-export renders itself from the validated options (``soc_version`` from the bundle or the
+    argument, matching an Ascend SoC pattern; ``--model``/``--output`` fixed to the work directory), never a
+    command read from the manifest. The ``.om`` is renamed into place and ATC's log kept beside it as
+    ``<name>.atc.log``."""
+    from .. import bundle_check, om_stub
+    from ..bundle import open_artifact
 
     path = Path(artifact)
     if not path.exists():
         raise ValidateError("not found; pass an atc_ready/om bundle directory or an om-stub", path=path,
                             stage="convert")
+    if soc_version is not None:
+        bundle_check.check_soc(soc_version)
+    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
     with open_artifact(path) as bundle:
-        manifest = read_bundle(bundle)
-        verify_files(bundle, manifest)
-        command = (manifest.get("atc") or {}).get("command")
-        if not command:
-            raise ValidateError("the manifest holds no ATC command; export with --format atc_ready or om",
+        try:
+            checked = bundle_check.check_bundle(bundle, om_header=header, stage="convert")
+        except ValidateError as e:
+            e.stage = "convert"
+            raise
+        if checked.options is None:
+            raise ValidateError("the bundle holds no ATC options; export with --format atc_ready or om",
                                 path=path, stage="convert")
         atc = find_atc()
         if atc is None:
             raise ExportError(f"`atc` is not on PATH; {INSTALL_HINT}, then run convert again", stage="convert")
-        args = _with_soc(command, soc_version)
-        soc = next(a.split("=", 1)[1] for a in args if a.startswith("--soc_version="))
-        out = Path(output) if output else _default_output(path, soc)
+        out = Path(output) if output else _default_output(path)
         atomic.check_target(out, overwrite)
         log_target = out.with_name(f"{out.stem}.atc.log")
-        om_name = f"{_output_stem(args)}.om"
         work = atomic.staging_dir(out)
         try:
-            _stage_inputs(bundle, manifest, work, om_name)
+            _stage_inputs(bundle, checked, work)
+            args = bundle_check.render(checked, work, soc_version)["command"]
+            soc = checked.options.soc_version if soc_version is None else soc_version
             code, text = run_atc(args, work, work / "atc.log", atc)
             os.replace(work / "atc.log", log_target)
             if code != 0:
                 raise AtcError(f"ATC failed (exit {code}): {atc_error_text(text)}. Full log: {log_target}",
                                path=path, stage="convert")
-            om = work / om_name
+            om = work / f"{bundle_check.OUTPUT_STEM}.om"
             if not om.is_file():
-                raise AtcError(f"ATC exited 0 but wrote no {om_name}; see {log_target}", path=path, stage="convert")
-            digest, size = atomic.sha256_file(om), om.stat().st_size
+                raise AtcError(f"ATC exited 0 but wrote no {om.name}; see {log_target}", path=path, stage="convert")
+            digest, size = digests.sha256_file(om), om.stat().st_size
             atomic.check_target(out, overwrite)
             os.replace(om, out)
         finally:
             atomic.discard(work)
     return {"ok": True, "input": str(path), "output": str(out), "log": str(log_target), "soc_version": soc,
-            "command": args, "exit_code": 0, "om": {"sha256": digest, "size": size}}
+            "command": args, "exit_code": 0, "om": {"kind": "atc", "sha256": digest, "size": size}}
 
 
 @hookimpl

@@ -1,0 +1,52 @@
+"""sha256 of files and streams, and the file table a manifest lists (one helper for the whole code)."""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+_BLOCK = 1 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_stream(f: BinaryIO, limit: int | None = None, h: Any = None) -> str:
+    """sha256 of what ``f`` yields from its position (at most ``limit`` bytes); ``h`` continues a digest."""
+    h = h or hashlib.sha256()
+    left = limit
+    while left is None or left > 0:
+        block = f.read(_BLOCK if left is None else min(_BLOCK, left))
+        if not block:
+            break
+        h.update(block)
+        if left is not None:
+            left -= len(block)
+    return h.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return sha256_stream(f)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_sha256(value: Any) -> bool:
+    """Whether ``value`` is a sha256 as this tool writes it: 64 lowercase hex digits."""
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def file_table(root: Path, exclude: Iterable[str] = ("manifest.json",)) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every regular file under ``root``, keyed by relative POSIX path (sorted);
+    symlinks and this tool's own staging leftovers are not listed."""
+    skip = set(exclude)
+    table = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        if rel in skip or any(".cann-tmp-" in part for part in rel.split("/")):
+            continue
+        table[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return table
