@@ -317,6 +317,7 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
 
     path = Path(path)
     check_export_archive(path, trust_pickle)
+    failure: Exception
     try:
         with quiet_torch():
             if trust_pickle:
@@ -324,10 +325,11 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
             with weights_only_unpickling():
                 return torch.export.load(str(path))
     except Exception as e:
-        cause = _logged_cause(path, trust_pickle) if "warnings above" in str(e) else e
-        detail = " ".join(str(cause).split())
-        raise LoadError(f"torch.export.load failed ({type(cause).__name__}: {detail[:300]}); the archive may be "
-                        "truncated, crafted, or written by an incompatible torch version", path=path) from e
+        failure = e
+    # outside the except block, so the real cause is not chained to torch's generic error
+    cause = _logged_cause(path, trust_pickle) if "warnings above" in str(failure) else failure
+    raise LoadError("torch.export.load failed: the archive may be truncated, crafted, or written by an "
+                    "incompatible torch version", path=path) from cause  # the CLI shows the cause
 
 
 def _logged_cause(path: Path, trust_pickle: bool) -> BaseException:
