@@ -302,8 +302,13 @@ def test_real_architectures_load_without_trust_pickle(build, tmp_path):
     ep = load_exported_program(path, trust_pickle=False)
     expected = model(*args)
     got = ep.module()(*args)
-    first = (lambda o: o if isinstance(o, torch.Tensor) else next(iter(o.values())) if isinstance(o, dict) else o[0])
-    torch.testing.assert_close(first(got), first(expected))
+    torch.testing.assert_close(_first_tensor(got), _first_tensor(expected))
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    return next(iter(out.values())) if isinstance(out, dict) else out[0]
 
 
 def test_a_broken_archive_names_the_member_without_torch_chatter(tmp_path):
