@@ -176,7 +176,7 @@ def _graph_problem(data: bytes) -> str | None:
             if isinstance(expr, str) and (why := _sym_problem(expr)):
                 return why
             target = item.get("target")
-            if isinstance(target, str) and "inputs" in item and (why := _target_problem(target)):
+            if isinstance(target, str) and (why := _target_problem(target)):  # only Node has "target"
                 return why
             stack.extend(item.values())
         elif isinstance(item, list):
