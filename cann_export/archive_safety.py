@@ -42,8 +42,10 @@ _SAFE_TORCH_CALLABLES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not"
                          "sym_sqrt", "_sym_sqrt", "sym_fresh_size", "_check", "_check_is_size",
                          "sym_constrain_range", "sym_constrain_range_for_size", "_assert", "_assert_async")
 _SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True", "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise", "ITE", "Abs", "floor", "ceiling", "sqrt", "Max", "Min", "Add", "Mul", "Pow", "Mod"])
+# torch writes expressions in sympy's srepr form: Mul(Integer(2), Symbol('s77', positive=True, integer=True))
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-                    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^]))")
+                    r"|(?P<str>'[A-Za-z_][A-Za-z0-9_]*'|\"[A-Za-z_][A-Za-z0-9_]*\"|'[-+0-9.eE]+'|\"[-+0-9.eE]+\")"
+                    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^=]))")
 _SYMBOL = re.compile(r"^[a-z]+\d+$")
 
 
@@ -113,8 +115,9 @@ def _pickletools_globals(stream: io.BytesIO) -> set[str]:
 
 def _sym_problem(expr: str) -> str | None:
     import torch.utils._sympy.functions as sympy_functions
+    from sympy.core.assumptions import _assume_defined  # keyword names: Symbol('s0', positive=True)
 
-    allowed = _SYMPY_NAMES | set(getattr(sympy_functions, "__all__", ()))
+    allowed = _SYMPY_NAMES | set(getattr(sympy_functions, "__all__", ())) | set(_assume_defined)
     pos = 0
     while pos < len(expr):
         m = _TOKEN.match(expr, pos)
@@ -163,8 +166,8 @@ def _target_problem(target: str) -> str | None:
 def _graph_problem(data: bytes) -> str | None:
     try:
         root = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        return f"the graph is not readable JSON ({type(e).__name__})"
+    except (ValueError, RecursionError):
+        return None  # torch.export.load fails on it before evaluating anything
     stack = [root]
     while stack:
         item = stack.pop()
@@ -173,7 +176,7 @@ def _graph_problem(data: bytes) -> str | None:
             if isinstance(expr, str) and (why := _sym_problem(expr)):
                 return why
             target = item.get("target")
-            if isinstance(target, str) and "inputs" in item and (why := _target_problem(target)):
+            if isinstance(target, str) and (why := _target_problem(target)):  # only Node has "target"
                 return why
             stack.extend(item.values())
         elif isinstance(item, list):
@@ -244,7 +247,7 @@ def check_export_archive(path: Path | str, trust_pickle: bool) -> None:
     """Refuse a .pt2 that would make torch.export.load run anything beyond weights-only unpickling; the
     archive's directory is bounds-checked (archives.open_checked) even when ``trust_pickle`` is set."""
     path = Path(path)
-    with open_checked(path) as archive:
+    with open_checked(path) as archive, quiet_torch():
         if trust_pickle:
             return
         seen: set[str] = set()
@@ -314,6 +317,7 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
 
     path = Path(path)
     check_export_archive(path, trust_pickle)
+    failure: Exception
     try:
         with quiet_torch():
             if trust_pickle:
@@ -321,6 +325,25 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
             with weights_only_unpickling():
                 return torch.export.load(str(path))
     except Exception as e:
-        detail = " ".join(str(e).split())
-        raise LoadError(f"torch.export.load failed ({type(e).__name__}: {detail[:300]}); the archive may be "
-                        "truncated, crafted, or written by an incompatible torch version", path=path) from e
+        failure = e
+    # outside the except block, so the real cause is not chained to torch's generic error
+    cause = _logged_cause(path, trust_pickle) if "warnings above" in str(failure) else failure
+    raise LoadError("torch.export.load failed: the archive may be truncated, crafted, or written by an "
+                    "incompatible torch version", path=path) from cause  # the CLI shows the cause
+
+
+def _logged_cause(path: Path, trust_pickle: bool) -> BaseException:
+    """torch.export.load logs the real error and raises a generic one ("check the warnings above"); the
+    warnings are silenced, so the current-layout loader is run again to get the real error."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        with quiet_torch():
+            if trust_pickle:
+                load_pt2(str(path))
+            else:
+                with weights_only_unpickling():
+                    load_pt2(str(path))
+    except Exception as inner:  # noqa: BLE001 - whatever torch raised is the answer
+        return inner
+    return RuntimeError("torch.export.load could not deserialize the archive")

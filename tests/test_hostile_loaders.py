@@ -302,5 +302,43 @@ def test_real_architectures_load_without_trust_pickle(build, tmp_path):
     ep = load_exported_program(path, trust_pickle=False)
     expected = model(*args)
     got = ep.module()(*args)
-    first = (lambda o: o if isinstance(o, torch.Tensor) else next(iter(o.values())) if isinstance(o, dict) else o[0])
-    torch.testing.assert_close(first(got), first(expected))
+    torch.testing.assert_close(_first_tensor(got), _first_tensor(expected))
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    return next(iter(out.values())) if isinstance(out, dict) else out[0]
+
+
+def test_a_broken_archive_names_the_member_without_torch_chatter(tmp_path):
+    src = files.pt2(tmp_path)
+    path = tmp_path / "missing.pt2"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w") as zout:
+        for item in zin.infolist():
+            if not item.filename.endswith("data/weights/weight_0"):
+                zout.writestr(item, zin.read(item.filename))
+    result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "data/weights/weight_0" in result.stderr, result.output
+    assert "warnings above" not in result.stderr and "Traceback" not in result.output
+
+
+class _Dynamic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        b = x.shape[0]
+        return self.lin(x).reshape(b * 2, 2) * (b % 3 + 1) + b // 2
+
+
+def test_dynamic_shapes_graph_loads_untrusted(tmp_path):
+    """Symbolic shapes are written in sympy's srepr form (Symbol('s77', positive=True, integer=True)) and
+    SymInt arithmetic uses _operator targets: both must pass the graph check."""
+    path = tmp_path / "dyn.pt2"
+    ep = torch.export.export(_Dynamic(), (torch.randn(6, 8),), dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    torch.export.save(ep, str(path))
+    assert b"Symbol(" in zipfile.ZipFile(path).read(next(n for n in zipfile.ZipFile(path).namelist()
+                                                        if n.endswith("models/model.json")))
+    assert load_exported_program(path, trust_pickle=False).module()(torch.randn(10, 8)).shape == (20, 2)

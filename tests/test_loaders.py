@@ -113,7 +113,7 @@ def test_model_kwargs_too_deep_or_too_long_give_short_errors(tmp_path):
     path = files.state_dict(tmp_path)
     deep = run([str(path), "-o", str(tmp_path / "o"), "--model-class", files.MLP_CLASS,
                 "--model-kwargs", "[" * 50_000 + "]" * 50_000])
-    assert deep.exit_code == 2 and "nests too deeply" in deep.stderr and "RecursionError" not in deep.output
+    assert deep.exit_code == 2 and "nests too deeply" in deep.stderr and "Traceback" not in deep.output
     long = run([str(path), "-o", str(tmp_path / "o"), "--model-class", files.MLP_CLASS,
                 "--model-kwargs", json.dumps({"bogus": "x" * 100_000})])
     assert long.exit_code == 2 and "100013 characters" in long.stderr and len(long.stderr) < 2000

@@ -80,8 +80,8 @@ class SafetensorsLoader:
 
         try:
             state = load_file(str(path))
-        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
-            raise LoadError(f"cannot read safetensors weights ({type(e).__name__}: {e})", path=path) from None
+        except Exception as e:
+            raise LoadError(f"cannot read safetensors weights ({type(e).__name__}: {e})", path=path) from e
         return LoadedModel(build_from_state_dict(state, options, path), "module")
 
 
@@ -191,7 +191,7 @@ def import_callable(spec: str) -> Any:
         return target
     except (ImportError, AttributeError) as e:
         raise LoadError(f"--model-class {spec!r} does not import ({type(e).__name__}: {e}); check the module "
-                        "is on PYTHONPATH and the name is spelled as pkg.module:Callable") from None
+                        "is on PYTHONPATH and the name is spelled as pkg.module:Callable") from e
     finally:
         if added:
             sys.path.remove(str(Path.cwd()))
@@ -231,7 +231,7 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise LoadError(f"weights do not fit {options.model_class}: {' '.join(str(e).split())[:500]}", path=path) from None
+        raise LoadError(f"weights do not fit {options.model_class}: {' '.join(str(e).split())[:500]}", path=path) from e
     return model
 
 
