@@ -215,7 +215,9 @@ class LocalStore:
         from .errors import ZooIntegrityError
         from .schema import check_manifest
 
-        path = self.models / name / version / "manifest.json"
+        from .names import check_name, check_version
+
+        path = self.models / check_name(name) / check_version(version) / "manifest.json"  # index rows are data too
         try:
             raw = path.read_bytes()
             manifest = json.loads(raw)
