@@ -228,8 +228,9 @@ class LocalStore:
         where = f"{name} version {version}"
         sha = hashlib.sha256(raw).hexdigest()
         if rows and rows[0]["manifest_sha256"] and rows[0]["manifest_sha256"] != sha:
-            raise ZooIntegrityError(f"{where}: manifest.json is not the file that was published (its sha256 differs "
-                                    "from the index); nothing was loaded. Restore the version or publish it again",
+            raise ZooIntegrityError(f"{where}: manifest.json was changed after publish (not the file that was "
+                                    "published: its sha256 differs from the index); nothing was loaded. Restore the "
+                                    "version or publish it again",
                                     path=str(path))
         return check_manifest(manifest, where, rows[0]["digest"] if rows else None, name, version), sha
 
