@@ -213,9 +213,8 @@ class LocalStore:
     def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
         """The checked manifest and the sha256 of its bytes (which must match the index's when recorded)."""
         from .errors import ZooIntegrityError
-        from .schema import check_manifest
-
         from .names import check_name, check_version
+        from .schema import check_manifest
 
         path = self.models / check_name(name) / check_version(version) / "manifest.json"  # index rows are data too
         try:
