@@ -1,13 +1,14 @@
 """``torch/program.pt2`` in an atc_ready bundle: the torch.export program of the stripped eval model, so
 the model zoo can give a runnable module back (``load_model(name, framework="pytorch")``) from data alone,
 loaded weights-only, with no callable to import. Best effort: a model torch.export cannot capture, a
-TorchScript model or one past the external-data size gets no program and a warning in the manifest."""
+TorchScript model or one with more than 1 GiB of weights gets no program and a warning in the manifest."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 PROGRAM_FILE = "torch/program.pt2"
+MAX_BYTES = 1 << 30  # above this the bundle would carry a second GiB-sized copy of the weights
 
 
 def _skip(ctx: Any, why: str) -> list[Path]:
@@ -38,8 +39,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     if loaded is None or loaded.kind not in ("module", "exported_program") or not isinstance(model, torch.nn.Module):
         return _skip(ctx, f"a {getattr(loaded, 'kind', 'unknown')} model has no torch.export form")
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    if size > ctx.options.external_data_threshold:
-        return _skip(ctx, f"{size} bytes of weights is past the external-data threshold")
+    if size > min(ctx.options.external_data_threshold, MAX_BYTES):
+        return _skip(ctx, f"{size} bytes of weights is past {min(ctx.options.external_data_threshold, MAX_BYTES)} "
+                          "(a second copy of large weights is not written)")
     inputs = ctx.example_inputs
     if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))

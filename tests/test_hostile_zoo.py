@@ -199,7 +199,7 @@ def test_manifest_bytes_are_pinned_by_the_index(tmp_path):
     assert hashlib.sha256((tmp_path / "out" / "manifest.json").read_bytes()).hexdigest() == rec["manifest_sha256"]
     # the same content re-serialised (digest still valid) is not the published file
     path.write_text(json.dumps(json.loads(path.read_text())))
-    with pytest.raises(ZooIntegrityError, match="not the file that was published"):
+    with pytest.raises(ZooIntegrityError, match="changed after publish .not the file that was published"):
         load_model("m", zoo=str(zoo), model_class="helpers.toy_models:MLP")
 
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from . import card as cards
+from .artifacts import stage_artifact
 from .errors import ZooError
 from .files import copy_hashed, fsync_file, hash_file
+from .layout import PROGRAM, WEIGHTS
 
-WEIGHTS = "weights/model.safetensors"
-PROGRAM = "architecture/program.pt2"
-BUNDLE_PROGRAM = "torch/program.pt2"  # the torch.export program an atc_ready bundle carries
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 
 
@@ -51,7 +49,7 @@ def stage(staged: Staged, model: Any, *, model_class: str | None, model_kwargs: 
                            "exported bundle", path=path)
         staged.source = {"path": str(path)}
         if _is_artifact(path):
-            _stage_artifact(staged, path)
+            stage_artifact(staged, path)
         else:
             _stage_weights_file(staged, path, model_class, model_kwargs, trust_pickle)
     elif model is not None:
@@ -65,7 +63,7 @@ def stage(staged: Staged, model: Any, *, model_class: str | None, model_kwargs: 
         if not path.exists() or not _is_artifact(path):
             raise ZooError("not an exported artifact; pass an atc_ready/om bundle directory, an om-stub or an "
                            ".onnx file", path=path)
-        _stage_artifact(staged, path)
+        stage_artifact(staged, path)
     if staged.weights is None and not staged.artifacts:
         raise ZooError("nothing to publish: pass model= (an nn.Module, a weights file or a bundle)")
     if staged.weights is not None and staged.architecture is None:
@@ -338,88 +336,6 @@ def _export_program(staged: Staged, model: Any, example_inputs: Any) -> dict[str
     torch.export.save(ep, str(staged.root / PROGRAM))
     staged.written(PROGRAM)
     return {"kind": "torch.export", "file": PROGRAM}
-
-
-# ----------------------------------------------------------------------------------------- artifacts
-
-
-def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
-    parts = [str(p) for p in (fmt, soc, precision) if p]
-    bad = [p for p in parts if not re.fullmatch(r"[A-Za-z0-9._+]+", p) or p in (".", "..")]
-    if bad:
-        raise ZooError(f"the artifact's target fields {bad} are not plain names (format, soc_version, precision "
-                       "mode); the bundle's manifest is damaged or forged")
-    return "-".join(parts)
-
-
-def _stage_artifact(staged: Staged, path: Path) -> None:
-    from ..bundle import open_artifact, read_bundle, verify_files
-    from ..errors import ValidateError
-
-    if path.suffix == ".onnx" and path.is_file():
-        key = "onnx"
-        rels = [path.name] + ([path.name + ".data"] if path.with_name(path.name + ".data").is_file() else [])
-        entry = {"format": "onnx", "soc_version": None, "precision_mode": None, "path": f"artifacts/{key}",
-                 "model_file": path.name}
-        if key in staged.artifacts:
-            raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
-        for rel in rels:
-            staged.copy(path.parent / rel, f"artifacts/{key}/{rel}")
-        staged.artifacts[key] = entry
-        staged.lineage.append({"target": key, "onnx_sha256": staged.known[f"artifacts/{key}/{path.name}"]["sha256"]})
-        return
-    try:
-        with open_artifact(path) as bundle:
-            manifest = read_bundle(bundle)
-            verify_files(bundle, manifest)
-            atc = manifest.get("atc") or {}
-            fmt = manifest.get("format") or "atc_ready"
-            key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
-            if key in staged.artifacts:
-                raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
-            base = f"artifacts/{key}"
-            if path.is_dir():
-                for rel in sorted(manifest.get("files") or {}) + ["manifest.json"]:
-                    staged.copy(path / rel, f"{base}/{rel}")
-            else:  # a single-file artifact (om-stub, archive): the bundle travels inside it
-                staged.copy(path, f"{base}/{path.name}")
-            if BUNDLE_PROGRAM in (manifest.get("files") or {}) and staged.architecture is None:
-                _stage_bundle_program(staged, Path(bundle) / BUNDLE_PROGRAM, key)
-    except ValidateError as e:
-        raise ZooError(f"refused to publish a damaged artifact: {e.message}", path=path) from e
-    files = manifest.get("files") or {}
-    model = manifest.get("model") or {}
-    onnx_file = model.get("file") or "model.onnx"
-    om = atc.get("om") or {}
-    prov = manifest.get("provenance") or {}
-    staged.artifacts[key] = {
-        "format": fmt, "soc_version": atc.get("soc_version"), "precision_mode": atc.get("precision_mode"),
-        "path": base, "model_file": onnx_file if path.is_dir() else path.name, "bundle": path.is_dir(),
-        "opset": model.get("opset"), "exporter": model.get("exporter"), "parity": manifest.get("parity"),
-    }
-    staged.lineage.append({
-        "target": key,
-        "source": prov.get("source"), "source_weights_sha256": prov.get("source_sha256"),
-        "onnx_sha256": (files.get(onnx_file) or {}).get("sha256"), "exporter": model.get("exporter"),
-        "opset": model.get("opset"),
-        "om_sha256": om.get("sha256") if path.is_dir() else staged.known[f"{base}/{path.name}"]["sha256"],
-        "om_kind": om.get("kind"), "atc_command": " ".join(atc.get("command") or []) or None,
-    })
-    staged.tools.update({f"export.{k}": v for k, v in prov.items() if k in ("tool", "torch", "onnx", "onnxruntime")})
-
-
-def _stage_bundle_program(staged: Staged, program: Path, key: str) -> None:
-    """The bundle's torch.export program becomes the version's architecture (checked weights-only now, and
-    again at every load), so load_model(framework="pytorch") needs no model_class."""
-    from ..archive_safety import check_export_archive
-    from ..errors import LoadError
-
-    try:
-        check_export_archive(program, trust_pickle=False)
-    except LoadError as e:
-        raise ZooError(f"refused the artifact's torch.export program: {e.message}", path=str(program)) from e
-    staged.copy(program, PROGRAM)
-    staged.architecture = {"kind": "torch.export", "file": PROGRAM, "from_artifact": key}
 
 
 def write_card(staged: Staged, name: str, metadata: dict[str, Any], card: Any) -> dict[str, Any]:

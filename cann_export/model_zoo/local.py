@@ -213,9 +213,10 @@ class LocalStore:
     def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
         """The checked manifest and the sha256 of its bytes (which must match the index's when recorded)."""
         from .errors import ZooIntegrityError
+        from .names import check_name, check_version
         from .schema import check_manifest
 
-        path = self.models / name / version / "manifest.json"
+        path = self.models / check_name(name) / check_version(version) / "manifest.json"  # index rows are data too
         try:
             raw = path.read_bytes()
             manifest = json.loads(raw)
@@ -226,8 +227,9 @@ class LocalStore:
         where = f"{name} version {version}"
         sha = hashlib.sha256(raw).hexdigest()
         if rows and rows[0]["manifest_sha256"] and rows[0]["manifest_sha256"] != sha:
-            raise ZooIntegrityError(f"{where}: manifest.json is not the file that was published (its sha256 differs "
-                                    "from the index); nothing was loaded. Restore the version or publish it again",
+            raise ZooIntegrityError(f"{where}: manifest.json was changed after publish (not the file that was "
+                                    "published: its sha256 differs from the index); nothing was loaded. Restore the "
+                                    "version or publish it again",
                                     path=str(path))
         return check_manifest(manifest, where, rows[0]["digest"] if rows else None, name, version), sha
 

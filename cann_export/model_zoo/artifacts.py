@@ -1,0 +1,91 @@
+"""Exported artifacts in a version: each under ``artifacts/TARGET`` (format, soc_version, precision mode),
+with its lineage; an atc_ready bundle's torch.export program becomes the version's architecture."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import ZooError
+from .layout import BUNDLE_PROGRAM, PROGRAM
+
+
+def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
+    parts = [str(p) for p in (fmt, soc, precision) if p]
+    bad = [p for p in parts if not re.fullmatch(r"[A-Za-z0-9._+]+", p) or p in (".", "..")]
+    if bad:
+        raise ZooError(f"the artifact's target fields {bad} are not plain names (format, soc_version, precision "
+                       "mode); the bundle's manifest is damaged or forged")
+    return "-".join(parts)
+
+
+def stage_artifact(staged: Any, path: Path) -> None:
+    """Stage an exported artifact (bundle directory, single-file bundle, om-stub or .onnx) under its target key;
+    a bundle's torch.export program becomes the version's architecture."""
+    from ..bundle import open_artifact, read_bundle, verify_files
+    from ..errors import ValidateError
+
+    if path.suffix == ".onnx" and path.is_file():
+        key = "onnx"
+        rels = [path.name] + ([path.name + ".data"] if path.with_name(path.name + ".data").is_file() else [])
+        entry = {"format": "onnx", "soc_version": None, "precision_mode": None, "path": f"artifacts/{key}",
+                 "model_file": path.name}
+        if key in staged.artifacts:
+            raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+        for rel in rels:
+            staged.copy(path.parent / rel, f"artifacts/{key}/{rel}")
+        staged.artifacts[key] = entry
+        staged.lineage.append({"target": key, "onnx_sha256": staged.known[f"artifacts/{key}/{path.name}"]["sha256"]})
+        return
+    try:
+        with open_artifact(path) as bundle:
+            manifest = read_bundle(bundle)
+            verify_files(bundle, manifest)
+            atc = manifest.get("atc") or {}
+            fmt = manifest.get("format") or "atc_ready"
+            key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
+            if key in staged.artifacts:
+                raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+            base = f"artifacts/{key}"
+            if path.is_dir():
+                for rel in sorted(manifest.get("files") or {}) + ["manifest.json"]:
+                    staged.copy(path / rel, f"{base}/{rel}")
+            else:  # a single-file artifact (om-stub, archive): the bundle travels inside it
+                staged.copy(path, f"{base}/{path.name}")
+            if BUNDLE_PROGRAM in (manifest.get("files") or {}) and staged.architecture is None:
+                _stage_bundle_program(staged, Path(bundle) / BUNDLE_PROGRAM, key)
+    except ValidateError as e:
+        raise ZooError(f"refused to publish a damaged artifact: {e.message}", path=path) from e
+    files = manifest.get("files") or {}
+    model = manifest.get("model") or {}
+    onnx_file = model.get("file") or "model.onnx"
+    om = atc.get("om") or {}
+    prov = manifest.get("provenance") or {}
+    staged.artifacts[key] = {
+        "format": fmt, "soc_version": atc.get("soc_version"), "precision_mode": atc.get("precision_mode"),
+        "path": base, "model_file": onnx_file if path.is_dir() else path.name, "bundle": path.is_dir(),
+        "opset": model.get("opset"), "exporter": model.get("exporter"), "parity": manifest.get("parity"),
+    }
+    staged.lineage.append({
+        "target": key,
+        "source": prov.get("source"), "source_weights_sha256": prov.get("source_sha256"),
+        "onnx_sha256": (files.get(onnx_file) or {}).get("sha256"), "exporter": model.get("exporter"),
+        "opset": model.get("opset"),
+        "om_sha256": om.get("sha256") if path.is_dir() else staged.known[f"{base}/{path.name}"]["sha256"],
+        "om_kind": om.get("kind"), "atc_command": " ".join(atc.get("command") or []) or None,
+    })
+    staged.tools.update({f"export.{k}": v for k, v in prov.items() if k in ("tool", "torch", "onnx", "onnxruntime")})
+
+
+def _stage_bundle_program(staged: Any, program: Path, key: str) -> None:
+    """The bundle's torch.export program becomes the version's architecture (checked weights-only now, and
+    again at every load), so load_model(framework="pytorch") needs no model_class."""
+    from ..archive_safety import check_export_archive
+    from ..errors import LoadError
+
+    try:
+        check_export_archive(program, trust_pickle=False)
+    except LoadError as e:
+        raise ZooError(f"refused the artifact's torch.export program: {e.message}", path=str(program)) from e
+    staged.copy(program, PROGRAM)
+    staged.architecture = {"kind": "torch.export", "file": PROGRAM, "from_artifact": key}
