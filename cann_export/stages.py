@@ -108,7 +108,12 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
     vocab = {n: inputs_mod.embedding_vocab(ctx.model, n) for n in feed if "ids" in n.lower()}
-    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab) if opts.validate else []
+    # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
+    # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
+    quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
+    kinds = ("normal",) if quantized else inputs_mod.FLOAT_DISTRIBUTIONS
+    variants = (inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
+                if opts.validate else [])
     samples = []
     if opts.validate and opts.parity_data:
         from .parity_data import read_parity_data
