@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def models():
-    from test_device_precision import Overflowing, big_input
+    from helpers.calibration_models import reduction_overflow
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -34,8 +34,8 @@ def models():
     g = torch.Generator().manual_seed(0)
     bert_in = {"input_ids": torch.randint(0, 30522, (1, 128), generator=g),
                "attention_mask": torch.ones(1, 128, dtype=torch.int64)}
-    return {"bert-4L-256 (passes)": (bert, bert_in), "sum-of-squares 1300 (overflows)": (Overflowing().eval(),
-                                                                                      {"x": big_input()})}
+    return {"bert-4L-256 (passes)": (bert, bert_in), "sum-of-squares 1300 (overflows)": (reduction_overflow()[0],
+                                                                                      reduction_overflow()[1])}
 
 
 def median_time(fn, repeat):

@@ -178,6 +178,9 @@ def _print_result(result: Any) -> None:
         click.echo(parity["first_divergence"]["message"])
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
+    fix = (parity.get("precision") or {}).get("fix")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
     if not parity["passed"]:
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
 
