@@ -238,6 +238,9 @@ def _print_result(result: Any) -> None:
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
+    fix = (parity.get("precision") or {}).get("fix")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
     if not parity["passed"]:
         if parity.get("reason"):
             click.echo(f"parity failed: {parity['reason']}", err=True)

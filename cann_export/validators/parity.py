@@ -117,7 +117,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     from .device_parity import device_report, fix_precision
     from .precision import emulation_for
 
-    if emulation_for(mode).rounds == "none":
+    if emulation_for(mode).reduces == "none":
         report["precision"] = {"mode": mode, "emulated": emulation_for(mode).description, "keep_dtype": keep}
         return report
     names = [o["name"] for o in report["outputs"]]
@@ -125,8 +125,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     if fix:
         device, kept = fix_precision(model, mode, keep, *args)
         if reports is not None:
-            reports["precision_fix"] = {"kept": kept, "passed": device["passed"],
-                                        "kept_modules": sorted({paths.get(n, n) for n in kept})}
+            reports["precision_fix"] = {**device["precision"]["fix"], "passed": device["passed"]}
         device["fixed_by_keep_dtype"] = kept
     else:
         device = device_report(model, mode, keep, *args)
