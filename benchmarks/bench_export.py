@@ -313,7 +313,10 @@ def print_table(results: dict[str, dict], help_result: dict, args: argparse.Name
                      f"{r['raw_peak_mib']:.0f}", f"{r['pipeline_peak_mib']:.0f}",
                      f"{r['rss_ratio']:.3f}{'' if r['rss_ok'] else ' !'}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+
+    def line(row: tuple) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+
     print(f"\ncann-export --format onnx vs raw toolchain (opset {args.opset}, median of {args.repeat})")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -24,9 +24,35 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
 
     if model is None or output_path is None:
         raise OptionsError("cann.torch.export needs model= and output_path=")
-    return api.export(model, output_path, export_format, example_inputs,
-                      include_optimizer_state=include_optimizer_state, optimizer=optimizer,
-                      metadata=dict(metadata or {}), atc_hints=dict(atc_hints or {}), **options)
+    _check_qat_applied(model)
+    from cann_export.qat import auto
+
+    with auto.suspended():
+        return api.export(model, output_path, export_format, example_inputs,
+                          include_optimizer_state=include_optimizer_state, optimizer=optimizer,
+                          metadata=dict(metadata or {}), atc_hints=dict(atc_hints or {}), **options)
+
+
+def _check_qat_applied(model: Any) -> None:
+    """QAT configured but never applied would silently export a float model: refuse with what to do."""
+    from cann_export.errors import OptionsError
+    from cann_export.qat import qat_state
+
+    if not _config["quantization_aware_training"] or not hasattr(model, "named_modules"):
+        return
+    if qat_state(model) is None and not _ao_quantized(model):
+        raise OptionsError(
+            "cann.torch.config(quantization_aware_training=True) is set, but this model was never trained after "
+            "it: fake quantization goes in at the model's first forward call in train mode. Run the training "
+            "loop after config(...), or call cann.torch.prepare(model) before training; to export in float, "
+            "call cann.torch.config(quantization_aware_training=False) first")
+
+
+def _ao_quantized(model: Any) -> bool:
+    """A model prepared with PyTorch's own QAT API (FakeQuantize modules) counts as quantized."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    return any(isinstance(m, FakeQuantizeBase) for m in model.modules())
 
 
 def track(model: Any) -> Any:
@@ -111,6 +137,12 @@ def config(**settings: Any) -> dict[str, Any]:
     chosen = training.parse({k: v for k, v in settings.items() if k in training.KEYS}, training.current())
     training.set_current(chosen)  # the library's QAT fine-tuning and calibration loops follow these
     _config.update({k: v for k, v in settings.items() if k not in training.KEYS})
+    from cann_export.qat import auto
+
+    if _config["quantization_aware_training"]:  # the user's own loop becomes a QAT loop (see qat/auto.py)
+        auto.install(_config["quant_config"])
+    else:
+        auto.uninstall()
     return {**_config, **chosen.to_dict()}
 
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, digests, errors, quant_stages, stages
+from . import atc_hints, atomic, digests, errors, large_model, quant_stages, stages
 from . import plugin_manager as plugins
 from .options import ExportOptions, Tolerance
 from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
@@ -71,13 +70,15 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     recorded and ``result.ok`` is False.
     """
     opts = _options(export_format, dict(options))
-    formats = plugins.collect("register_formats")
-    opts.check(list(formats))
+    formats = plugins.registry().formats()
+    opts.check(formats, [e.name for e in plugins.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
     output = Path(output_path)
-    atomic.check_target(output, opts.overwrite)
+    protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
+                                opts.calibration_data) if p)
+    atomic.check_target(output, opts.overwrite, protect)
     for target in getattr(formats[opts.export_format], "targets", lambda o: [o])(output):
-        atomic.check_target(target, opts.overwrite)
+        atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
     ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
@@ -112,6 +113,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     except BaseException:
         atomic.discard(ctx.staging)
         raise
+    finally:
+        large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
     run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")
@@ -124,9 +127,10 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         format=opts.export_format,
         output=str(ctx.output_path),
         files=[str(f) for f in files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"]},
+        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
+              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
         parity=summarize_parity(parity) if parity else None,
-        manifest=getattr(ctx, "manifest", {}),
+        manifest=ctx.manifest,
         published=ctx.reports.get("publish"),
         manifest_sha256=manifest_digest,
     )
@@ -197,7 +201,9 @@ def _parity_data(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, di
     except Exception as e:
         raise errors.ValidateError(f"the parity data is unreadable ({type(e).__name__}: {e}); the bundle is damaged, "
                                    "export it again", path=bundle) from e
-    tol = (manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict()
+    tol = dict((manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict())
+    device_tol = ((manifest.get("parity") or {}).get("device") or {}).get("tolerance") or {}
+    tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
     tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
     return feeds, expected, tol
 
@@ -210,4 +216,7 @@ def inspect(path: str | Path) -> dict[str, Any]:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, default=str)
+    """Strict RFC 8259 JSON of ``data``: what ``--json`` prints (see cann_export.jsonio)."""
+    from .jsonio import dumps
+
+    return dumps(data)

@@ -12,7 +12,7 @@ DEFAULT_PRECISION_MODE = "force_fp16"
 def resolve(options: Any) -> list[str]:
     """Normalise ``options.atc_hints`` in place; return warnings. Raises OptionsError naming both
     options of a refused combination, or listing the known hints for an unknown one."""
-    specs = plugin_manager.collect("register_atc_hints")
+    specs = plugin_manager.registry().atc_hints()
     hints = dict(options.atc_hints or {})
     unknown = sorted(k for k in hints if k not in specs)
     if unknown:
@@ -22,7 +22,7 @@ def resolve(options: Any) -> list[str]:
         try:
             hints[key] = specs[key].normalize(value)
         except (ValueError, TypeError) as e:
-            raise OptionsError(f"ATC hint {key}={value!r}: {e}") from None
+            raise OptionsError(f"ATC hint {key}={value!r}: {e}") from e
     explicit = set(hints)
     if options.precision_mode != DEFAULT_PRECISION_MODE:
         explicit.add("precision_mode")

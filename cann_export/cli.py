@@ -1,7 +1,6 @@
 """The ``cann-export`` command: a thin layer over the Python API that prints and sets exit codes."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -9,9 +8,31 @@ from typing import Any
 
 import click
 
-from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError
+from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError, gist
+from .jsonio import dumps as to_json
 
 FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
+
+
+class Registered(click.Choice):
+    """A choice among the names a registry holds now (formats, exporters, backends), plus fixed ``extra``
+    values: plugins' names are accepted and listed in --help exactly like the built-ins'."""
+
+    def __init__(self, registry_name: str, extra: tuple[str, ...] = ()) -> None:
+        self.registry_name, self.extra = registry_name, extra
+        super().__init__([])
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        from .plugin_manager import registry
+
+        found = getattr(registry(), self.registry_name)()
+        names = list(found) if isinstance(found, dict) else [obj.name for obj in found]
+        return (*self.extra, *sorted(names))
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns it
+        pass
 
 
 class DefaultCommandGroup(click.Group):
@@ -27,23 +48,28 @@ def _emit_error(err: Exception, as_json: bool) -> int:
     if isinstance(err, ExportError):
         code, payload = err.exit_code, err.to_dict()
         text = f"error: {err}"
+        if payload.get("cause"):
+            text += f" (cause: {payload['cause']})"
     else:
-        code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {err}"}
-        text = (f"error: [internal] {type(err).__name__}: {err}. This is a bug in cann-export; "
+        code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {gist(err)}"}
+        text = (f"error: [internal] {type(err).__name__}: {gist(err)}. This is a bug in cann-export; "
                 "set CANN_EXPORT_DEBUG=1 for a traceback and report it")
     if as_json:
-        click.echo(json.dumps({"ok": False, "error": payload}))
+        click.echo(to_json({"ok": False, "error": payload}))
     click.echo(text, err=True)
     return code
 
 
 def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
-    """Run a command body; turn errors into one message and an exit code, never a traceback."""
+    """Run a command body; turn errors into one message and an exit code, never a traceback
+    (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first)."""
     try:
         code = fn()
-    except (ExportError, Exception) as e:
-        if os.environ.get("CANN_EXPORT_DEBUG") and not isinstance(e, ExportError):
-            raise
+    except (ExportError, Exception) as e:  # noqa: BLE001 - every error becomes one message and an exit code
+        if os.environ.get("CANN_EXPORT_DEBUG"):
+            import traceback
+
+            click.echo("".join(traceback.format_exception(e)), err=True, nl=False)
         code = _emit_error(e, as_json)
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)
@@ -52,7 +78,9 @@ def run_guarded(as_json: bool, fn: Callable[[], int]) -> None:
 
 
 def _progress(index: int, stage: str, status: str, seconds: float) -> None:
-    click.echo(f"[{index}/11] {stage} ... {status} ({seconds:.2f}s)", err=True)
+    from .pipeline import STAGES
+
+    click.echo(f"[{index}/{len(STAGES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +95,7 @@ def cli() -> None:
 @cli.command("export")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
-@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, help=FORMATS_HELP)
+@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, type=Registered("formats"), help=FORMATS_HELP)
 @click.option("--model-class", help="pkg.module:Callable that builds the module for a state_dict / safetensors file.")
 @click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file: only for files you trust).")
@@ -82,10 +110,12 @@ def cli() -> None:
 @click.option("--precision-mode", default="force_fp16", show_default=True, help="ATC --precision_mode value.")
 @click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
 @click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
-@click.option("--exporter", default="auto", show_default=True, type=click.Choice(["auto", "dynamo", "torchscript"]))
+@click.option("--exporter", default="auto", show_default=True, type=Registered("exporters", ("auto",)), help="ONNX exporter (auto: each in priority order until one gives a valid graph).")
 @click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
+@click.option("--parity-data", type=click.Path(path_type=str), help="safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys N/NAME); metrics over all samples.")
+@click.option("--accept-trace-specialization", is_flag=True, help="Accept a traced graph (TorchScript fallback) that tracing specialised to the example's path.")
 @click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")
 @click.option("--rtol", type=float, default=None, help="Parity relative tolerance (default 1e-3).")
 @click.option("--min-cosine", type=float, default=None, help="Parity minimum cosine similarity (default 0.999).")
@@ -94,7 +124,7 @@ def cli() -> None:
 @click.option("--calibration-data", type=click.Path(path_type=str), help="safetensors file of input batches for calibration / QAT.")
 @click.option("--qat-steps", type=int, default=200, show_default=True, help="QAT fine-tuning steps.")
 @click.option("--qat-lr", type=float, default=1e-4, show_default=True, help="QAT learning rate.")
-@click.option("--backend", default="auto", show_default=True, help="Device the model runs on for QAT and the reference (cpu, cuda, npu, npu-sim, auto).")
+@click.option("--backend", default="auto", show_default=True, type=Registered("backends", ("auto",)), help="Device the model runs on for QAT and the reference (auto: the real NPU, else the CPU).")
 @click.option("--publish", default=None, help="Publish the artifact to the model zoo under this name.")
 @click.option("--zoo", default=None, help="Model zoo location (directory or s3://bucket/prefix; default $CANN_MODEL_ZOO or the user cache).")
 @click.option("--require-atc", is_flag=True, help="--format om: fail (exit 3) when `atc` is not on PATH instead of writing an om-stub.")
@@ -104,7 +134,8 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int, strict_opset: bool,
                cann_version: str, lint_mode: str, fix_precision: bool,
                soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
-               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, atol: float | None,
+               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, parity_data: str | None,
+               accept_trace_specialization: bool, atol: float | None,
                rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
                qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
                require_atc: bool, overwrite: bool, as_json: bool) -> None:
@@ -116,23 +147,26 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
 
         kwargs = parse_model_kwargs(model_kwargs)
         out = output or _default_output(model, export_format)
-        result = api.export(
-            model, out, export_format,
-            model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
-            input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
-            cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
-            soc_version=soc_version, precision_mode=precision_mode,
-            metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
-            exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
-            atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
-            qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-            overwrite=overwrite, require_atc=require_atc, progress=_progress, train_callback=_TrainProgress() if quantize == "qat" else None,
-        )
+
+        with _TrainProgress() as train_progress:  # closed however the export ends
+            result = api.export(
+                model, out, export_format,
+                model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
+                input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
+                cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
+                soc_version=soc_version, precision_mode=precision_mode,
+                metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
+                exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
+                parity_data=parity_data, accept_trace_specialization=accept_trace_specialization,
+                atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
+                qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
+                overwrite=overwrite, require_atc=require_atc, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
+            )
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)
             return 0
         if as_json:
-            click.echo(json.dumps(result.to_dict(), default=str))
+            click.echo(to_json(result.to_dict()))
         else:
             _print_result(result)
         return 0 if result.ok else EXIT_PARITY_FAILED
@@ -141,20 +175,27 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
 
 
 class _TrainProgress:
-    """A progress bar with the distillation loss, on stderr."""
+    """A progress bar with the distillation loss, on stderr. Used as a context manager around the export,
+    so the bar is closed however training ends (a raised error included)."""
 
     def __init__(self) -> None:
         self.bar: Any = None
+
+    def __enter__(self) -> _TrainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+            self.bar = None
 
     def __call__(self, step: int, total: int, loss: float) -> None:
         if self.bar is None:
             self.bar = click.progressbar(length=total, label="qat fine-tuning", file=sys.stderr,
                                          item_show_func=lambda item: item, show_pos=True)
-            self.bar.__enter__()
         self.bar.update(1, f"loss {loss:.4g}")
         if step >= total:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
+            self.__exit__(None, None, None)
 
 
 def _default_output(model: str, export_format: str) -> str:
@@ -177,15 +218,34 @@ def _print_result(result: Any) -> None:
                f"reference: {parity['reference']})")
     if parity.get("precision"):
         click.echo(f"device precision: {parity['precision']['mode']} (emulated: {parity['precision']['emulated']})")
-    for o in parity["outputs"]:
-        mark = "ok  " if o["passed"] else "FAIL"
-        click.echo(f"  {mark} {o['name']}: max_abs={o['max_abs']:.3g} max_rel={o['max_rel']:.3g} cosine={o['cosine']:.6f}")
+    sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
+    if parity.get("device"):
+        sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
+    for title, section in sections:
+        tol = ", ".join(f"{k}={v:g}" for k, v in (section.get("tolerance") or {}).items() if isinstance(v, (int, float)))
+        click.echo(f"  {title}" + (f" [{tol}]" if tol else ""))
+        for o in section["outputs"]:
+            mark = "ok  " if o["passed"] else "FAIL"
+            click.echo(f"    {mark} {o['name']}: max_abs={_num(o.get('max_abs'))} max_rel={_num(o.get('max_rel'))} "
+                       f"cosine={_num(o.get('cosine'), '.6f')}" + (f" ({o['reason']})" if o.get("reason") else ""))
     if parity.get("first_divergence"):
         click.echo(parity["first_divergence"]["message"])
+    if parity.get("trace_specialized"):
+        spec = parity["trace_specialized"]
+        from .trace_check import where
+
+        click.echo(f"traced graph, specialised to the example's path ({'accepted' if spec['accepted'] else 'not accepted'}): "
+                   + "; ".join(where(f) for f in spec["warnings"][:3]))
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
     if not parity["passed"]:
+        if parity.get("reason"):
+            click.echo(f"parity failed: {parity['reason']}", err=True)
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+def _num(value: Any, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 @cli.command("validate")
@@ -209,8 +269,8 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
         report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
         summary = summarize_parity(report)
         if as_json:
-            click.echo(json.dumps({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
-                                   "parity": summary}, default=str))
+            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
+                                "parity": summary}))
         else:
             click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
                        f"{report['manifest_sha256']})")
@@ -232,7 +292,7 @@ def inspect_cmd(path: str, as_json: bool) -> None:
 
         info = api.inspect(path)
         if as_json:
-            click.echo(json.dumps(info, default=str))
+            click.echo(to_json(info))
             return 0
         click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
         for title in ("inputs", "outputs"):
@@ -271,7 +331,7 @@ def plugins_cmd(as_json: bool) -> None:
 
         rows = describe_plugins()
         if as_json:
-            click.echo(json.dumps(rows))
+            click.echo(to_json(rows))
         else:
             for row in rows:
                 kind = "built-in" if row["builtin"] else "third-party"
@@ -282,9 +342,9 @@ def plugins_cmd(as_json: bool) -> None:
 
 
 def _register_plugin_commands() -> None:
-    from .plugin_manager import get_plugin_manager
+    from .plugin_manager import registry
 
-    get_plugin_manager().hook.register_commands(cli=cli)
+    registry().add_commands(cli)
 
 
 def main() -> None:

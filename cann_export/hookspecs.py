@@ -1,7 +1,10 @@
 """Every hook cann-export calls. Plugins implement them with ``@cann_export.hookimpl``.
 
 Registries use the register-callback pattern: the hook receives ``register`` and calls it once per
-object it contributes. Names must be unique across plugins; a duplicate is an error, not last-wins.
+object it contributes. Each object must satisfy its extension point's ``typing.Protocol`` in
+``cann_export.contracts`` (every attribute and method the core uses; a missing one is a PluginError at
+registration). Names must be unique across plugins; a duplicate is an error, not last-wins. The core calls
+these hooks only through ``plugin_manager.registry()``.
 """
 from __future__ import annotations
 
@@ -16,33 +19,33 @@ hookimpl = pluggy.HookimplMarker("cann_export")
 
 @hookspec
 def register_loaders(register: Callable[[Any], None]) -> None:
-    """Register loaders: objects with ``name``, ``priority``, ``matches(path) -> bool`` and
-    ``load(path, options) -> LoadedModel``. The first matching loader by descending priority wins."""
+    """Register loaders (contracts.Loader): ``name``, ``priority``, ``matches(path)``, ``load(path, options) ->
+    LoadedModel``. The matching loader with the highest priority wins."""
 
 
 @hookspec
 def register_passes(register: Callable[[Any], None]) -> None:
-    """Register strip passes: objects with ``name``, ``order`` (ascending run order) and any of
-    ``apply_module(model, ctx) -> model`` (strip stage, on the torch module), ``apply_graph(onnx_model, ctx)``
+    """Register passes (contracts.Pass): ``name``, ``order`` (ascending run order) and any of
+    ``apply_module(model, ctx)`` (strip stage, on the torch module), ``apply_graph(onnx_model, ctx)``
     (optimize stage, before onnxsim) and ``apply_final_graph(onnx_model, ctx)`` (after onnxsim)."""
 
 
 @hookspec
 def register_exporters(register: Callable[[Any], None]) -> None:
-    """Register ONNX exporters for the capture stage: objects with ``name``, ``priority`` (tried in
-    descending order), ``supports(model) -> bool`` and ``export(model, ctx) -> onnx.ModelProto``."""
+    """Register ONNX exporters (contracts.Exporter): ``name``, ``priority`` (tried in descending order),
+    ``supports(model)`` and ``export(model, ctx) -> onnx.ModelProto``. ``--exporter NAME`` picks one."""
 
 
 @hookspec
 def register_formats(register: Callable[[Any], None]) -> None:
-    """Register output formats: objects with ``name``, ``description``, ``is_directory`` and
-    ``write(ctx, staging: Path) -> list[Path]`` writing the artifact under the staging path."""
+    """Register output formats (contracts.Format): ``name``, ``description``, ``is_directory``, the
+    declarations ``atc_opsets`` / ``device_parity`` / ``lint``, and ``write`` / ``finalize`` / ``commit``."""
 
 
 @hookspec
 def register_validators(register: Callable[[Any], None]) -> None:
-    """Register validators: objects with ``name``, ``formats`` (tuple of format names or ``"*"``) and
-    ``check(ctx) -> dict`` returning a report with at least ``{"passed": bool}``."""
+    """Register validators (contracts.Validator): ``name``, ``stage`` ("lint" or "validate"), ``formats``
+    ("*", a tuple of format names, or a predicate on the Format) and ``check(ctx) -> {"passed": bool, ...}``."""
 
 
 @hookspec
@@ -57,12 +60,13 @@ def provenance(ctx: Any) -> dict[str, str]:
 
 @hookspec
 def register_atc_hints(register: Callable[[Any], None]) -> None:
-    """Register ATC hints a user may pass (``atc_hints={...}`` / ``--atc-hint``): objects with ``name``,
-    ``advisory`` (kept in the manifest only), ``conflicts`` (names of hints ATC refuses alongside it) and
-    ``normalize(value) -> value`` raising ValueError with the accepted values when ``value`` is wrong."""
+    """Register ATC hints a user may pass (``atc_hints={...}`` / ``--atc-hint``; contracts.AtcHint): ``name``,
+    ``advisory`` (manifest only), ``conflicts``, ``normalize(value)`` raising ValueError with the accepted
+    values, and optionally ``render(value) -> list[str]`` (convert.sh arguments; default ``--name=value``)."""
 
 
 @hookspec
 def register_backends(register: Callable[[Any], None]) -> None:
-    """Register devices models run on (QAT, the parity reference, ``cann.torch``): objects with ``name``,
-    ``device`` (torch device string), ``available() -> (bool, reason)`` and ``activate() -> device``."""
+    """Register devices models run on (QAT, the parity reference, ``cann.torch``; contracts.Backend): ``name``,
+    ``device``, ``description``, ``priority`` and ``auto`` (for ``--backend auto``), ``available() -> (bool,
+    reason)`` and ``activate() -> device``."""

@@ -36,8 +36,8 @@ def parse_input_shape(text: str) -> InputSpec:
     name = parts[0].strip()
     try:
         shape = tuple(int(d) for d in parts[1].split(",") if d.strip() != "")
-    except ValueError:
-        raise OptionsError(f"--input-shape {text!r}: dimensions must be integers; {hint}") from None
+    except ValueError as e:
+        raise OptionsError(f"--input-shape {text!r}: dimensions must be integers; {hint}") from e
     if not shape or any(d <= 0 for d in shape):
         raise OptionsError(f"--input-shape {text!r}: every dimension must be a positive integer; {hint}")
     dtype = parts[2].strip() if len(parts) == 3 else None
@@ -59,8 +59,12 @@ def forward_input_names(model: Any) -> list[str]:
     return [p.name for p in sig.parameters.values() if p.kind in kinds]
 
 
-def embedding_vocab(model: Any) -> int:
-    """Upper bound for random token ids: the config's vocab size, else the smallest Embedding table."""
+def embedding_vocab(model: Any, name: str | None = None) -> int:
+    """Upper bound for random token ids: the rows of the Embedding that reads input ``name`` in a
+    torch.export graph, else the config's vocab size, else the smallest Embedding table (2 if none)."""
+    rows = _graph_embedding_rows(model).get(name) if name else None
+    if rows:
+        return rows
     config = getattr(model, "config", None)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and vocab > 0:
@@ -71,8 +75,60 @@ def embedding_vocab(model: Any) -> int:
     return min(sizes) if sizes else 2
 
 
+def _graph_embedding_rows(model: Any) -> dict[str, int]:
+    """Input name -> rows of the embedding table it indexes, for FX graphs (unlifted .pt2 archives)."""
+    graph = getattr(model, "graph", None)
+    nodes = getattr(graph, "nodes", None)
+    if nodes is None or not hasattr(model, "get_parameter"):
+        return {}
+    rows: dict[str, int] = {}
+    for node in nodes:
+        if node.op != "call_function" or "embedding" not in str(node.target) or len(node.args) < 2:
+            continue
+        weight, index = node.args[0], node.args[1]
+        if getattr(index, "op", None) != "placeholder" or getattr(weight, "op", None) != "get_attr":
+            continue
+        try:
+            table = model.get_parameter(weight.target)
+        except AttributeError:
+            table = getattr(model, str(weight.target), None)
+        if table is not None and table.dim() == 2:
+            rows[str(index.target)] = int(table.shape[0])
+    return rows
+
+
+def _is_mask(name: str) -> bool:
+    return "mask" in name.lower()
+
+
+def _is_token_ids(name: str) -> bool:
+    low = name.lower()
+    return low.endswith("ids") and "token_type" not in low and "position" not in low
+
+
+def padded_mask(shape: tuple[int, ...], dtype: Any, gen: Any, where: str = "end") -> Any:
+    """A 0/1 mask over the last dimension with padding: rows keep different numbers of tokens
+    (``where="end"``: zeros at the end; ``"middle"``: a run of zeros inside, as packed sequences have)."""
+    import torch
+
+    mask = torch.ones(shape, dtype=torch.int64)
+    length = shape[-1] if shape else 1
+    if not shape or length < 2:
+        return mask.to(dtype)
+    rows = mask.view(-1, length)
+    for r in range(rows.shape[0]):
+        pad = 1 + int(torch.randint(0, max(length // 2, 1), (1,), generator=gen))
+        if where == "end":
+            rows[r, length - pad:] = 0
+        else:
+            start = max(1, (length - pad) // 2)
+            rows[r, start:min(start + pad, length - 1)] = 0
+    return mask.to(dtype)
+
+
 def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dict[str, Any]:
-    """Build example tensors from shapes: seeded normal floats; token ids below the vocabulary; masks of ones."""
+    """Build example tensors from shapes: seeded normal floats; token ids across the vocabulary;
+    masks of ones except padding at the end of later batch rows (each row a different length)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -81,12 +137,17 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
         dtype = getattr(torch, spec.resolved_dtype)
         if dtype.is_floating_point:
             out[spec.name] = torch.randn(spec.shape, generator=gen).to(dtype)
-        elif dtype == torch.bool or "mask" in spec.name:
-            out[spec.name] = torch.ones(spec.shape, dtype=dtype)
+        elif dtype == torch.bool or _is_mask(spec.name):
+            mask = padded_mask(spec.shape, dtype, gen)
+            if len(spec.shape) >= 2:
+                mask.view(-1, spec.shape[-1])[0] = 1  # the first row unpadded, the others padded
+            else:
+                mask = torch.ones(spec.shape, dtype=dtype)
+            out[spec.name] = mask
         elif "token_type" in spec.name:
             out[spec.name] = torch.zeros(spec.shape, dtype=dtype)
         else:
-            high = min(embedding_vocab(model), 2**31 - 1)
+            high = min(embedding_vocab(model, spec.name), 2**31 - 1)
             out[spec.name] = torch.randint(0, high, spec.shape, generator=gen, dtype=torch.int64).to(dtype)
     return out
 
@@ -100,12 +161,12 @@ def read_example_inputs(path: str | Path) -> dict[str, Any]:
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for corrupt headers
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise LoadError(
             f"cannot read example inputs as safetensors ({type(e).__name__}: {e}); "
             "write them with safetensors.torch.save_file({name: tensor})",
             path=path,
-        ) from None
+        ) from e
     if not tensors:
         raise LoadError("the example-inputs file holds no tensors", path=path)
     return dict(tensors)
@@ -120,28 +181,59 @@ def check_input_names(names: list[str], accepted: list[str], source: str) -> Non
         )
 
 
-def random_variants(inputs: dict[str, Any], count: int, seed: int) -> list[dict[str, Any]]:
-    """``count`` seeded inputs shaped like ``inputs``: floats keep the example's mean and spread,
-    integers stay inside the example's range, booleans are kept."""
+def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """``count`` seeded inputs shaped like ``inputs`` that try to find bugs: floats drawn from
+    several distributions around the example's mean and spread (normal, uniform over the example's
+    range, heavy-tailed Laplace, wider normal); ``*mask*`` inputs with padding (zeros at the end, then
+    in the middle, each batch row a different length); ``*ids`` inputs across ``vocab[name]`` (the
+    embedding size, with both ends hit) when known, else inside the example's range; booleans kept."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     variants = []
-    for _ in range(count):
+    for k in range(count):
         one = {}
         for name, t in inputs.items():
-            if t.dtype.is_floating_point:
-                x = t.detach().float()
-                std = float(x.std()) if x.numel() > 1 else 0.0
-                std = std if std > 0 else 1.0
-                one[name] = (float(x.mean()) + std * torch.randn(t.shape, generator=gen)).to(t.dtype)
-            elif t.dtype == torch.bool or t.numel() == 0:
+            if t.numel() == 0:
                 one[name] = t.clone()
+            elif t.dtype.is_floating_point:
+                one[name] = _float_variant(t, k, gen)
+            elif _is_mask(name) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
+                one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")
+            elif t.dtype == torch.bool:
+                one[name] = t.clone()
+            elif vocab and vocab.get(name, 0) > 2 and _is_token_ids(name):
+                ids = torch.randint(0, vocab[name], t.shape, generator=gen)
+                flat = ids.view(-1)
+                flat[0], flat[-1] = (vocab[name] - 1, 0) if k % 2 == 0 else (0, vocab[name] - 1)
+                one[name] = ids.to(t.dtype)
             else:
                 lo, hi = int(t.min()), int(t.max())
                 one[name] = t.clone() if lo == hi else torch.randint(lo, hi + 1, t.shape, generator=gen).to(t.dtype)
         variants.append(one)
     return variants
+
+
+def _float_variant(t: Any, k: int, gen: Any) -> Any:
+    import torch
+
+    x = t.detach().float()
+    mean = float(x.mean())
+    std = float(x.std()) if x.numel() > 1 else 0.0
+    std = std if std > 0 else 1.0
+    kind = k % 4
+    if kind == 0:
+        y = mean + std * torch.randn(t.shape, generator=gen)
+    elif kind == 1:
+        lo, hi = float(x.min()), float(x.max())
+        lo, hi = (lo, hi) if hi > lo else (mean - std, mean + std)
+        y = lo + (hi - lo) * torch.rand(t.shape, generator=gen)
+    elif kind == 2:  # Laplace with the same spread: heavy tails, a few large values
+        u = torch.rand(t.shape, generator=gen).clamp(1e-6, 1 - 1e-6) - 0.5
+        y = mean - (std / 2 ** 0.5) * torch.sign(u) * torch.log1p(-2 * u.abs())
+    else:
+        y = mean + 2 * std * torch.randn(t.shape, generator=gen)
+    return y.to(t.dtype)
 
 
 def flatten_outputs(outputs: Any) -> tuple[list[str], list[Any]]:

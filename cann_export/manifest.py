@@ -1,7 +1,6 @@
 """The manifest of an artifact: what it holds, where it came from, and how it validated."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +44,40 @@ def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
     return manifest
 
 
+_FP32_TOL = ("atol", "rtol", "min_cosine")
+
+
 def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
+    """The parity verdict for --json and the manifest: ``fp32`` (the graph in onnxruntime against the
+    reference, with the fp32 tolerance) and, for device formats, ``device`` (the emulated device
+    precision, with its own tolerance) kept apart; top-level ``outputs`` / ``tolerance`` are the fp32 ones."""
     if report is None:
         return {"validated": False}
-    keep = ("name", "max_abs", "max_rel", "cosine", "passed")
-    return {"validated": True, "passed": report["passed"], "reference": report.get("reference"),
-            "tolerance": report.get("tolerance"), "input_sets": report.get("input_sets"),
-            "outputs": [{k: o[k] for k in keep if k in o} for o in report.get("outputs", [])],
-            **{k: report[k] for k in ("reason", "precision", "first_divergence", "fixed_by_keep_dtype")
-               if report.get(k) is not None},
-            **({"graph_fp32_passed": report["graph_fp32"]["passed"]} if "graph_fp32" in report else {})}
+    keep = ("name", "max_abs", "max_rel", "cosine", "passed", "failed_sets", "reference", "reason")
+
+    def rows(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: o[k] for k in keep if k in o} for o in outputs]
+
+    graph = report.get("graph_fp32") or report
+    tol = graph.get("tolerance") or report.get("tolerance") or {}
+    fp32_tol = {k: tol[k] for k in _FP32_TOL if k in tol}
+    outputs = graph.get("outputs", [])
+    passed = graph["passed"] if "graph_fp32" in report else bool(outputs) and all(o["passed"] for o in outputs)
+    fp32 = {"passed": bool(passed), "tolerance": fp32_tol, "outputs": rows(outputs)}
+    summary = {"validated": True, "passed": report["passed"], "reference": report.get("reference"),
+               "input_sets": report.get("input_sets"), "tolerance": fp32_tol, "outputs": fp32["outputs"], "fp32": fp32,
+               **{k: report[k] for k in ("input_sets_from", "reason", "precision", "first_divergence",
+                                         "fixed_by_keep_dtype", "trace_specialized") if report.get(k) is not None},
+               **({"graph_fp32_passed": report["graph_fp32"]["passed"]} if "graph_fp32" in report else {})}
+    device = report.get("device")
+    if device is not None:
+        summary["device"] = {"passed": bool(device.get("passed")), "mode": (report.get("precision") or {}).get("mode"),
+                             "tolerance": device.get("tolerance") or {}, "outputs": rows(device.get("outputs", []))}
+    return summary
 
 
 def dumps(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=False, default=str, allow_nan=True) + "\n"
+    """Strict JSON (non-finite numbers as null + a ``non_finite`` flag, no ANSI escapes)."""
+    from .jsonio import dump_file_text
+
+    return dump_file_text(data)

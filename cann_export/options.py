@@ -14,7 +14,6 @@ PRECISION_MODES = (
 ATC_OPSETS = range(11, 19)  # ATC accepts ONNX opset 11..18
 ONNX_OPSETS = range(7, 24)
 EXTERNAL_DATA = ("auto", "always", "never")
-EXPORTERS = ("auto", "dynamo", "torchscript")
 LINT_MODES = ("error", "warn", "off")
 
 
@@ -63,6 +62,8 @@ class ExportOptions:
     exporter: str = "auto"
     simplify: bool = True
     num_random_inputs: int = 4
+    parity_data: str | None = None  # safetensors / .npz of many input samples: parity runs every one
+    accept_trace_specialization: bool = False  # accept a traced graph valid only on the example's path
     seed: int = 0
     include_optimizer_state: bool = False
     optimizer: Any = None
@@ -79,22 +80,25 @@ class ExportOptions:
     zoo: str | None = None  # registry URL or directory (default: CANN_MODEL_ZOO or the user cache)
     require_atc: bool = False  # --format om: a missing `atc` is an error instead of an om-stub
 
-    def accepts_opset(self, opset: int) -> bool:
+    def accepts_opset(self, opset: int, fmt: Any) -> bool:
         """Whether a captured graph's opset is acceptable: the one asked for, or (unless strict) any
         opset the format accepts; torch 2.13's dynamo exporter writes 18 when its down-conversion fails."""
         if opset == self.opset:
             return True
-        allowed = ATC_OPSETS if self.export_format in ("atc_ready", "om") else ONNX_OPSETS
+        allowed = fmt.atc_opsets if fmt.atc_opsets is not None else ONNX_OPSETS
         return not self.strict_opset and opset in allowed
 
-    def check(self, known_formats: list[str]) -> None:
-        """Refuse bad option values with the list of valid ones."""
-        if self.export_format not in known_formats:
-            raise OptionsError(f"unknown format {self.export_format!r}; choose one of {', '.join(sorted(known_formats))}")
-        if self.export_format in ("atc_ready", "om") and self.opset not in ATC_OPSETS:
+    def check(self, formats: dict[str, Any], exporters: list[str] | None = None) -> None:
+        """Refuse bad option values with the list of valid ones. ``formats``: the registered formats, whose
+        declarations (``atc_opsets``) decide what they accept; ``exporters``: the registered exporter names."""
+        fmt = formats.get(self.export_format)
+        if fmt is None:
+            raise OptionsError(f"unknown format {self.export_format!r}; choose one of {', '.join(sorted(formats))}")
+        atc = fmt.atc_opsets
+        if atc is not None and self.opset not in atc:
             raise OptionsError(
-                f"opset {self.opset} is outside 11..18, the range ATC accepts for {self.export_format}; "
-                "pass --opset between 11 and 18 (17 is the default)"
+                f"opset {self.opset} is outside {atc.start}..{atc.stop - 1}, the range ATC accepts for "
+                f"{self.export_format}; pass --opset between {atc.start} and {atc.stop - 1} (17 is the default)"
             )
         if self.opset not in ONNX_OPSETS:
             raise OptionsError(f"opset {self.opset} is not supported; use {ONNX_OPSETS.start}..{ONNX_OPSETS.stop - 1}")
@@ -113,8 +117,8 @@ class ExportOptions:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):
             raise OptionsError(f"--cann-version {self.cann_version!r} is not a version like 8.0 or 7.0.RC1")
-        if self.exporter not in EXPORTERS:
-            raise OptionsError(f"exporter must be one of {', '.join(EXPORTERS)}")
+        if exporters is not None and self.exporter != "auto" and self.exporter not in exporters:
+            raise OptionsError(f"unknown exporter {self.exporter!r}; choose auto or one of {', '.join(exporters)}")
         if self.include_optimizer_state and self.optimizer is None:
             raise OptionsError("include_optimizer_state=True needs optimizer=<the torch.optim optimizer>")
         if self.input_shapes and self.example_inputs_file:
@@ -149,7 +153,11 @@ def parse_model_kwargs(raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise OptionsError(f"--model-kwargs is not valid JSON ({e}); pass an object like '{{\"hidden\": 64}}'") from None
+        raise OptionsError(f"--model-kwargs is not valid JSON ({str(e)[:200]}); pass an object like "
+                           "'{\"hidden\": 64}'") from e
+    except RecursionError as e:
+        raise OptionsError(f"--model-kwargs nests too deeply ({len(raw)} characters); pass a flat JSON object of "
+                           "keyword arguments like '{\"hidden\": 64}'") from e
     if not isinstance(value, dict):
-        raise OptionsError("--model-kwargs must be a JSON object")
+        raise OptionsError(f"--model-kwargs must be a JSON object, not {type(value).__name__}")
     return value

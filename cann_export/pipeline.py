@@ -61,6 +61,7 @@ class ExportContext:
     staging: Path | None = None
     onnx_path: Path | None = None  # the written graph (inside staging until commit)
     files: list[Path] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)  # set by the format's finalize()
     stage_seconds: dict[str, float] = field(default_factory=dict)
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)
@@ -68,6 +69,10 @@ class ExportContext:
     float_reference_outputs: list[list[Any]] = field(default_factory=list)
     calibration_batches: list[dict[str, Any]] = field(default_factory=list)
     quant_table: dict[str, dict[str, Any]] = field(default_factory=dict)  # module path -> scales, zero points
+    # trace specialisation: TracerWarnings of the capture, and inputs that may take other paths
+    trace_warnings: list[dict[str, Any]] = field(default_factory=list)
+    path_input_sets: list[dict[str, Any]] = field(default_factory=list)
+    path_reference_outputs: list[list[Any]] = field(default_factory=list)
     halted: str | None = None  # set by a stage when this process must not go on (e.g. DDP rank != 0)
 
 
@@ -104,8 +109,4 @@ def _source_path(ctx: ExportContext) -> str | None:
 
 
 def _gist(e: BaseException, limit: int = 600) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if any("Traceback" in line for line in lines):  # TorchScript errors: the cause is the last line
-        lines = lines[-1:]
-    text = " ".join(" ".join(lines).split())
-    return text if len(text) <= limit else text[:limit] + " ..."
+    return errors.gist(e, limit)

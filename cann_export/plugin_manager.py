@@ -8,7 +8,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import contracts, hookspecs
 from .errors import PluginError
 
 ENTRY_POINT_GROUP = "cann_export"
@@ -27,9 +27,11 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.backends",
     "cann_export.validators.parity",
     "cann_export.validators.atc_lint",
+    "cann_export.plugins.lint_command",
 )
 
 _pm: pluggy.PluginManager | None = None
+_entry_point_dists: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution, version)
 
 
 def _allowed_entry_points() -> set[str] | None:
@@ -54,13 +56,16 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 continue
             if pm.get_plugin(ep.name) is None:
                 pm.register(ep.load(), name=ep.name)
+                if ep.dist is not None:
+                    _entry_point_dists[ep.name] = (ep.dist.metadata["Name"], ep.dist.version)
         _pm = pm
     return _pm
 
 
-def collect(hook_name: str) -> dict[str, Any]:
-    """Call a ``register_*`` hook and return ``{name: object}``; duplicate names are an error."""
-    pm = get_plugin_manager()
+def _collect(hook: Any, hook_name: str) -> dict[str, Any]:
+    """Call a ``register_*`` hook and return ``{name: object}``; duplicate names and objects that miss a
+    member of the extension point's contract are errors naming the plugin's object."""
+    contract = contracts.CONTRACTS.get(hook_name)
     found: dict[str, Any] = {}
 
     def register(obj: Any) -> None:
@@ -72,35 +77,91 @@ def collect(hook_name: str) -> dict[str, Any]:
                 f"{hook_name}: two plugins register {name!r}; rename one or disable a plugin "
                 "with CANN_EXPORT_LOAD_PLUGINS"
             )
+        missing = contracts.missing_members(obj, contract) if contract else []
+        if missing:
+            raise PluginError(f"{hook_name}: {name!r} lacks {', '.join(missing)} (see cann_export.contracts."
+                              f"{contract.__name__})")
         found[name] = obj
 
-    getattr(pm.hook, hook_name)(register=register)
+    hook(register=register)
     return found
 
 
-def call_provenance(ctx: Any) -> dict[str, str]:
-    """Merge every plugin's provenance pairs."""
-    merged: dict[str, str] = {}
-    for part in reversed(get_plugin_manager().hook.provenance(ctx=ctx)):
-        merged.update(part or {})
-    return merged
+class Registry:
+    """Typed access to every extension point; the only place that calls the plugin manager's hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._pm = pm
+
+    def loaders(self) -> dict[str, contracts.Loader]:
+        return _collect(self._pm.hook.register_loaders, "register_loaders")
+
+    def passes(self) -> list[contracts.Pass]:
+        """Passes in run order."""
+        found = _collect(self._pm.hook.register_passes, "register_passes")
+        return sorted(found.values(), key=lambda p: p.order)
+
+    def exporters(self) -> list[contracts.Exporter]:
+        """Exporters in the order they are tried (descending priority)."""
+        found = _collect(self._pm.hook.register_exporters, "register_exporters")
+        return sorted(found.values(), key=lambda e: -e.priority)
+
+    def formats(self) -> dict[str, contracts.Format]:
+        return _collect(self._pm.hook.register_formats, "register_formats")
+
+    def validators(self) -> list[contracts.Validator]:
+        return list(_collect(self._pm.hook.register_validators, "register_validators").values())
+
+    def backends(self) -> dict[str, contracts.Backend]:
+        return _collect(self._pm.hook.register_backends, "register_backends")
+
+    def atc_hints(self) -> dict[str, contracts.AtcHint]:
+        return _collect(self._pm.hook.register_atc_hints, "register_atc_hints")
+
+    def add_commands(self, cli: Any) -> None:
+        self._pm.hook.register_commands(cli=cli)
+
+    def provenance(self, ctx: Any) -> dict[str, str]:
+        """Every plugin's provenance pairs merged (earlier-registered plugins win on a clash)."""
+        merged: dict[str, str] = {}
+        for part in reversed(self._pm.hook.provenance(ctx=ctx)):
+            merged.update(part or {})
+        return merged
+
+
+def registry() -> Registry:
+    """The typed facade over the process-wide plugin manager."""
+    return Registry(get_plugin_manager())
 
 
 def describe_plugins() -> list[dict[str, Any]]:
-    """Name, version and hooks of every registered plugin (for ``cann-export plugins``)."""
+    """Name, distribution, version and hooks of every registered plugin (for ``cann-export plugins``)."""
     pm = get_plugin_manager()
-    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
-    from . import __version__
-
     rows = []
     for name, plugin in pm.list_name_plugin():
-        dist = dists.get(id(plugin))
+        dist, version = _distribution_of(name, plugin)
         rows.append(
             {
                 "name": name,
-                "version": dist.version if dist else __version__,
+                "distribution": dist,
+                "version": version,
                 "builtin": name in DEFAULT_PLUGINS,
                 "hooks": sorted(h.name for h in pm.get_hookcallers(plugin) or []),
             }
         )
     return rows
+
+
+def _distribution_of(name: str, plugin: Any) -> tuple[str | None, str | None]:
+    """The installed distribution that ships ``plugin``: from its entry point, else from its module's
+    top-level package; (None, None) for a plugin defined outside any installed distribution."""
+    if name in _entry_point_dists:
+        return _entry_point_dists[name]
+    module = getattr(plugin, "__name__", None) if isinstance(plugin, type(os)) else type(plugin).__module__
+    top = (module or name).split(".")[0]
+    for dist_name in metadata.packages_distributions().get(top, []):
+        try:
+            return dist_name, metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None, None

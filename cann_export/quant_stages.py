@@ -18,7 +18,7 @@ def read_calibration(path: str | Path, accepted: list[str]) -> dict[str, Any]:
     try:
         tensors = read_example_inputs(path)
     except errors.LoadError as e:
-        raise errors.PrepareError(f"calibration data: {e.message}", path=path) from None
+        raise errors.PrepareError(f"calibration data: {e.message}", path=path) from e
     unknown = [n for n in tensors if accepted and n not in accepted]
     if unknown:
         raise errors.PrepareError(f"calibration data has input(s) {', '.join(unknown)} that forward does not take "

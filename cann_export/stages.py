@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import errors, module_paths
+from . import errors, large_model, module_paths
 from . import inputs as inputs_mod
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
@@ -24,9 +24,9 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
-        ctx.loaded = LoadedModel(_private_copy(src), "module")
+        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
     elif isinstance(src, (str, Path)):
-        ctx.loaded = load_path(Path(src), ctx.options, plugins.collect("register_loaders"))
+        ctx.loaded = load_path(Path(src), ctx.options, plugins.registry().loaders())
     else:
         raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
                                "or the path of a model file")
@@ -34,16 +34,18 @@ def load(ctx: ExportContext) -> str | None:
     return ctx.loaded.kind
 
 
-def _private_copy(module: Any) -> Any:
-    """Eval mode and the strip passes must never change the caller's module: work on a copy."""
+def _private_copy(module: Any, share_weights: bool = False) -> Any:
+    """Eval mode and the strip passes must never change the caller's module: work on a copy. Without
+    training (``share_weights``) the copy's parameters and buffers are new tensors over the caller's storage:
+    no pass writes weights in place, and a large model is not held twice."""
     import copy
 
     try:
-        return copy.deepcopy(module)
-    except Exception as e:  # noqa: BLE001
+        return copy.deepcopy(module, large_model.shared_weights_memo(module) if share_weights else None)
+    except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
-                               "the file instead") from None
+                               "the file instead") from e
 
 
 def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
@@ -66,6 +68,7 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
 def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
     from .backend.eval_mode import to_eval
+    from .shape_inference import infer_example_input, no_inputs_message
     from .tracking import recorded_inputs
 
     loaded, opts = ctx.loaded, ctx.options
@@ -84,14 +87,15 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
 
         feed = {k: v[:1] for k, v in read_calibration(opts.calibration_data, accepted).items()}
         source = f"the first sample of {opts.calibration_data}"
-    elif (rec := recorded_inputs(ctx.source)) is not None:
+    elif not isinstance(ctx.source, (str, Path)) and (rec := recorded_inputs(ctx.source)) is not None:
         args, kwargs = rec
         feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
+    elif isinstance(ctx.source, (str, Path)) and (inferred := infer_example_input(ctx.model, accepted,
+                                                                                   opts.seed)) is not None:
+        feed, source = inferred
+        ctx.reports.setdefault("warnings", {})["inputs"] = source
     else:
-        raise errors.PrepareError(
-            "no example inputs: pass --input-shape NAME:D1,D2,... or --example-inputs FILE.safetensors "
-            "(example_inputs= in Python, or call the model once after cann.torch.track(model))",
-            path=loaded.source_path)
+        raise errors.PrepareError(no_inputs_message(accepted), path=loaded.source_path)
     inputs_mod.check_input_names(list(feed), accepted, source)
     if loaded.kind != "module":  # positional graphs need every input, in order
         missing = [n for n in accepted if n not in feed]
@@ -103,8 +107,16 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
         feed = {n: feed[n] for n in accepted if n in feed} or feed
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
-    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1) if opts.validate else []
-    ctx.input_sets = [feed] + variants
+    vocab = {n: inputs_mod.embedding_vocab(ctx.model, n) for n in feed if "ids" in n.lower()}
+    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab) if opts.validate else []
+    samples = []
+    if opts.validate and opts.parity_data:
+        from .parity_data import read_parity_data
+
+        samples = read_parity_data(opts.parity_data, feed)
+    ctx.input_sets = [feed] + variants + samples
+    ctx.reports.setdefault("reference", {})["input_sets"] = {"example": 1, "random": len(variants),
+                                                              "parity_data": len(samples)}
     if opts.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train stage)
         from .quant_stages import prepare_quantization
 
@@ -116,8 +128,9 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     return f"{len(ctx.input_sets)} input sets from {source}"
 
 
-def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str]) -> tuple[list, list]:
-    """Run ``model`` on every input set: (output names, numpy outputs per set)."""
+def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
+                      input_sets: list[dict[str, Any]] | None = None) -> tuple[list, list]:
+    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set)."""
     import torch
 
     from .backend.placement import pipeline_device, to_device
@@ -127,15 +140,15 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     model = to_device(model, device)
     names, outputs = [], []
     with torch.no_grad():
-        for one in ctx.input_sets:
+        for one in ctx.input_sets if input_sets is None else input_sets:
             try:
                 out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
-            except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
+            except Exception as e:  # any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
                     f"{_gist(e)}. Check the input names, shapes and dtypes "
                     f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
-                    path=ctx.loaded.source_path) from None
+                    path=ctx.loaded.source_path) from e
             names, tensors = inputs_mod.flatten_outputs(out)
             if not tensors:
                 raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
@@ -170,7 +183,7 @@ def _as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
 
 
 def strip(ctx: ExportContext) -> str | None:
-    passes = sorted(plugins.collect("register_passes").values(), key=lambda p: p.order)
+    passes = plugins.registry().passes()
     ran = []
     for p in passes:
         if hasattr(p, "apply_module"):
@@ -186,18 +199,21 @@ def capture(ctx: ExportContext) -> str | None:
     from .backend.eval_mode import to_eval
     from .onnx_utils import check_graph, opset_of
 
-    exporters = sorted(plugins.collect("register_exporters").values(), key=lambda e: -e.priority)
+    exporters = plugins.registry().exporters()
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[dict[str, Any]] = []
     chosen = None
+    traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     for exporter in exporters:
         if not exporter.supports(ctx.model):
             attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
             continue
         try:
+            ctx.trace_warnings = []
             model = exporter.export(ctx.model, ctx)
-            check_graph(model)
+            traced[exporter.name] = ctx.trace_warnings
+            large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
         except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
             attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
             continue
@@ -205,7 +221,7 @@ def capture(ctx: ExportContext) -> str | None:
             to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
         opset = opset_of(model)
         attempts.append({"exporter": exporter.name, "opset": opset})
-        if ctx.options.accepts_opset(opset):
+        if ctx.options.accepts_opset(opset, ctx.format):
             chosen = (exporter.name, model)
             break
         attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} (strict); trying the next exporter"
@@ -218,6 +234,9 @@ def capture(ctx: ExportContext) -> str | None:
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
     ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    ctx.trace_warnings = traced.get(name, [])
+    if ctx.trace_warnings:
+        _specialised(ctx)
     if opset != ctx.options.opset:
         ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset}; "
                                   "pass --strict-opset to require the requested opset")
@@ -225,13 +244,30 @@ def capture(ctx: ExportContext) -> str | None:
     return f"{name}, opset {opset}"
 
 
+def _specialised(ctx: ExportContext) -> None:
+    """A traced graph that warned: record it, and the reference on inputs that may take other paths
+    (from the stripped module, which is what was traced)."""
+    from . import trace_check
+
+    trace_check.record(ctx, ctx.trace_warnings)
+    if ctx.options.validate and not ctx.quant_table:
+        ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
+        if ctx.path_input_sets:
+            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
+                                                              list(ctx.input_names), ctx.path_input_sets)
+
+
 def optimize(ctx: ExportContext) -> str | None:
     """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches."""
     from .onnx_utils import weights_bytes
 
-    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+    for p in plugins.registry().passes():
         if hasattr(p, "apply_graph"):
             ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
+    if large_model.state(ctx) is not None:  # the graph's weights are on disk: no copy of them in memory
+        ctx.optimize["onnxsim"] = large_model.optimize_note(ctx.large_graph)
+        _final_graph_passes(ctx)
+        return "onnxsim skipped (external data)"
     if not ctx.options.simplify:
         ctx.optimize["onnxsim"] = "disabled"
         _final_graph_passes(ctx)
@@ -250,7 +286,7 @@ def optimize(ctx: ExportContext) -> str | None:
 
 def _final_graph_passes(ctx: ExportContext) -> None:
     """Passes that must see the simplified graph (onnxsim would fold their work away), e.g. Q/DQ lowering."""
-    for p in sorted(plugins.collect("register_passes").values(), key=lambda p: p.order):
+    for p in plugins.registry().passes():
         if hasattr(p, "apply_final_graph"):
             ctx.onnx_model = p.apply_final_graph(ctx.onnx_model, ctx)
 
@@ -290,18 +326,17 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
 
 
 def annotate(ctx: ExportContext) -> str | None:
-    import json
-
+    from .jsonio import dumps
     from .onnx_utils import set_metadata
 
-    ctx.provenance = plugins.call_provenance(ctx)
+    ctx.provenance = plugins.registry().provenance(ctx)
     ctx.metadata = {str(k): str(v) for k, v in ctx.options.metadata.items()}
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
-        props["cann_export.atc_hints"] = json.dumps(ctx.options.atc_hints, sort_keys=True, default=str)
+        props["cann_export.atc_hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
     if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
-        props["cann_export.quantization"] = json.dumps(ctx.reports["quantization"], sort_keys=True, default=str)
+        props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     return f"{len(props)} metadata entries"
@@ -310,8 +345,7 @@ def annotate(ctx: ExportContext) -> str | None:
 def run_validators(ctx: ExportContext, stage: str) -> str | None:
     """Run the validators of ``stage``. A failed lint raises (unless ``--lint warn``/``off``); a failed
     parity is recorded and reported through the result instead."""
-    validators = [v for v in plugins.collect("register_validators").values()
-                  if v.stage == stage and (v.formats == "*" or ctx.options.export_format in v.formats)]
+    validators = [v for v in plugins.registry().validators() if v.stage == stage and _applies(v, ctx.format)]
     if stage == "lint" and ctx.options.lint == "off":
         validators = []
     if not validators:
@@ -336,6 +370,12 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
     return f"FAILED: {', '.join(failed)}" if failed else "passed"
 
 
+def _applies(validator: Any, fmt: Any) -> bool:
+    """A validator's ``formats``: "*", a tuple of format names, or a predicate on the Format object."""
+    wanted = validator.formats
+    return wanted == "*" or (wanted(fmt) if callable(wanted) else fmt.name in wanted)
+
+
 def publish(ctx: ExportContext) -> str | None:
     """Publish the committed artifact to the model zoo (refused when parity failed)."""
     from .model_zoo import publish as zoo_publish
@@ -355,8 +395,4 @@ def _source(ctx: ExportContext) -> str | None:
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if any("Traceback" in line for line in lines):  # TorchScript errors: the cause is the last line
-        lines = lines[-1:]
-    text = " ".join(" ".join(lines).split())
-    return text if len(text) <= limit else text[:limit] + " ..."
+    return errors.gist(e, limit)

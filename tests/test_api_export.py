@@ -115,8 +115,15 @@ def test_existing_output_refused_then_overwritten(tmp_path):
     with pytest.raises(errors.WriteError, match="--overwrite"):
         cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False)
     assert (target / "keep.txt").exists()
+    with pytest.raises(errors.WriteError, match="not written by cann-export"):  # a user's directory stays
+        cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False, overwrite=True)
+    assert (target / "keep.txt").read_text() == "x"
+    (target / "keep.txt").unlink()
+    target.rmdir()
+    cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False)
+    first = (target / "manifest.json").read_text()
     cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False, overwrite=True)
-    assert not (target / "keep.txt").exists() and (target / "model.onnx").exists()
+    assert (target / "model.onnx").exists() and (target / "manifest.json").read_text() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
 

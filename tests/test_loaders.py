@@ -82,3 +82,38 @@ def test_torchscript_conv_bn_is_folded_in_the_graph(tmp_path):
     assert json.loads(result.stdout)["parity"]["passed"], result.output
     ops = [n.op_type for n in onnx.load(str(tmp_path / "o" / "model.onnx")).graph.node]
     assert "BatchNormalization" not in ops and ops.count("Conv") == 2
+
+
+def test_input_shape_is_inferred_from_the_first_layer(tmp_path):
+    from helpers.toy_models import ConvBnDropout
+
+    path = tmp_path / "convbn_sd.pth"
+    torch.save(ConvBnDropout().state_dict(), str(path))
+    out = tmp_path / "o"
+    result = run([str(path), "-o", str(out), "--model-class", "helpers.toy_models:ConvBnDropout"])
+    assert result.exit_code == 0, result.output
+    assert "inferred from the first Conv2d (stem.0): --input-shape x:1,3,224,224" in result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "--input-shape x:1,3,224,224" in manifest["warnings"]["inputs"]
+    assert manifest["model"]["inputs"][0]["shape"] == [1, 3, 224, 224]
+
+
+def test_no_inferable_shape_names_the_flag_to_pass(tmp_path):
+    from helpers.toy_models import TwoInputs
+
+    path = tmp_path / "two.pth"
+    torch.save(TwoInputs().state_dict(), str(path))
+    result = run([str(path), "-o", str(tmp_path / "o"), "--model-class", "helpers.toy_models:TwoInputs"])
+    assert result.exit_code == 2
+    assert "pass --input-shape input_ids:D1,D2,... --input-shape features:D1,D2,..." in result.stderr
+    assert "weak reference" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_model_kwargs_too_deep_or_too_long_give_short_errors(tmp_path):
+    path = files.state_dict(tmp_path)
+    deep = run([str(path), "-o", str(tmp_path / "o"), "--model-class", files.MLP_CLASS,
+                "--model-kwargs", "[" * 50_000 + "]" * 50_000])
+    assert deep.exit_code == 2 and "nests too deeply" in deep.stderr and "RecursionError" not in deep.output
+    long = run([str(path), "-o", str(tmp_path / "o"), "--model-class", files.MLP_CLASS,
+                "--model-kwargs", json.dumps({"bogus": "x" * 100_000})])
+    assert long.exit_code == 2 and "100013 characters" in long.stderr and len(long.stderr) < 2000

@@ -22,10 +22,13 @@ from cann.model_zoo import (
     verify,
 )
 
+WIDE = {"model_class": "helpers.zoo_models:Wide", "model_kwargs": {"width": 64, "depth": 1}}
+
 
 @pytest.fixture
 def zoo(tmp_path, monkeypatch):
     monkeypatch.setenv("CANN_MODEL_ZOO_USER", "tester@ci")
+    monkeypatch.setenv("CANN_MODEL_ZOO_ALLOW_MODULES", "helpers")  # the test models' module (see test_hostile_zoo)
     return str(tmp_path / "zoo")
 
 
@@ -92,11 +95,12 @@ def test_checkpoint_file_with_model_class_and_weights_only(zoo, tmp_path):
     assert _same(model, load_model("ckpt", zoo=zoo), torch.randn(1, 12))
     with pytest.raises(ZooError, match="do not fit helpers.toy_models:MLP"):
         publish(model=str(ckpt), name="ckpt", model_class="helpers.toy_models:MLP", zoo=zoo)
-    # weights without an architecture: loadable once the caller names the class
-    publish(model=str(ckpt), name="bare", zoo=zoo)
-    with pytest.raises(ZooError, match="no architecture; pass model_class="):
-        load_model("bare", zoo=zoo)
-    assert _same(model, load_model("bare", zoo=zoo, model_class="helpers.toy_models:MLP",
+    # weights without an architecture are refused at publish time, with the fix
+    with pytest.raises(ZooError, match="refused: these are weights .* no architecture.*model_class="):
+        publish(model=str(ckpt), name="bare", zoo=zoo)
+    assert [r["name"] for r in list_models(zoo=zoo)] == ["ckpt"]
+    # the consumer may still name the class itself
+    assert _same(model, load_model("ckpt", zoo=zoo, model_class="helpers.toy_models:MLP",
                                    model_kwargs={"hidden": 16}), torch.randn(1, 12))
 
 
@@ -188,14 +192,14 @@ def test_default_location_honours_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.delenv("CANN_MODEL_ZOO", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert default_zoo() == str(tmp_path / "cache" / "cann-export" / "zoo")
-    rec = publish(model=str(write_weights(tmp_path / "w.safetensors", 0)), name="w")
+    rec = publish(model=str(write_weights(tmp_path / "w.safetensors", 0)), name="w", **WIDE)
     assert rec["path"].startswith(str(tmp_path / "cache" / "cann-export" / "zoo"))
     monkeypatch.setenv("CANN_MODEL_ZOO", str(tmp_path / "elsewhere"))
     assert list_models() == []
 
 
 def test_index_schema_constraints(zoo, tmp_path):
-    publish(model=str(write_weights(tmp_path / "w.safetensors", 0)), name="w", zoo=zoo)
+    publish(model=str(write_weights(tmp_path / "w.safetensors", 0)), name="w", zoo=zoo, **WIDE)
     db = sqlite3.connect(f"{zoo}/index.sqlite")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     row = db.execute("SELECT * FROM versions").fetchone()

@@ -23,6 +23,11 @@ def plugin_commands():
     get_plugin_manager().hook.register_commands(cli=cli)
 
 
+@pytest.fixture(autouse=True)
+def allow_test_models(monkeypatch):
+    monkeypatch.setenv("CANN_MODEL_ZOO_ALLOW_MODULES", "helpers")  # the test models' module (see test_hostile_zoo)
+
+
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
@@ -126,7 +131,8 @@ def test_zoo_verify_reports_tampering(tmp_path):
     zoo = tmp_path / "zoo"
     from helpers.zoo_models import write_weights
 
-    ok_json("zoo", "publish", write_weights(tmp_path / "w.safetensors", 1), "--name", "w", "--zoo", zoo)
+    ok_json("zoo", "publish", write_weights(tmp_path / "w.safetensors", 1), "--name", "w", "--zoo", zoo,
+            "--model-class", "helpers.zoo_models:Wide", "--model-kwargs", '{"width": 64, "depth": 1}')
     target = zoo / "models" / "w" / "1" / "weights" / "model.safetensors"
     data = bytearray(target.read_bytes())
     data[200] ^= 1

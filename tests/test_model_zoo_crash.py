@@ -18,9 +18,23 @@ from cann.model_zoo import list_models, load_model, publish, verify
 CLI = [sys.executable, "-m", "cann_export"]
 
 
+TESTS = str(Path(__file__).resolve().parent)
+WIDE = "helpers.zoo_models:Wide"
+
+
+def _cls(n: int = 64) -> list[str]:
+    """The architecture of write_weights(n=...) files (a bare state_dict is refused at publish)."""
+    return ["--model-class", WIDE, "--model-kwargs", json.dumps({"width": n, "depth": 1})]
+
+
+def _kw(n: int = 64) -> dict:
+    return {"model_class": WIDE, "model_kwargs": {"width": n, "depth": 1}}
+
+
 def _env(**extra):
     env = dict(os.environ)
     env["CANN_EXPORT_LOAD_PLUGINS"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 
@@ -49,7 +63,7 @@ def _assert_consistent(zoo: Path) -> None:
 def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=1, n=600)  # > one copy block
-    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), "--json"],
+    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), "--json", *_cls(600)],
                           env=_env(CANN_MODEL_ZOO_FAULT=point), capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert list_models(zoo=str(zoo)) == []
@@ -57,7 +71,7 @@ def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
     leftovers = list((zoo / ".tmp").iterdir()) + list((zoo / "models").glob("m/*"))
     assert leftovers, "the kill should have left staging or an uncommitted directory behind"
     # the next publish cleans the stale staging / orphan directory and commits normally
-    rec = publish(model=str(weights), name="m", zoo=str(zoo))
+    rec = publish(model=str(weights), name="m", zoo=str(zoo), **_kw(600))
     assert (rec["version"], rec["existed"]) == ("1", False)
     assert list((zoo / ".tmp").iterdir()) == []
     assert sorted(p.name for p in (zoo / "models" / "m").iterdir()) == ["1"]
@@ -67,19 +81,19 @@ def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
 def test_sigkill_after_commit_keeps_a_complete_version(tmp_path):
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=2)
-    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo)],
+    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), *_cls()],
                           env=_env(CANN_MODEL_ZOO_FAULT="committed"), capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL
     assert [r["versions"] for r in list_models(zoo=str(zoo))] == [["1"]]
     _assert_consistent(zoo)
-    assert publish(model=str(weights), name="m", zoo=str(zoo))["existed"]
+    assert publish(model=str(weights), name="m", zoo=str(zoo), **_kw())["existed"]
 
 
 def test_external_sigkill_mid_publish(tmp_path):
     """A kill from outside at an arbitrary moment (here: while the manifest is about to be renamed in)."""
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=3)
-    proc = subprocess.Popen([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo)],
+    proc = subprocess.Popen([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), *_cls()],
                             env=_env(CANN_MODEL_ZOO_FAULT="manifest:sleep=30"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
@@ -88,7 +102,7 @@ def test_external_sigkill_mid_publish(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     assert list_models(zoo=str(zoo)) == [] and _index_rows(zoo) == []
-    assert publish(model=str(weights), name="m", zoo=str(zoo))["version"] == "1"
+    assert publish(model=str(weights), name="m", zoo=str(zoo), **_kw())["version"] == "1"
     _assert_consistent(zoo)
 
 
@@ -101,7 +115,7 @@ def _race(tmp_path: Path, zoo: Path, extra: list[str]) -> list[subprocess.Comple
     for i in range(8):
         w = write_weights(tmp_path / f"w{i}.safetensors", seed=100 + i)
         procs.append(subprocess.Popen([sys.executable, "-c", script, "zoo", "publish", str(w), "--name", "race",
-                                       "--zoo", str(zoo), "--json", *extra], env=_env(),
+                                       "--zoo", str(zoo), "--json", *_cls(), *extra], env=_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     time.sleep(1.0)  # let every process import and wait at the barrier
     go.touch()

@@ -36,6 +36,7 @@ def s3():
 @pytest.fixture
 def zoo(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("CANN_MODEL_ZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CANN_MODEL_ZOO_ALLOW_MODULES", "helpers")  # the test models' module (see test_hostile_zoo)
     return s3.new_zoo()
 
 
@@ -46,7 +47,8 @@ def test_s3_round_trip_immutability_aliases(zoo, s3, tmp_path):
     assert publish(model=model, name="mlp", metadata={"license": "mit"}, zoo=zoo)["existed"]
     with pytest.raises(ZooConflictError):
         publish(model=MLP(), name="mlp", version="1", zoo=zoo)
-    publish(model=str(write_weights(tmp_path / "w.safetensors", 0, n=12)), name="mlp", zoo=zoo)
+    publish(model=str(write_weights(tmp_path / "w.safetensors", 0, n=12)), name="mlp", zoo=zoo,
+            model_class="helpers.zoo_models:Wide", model_kwargs={"width": 12, "depth": 1})
     x = torch.randn(2, 12)
     with torch.no_grad():
         assert torch.allclose(load_model("mlp@1", zoo=zoo)(x), model.eval()(x))
@@ -84,11 +86,15 @@ def test_s3_tampered_blob_is_reported_and_not_loaded(zoo, s3, tmp_path):
 
 def test_s3_sigkill_before_manifest_leaves_no_version(zoo, s3, tmp_path):
     weights = write_weights(tmp_path / "w.safetensors", 5)
-    env = dict(os.environ, CANN_EXPORT_LOAD_PLUGINS="", CANN_MODEL_ZOO_FAULT="staged", CANN_MODEL_ZOO=zoo)
-    proc = subprocess.run([sys.executable, "-m", "cann_export", "zoo", "publish", str(weights), "--name", "k"],
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CANN_EXPORT_LOAD_PLUGINS="", CANN_MODEL_ZOO_FAULT="staged", CANN_MODEL_ZOO=zoo,
+               PYTHONPATH=os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
+    wide = {"model_class": "helpers.zoo_models:Wide", "model_kwargs": {"width": 64, "depth": 1}}
+    proc = subprocess.run([sys.executable, "-m", "cann_export", "zoo", "publish", str(weights), "--name", "k",
+                           "--model-class", wide["model_class"], "--model-kwargs", '{"width": 64, "depth": 1}'],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert list_models(zoo=zoo) == []
-    rec = publish(model=str(weights), name="k", zoo=zoo)
+    rec = publish(model=str(weights), name="k", zoo=zoo, **wide)
     assert (rec["version"], rec["existed"]) == ("1", False)
     assert verify("k", zoo=zoo)["ok"]

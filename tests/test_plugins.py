@@ -10,7 +10,7 @@ from helpers.toy_models import make_mlp
 
 import cann_export
 from cann_export import errors, hookimpl
-from cann_export.plugin_manager import collect, get_plugin_manager
+from cann_export.plugin_manager import get_plugin_manager, registry
 
 
 @pytest.fixture
@@ -35,6 +35,9 @@ class TextFormat:
     name = "optext"
     description = "ops as text"
     is_directory = True
+    atc_opsets = None
+    device_parity = False
+    lint = False
 
     def write(self, ctx, staging: Path):
         from cann_export.onnx_utils import save_model
@@ -72,11 +75,13 @@ def test_third_party_format(plugin, tmp_path):
 def test_duplicate_names_are_an_error(plugin):
     @hookimpl
     def register_formats(register):
-        register(types.SimpleNamespace(name="onnx"))
+        from cann_export.plugins.formats import OnnxFormat
+
+        register(OnnxFormat())
 
     plugin({"register_formats": register_formats}, "dup")
     with pytest.raises(errors.PluginError, match="two plugins register 'onnx'"):
-        collect("register_formats")
+        registry().formats()
 
 
 def test_validator_pass_and_provenance_hooks(plugin, tmp_path):
@@ -176,7 +181,7 @@ def test_register_commands(plugin):
         cli.add_command(hello)
 
     plugin({"register_commands": register_commands}, "cmds")
-    get_plugin_manager().hook.register_commands(cli=cli)
+    registry().add_commands(cli)
     try:
         assert CliRunner().invoke(cli, ["hello"]).stdout == "hi from a plugin\n"
     finally:
@@ -192,3 +197,92 @@ def test_entry_point_allow_list(monkeypatch):
     assert plugin_manager._allowed_entry_points() == set()
     monkeypatch.delenv("CANN_EXPORT_LOAD_PLUGINS")
     assert plugin_manager._allowed_entry_points() is None
+
+
+@pytest.fixture
+def thirdparty(plugin):
+    from helpers import thirdparty_plugin
+
+    thirdparty_plugin.EVENTS.clear()
+    get_plugin_manager().register(thirdparty_plugin, name="thirdparty")
+    yield thirdparty_plugin
+    get_plugin_manager().unregister(thirdparty_plugin)
+
+
+def test_third_party_pieces_are_used_like_builtins(thirdparty, tmp_path):
+    """Loader, exporter (picked by name on the CLI), backend (picked by auto's priority), validator, a format
+    that declares it goes to ATC (so opset range, lint and device parity apply) and an ATC hint."""
+    from cann_export.cli import cli
+
+    (tmp_path / "m.mlp").write_text("16")
+    out = tmp_path / "edge"
+    res = CliRunner().invoke(cli, [str(tmp_path / "m.mlp"), "--format", "edge_bundle", "--exporter", "plain-ts",
+                                   "--input-shape", "x:2,12", "--opset", "17", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    body = json.loads(res.stdout)
+    assert body["onnx"]["exporter"] == "plain-ts" and body["ok"]
+    assert thirdparty.EVENTS[:2] == ["loader.load", "backend.activate"]
+    assert {"exporter.export", "validator.check", "format.write"} <= set(thirdparty.EVENTS)
+    edge = json.loads((out / "edge.json").read_text())
+    assert edge["device_precision"] == "force_fp16"  # device parity ran because the format declared it
+
+    # the format's own opset range is enforced before any work, naming the range it declared
+    res = CliRunner().invoke(cli, [str(tmp_path / "m.mlp"), "--format", "edge_bundle", "--opset", "18",
+                                   "--input-shape", "x:2,12", "-o", str(tmp_path / "e2")])
+    assert res.exit_code == 2 and "outside 13..17" in res.output and not (tmp_path / "e2").exists()
+
+    # a plugin hint reaches convert.sh through the same path as the built-in hints
+    result = cann_export.export(str(tmp_path / "m.mlp"), tmp_path / "b", input_shapes=["x:2,12"],
+                                atc_hints={"buffer_optimize": "l2_optimize", "log": "error"})
+    script = (tmp_path / "b" / "atc" / "convert.sh").read_text()
+    assert "--buffer_optimize=l2_optimize" in script and "--log=error" in script
+    with pytest.raises(errors.OptionsError, match="accepted values: l2_optimize, off_optimize"):
+        cann_export.export(str(tmp_path / "m.mlp"), tmp_path / "c", input_shapes=["x:2,12"],
+                           atc_hints={"buffer_optimize": "fast"})
+    assert result.manifest["lint"]["max-nodes"]["passed"]
+
+
+def test_choices_come_from_the_registries(thirdparty):
+    from cann_export.cli import cli
+
+    text = CliRunner().invoke(cli, ["export", "--help"]).stdout
+    assert "edge_bundle" in text and "plain-ts" in text and "cpu-twin" in text
+
+
+def test_an_object_missing_part_of_its_contract_is_refused(plugin):
+    class Half:
+        name, description, is_directory = "half", "no commit", True
+
+        def write(self, ctx, staging):
+            return []
+
+    @hookimpl
+    def register_formats(register):
+        register(Half())
+
+    plugin({"register_formats": register_formats}, "half")
+    with pytest.raises(errors.PluginError, match="'half' lacks .*atc_opsets.*commit"):
+        registry().formats()
+
+
+def test_plugins_show_their_own_distribution(tmp_path, monkeypatch):
+    """An entry-point plugin from an installed distribution is listed with that distribution's version."""
+    from cann_export import plugin_manager
+    from cann_export.cli import cli
+
+    pkg = tmp_path / "cannplug_demo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from cann_export import hookimpl\n\n@hookimpl\ndef provenance(ctx):\n"
+                                     "    return {'demo': '1'}\n")
+    dist = tmp_path / "cannplug_demo-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cannplug-demo\nVersion: 1.2.3\n")
+    (dist / "entry_points.txt").write_text("[cann_export]\ndemo = cannplug_demo\n")
+    (dist / "top_level.txt").write_text("cannplug_demo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CANN_EXPORT_LOAD_PLUGINS", "demo")
+    monkeypatch.setattr(plugin_manager, "_pm", None)
+    rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).stdout)}
+    assert rows["demo"]["distribution"] == "cannplug-demo" and rows["demo"]["version"] == "1.2.3"
+    assert rows["demo"]["hooks"] == ["provenance"] and not rows["demo"]["builtin"]
+    assert rows["cann_export.plugins.formats"]["distribution"] == "cann-export"

@@ -10,12 +10,9 @@ from typing import Any
 
 def pipeline_device(backend: str) -> str:
     """Activate the chosen backend for this process and return its torch device string."""
-    from .registry import backends, resolve
+    from .registry import auto_backend, resolve
 
-    if backend in ("auto", None):
-        npu = backends().get("npu")
-        return npu.activate() if npu is not None and npu.available()[0] else "cpu"
-    return resolve(backend).activate()
+    return (auto_backend() if backend in ("auto", None) else resolve(backend)).activate()
 
 
 def to_device(value: Any, device: str) -> Any:

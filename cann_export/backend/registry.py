@@ -2,7 +2,9 @@
 
 Each backend is an object with ``name``, ``device`` (torch device string), ``available() -> (bool, reason)``
 and ``activate()``; built-ins are registered by ``cann_export.plugins.backends`` through
-``register_backends`` exactly like third-party ones. ``resolve("auto")`` picks npu > npu-sim.
+``register_backends`` exactly like third-party ones. Each declares a ``priority`` and whether the
+pipeline's ``auto`` may pick it; ``resolve("auto")`` picks the highest-priority available backend of the
+``npu`` device (the real NPU before npu-sim), ``auto_device()`` the one the pipeline runs on.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ class Backend:
     description: str
     probe: Callable[[], tuple[bool, str]] = field(repr=False)
     setup: Callable[[], None] = field(repr=False, default=lambda: None)
+    priority: int = 0  # higher wins among the available candidates for "auto"
+    auto: bool = False  # the pipeline's --backend auto may pick it (an emulator is chosen by name only)
 
     def available(self) -> tuple[bool, str]:
         return self.probe()
@@ -86,31 +90,46 @@ def _install_sim() -> None:
 
 def builtin_backends() -> list[Backend]:
     return [
-        Backend("cpu", "cpu", "the host CPU", _cpu),
-        Backend("cuda", "cuda", "an NVIDIA GPU through torch.cuda", _cuda),
-        Backend("npu", "npu", "an Ascend NPU through torch_npu", _npu, lambda: None),
-        Backend("npu-sim", "npu", "an emulated npu device computing on the CPU", _npu_sim, _install_sim),
+        Backend("cpu", "cpu", "the host CPU", _cpu, priority=0, auto=True),
+        Backend("cuda", "cuda", "an NVIDIA GPU through torch.cuda", _cuda, priority=50),
+        Backend("npu", "npu", "an Ascend NPU through torch_npu", _npu, lambda: None, priority=100, auto=True),
+        Backend("npu-sim", "npu", "an emulated npu device computing on the CPU", _npu_sim, _install_sim,
+                priority=10),
     ]
 
 
 def backends() -> dict[str, Any]:
-    from ..plugin_manager import collect
+    from ..plugin_manager import registry
 
-    return collect("register_backends")
+    return registry().backends()
 
 
 def resolve(name: str = "auto") -> Any:
-    """The backend object for ``name``; ``auto`` picks npu when torch_npu has a device, else npu-sim."""
+    """The backend object for ``name``; ``auto`` (or an npu device name) is the available backend of the
+    ``npu`` device with the highest priority: the real NPU when torch_npu has one, else npu-sim."""
     from ..errors import OptionsError
 
     table = backends()
     if name in ("auto", "npu:0", "cann", "cann:0"):
-        if "npu" in table and table["npu"].available()[0]:
-            return table["npu"]
-        return table["npu-sim"]
+        return _best([b for b in table.values() if b.device == "npu"], "the npu device")
     if name not in table:
         raise OptionsError(f"unknown backend {name!r}; known backends: {', '.join(sorted(table))}")
     return table[name]
+
+
+def auto_backend() -> Any:
+    """The pipeline's ``--backend auto``: the available backend with the highest priority among those
+    that declare ``auto`` (the real NPU, else the CPU)."""
+    return _best([b for b in backends().values() if b.auto], "--backend auto")
+
+
+def _best(candidates: list[Any], what: str) -> Any:
+    from ..errors import OptionsError
+
+    for backend in sorted(candidates, key=lambda b: -b.priority):
+        if backend.available()[0]:
+            return backend
+    raise OptionsError(f"no backend is available for {what}; `cann-export backends` says why")
 
 
 def describe() -> list[dict[str, Any]]:

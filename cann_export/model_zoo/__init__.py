@@ -11,13 +11,17 @@ from typing import Any
 
 from .errors import ZooConflictError, ZooError, ZooIntegrityError
 
-__all__ = ["ZooConflictError", "ZooError", "ZooIntegrityError", "list_models", "load_model", "open_store",
-           "publish", "pull", "set_alias", "show", "verify"]
+__all__ = ["ZooConflictError", "ZooError", "ZooIntegrityError", "gc", "keygen", "list_models", "load_model",
+           "open_store", "publish", "pull", "set_alias", "show", "verify"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("list_models", "load_model", "open_store", "publish", "pull", "set_alias", "show", "verify"):
+    if name in ("gc", "list_models", "load_model", "open_store", "publish", "pull", "set_alias", "show", "verify"):
         from . import api
 
         return getattr(api, name)
+    if name == "keygen":
+        from .signing import keygen
+
+        return keygen
     raise AttributeError(f"module 'cann_export.model_zoo' has no attribute {name!r}")

@@ -1,52 +1,22 @@
-"""The model zoo's Python API: publish, load_model, pull, list_models, show, set_alias, verify."""
+"""The model zoo's Python API: publish, load_model, pull, list_models, show, set_alias, verify, gc."""
 from __future__ import annotations
 
-import datetime as _dt
-import getpass
 import os
 import platform
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import content
-from .errors import ZooError, ZooIntegrityError
-from .names import LATEST, check_alias, check_name, check_version, split_ref
+from .clock import utc_now, who
+from .errors import ZooError
+from .names import check_alias, check_name, check_version
+from .pull import pull
+from .resolve import open_store, parse_ref, pick_target, resolve, verified_dir
 
 MANIFEST_SCHEMA = "cann-export/zoo-version/1"
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
-
-
-def who() -> str:
-    user = os.environ.get("CANN_MODEL_ZOO_USER")
-    if user:
-        return user
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def open_store(zoo: Any = None) -> Any:
-    """The store for ``zoo`` (a directory, ``file://``, ``s3://bucket/prefix``; default CANN_MODEL_ZOO or the
-    user cache). A store object is passed through."""
-    if hasattr(zoo, "commit") and hasattr(zoo, "versions"):
-        return zoo
-    from .location import parse
-
-    protocol, root, options = parse(zoo)
-    if protocol == "file":
-        from .local import LocalStore
-
-        return LocalStore(root)
-    from .remote import RemoteStore
-
-    return RemoteStore(protocol, root, options, f"{protocol}://{root}")
+__all__ = ["MANIFEST_SCHEMA", "gc", "list_models", "load_model", "open_store", "publish", "pull", "set_alias",
+           "show", "utc_now", "verify", "who"]
 
 
 # ------------------------------------------------------------------------------------------- publish
@@ -56,16 +26,22 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
             metadata: dict[str, Any] | None = None, card: Any = None, *, zoo: Any = None,
             alias: str | list[str] | None = None, model_class: str | None = None,
             model_kwargs: dict[str, Any] | None = None, example_inputs: Any = None, trust_pickle: bool = False,
-            artifacts: list[Any] | None = None) -> dict[str, Any]:
+            artifacts: list[Any] | None = None, sign: Any = None) -> dict[str, Any]:
     """Publish ``model`` (an nn.Module, a weights/checkpoint file, or an exported atc_ready/om/onnx artifact)
     as ``name`` (default: the file's stem). ``version`` None numbers it; an explicit taken version is refused
-    unless the contents are identical (then it is a no-op returning the existing version).
+    unless the contents are identical (then it is a no-op returning the existing version). ``sign``: an
+    ed25519 private key (PEM path, bytes or key object) that signs the manifest digest with name and version.
 
-    Returns ``{"name", "version", "digest", "existed", "zoo", "path", ...}``."""
+    Returns ``{"name", "version", "digest", "manifest_sha256", "existed", "zoo", "path", ...}``."""
     name = check_name(name if name is not None else _default_name(model))
     version = check_version(version) if version is not None else None
     aliases = [check_alias(a) for a in ([alias] if isinstance(alias, str) else list(alias or []))]
     metadata = {str(k): v for k, v in (metadata or {}).items()}
+    seal = None
+    if sign is not None:
+        from .signing import sealer
+
+        seal = sealer(sign)
     store = open_store(zoo)
     staging = store.staging()
     try:
@@ -78,7 +54,8 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
 
         files = file_table(staging, staged.known)
         faults.point("staged")
-        kinds = (["pytorch"] if staged.weights else []) + sorted({a["format"] for a in staged.artifacts.values()})
+        runnable = staged.weights or (staged.architecture or {}).get("kind") == "torch.export"
+        kinds = (["pytorch"] if runnable else []) + sorted({a["format"] for a in staged.artifacts.values()})
         manifest: dict[str, Any] = {
             "schema": MANIFEST_SCHEMA, "name": name, "version": version,
             "kinds": kinds, "weights": staged.weights, "architecture": staged.architecture,
@@ -88,14 +65,19 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         manifest["digest"] = manifest_digest(manifest)
         manifest.update({"created_utc": utc_now(), "created_by": who(), "source": staged.source,
                          "tools": _tool_versions(staged.tools)})
-        row, existed = store.commit(name, version, staging, manifest, aliases)
+        row, existed = store.commit(name, version, staging, manifest, aliases, seal)
     except BaseException:
         store.discard(staging)
         raise
     if existed and aliases:
         for a in aliases:
             store.set_alias(name, a, row["version"], who())
-    return {"name": row["name"], "version": row["version"], "digest": row["digest"], "existed": existed,
+    stored, manifest_sha = store.read_manifest(row["name"], row["version"])
+    if existed and seal is not None and not isinstance(stored.get("signature"), dict):
+        raise ZooError(f"{name} version {row['version']} already exists with identical contents but unsigned; "
+                       "versions are immutable, so it cannot be signed now: publish under a new version")
+    return {"name": row["name"], "version": row["version"], "digest": row["digest"],
+            "manifest_sha256": manifest_sha, "signed": isinstance(stored.get("signature"), dict), "existed": existed,
             "zoo": store.url, "path": _where(store, row), "files": row["files"], "size": row["size"],
             "kinds": row["kinds"], "targets": row["targets"], "aliases": aliases}
 
@@ -124,30 +106,6 @@ def _tool_versions(extra: dict[str, str]) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- read
 
 
-def _resolve(store: Any, name: str, ref: str | None) -> tuple[str, list[dict[str, Any]]]:
-    rows = store.versions(check_name(name))
-    if not rows:
-        known = store.names()
-        hint = f"; models here: {', '.join(known[:20])}" if known else "; the zoo is empty"
-        raise ZooError(f"no model named {name!r} in the zoo at {store.url}{hint}")
-    if ref is None or ref == LATEST:
-        return rows[-1]["version"], rows
-    ref = str(ref)
-    if any(r["version"] == ref for r in rows):
-        return ref, rows
-    aliases = store.aliases(name)
-    if ref in aliases:
-        return aliases[ref], rows
-    raise ZooError(f"{name} has no version or alias {ref!r}; versions: {', '.join(r['version'] for r in rows)}"
-                   + (f"; aliases: {', '.join(f'{a}->{v}' for a, v in aliases.items())}" if aliases else ""))
-
-
-def _parse(name: str, version: Any) -> tuple[str, str | None]:
-    if version is None and isinstance(name, str) and "@" in name:
-        return split_ref(name)
-    return check_name(name), (str(version) if version is not None else None)
-
-
 def list_models(zoo: Any = None) -> list[dict[str, Any]]:
     """One row per model: name, versions, latest version, aliases, kinds and targets of the latest."""
     store = open_store(zoo)
@@ -166,10 +124,11 @@ def list_models(zoo: Any = None) -> list[dict[str, Any]]:
 def show(name: str, version: str | None = None, zoo: Any = None) -> dict[str, Any]:
     """A model's versions, aliases (with their logged history) and the manifest of one version (latest)."""
     store = open_store(zoo)
-    name, ref = _parse(name, version)
-    chosen, rows = _resolve(store, name, ref)
-    return {"name": name, "version": chosen, "versions": rows, "aliases": store.aliases(name),
-            "alias_history": store.alias_history(name), "manifest": store.manifest(name, chosen)}
+    name, ref = parse_ref(name, version)
+    chosen, rows = resolve(store, name, ref)
+    manifest, manifest_sha = store.read_manifest(name, chosen)
+    return {"name": name, "version": chosen, "manifest_sha256": manifest_sha, "versions": rows,
+            "aliases": store.aliases(name), "alias_history": store.alias_history(name), "manifest": manifest}
 
 
 def set_alias(name: str, alias: str, version: str | int, zoo: Any = None) -> dict[str, Any]:
@@ -177,91 +136,66 @@ def set_alias(name: str, alias: str, version: str | int, zoo: Any = None) -> dic
     store = open_store(zoo)
     check_name(name)
     alias = check_alias(alias)
-    resolved, _ = _resolve(store, name, str(version))
+    resolved, _ = resolve(store, name, str(version))
     return store.set_alias(name, alias, resolved, who())
 
 
-def verify(name: str, version: str | None = None, zoo: Any = None) -> dict[str, Any]:
-    """Check the sha256 and size of every stored file of one version (or all versions) of ``name``."""
+def verify(name: str, version: str | None = None, zoo: Any = None, key: Any = None) -> dict[str, Any]:
+    """Check the sha256 and size of every stored file of one version (or all versions) of ``name``; with
+    ``key`` (an ed25519 public key) also that each version is signed by it."""
     store = open_store(zoo)
-    name, ref = _parse(name, version)
-    chosen, rows = _resolve(store, name, ref)
+    name, ref = parse_ref(name, version)
+    chosen, rows = resolve(store, name, ref)
     wanted = [r["version"] for r in rows] if ref is None else [chosen]
     results = []
     for v in wanted:
+        manifest_sha, signed_by = None, None
         try:
-            manifest = store.manifest(name, v)
-            problems = store.read_problems(name, v, manifest, None)
+            manifest, manifest_sha = store.read_manifest(name, v)
             count = len(manifest.get("files") or {})
+            if key is not None:
+                from .signing import check
+
+                signed_by = check(manifest, key, f"{name} version {v}")
+            problems = store.read_problems(name, v, manifest, None)
         except ZooError as e:
             problems, count = [e.message], 0
-        results.append({"version": v, "ok": not problems, "files": count, "problems": problems})
+        results.append({"version": v, "ok": not problems, "files": count, "problems": problems,
+                        "manifest_sha256": manifest_sha, **({"signed_by": signed_by} if key is not None else {})})
     return {"ok": all(r["ok"] for r in results), "name": name, "zoo": store.url, "versions": results}
+
+
+def gc(zoo: Any = None) -> dict[str, Any]:
+    """Sweep the zoo's staging area: directories of dead publishers, killed commits, partial downloads."""
+    store = open_store(zoo)
+    return {"ok": True, "zoo": store.url, "removed": store.gc()}
 
 
 # --------------------------------------------------------------------------------------------- load
 
 
-def _pick_target(name: str, version: str, manifest: dict[str, Any], target: str | None,
-                 required: bool) -> str | None:
-    arts = manifest.get("artifacts") or {}
-    if target is None:
-        if not required:
-            return None
-        if not arts:
-            raise ZooError(f"{name} version {version} holds no exported artifact (only PyTorch weights); use "
-                           "framework='pytorch', or publish an exported bundle")
-        if len(arts) > 1:
-            raise ZooError(f"{name} version {version} holds several targets ({', '.join(sorted(arts))}); pass "
-                           "target= (--target) with one of them or its soc_version")
-        return next(iter(arts))
-    matches = [k for k, a in arts.items() if target in (k, a.get("soc_version"))]
-    if not matches:
-        built = ", ".join(f"{k} (soc_version {a.get('soc_version') or 'any'})" for k, a in sorted(arts.items()))
-        raise ZooError(f"{name} version {version} has no artifact built for {target}; targets: "
-                       f"{built or 'none (no exported artifact was published)'}. Export for {target} "
-                       "(--soc-version) and publish it")
-    if len(matches) > 1:
-        raise ZooError(f"{name} version {version} has several artifacts for {target}: {', '.join(sorted(matches))}; "
-                       "pass the full target key")
-    return matches[0]
-
-
-def _verified_dir(store: Any, name: str, version: str, manifest: dict[str, Any], only: list[str] | None) -> Path:
-    """The version's directory after the sha256 of every file needed was checked; raises naming the files."""
-    from .verify import check_dir
-
-    root = store.version_dir(name, version, manifest, only)
-    problems = check_dir(root, manifest, only)
-    if problems and store.remote:  # a damaged cache: fetch again once from the verified blobs
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-        for rel, entry in (manifest.get("files") or {}).items():
-            if any(p.startswith(rel + ":") for p in problems):
-                (store.cache / "blobs" / entry["sha256"]).unlink(missing_ok=True)
-        root = store.version_dir(name, version, manifest, only)
-        problems = check_dir(root, manifest, only)
-    if problems:
-        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
-                                + "; ".join(problems) + ". Restore the file or publish the model again",
-                                path=str(root))
-    return root
-
-
 def load_model(name: str, version: str | int | None = None, framework: str = "pytorch", target: str | None = None,
-               *, zoo: Any = None, model_class: str | None = None, model_kwargs: dict[str, Any] | None = None) -> Any:
-    """``framework="pytorch"``: the nn.Module rebuilt from the recorded architecture with verified weights.
-    ``framework="onnx"``: the path of the verified ONNX file or bundle for ``target`` (a soc_version or a
-    target key). ``version`` is a version, an alias or None (the latest); ``name@ref`` works too."""
+               *, zoo: Any = None, model_class: str | None = None, model_kwargs: dict[str, Any] | None = None,
+               allow_modules: list[str] | tuple[str, ...] | None = None, verify_signature: Any = None) -> Any:
+    """``framework="pytorch"``: the module, from the stored torch.export program (loaded weights-only) or
+    rebuilt from ``model_class`` with verified weights. A callable architecture recorded in the manifest is
+    imported only when its module is allowed (``allow_modules=`` or CANN_MODEL_ZOO_ALLOW_MODULES); the
+    manifest alone never names code to run. ``framework="onnx"``: the path of the verified ONNX file or
+    bundle for ``target`` (a soc_version or a target key). ``version`` is a version, an alias or None (the
+    latest); ``name@ref`` works too. ``verify_signature``: an ed25519 public key the version must be signed
+    with (unsigned or otherwise signed versions are refused)."""
     store = open_store(zoo)
-    name, ref = _parse(name, version)
-    chosen, _ = _resolve(store, name, ref)
+    name, ref = parse_ref(name, version)
+    chosen, _ = resolve(store, name, ref)
     manifest = store.manifest(name, chosen)
+    if verify_signature is not None:
+        from .signing import check
+
+        check(manifest, verify_signature, f"{name} version {chosen}")
     if framework == "onnx":
-        key = _pick_target(name, chosen, manifest, target, required=True)
+        key = pick_target(name, chosen, manifest, target, required=True)
         art = manifest["artifacts"][key]
-        root = _verified_dir(store, name, chosen, manifest, [art["path"]])
+        root = verified_dir(store, name, chosen, manifest, [art["path"]])
         base = root / art["path"]
         if art.get("bundle"):
             return str(base)
@@ -269,47 +203,7 @@ def load_model(name: str, version: str | int | None = None, framework: str = "py
     if framework != "pytorch":
         raise ZooError(f"unknown framework {framework!r}; use 'pytorch' (an nn.Module) or 'onnx' (the artifact path)")
     if target is not None:
-        _pick_target(name, chosen, manifest, target, required=False)
+        pick_target(name, chosen, manifest, target, required=False)
     from .loading import rebuild
 
-    return rebuild(store, name, chosen, manifest, model_class, model_kwargs)
-
-
-def pull(ref: str, output: str | os.PathLike, version: str | None = None, target: str | None = None,
-         overwrite: bool = False, zoo: Any = None) -> dict[str, Any]:
-    """Copy a verified version (only ``target``'s artifact when given) into ``output``, atomically."""
-    import shutil
-
-    from .. import atomic
-
-    store = open_store(zoo)
-    name, ref_v = _parse(ref, version)
-    chosen, _ = _resolve(store, name, ref_v)
-    manifest = store.manifest(name, chosen)
-    only = None
-    if target is not None:
-        key = _pick_target(name, chosen, manifest, target, required=True)
-        only = [p for p in manifest["files"] if not p.startswith("artifacts/")] + [manifest["artifacts"][key]["path"]]
-    out = Path(output).resolve()
-    if out == Path.cwd() or out in Path.cwd().parents or out.parent == out:
-        raise ZooError("refusing to replace the current directory or one of its parents; pull into a new "
-                       "directory, e.g. -o ./model", path=output)
-    if out.exists() and not overwrite:
-        raise ZooError("output already exists; pass --overwrite or choose another directory", path=out)
-    root = _verified_dir(store, name, chosen, manifest, only)
-    from .verify import selected
-
-    staging = atomic.staging_dir(out)
-    try:
-        for rel in selected(manifest, only):
-            dst = staging / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / rel, dst)
-        shutil.copyfile(root / "manifest.json", staging / "manifest.json")
-        atomic.commit_dir(staging, out, overwrite)
-    except BaseException:
-        atomic.discard(staging)
-        raise
-    files = sorted(selected(manifest, only))
-    return {"ok": True, "name": name, "version": chosen, "digest": manifest["digest"], "output": str(out),
-            "files": files, "target": only and key}
+    return rebuild(store, name, chosen, manifest, model_class, model_kwargs, allow_modules)

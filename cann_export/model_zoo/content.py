@@ -2,10 +2,9 @@
 the model card, and the manifest's content part (files, lineage). Written into a staging directory."""
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from .files import copy_hashed, fsync_file, hash_file
 
 WEIGHTS = "weights/model.safetensors"
 PROGRAM = "architecture/program.pt2"
+BUNDLE_PROGRAM = "torch/program.pt2"  # the torch.export program an atc_ready bundle carries
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 
 
@@ -68,6 +68,12 @@ def stage(staged: Staged, model: Any, *, model_class: str | None, model_kwargs: 
         _stage_artifact(staged, path)
     if staged.weights is None and not staged.artifacts:
         raise ZooError("nothing to publish: pass model= (an nn.Module, a weights file or a bundle)")
+    if staged.weights is not None and staged.architecture is None:
+        raise ZooError(f"refused: these are weights ({staged.weights['tensors']} tensors) with no architecture, so "
+                       "load_model(framework='pytorch') could not give a module back. Pass model_class="
+                       "'pkg.module:Callable' (--model-class, with model_kwargs= / --model-kwargs), or publish the "
+                       "exported artifact (cann-export MODEL --format atc_ready) or a torch.export .pt2, which "
+                       "carry the program", path=staged.source.get("path"))
 
 
 def _is_artifact(path: Path) -> bool:
@@ -75,9 +81,14 @@ def _is_artifact(path: Path) -> bool:
         return (path / "manifest.json").is_file()
     if path.suffix == ".onnx":
         return True
-    from ..om_stub import is_om_file
+    from ..bundle import open_artifact
+    from ..errors import ExportError
 
-    return is_om_file(path)
+    try:
+        with open_artifact(path) as opened:
+            return opened != path and (Path(opened) / "manifest.json").is_file()
+    except (ExportError, OSError, ValueError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------- weights
@@ -118,8 +129,8 @@ def _weights_info(path: Path, converted_from: str | None) -> dict[str, Any]:
         with safe_open(str(path), "np") as f:
             keys = list(f.keys())
             meta = f.metadata() or {}
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-        raise ZooError(f"not a readable safetensors file ({type(e).__name__}: {e})", path=path) from None
+    except Exception as e:
+        raise ZooError(f"not a readable safetensors file ({type(e).__name__}: {e})", path=path) from e
     info: dict[str, Any] = {"file": WEIGHTS, "format": "safetensors", "tensors": len(keys)}
     tied = {k: v for k, v in meta.items() if v in keys and k not in keys}
     if tied:
@@ -160,11 +171,11 @@ def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) 
     try:
         check_export_archive(path, trust_pickle)
     except LoadError as e:
-        raise ZooError(e.message, path=path) from None
+        raise ZooError(e.message, path=path) from e
     try:
         ep = torch.export.load(str(path))
-    except Exception as e:  # noqa: BLE001 - any failure is the user's file
-        raise ZooError(f"not a readable torch.export archive ({type(e).__name__}: {e})", path=path) from None
+    except Exception as e:
+        raise ZooError(f"not a readable torch.export archive ({type(e).__name__}: {e})", path=path) from e
     staged.copy(path, PROGRAM)
     staged.source["sha256"] = staged.known[PROGRAM]["sha256"]
     staged.architecture = {"kind": "torch.export", "file": PROGRAM}
@@ -177,28 +188,27 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
 
     import torch
 
-    from ..plugins.loaders import _zip_names, pickle_globals, split_checkpoint
+    from ..plugins.loaders import split_checkpoint
 
     _tools(staged)
     staged.source["sha256"] = hash_file(path)["sha256"]
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as refused:
         if not trust_pickle:
-            found = [g for g in (pickle_globals(path, _zip_names(path)) or [])
-                     if not g.startswith(("torch.", "collections.", "builtins."))]
+            found = [g for g in _unsafe_globals(path) if not g.startswith(("torch.", "collections.", "builtins."))]
             raise ZooError("refused: this file is a pickle of Python objects beyond tensors"
                            f"{' (' + ', '.join(found[:5]) + ')' if found else ''}; unpickling runs code. If you "
                            "trust it, publish with trust_pickle=True (--trust-pickle): it is converted to "
                            "safetensors and never unpickled again; better, publish model.state_dict() with "
-                           "--model-class", path=path) from None
+                           "--model-class", path=path) from refused
         try:
             obj = torch.load(str(path), map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any failure is the user's file
-            raise ZooError(f"not a readable PyTorch file ({type(e).__name__}: {e})", path=path) from None
-    except Exception as e:  # noqa: BLE001 - any failure is the user's file
+        except Exception as e:
+            raise ZooError(f"not a readable PyTorch file ({type(e).__name__}: {e})", path=path) from e
+    except Exception as e:
         raise ZooError(f"not a readable PyTorch file ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                       "pass a state_dict/checkpoint .pth, .safetensors, a .pt2 or a bundle", path=path) from None
+                       "pass a state_dict/checkpoint .pth, .safetensors, a .pt2 or a bundle", path=path) from e
     if isinstance(obj, torch.nn.Module):
         if model_class:
             staged.architecture = _callable_arch(model_class, model_kwargs, obj.state_dict())
@@ -208,11 +218,21 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
         return
     try:
         state, extras = split_checkpoint(obj, path)
-    except Exception as e:  # noqa: BLE001 - LoadError from the loader: re-raise as a zoo error
-        raise ZooError(getattr(e, "message", str(e)), path=path) from None
+    except Exception as e:
+        raise ZooError(getattr(e, "message", str(e)), path=path) from e
     if model_class:
         staged.architecture = _callable_arch(model_class, model_kwargs, state)
     _save_state(staged, state, converted_from="torch.save state_dict" + (" (checkpoint)" if extras else ""))
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals a refused pickle would import, as torch lists them (nothing is executed)."""
+    import torch
+
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # noqa: BLE001 - legacy or damaged files: the refusal stands without the list
+        return []
 
 
 def _save_state(staged: Staged, obj: Any, converted_from: str) -> None:
@@ -248,8 +268,8 @@ def _import(spec: str) -> Any:
 
     try:
         return import_callable(spec)
-    except Exception as e:  # noqa: BLE001 - LoadError: say it in the zoo's words
-        raise ZooError(getattr(e, "message", str(e)).replace("--model-class", "model_class")) from None
+    except Exception as e:
+        raise ZooError(getattr(e, "message", str(e)).replace("--model-class", "model_class")) from e
 
 
 def _meta_state(factory: Any, kwargs: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -258,8 +278,8 @@ def _meta_state(factory: Any, kwargs: dict[str, Any], spec: str) -> dict[str, An
     try:
         with torch.device("meta"):
             module = factory(**kwargs)
-    except Exception as e:  # noqa: BLE001 - the user's callable
-        raise ZooError(f"{spec}(**{json.dumps(kwargs)}) raised {type(e).__name__}: {e}; check model_kwargs") from None
+    except Exception as e:
+        raise ZooError(f"{spec}(**{json.dumps(kwargs)}) raised {type(e).__name__}: {e}; check model_kwargs") from e
     if not isinstance(module, torch.nn.Module):
         raise ZooError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
     return module.state_dict()
@@ -282,7 +302,7 @@ def _callable_arch(spec: str, kwargs: dict[str, Any] | None, state: dict[str, An
     try:
         json.dumps(kwargs)
     except TypeError as e:
-        raise ZooError(f"model_kwargs must be JSON-serialisable to be recorded ({e})") from None
+        raise ZooError(f"model_kwargs must be JSON-serialisable to be recorded ({e})") from e
     _check_shapes(spec, _meta_state(_import(spec), kwargs, spec), state, tied)
     return {"kind": "callable", "callable": spec, "kwargs": kwargs}
 
@@ -311,9 +331,9 @@ def _export_program(staged: Staged, model: Any, example_inputs: Any) -> dict[str
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     try:
         ep = torch.export.export(model.eval(), args)
-    except Exception as e:  # noqa: BLE001 - torch.export's many failure types
+    except Exception as e:
         raise ZooError(f"torch.export failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); pass "
-                       "model_class= and model_kwargs= instead") from None
+                       "model_class= and model_kwargs= instead") from e
     (staged.root / PROGRAM).parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(ep, str(staged.root / PROGRAM))
     staged.written(PROGRAM)
@@ -352,19 +372,21 @@ def _stage_artifact(staged: Staged, path: Path) -> None:
         with open_artifact(path) as bundle:
             manifest = read_bundle(bundle)
             verify_files(bundle, manifest)
+            atc = manifest.get("atc") or {}
+            fmt = manifest.get("format") or "atc_ready"
+            key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
+            if key in staged.artifacts:
+                raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+            base = f"artifacts/{key}"
+            if path.is_dir():
+                for rel in sorted(manifest.get("files") or {}) + ["manifest.json"]:
+                    staged.copy(path / rel, f"{base}/{rel}")
+            else:  # a single-file artifact (om-stub, archive): the bundle travels inside it
+                staged.copy(path, f"{base}/{path.name}")
+            if BUNDLE_PROGRAM in (manifest.get("files") or {}) and staged.architecture is None:
+                _stage_bundle_program(staged, Path(bundle) / BUNDLE_PROGRAM, key)
     except ValidateError as e:
-        raise ZooError(f"refused to publish a damaged artifact: {e.message}", path=path) from None
-    atc = manifest.get("atc") or {}
-    fmt = manifest.get("format") or "atc_ready"
-    key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
-    if key in staged.artifacts:
-        raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
-    base = f"artifacts/{key}"
-    if path.is_dir():
-        for rel in sorted(manifest.get("files") or {}) + ["manifest.json"]:
-            staged.copy(path / rel, f"{base}/{rel}")
-    else:  # an om-stub: the bundle travels inside it
-        staged.copy(path, f"{base}/{path.name}")
+        raise ZooError(f"refused to publish a damaged artifact: {e.message}", path=path) from e
     files = manifest.get("files") or {}
     model = manifest.get("model") or {}
     onnx_file = model.get("file") or "model.onnx"
@@ -384,6 +406,20 @@ def _stage_artifact(staged: Staged, path: Path) -> None:
         "om_kind": om.get("kind"), "atc_command": " ".join(atc.get("command") or []) or None,
     })
     staged.tools.update({f"export.{k}": v for k, v in prov.items() if k in ("tool", "torch", "onnx", "onnxruntime")})
+
+
+def _stage_bundle_program(staged: Staged, program: Path, key: str) -> None:
+    """The bundle's torch.export program becomes the version's architecture (checked weights-only now, and
+    again at every load), so load_model(framework="pytorch") needs no model_class."""
+    from ..archive_safety import check_export_archive
+    from ..errors import LoadError
+
+    try:
+        check_export_archive(program, trust_pickle=False)
+    except LoadError as e:
+        raise ZooError(f"refused the artifact's torch.export program: {e.message}", path=str(program)) from e
+    staged.copy(program, PROGRAM)
+    staged.architecture = {"kind": "torch.export", "file": PROGRAM, "from_artifact": key}
 
 
 def write_card(staged: Staged, name: str, metadata: dict[str, Any], card: Any) -> dict[str, Any]:

@@ -100,14 +100,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON to a temp name beside ``path``, fsync, os.replace."""
+def manifest_bytes(data: Any) -> bytes:
+    """The bytes a manifest is stored as (the same in every store, so its sha256 can be pinned)."""
+    return (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8")
+
+
+def write_json(path: Path, data: Any) -> str:
+    """Write JSON to a temp name beside ``path``, fsync, os.replace; returns the sha256 of the bytes."""
+    body = manifest_bytes(data)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, default=str) + "\n")
+    with open(tmp, "wb") as f:
+        f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    return hashlib.sha256(body).hexdigest()
 
 
 def file_table(root: Path, known: dict[str, dict[str, Any]], exclude: tuple[str, ...] = ("manifest.json",)) -> dict:
@@ -128,7 +135,7 @@ def new_staging(tmp_root: Path) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -148,7 +155,7 @@ def clean_stale(tmp_root: Path) -> list[str]:
         parts = entry.name.split("-")
         stale = False
         if len(parts) >= 3 and parts[0] == _HOST and parts[1].isdigit():
-            stale = int(parts[1]) != os.getpid() and not _alive(int(parts[1]))
+            stale = int(parts[1]) != os.getpid() and not pid_alive(int(parts[1]))
         if not stale:
             try:
                 stale = now - entry.stat().st_mtime > STALE_SECONDS
@@ -160,30 +167,12 @@ def clean_stale(tmp_root: Path) -> list[str]:
     return removed
 
 
-VOLATILE = ("name", "version", "digest", "created_utc", "created_by", "tools", "source")
+VOLATILE = ("name", "version", "digest", "created_utc", "created_by", "tools", "source", "signature")
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """The content digest: everything but who/when/where (those are set at commit)."""
     return canonical_digest({k: v for k, v in manifest.items() if k not in VOLATILE})
-
-
-def check_manifest(manifest: Any, where: str, expected: str | None = None) -> dict[str, Any]:
-    """Refuse a manifest edited after publish (its digest no longer matches, or differs from the index),
-    or one whose file table points outside the version directory."""
-    from ..atomic import is_safe_relpath
-    from .errors import ZooIntegrityError
-
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "digest" not in manifest:
-        raise ZooIntegrityError(f"{where}: manifest.json is not a cann-export zoo manifest; nothing was loaded")
-    actual = manifest_digest(manifest)
-    if actual != manifest["digest"] or (expected is not None and expected != actual):
-        raise ZooIntegrityError(f"{where}: manifest.json was changed after publish (digest mismatch); nothing was "
-                                "loaded. Restore the version or publish it again")
-    unsafe = [rel for rel in manifest["files"] if not is_safe_relpath(str(rel))]
-    if unsafe:
-        raise ZooIntegrityError(f"{where}: manifest.json lists paths outside the version ({unsafe[:3]}); refused")
-    return manifest
 
 
 def canonical_digest(data: Any) -> str:

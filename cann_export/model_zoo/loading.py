@@ -1,14 +1,70 @@
-"""Rebuild an nn.Module from a version: the recorded architecture plus verified safetensors weights.
+"""Give back an nn.Module from a version: the stored torch.export program (checked to load weights-only),
+or a callable architecture the consumer chose plus verified safetensors weights.
 
-The weights file is hashed on a second thread while safetensors reads it; the module is returned only
-when every digest matched."""
+A manifest is data written by whoever can write to the store, so the callable it records is imported
+only when the consumer passes ``model_class=`` or allows its module (``allow_modules=`` /
+CANN_MODEL_ZOO_ALLOW_MODULES); never from the manifest alone. The weights file is hashed on a second
+thread while safetensors reads it; the module is returned only when every digest matched."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .errors import ZooError, ZooIntegrityError
+
+ENV_ALLOW = "CANN_MODEL_ZOO_ALLOW_MODULES"
+
+
+def allowed_modules(extra: list[str] | tuple[str, ...] | None) -> list[str]:
+    """The modules whose callables a manifest may name: ``extra`` plus CANN_MODEL_ZOO_ALLOW_MODULES
+    (comma-separated); a module allows its submodules."""
+    env = [m.strip() for m in os.environ.get(ENV_ALLOW, "").split(",") if m.strip()]
+    return [*[str(m).strip() for m in (extra or []) if str(m).strip()], *env]
+
+
+def check_allowed(spec: str, allow: list[str] | tuple[str, ...] | None, name: str, version: str) -> None:
+    module = spec.partition(":")[0]
+    if any(module == a or module.startswith(a + ".") for a in allowed_modules(allow)):
+        return
+    raise ZooError(f"{name} version {version} names its architecture as the callable {spec[:120]!r}; a zoo "
+                   "manifest never decides which code runs (anyone who can write to the store could name any "
+                   "function). If you trust that code, pass model_class= to load_model, or allow its module: "
+                   f"allow_modules=[{module[:80]!r}] or "
+                   f"{ENV_ALLOW}={module[:80]}. Better: publish the exported artifact or example_inputs=, "
+                   "which store a torch.export program")
+
+
+def _load_program(path: Path, name: str, version: str) -> Any:
+    import torch
+
+    from ..archive_safety import check_export_archive
+    from ..errors import LoadError
+
+    try:
+        check_export_archive(path, trust_pickle=False)  # verified bytes; still weights-only
+    except LoadError as e:
+        raise ZooError(f"{name} version {version}: {e.message}", path=str(path)) from e
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as e:
+        raise ZooError(f"{name} version {version}: torch.export.load failed ({type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:200]}); the archive may need a newer torch") from e
+
+
+def load_program(store: Any, name: str, version: str, manifest: dict[str, Any]) -> Any:
+    """The verified torch.export program of a version, as a runnable module (``ExportedProgram.module()``)."""
+    from .verify import check_dir
+
+    rel = manifest["architecture"]["file"]
+    root = store.version_dir(name, version, manifest, [rel])
+    problems = check_dir(root, manifest, [rel])
+    if problems:
+        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
+                                + "; ".join(problems) + ". Restore the file or publish the model again",
+                                path=str(root))
+    return _load_program(root / rel, name, version)
 
 
 def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
@@ -22,26 +78,19 @@ def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_
         raise ZooError(f"{name} version {version} holds weights but no architecture; pass model_class="
                        "'pkg.module:Callable' (and model_kwargs=) to load_model, or framework='onnx'")
     if arch["kind"] == "torch.export":
-        from ..archive_safety import check_export_archive
-
-        check_export_archive(root / arch["file"], trust_pickle=False)  # verified bytes; still weights-only
-        try:
-            return torch.export.load(str(root / arch["file"])).module()
-        except Exception as e:  # noqa: BLE001 - torch's many failure types
-            raise ZooError(f"{name} version {version}: torch.export.load failed ({type(e).__name__}: {e}); the "
-                           "archive may need a newer torch") from None
+        return _load_program(root / arch["file"], name, version)
     from ..plugins.loaders import import_callable
 
     try:
         factory = import_callable(arch["callable"])
-    except Exception as e:  # noqa: BLE001 - LoadError or the module's own import errors
+    except Exception as e:
         raise ZooError(f"{name} version {version} was published with architecture {arch['callable']}, which does "
                        f"not import here ({getattr(e, 'message', e)}); install the package that defines it "
-                       "or pass model_class=") from None
+                       "or pass model_class=") from e
     try:
         module = factory(**arch.get("kwargs", {}))
-    except Exception as e:  # noqa: BLE001 - the user's callable
-        raise ZooError(f"{arch['callable']}(**{arch.get('kwargs')}) raised {type(e).__name__}: {e}") from None
+    except Exception as e:
+        raise ZooError(f"{arch['callable']}(**{arch.get('kwargs')}) raised {type(e).__name__}: {e}") from e
     if not isinstance(module, torch.nn.Module):
         raise ZooError(f"{arch['callable']} returned {type(module).__name__}, not a torch.nn.Module")
     return module
@@ -92,11 +141,16 @@ def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path:
 
 
 def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
-            model_kwargs: dict[str, Any] | None) -> Any:
+            model_kwargs: dict[str, Any] | None, allow_modules: list[str] | tuple[str, ...] | None = None) -> Any:
     from safetensors.torch import load_model as st_load_model
 
     from .verify import check_dir, check_file
 
+    recorded = manifest.get("architecture") or {}
+    if not model_class and recorded.get("kind") == "torch.export":
+        return load_program(store, name, version, manifest)
+    if not model_class and recorded.get("kind") == "callable":
+        check_allowed(recorded["callable"], allow_modules, name, version)
     weights = manifest.get("weights")
     if not weights:
         targets = ", ".join(sorted(manifest.get("artifacts") or {}))
@@ -132,11 +186,11 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
             if module is not None:
                 try:
                     missing, unexpected = st_load_model(module, str(root / wfile), strict=False)
-                except Exception as e:  # noqa: BLE001 - corrupt header or shape mismatch
+                except Exception as e:
                     wproblem = pending.result()
                     if not wproblem:
                         raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
-                                       f"({' '.join(str(e).split())[:300]})") from None
+                                       f"({' '.join(str(e).split())[:300]})") from e
                 else:
                     wproblem = pending.result()
                     if not wproblem and (missing or unexpected):

@@ -10,18 +10,20 @@ and the index row inserted; COMMIT makes it visible. A directory under models/ w
 the remains of a killed commit: invisible to readers and removed by the next publish of that name."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from . import faults
+from .clock import utc_now
 from .errors import ZooConflictError, ZooError
 from .files import clean_stale, fsync_dir, new_staging, write_json
 
@@ -30,7 +32,7 @@ CREATE TABLE IF NOT EXISTS versions (
     name TEXT NOT NULL, version TEXT NOT NULL, seq INTEGER NOT NULL, digest TEXT NOT NULL,
     path TEXT NOT NULL, created_utc TEXT NOT NULL, created_by TEXT, size INTEGER NOT NULL,
     files INTEGER NOT NULL, kinds TEXT NOT NULL, targets TEXT NOT NULL, metadata TEXT NOT NULL,
-    UNIQUE (name, version), UNIQUE (name, seq));
+    manifest_sha256 TEXT, UNIQUE (name, version), UNIQUE (name, seq));
 CREATE TABLE IF NOT EXISTS aliases (
     name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL, updated_utc TEXT NOT NULL,
     PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES versions (name, version));
@@ -45,6 +47,20 @@ RETRIES = 20
 def _is_busy(e: sqlite3.OperationalError) -> bool:
     text = str(e).lower()
     return "locked" in text or "busy" in text
+
+
+def _retrying(step: Callable[[], Any], failure: str, path: Path) -> Any:
+    """The one retry policy on top of sqlite's busy_timeout: the few statements sqlite answers with BUSY
+    without waiting (journal-mode switch, schema, BEGIN IMMEDIATE during WAL recovery) are retried with a
+    linear back-off; any other error, or BUSY past RETRIES attempts, is a ZooError."""
+    for attempt in range(RETRIES):
+        try:
+            return step()
+        except sqlite3.OperationalError as e:
+            if not _is_busy(e) or attempt == RETRIES - 1:
+                raise ZooError(f"{failure} ({e}); retry later", path=path) from e
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 class LocalStore:
@@ -69,19 +85,19 @@ class LocalStore:
             db = sqlite3.connect(str(index), timeout=BUSY_MS / 1000, isolation_level=None)
         except (OSError, sqlite3.Error) as e:
             raise ZooError(f"cannot open the model zoo index ({e}); check the directory is writable or pass "
-                           "--zoo DIR", path=index) from None
+                           "--zoo DIR", path=index) from e
         db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         db.row_factory = sqlite3.Row
-        for attempt in range(RETRIES):
-            try:
-                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(SCHEMA)
-                break
-            except sqlite3.OperationalError as e:
-                if not _is_busy(e) or attempt == RETRIES - 1:
-                    raise ZooError(f"the model zoo index is unusable ({e})", path=index) from None
-                time.sleep(0.05 * (attempt + 1))
+
+        def prepare() -> None:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(versions)")}
+            if "manifest_sha256" not in columns:  # an index written before the column existed
+                db.execute("ALTER TABLE versions ADD COLUMN manifest_sha256 TEXT")
+
+        _retrying(prepare, "the model zoo index is unusable", index)
         self._db = db
         return db
 
@@ -89,14 +105,7 @@ class LocalStore:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE: the database write lock), retried while busy."""
         db = self._connect(create=True)
-        for attempt in range(RETRIES):
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as e:
-                if not _is_busy(e) or attempt == RETRIES - 1:
-                    raise ZooError(f"the model zoo index stays locked ({e}); retry later", path=self.root) from None
-                time.sleep(0.05 * (attempt + 1))
+        _retrying(lambda: db.execute("BEGIN IMMEDIATE"), "the model zoo index stays locked", self.root)
         try:
             yield db
             db.execute("COMMIT")
@@ -117,8 +126,10 @@ class LocalStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
-               aliases: list[str]) -> tuple[dict[str, Any], bool]:
-        """Make the staged version visible; returns (row, existed)."""
+               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+               ) -> tuple[dict[str, Any], bool]:
+        """Make the staged version visible; returns (row, existed). ``seal`` (signing) sees the final manifest
+        (name and version chosen) just before it is written."""
         digest = manifest["digest"]
         with self._write() as db:
             rows = db.execute("SELECT * FROM versions WHERE name=? ORDER BY seq", (name,)).fetchall()
@@ -136,26 +147,30 @@ class LocalStore:
             self._clean_orphans(name, taken)
             final = self.models / name / version
             manifest = {**manifest, "name": name, "version": version}
-            write_json(staging / "manifest.json", manifest)  # the manifest goes last
+            if seal is not None:
+                manifest = seal(manifest)
+            manifest_sha = write_json(staging / "manifest.json", manifest)  # the manifest goes last
             faults.point("manifest")
             final.parent.mkdir(parents=True, exist_ok=True)
             os.rename(staging, final)
             fsync_dir(final.parent)
             faults.point("renamed")
             files = manifest["files"]
-            db.execute("INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", (
+            db.execute("INSERT INTO versions (name, version, seq, digest, path, created_utc, created_by, size, files, "
+                       "kinds, targets, metadata, manifest_sha256) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", (
                 name, version, seq, digest, f"models/{name}/{version}", manifest["created_utc"],
                 manifest.get("created_by"), sum(f["size"] for f in files.values()), len(files),
                 json.dumps(manifest["kinds"]), json.dumps(sorted(manifest["artifacts"])),
-                json.dumps(manifest["metadata"], default=str)))
+                json.dumps(manifest["metadata"], default=str), manifest_sha))
             for alias in aliases:
                 self._set_alias(db, name, alias, version, manifest.get("created_by"))
         faults.point("committed")
         return self._get_row(name, version), False
 
-    def _clean_orphans(self, name: str, taken: set[str]) -> None:
+    def _clean_orphans(self, name: str, taken: set[str]) -> list[str]:
         """Directories of killed commits (no index row); safe: we hold the write lock."""
         folder = self.models / name
+        removed = []
         if folder.is_dir():
             for entry in folder.iterdir():
                 if entry.name not in taken:
@@ -163,6 +178,19 @@ class LocalStore:
                     self.tmp.mkdir(parents=True, exist_ok=True)
                     os.rename(entry, aside)
                     shutil.rmtree(aside, ignore_errors=True)
+                    removed.append(f"models/{name}/{entry.name}")
+        return removed
+
+    def gc(self) -> list[str]:
+        """Sweep staging directories of dead publishers and the directories of killed commits."""
+        removed = [f".tmp/{n}" for n in clean_stale(self.tmp)]
+        if self._connect(create=False) is None or not self.models.is_dir():
+            return removed
+        with self._write() as db:
+            for folder in sorted(p for p in self.models.iterdir() if p.is_dir()):
+                taken = {r["version"] for r in db.execute("SELECT version FROM versions WHERE name=?", (folder.name,))}
+                removed += self._clean_orphans(folder.name, taken)
+        return removed
 
     # ------------------------------------------------------------------------------------ read
     def _get_row(self, name: str, version: str) -> dict[str, Any] | None:
@@ -182,17 +210,29 @@ class LocalStore:
         return [dict(r) for r in self._rows("SELECT alias, version, previous, time_utc, who FROM alias_log "
                                             "WHERE name=? ORDER BY id", (name,))]
 
-    def manifest(self, name: str, version: str) -> dict[str, Any]:
-        from .files import check_manifest
+    def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
+        """The checked manifest and the sha256 of its bytes (which must match the index's when recorded)."""
+        from .errors import ZooIntegrityError
+        from .schema import check_manifest
 
         path = self.models / name / version / "manifest.json"
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+            raw = path.read_bytes()
+            manifest = json.loads(raw)
+        except (OSError, ValueError) as e:
             raise ZooError(f"{name} version {version}: manifest.json is unreadable ({type(e).__name__}); the store "
-                           "is damaged, run `cann-export zoo verify`", path=path) from None
-        rows = self._rows("SELECT digest FROM versions WHERE name=? AND version=?", (name, version))
-        return check_manifest(manifest, f"{name} version {version}", rows[0]["digest"] if rows else None)
+                           "is damaged, run `cann-export zoo verify`", path=path) from e
+        rows = self._rows("SELECT digest, manifest_sha256 FROM versions WHERE name=? AND version=?", (name, version))
+        where = f"{name} version {version}"
+        sha = hashlib.sha256(raw).hexdigest()
+        if rows and rows[0]["manifest_sha256"] and rows[0]["manifest_sha256"] != sha:
+            raise ZooIntegrityError(f"{where}: manifest.json is not the file that was published (its sha256 differs "
+                                    "from the index); nothing was loaded. Restore the version or publish it again",
+                                    path=str(path))
+        return check_manifest(manifest, where, rows[0]["digest"] if rows else None, name, version), sha
+
+    def manifest(self, name: str, version: str) -> dict[str, Any]:
+        return self.read_manifest(name, version)[0]
 
     def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
         return self.models / name / version
@@ -211,8 +251,6 @@ class LocalStore:
 
     @staticmethod
     def _set_alias(db: sqlite3.Connection, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
-        from .api import utc_now
-
         row = db.execute("SELECT version FROM aliases WHERE name=? AND alias=?", (name, alias)).fetchone()
         previous = row["version"] if row else None
         now = utc_now()

@@ -45,3 +45,22 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     if sep and not version:
         raise ZooError(f"{ref!r}: nothing after '@'; write NAME@VERSION or NAME@ALIAS")
     return name, (version or None)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_sha256(value: object) -> bool:
+    """A lowercase hex sha256: the only form a digest may take before it names a blob or a cache file."""
+    return isinstance(value, str) and bool(_SHA256.fullmatch(value))
+
+
+def is_relpath(rel: object) -> bool:
+    """A relative POSIX path that stays inside its root (no absolute path, '..', '.', backslash, NUL or
+    empty part)."""
+    from pathlib import PurePosixPath
+
+    if not isinstance(rel, str) or not rel or len(rel) > 1024 or rel.endswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    p = PurePosixPath(rel)
+    return not p.is_absolute() and all(part not in ("..", "", ".") for part in rel.split("/"))

@@ -9,16 +9,20 @@ leaves at most complete blobs that no manifest names (harmless, reused by the ne
 bytes) and never a manifest. Fetched blobs are verified and cached locally."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import faults
+from .clock import utc_now
 from .errors import ZooConflictError, ZooError, ZooIntegrityError
-from .files import clean_stale, hash_file, new_staging
+from .files import clean_stale, hash_file, manifest_bytes, new_staging
 from .location import remote_cache_dir
+from .names import check_name, check_version, is_sha256
 
 RETRIES = 50
 
@@ -37,9 +41,10 @@ class RemoteStore:
             self.fs = fsspec.filesystem(protocol, **options)
         except (ImportError, ValueError) as e:
             hint = " (pip install 'cann-export[s3]')" if protocol == "s3" else ""
-            raise ZooError(f"cannot open the model zoo at {url}: {e}{hint}") from None
+            raise ZooError(f"cannot open the model zoo at {url}: {e}{hint}") from e
         self.protocol, self.root, self.url = protocol, root.rstrip("/"), url
         self.cache = remote_cache_dir(url)
+        self._raw: dict[tuple[str, str], bytes] = {}  # manifest bytes as read, for pull and manifest_sha256
 
     def _p(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -50,17 +55,17 @@ class RemoteStore:
         except (FileNotFoundError, FileExistsError):
             raise
         except PermissionError as e:
-            raise ZooError(f"access to the model zoo at {self.url} was denied ({e}); check the credentials") from None
+            raise ZooError(f"access to the model zoo at {self.url} was denied ({e}); check the credentials") from e
         except OSError as e:
             raise ZooError(f"the model zoo at {self.url} is unreachable ({type(e).__name__}: {e}); check the URL "
-                           "and the endpoint (CANN_MODEL_ZOO_ENDPOINT)") from None
+                           "and the endpoint (CANN_MODEL_ZOO_ENDPOINT)") from e
 
     def _read_json(self, path: str) -> Any:
         return json.loads(self._call(self.fs.cat_file, path))
 
     def _create(self, path: str, data: dict[str, Any]) -> bool:
         """Create ``path`` only if absent; False if it already exists."""
-        body = (json.dumps(data, indent=2, default=str) + "\n").encode()
+        body = manifest_bytes(data)
         try:
             if self.protocol == "s3":
                 self._call(self.fs.pipe_file, path, body, mode="create")
@@ -85,14 +90,15 @@ class RemoteStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
-               aliases: list[str]) -> tuple[dict[str, Any], bool]:
+               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+               ) -> tuple[dict[str, Any], bool]:
         try:
             if version is not None:  # refuse a taken version before uploading anything
                 try:
                     existing = self._read_json(self._p("models", name, version, "manifest.json"))
                 except FileNotFoundError:
                     existing = None
-                if existing is not None and existing["digest"] != manifest["digest"]:
+                if existing is not None and (not isinstance(existing, dict) or existing.get("digest") != manifest["digest"]):
                     raise ZooConflictError(f"{name} version {version} already exists with different contents; "
                                            "versions are immutable: publish under a new version (or omit --version)")
             for rel, entry in sorted(manifest["files"].items()):
@@ -111,11 +117,13 @@ class RemoteStore:
                                            "versions are immutable: publish under a new version (or omit --version)")
                 chosen = version or str(max([int(v) for v in taken if v.isdigit()] + [0]) + 1)
                 full = {**manifest, "name": name, "version": chosen}
+                if seal is not None:
+                    full = seal(full)
                 if self._create(self._p("models", name, chosen, "manifest.json"), full):
                     faults.point("committed")
                     for alias in aliases:
                         self.set_alias(name, alias, chosen, manifest.get("created_by"))
-                    return _summary(full, self._p("models", name, chosen)), False
+                    return _summary(full, self._p("models", name, chosen), manifest_bytes(full)), False
             raise ZooError(f"could not allocate a version of {name} after {RETRIES} attempts (heavy concurrent "
                            "publishing); retry")
         finally:
@@ -134,22 +142,45 @@ class RemoteStore:
         rows = []
         for path in paths:
             try:
-                m = self._read_json(path)
+                raw = self._call(self.fs.cat_file, path)
+                m = json.loads(raw)
             except FileNotFoundError:
                 continue
-            rows.append(_summary(m, path.rsplit("/", 1)[0]))
+            except ValueError as e:
+                raise ZooIntegrityError(f"{path}: manifest.json is not JSON; the store is damaged or forged") from e
+            stored_as = path.rsplit("/", 2)[-2]
+            if not isinstance(m, dict) or m.get("name") != name or m.get("version") != stored_as:
+                raise ZooIntegrityError(f"{path}: the manifest stored there names another model or version "
+                                        f"({str(m.get('name') if isinstance(m, dict) else m)[:80]} version "
+                                        f"{str(m.get('version') if isinstance(m, dict) else '?')[:80]}); refused. "
+                                        "The store was edited: restore the version or publish it again")
+            check_version(stored_as)
+            rows.append(_summary(m, path.rsplit("/", 1)[0], raw))
         # auto-numbered versions sort by number (start times of concurrent publishes interleave)
         return sorted(rows, key=lambda r: (0, int(r["version"]), "") if r["version"].isdigit()
                       else (1, 0, r["created_utc"]))
 
-    def manifest(self, name: str, version: str) -> dict[str, Any]:
-        from .files import check_manifest
+    def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
+        """The checked manifest and the sha256 of its stored bytes."""
+        from .schema import check_manifest
 
+        check_name(name)
+        check_version(version)
         try:
-            manifest = self._read_json(self._p("models", name, version, "manifest.json"))
-        except FileNotFoundError:
-            raise ZooError(f"{name} has no version {version}") from None
-        return check_manifest(manifest, f"{name} version {version}")
+            raw = self._call(self.fs.cat_file, self._p("models", name, version, "manifest.json"))
+        except FileNotFoundError as e:
+            raise ZooError(f"{name} has no version {version}") from e
+        try:
+            manifest = json.loads(raw)
+        except ValueError as e:
+            raise ZooIntegrityError(f"{name} version {version}: manifest.json is not JSON; the store is damaged "
+                                    "or forged") from e
+        checked = check_manifest(manifest, f"{name} version {version}", None, name, version)
+        self._raw[(name, version)] = raw
+        return checked, hashlib.sha256(raw).hexdigest()
+
+    def manifest(self, name: str, version: str) -> dict[str, Any]:
+        return self.read_manifest(name, version)[0]
 
     def _history(self, name: str, alias: str) -> list[tuple[int, str]]:
         paths = self._call(self.fs.glob, self._p("models", name, "aliases", alias, "*.json"))
@@ -171,8 +202,6 @@ class RemoteStore:
         return sorted(entries, key=lambda e: (e["time_utc"], e["alias"]))
 
     def set_alias(self, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
-        from .api import utc_now
-
         if not self._call(self.fs.exists, self._p("models", name, version, "manifest.json")):
             raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them")
         for _ in range(RETRIES):
@@ -188,6 +217,8 @@ class RemoteStore:
     def _blob(self, entry: dict[str, Any]) -> Path:
         """A verified local copy of a blob (downloaded to a temp name, checked, renamed into the cache)."""
         digest = entry["sha256"]
+        if not is_sha256(digest):  # schema.check_manifest refused it already; never a path from a forged name
+            raise ZooIntegrityError(f"refused a blob name that is not a sha256 ({str(digest)[:80]!r})")
         cached = self.cache / "blobs" / digest
         if cached.is_file():
             return cached
@@ -195,8 +226,8 @@ class RemoteStore:
         tmp = cached.with_name(f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.part")
         try:
             self._call(self.fs.get_file, self._p("blobs", "sha256", digest), str(tmp))
-        except FileNotFoundError:
-            raise ZooIntegrityError(f"blob {digest} is missing from {self.url}") from None
+        except FileNotFoundError as e:
+            raise ZooIntegrityError(f"blob {digest} is missing from {self.url}") from e
         got = hash_file(tmp)
         if got["sha256"] != digest:
             tmp.unlink(missing_ok=True)
@@ -206,10 +237,15 @@ class RemoteStore:
 
     def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
         """Materialise the version (or the ``only`` subtrees) in the local cache from verified blobs."""
+        from .names import is_relpath
         from .verify import selected
 
+        check_name(name)
+        check_version(version)
         root = self.cache / "versions" / name / version
         for rel, entry in selected(manifest, only).items():
+            if not is_relpath(rel):  # schema.check_manifest refused it already
+                raise ZooIntegrityError(f"{name} version {version}: refused the file path {rel[:120]!r}")
             target = root / rel
             if target.is_file() and target.stat().st_size == entry["size"]:
                 continue
@@ -221,8 +257,29 @@ class RemoteStore:
             except OSError:
                 shutil.copyfile(blob, tmp)
             os.replace(tmp, target)
-        (root / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        (root / "manifest.json").write_bytes(self._raw.get((name, version)) or manifest_bytes(manifest))
         return root
+
+    def forget_blobs(self, manifest: dict[str, Any], problems: list[str]) -> None:
+        """Drop the cached blobs of the files named in ``problems`` (only names that are sha256 digests)."""
+        for rel, entry in (manifest.get("files") or {}).items():
+            digest = entry.get("sha256") if isinstance(entry, dict) else None
+            if is_sha256(digest) and any(p.startswith(rel + ":") for p in problems):
+                (self.cache / "blobs" / digest).unlink(missing_ok=True)
+
+    def gc(self) -> list[str]:
+        """Sweep the local cache: staging directories and partial downloads of dead processes."""
+        removed = [f".tmp/{n}" for n in clean_stale(self.cache / ".tmp")]
+        blobs = self.cache / "blobs"
+        if blobs.is_dir():
+            from .files import pid_alive
+
+            for part in blobs.glob(".*.part"):
+                fields = part.name.split(".")
+                if len(fields) >= 4 and fields[2].isdigit() and not pid_alive(int(fields[2])):
+                    part.unlink(missing_ok=True)
+                    removed.append(f"blobs/{part.name}")
+        return removed
 
     def read_problems(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None) -> list[str]:
         """Check the stored blobs themselves: each exists remotely and hashes to its name."""
@@ -243,9 +300,13 @@ class RemoteStore:
         return problems
 
 
-def _summary(m: dict[str, Any], path: str) -> dict[str, Any]:
+def _summary(m: dict[str, Any], path: str, raw: bytes) -> dict[str, Any]:
     files = m.get("files") or {}
-    return {"name": m["name"], "version": m["version"], "digest": m["digest"], "path": path,
+    if not isinstance(files, dict) or not all(isinstance(f, dict) and isinstance(f.get("size"), int)
+                                              for f in files.values()):
+        raise ZooIntegrityError(f"{path}: manifest.json has a malformed file table; the store is damaged or forged")
+    return {"name": m["name"], "version": m["version"], "digest": m.get("digest"), "path": path,
+            "manifest_sha256": hashlib.sha256(raw).hexdigest(),
             "created_utc": m["created_utc"], "created_by": m.get("created_by"),
             "size": sum(f["size"] for f in files.values()), "files": len(files), "kinds": m.get("kinds", []),
             "targets": sorted(m.get("artifacts") or {}), "metadata": m.get("metadata") or {}}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hookspecs import hookimpl
+from ..plugin_manager import registry
 from ..options import PRECISION_MODES
 
 PRECISION_MODES_V2 = ("fp16", "origin", "cube_fp16in_fp32out", "mixed_float16", "mixed_bfloat16", "mixed_hif8")
@@ -88,22 +89,27 @@ def _aipp(value: Any) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class HintSpec:
+    """An ATC hint (see contracts.AtcHint). ``custom``: this plugin renders it itself (an option of its own,
+    a cfg file); otherwise a non-advisory hint becomes ``--name=value`` in convert.sh, as a plugin's does."""
+
     name: str
     normalize: Callable[[Any], Any]
     conflicts: tuple[str, ...] = ()
     advisory: bool = False
+    custom: bool = False
 
 
 BUILTIN_HINTS = (
-    HintSpec("soc_version", _text),
-    HintSpec("precision_mode", _choice(PRECISION_MODES), conflicts=("precision_mode_v2",)),
+    HintSpec("soc_version", _text, custom=True),
+    HintSpec("precision_mode", _choice(PRECISION_MODES), conflicts=("precision_mode_v2",), custom=True),
     HintSpec("precision_mode_v2", _choice(PRECISION_MODES_V2), conflicts=("precision_mode",)),
-    HintSpec("keep_dtype", _name_list),
+    HintSpec("keep_dtype", _name_list, custom=True),
     HintSpec("op_select_implmode", _choice(IMPL_MODES)),
     HintSpec("optypelist_for_implmode", _name_list),
-    HintSpec("fusion_switch", _fusion_switch),
+    HintSpec("fusion_switch", _fusion_switch, custom=True),
     HintSpec("input_format", _choice(INPUT_FORMATS)),
-    HintSpec("input_shape", _pattern(r"[\w./:-]+:-?\d+(,-?\d+)*(;[\w./:-]+:-?\d+(,-?\d+)*)*", "x:1,3,224,224;y:1,10")),
+    HintSpec("input_shape", _pattern(r"[\w./:-]+:-?\d+(,-?\d+)*(;[\w./:-]+:-?\d+(,-?\d+)*)*", "x:1,3,224,224;y:1,10"),
+             custom=True),
     HintSpec("dynamic_batch_size", _pattern(r"\d+(,\d+)+", "1,2,4,8"),
              conflicts=("dynamic_image_size", "dynamic_dims", "input_shape_range")),
     HintSpec("dynamic_image_size", _pattern(r"\d+,\d+(;\d+,\d+)+", "224,224;448,448"),
@@ -113,21 +119,24 @@ BUILTIN_HINTS = (
     HintSpec("input_shape_range", _text,
              conflicts=("dynamic_batch_size", "dynamic_image_size", "dynamic_dims")),
     HintSpec("out_nodes", _pattern(r"[^;:]+:\d+(;[^;:]+:\d+)*", "node_a:0;node_b:1")),
-    HintSpec("aipp", _aipp, conflicts=("dynamic_dims",)),
+    HintSpec("aipp", _aipp, conflicts=("dynamic_dims",), custom=True),
     HintSpec("log", _choice(LOG_LEVELS)),
     HintSpec("insert_teacache", _name_list, advisory=True),
     HintSpec("memory_layout", _text, advisory=True),
 )
 
-# ATC options whose value is passed through as --name=value
-_PASSTHROUGH = ("precision_mode_v2", "op_select_implmode", "optypelist_for_implmode", "input_format",
-                "dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range", "out_nodes", "log")
-
-
 @hookimpl
 def register_atc_hints(register):
     for spec in BUILTIN_HINTS:
         register(spec)
+
+
+def hint_args(spec: Any, value: Any) -> list[str]:
+    """The convert.sh arguments of a pass-through hint: the spec's own ``render(value)`` when it has one,
+    else ``--name=value`` (lists comma-joined)."""
+    if callable(getattr(spec, "render", None)):
+        return [str(a) for a in spec.render(value)]
+    return [f"--{spec.name}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"]
 
 
 def input_shape_arg(inputs: list[dict[str, Any]]) -> str:
@@ -185,11 +194,11 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
             f"--input_shape={hints.get('input_shape') or input_shape_arg(describe_values(ctx.onnx_model.graph.input))}"]
     if "precision_mode_v2" not in hints:
         args.append(f"--precision_mode={opts.precision_mode}")
-    args += [f"--{k}={','.join(hints[k]) if isinstance(hints[k], list) else hints[k]}" for k in _PASSTHROUGH
-             if k in hints]
+    specs = registry().atc_hints()
+    args += [arg for k in hints if not (specs[k].advisory or getattr(specs[k], "custom", False))
+             for arg in hint_args(specs[k], hints[k])]
     report: dict[str, Any] = {"soc_version": opts.soc_version, "precision_mode": effective_precision(ctx.options),
-                              "hints": dict(hints), "advisory": {k: hints[k] for k in hints if k in
-                                                                 ("insert_teacache", "memory_layout")}}
+                              "hints": dict(hints), "advisory": {k: hints[k] for k in hints if specs[k].advisory}}
     keep = list(hints.get("keep_dtype", [])) + list(ctx.reports.get("precision_fix", {}).get("kept", []))
     if keep:
         lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)

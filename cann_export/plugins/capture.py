@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import large_model
 from ..hookspecs import hookimpl
 from ..module_paths import collect, stamp, stamp_from_exporter
 
@@ -17,15 +18,22 @@ _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "
 
 
 @contextlib.contextmanager
-def quiet_export() -> Iterator[None]:
-    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level."""
+def quiet_export(record: list | None = None) -> Iterator[None]:
+    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level; with ``record``,
+    the tracer's TracerWarnings are appended to it instead of dropped (trace specialisation)."""
     saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
     try:
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
+            if record is not None:
+                import torch
+
+                warnings.simplefilter("always", torch.jit.TracerWarning)
             yield
+            if record is not None:
+                record.extend(caught)
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
@@ -61,7 +69,7 @@ class DynamoExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 verbose=False, report=False, optimize=True,
             )
-            graph = program.model_proto
+            graph = large_model.dynamo_graph(program, ctx)  # past the threshold: saved with external data
         stamp_from_exporter(graph)
         if asked < native:  # convert down ourselves (as torch would) so the module paths survive by node name
             origins = collect(graph)
@@ -93,21 +101,24 @@ class TorchScriptExporter:
         return True
 
     def export(self, model: Any, ctx: Any) -> Any:
-        import onnx
         import torch
 
         args, kwargs = call_args(ctx)
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
             model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
-        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export():
+        caught: list = []
+        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 do_constant_folding=True,
             )
-            graph = onnx.load(str(path))
+            graph = large_model.load_captured(path, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
+        from ..trace_check import tracer_findings
+
+        ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph
 
 

@@ -8,6 +8,7 @@ from .. import atomic
 from ..bundle_zip import ARCHIVE_SUFFIXES, commit_archive
 from ..hookspecs import hookimpl
 from ..manifest import build_manifest, dumps
+from ..options import ATC_OPSETS
 from .atc import render as render_atc
 
 
@@ -16,6 +17,15 @@ def _external(ctx: Any) -> bool:
 
     mode = ctx.options.external_data
     return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
+
+
+def _save(ctx: Any, path: Path) -> list[Path]:
+    from .. import large_model
+    from ..onnx_utils import save_model
+
+    if large_model.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
+        return large_model.save(ctx.onnx_model, path, ctx)
+    return save_model(ctx.onnx_model, path, _external(ctx))
 
 
 def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
@@ -33,17 +43,18 @@ class OnnxFormat:
     name = "onnx"
     description = "one .onnx file (weights in <name>.onnx.data past the 2 GB protobuf limit)"
     is_directory = False
+    atc_opsets = None  # any opset onnx supports
+    device_parity = False
+    lint = False
 
     def targets(self, output: Path) -> list[Path]:
         """The paths an export to ``output`` creates: ``-o m.onnx`` is that file, any other name gets ``.onnx``."""
         return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from ..onnx_utils import save_model
-
         name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
         ctx.output_path = ctx.output_path.with_name(name)
-        files = save_model(ctx.onnx_model, staging / name, _external(ctx))
+        files = _save(ctx, staging / name)
         ctx.onnx_path = files[0]
         return files + _write_training_state(ctx, staging, f"{ctx.output_path.stem}.")
 
@@ -60,6 +71,9 @@ class AtcReadyFormat:
     description = ("directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh; "
                    "-o NAME.zip / NAME.pth writes the same bundle as one zip file")
     is_directory = True
+    atc_opsets = ATC_OPSETS
+    device_parity = True
+    lint = True
 
     def targets(self, output: Path) -> list[Path]:
         if output.suffix == ".om":
@@ -70,11 +84,12 @@ class AtcReadyFormat:
         return [output]
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from ..onnx_utils import save_model
-
-        files = save_model(ctx.onnx_model, staging / "model.onnx", _external(ctx))
+        files = _save(ctx, staging / "model.onnx")
         ctx.onnx_path = files[0]
         files += render_atc(ctx, staging)
+        from ..torch_program import write_program  # the zoo loads the model back from this program
+
+        files += write_program(ctx, staging)
         if ctx.options.validate and ctx.input_sets:
             files += _write_parity_data(ctx, staging / "parity")
         training = staging / "training"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..archive_safety import check_export_archive
+from ..archive_safety import check_export_archive, load_exported_program, unsafe_globals
+from ..archives import open_checked, zip_names
 from ..errors import LoadError
 from ..hookspecs import hookimpl
 from ..pipeline import LoadedModel
@@ -17,12 +17,8 @@ from ..pipeline import LoadedModel
 _CHECKPOINT_KEYS = ("model", "state_dict", "model_state_dict", "module", "weights")
 
 
-def _zip_names(path: Path) -> list[str] | None:
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return None
+__all__ = ["check_export_archive", "import_callable", "pickle_globals", "split_checkpoint", "zip_names"]
+_zip_names = zip_names  # the name model_zoo imports
 
 
 def _has(names: list[str] | None, suffix: str) -> bool:
@@ -37,18 +33,11 @@ class ExportedProgramLoader:
         return path.suffix == ".pt2" or _has(_zip_names(path), "/archive_format")
 
     def load(self, path: Path, options: Any) -> LoadedModel:
-        import torch
-
         if not _has(_zip_names(path), "/archive_format"):
             raise LoadError(
                 "not a readable torch.export archive (truncated or corrupt zip); re-create it with "
                 "torch.export.save(torch.export.export(model, args), path)", path=path)
-        check_export_archive(path, bool(options.trust_pickle))
-        try:
-            ep = torch.export.load(str(path))
-        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
-            raise LoadError(f"torch.export.load failed ({type(e).__name__}: {e}); the archive may be "
-                            "truncated or written by an incompatible torch version", path=path) from None
+        ep = load_exported_program(path, bool(options.trust_pickle))
         module = ep.module()
         names = list(ep.graph_signature.user_inputs)
         inputs = None
@@ -70,11 +59,12 @@ class TorchScriptLoader:
     def load(self, path: Path, options: Any) -> LoadedModel:
         import torch
 
+        open_checked(path).close()  # names and sizes bounded; torch.jit's C++ unpickler imports no Python
         try:
             module = torch.jit.load(str(path), map_location="cpu")
-        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
+        except Exception as e:
             raise LoadError(f"torch.jit.load failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                            "the TorchScript archive is corrupt or from an incompatible torch", path=path) from None
+                            "the TorchScript archive is corrupt or from an incompatible torch", path=path) from e
         return LoadedModel(module, "torchscript")
 
 
@@ -115,6 +105,8 @@ class TorchSaveLoader:
                 "this zip file is not a torch archive (no data.pkl, no torch.export or TorchScript layout); "
                 "pass a .pt2 from torch.export.save, a TorchScript .pt, a state_dict .pth or .safetensors weights",
                 path=path)
+        if names is not None:
+            open_checked(path).close()
         trust = bool(options.trust_pickle)
         try:
             obj = torch.load(str(path), map_location="cpu", weights_only=not trust)
@@ -123,47 +115,45 @@ class TorchSaveLoader:
             if found is None:  # not a pickle stream at all
                 raise LoadError(f"not a readable PyTorch file ({' '.join(str(e).split())[-120:]}); pass a .pt2, "
                                 "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights",
-                                path=path) from None
-            unsafe = [g for g in found if not g.startswith(("torch.", "collections.OrderedDict", "builtins."))]
+                                path=path) from e
+            unsafe = found
             raise LoadError(
                 "refused to unpickle: the file holds Python objects beyond tensors and plain containers"
                 f"{' (it references ' + ', '.join(unsafe[:5]) + ')' if unsafe else ''}. torch.load runs with "
                 "weights_only=True because unpickling can run arbitrary code. If this is a whole pickled nn.Module "
                 "you trust, pass --trust-pickle; better, save model.state_dict() (with --model-class) or a "
-                "torch.export .pt2 archive", path=path) from None
-        except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
+                "torch.export .pt2 archive", path=path) from e
+        except Exception as e:
             raise LoadError(
                 f"not a readable PyTorch file ({type(e).__name__}: {' '.join(str(e).split())[:200]}); pass a .pt2, "
-                "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights", path=path) from None
+                "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights", path=path) from e
         if isinstance(obj, torch.nn.Module):
             return LoadedModel(obj, "module", extras={"pickled_module": True})
         state, extras = split_checkpoint(obj, path)
         return LoadedModel(build_from_state_dict(state, options, path), "module", extras=extras)
 
 
-def pickle_globals(path: Path, zip_names: list[str] | None) -> list[str] | None:
-    """The globals a pickle would import, read with pickletools (nothing is executed); None if the
-    bytes are not a pickle stream."""
-    import io
+def pickle_globals(path: Path, zip_names: list[str] | None = None) -> list[str] | None:
+    """The globals a torch.save file references beyond what weights-only loading allows (listed statically
+    by torch, nothing is imported or run); None when the file is not a pickle stream at all."""
     import pickletools
 
+    path = Path(path)
     try:
         if zip_names is not None:
-            with zipfile.ZipFile(path) as z:
+            with open_checked(path) as z:
                 data = z.read(next(n for n in zip_names if n.endswith("/data.pkl")))
-        else:
-            data = path.read_bytes()
-        found, strings = [], []
-        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
-            if op.name == "GLOBAL":
-                found.append(str(arg).replace(" ", "."))
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-            elif isinstance(arg, str):
-                strings.append(arg)
-        return sorted(set(found))
+            for _ in pickletools.genops(data):
+                pass
+            import torch
+
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+        with path.open("rb") as f:
+            head = f.read(64 << 20)
+        next(pickletools.genops(head))  # the first opcode decodes: a pickle stream
     except Exception:  # noqa: BLE001 - any decoding failure means "not a pickle"
         return None
+    return unsafe_globals(head)
 
 
 def split_checkpoint(obj: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -207,6 +197,11 @@ def import_callable(spec: str) -> Any:
             sys.path.remove(str(Path.cwd()))
 
 
+def _echo(text: str, limit: int = 200) -> str:
+    """User-supplied text quoted in an error: at most ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> Any:
     """Instantiate ``--model-class`` with ``--model-kwargs`` and load the weights strictly."""
     import torch
@@ -218,9 +213,9 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
     factory = import_callable(options.model_class)
     try:
         model = factory(**(options.model_kwargs or {}))
-    except Exception as e:  # noqa: BLE001 - any failure here is the user's file or class
-        raise LoadError(f"{options.model_class}(**{json.dumps(options.model_kwargs or {})}) raised "
-                        f"{type(e).__name__}: {e}; check --model-kwargs") from None
+    except Exception as e:
+        raise LoadError(f"{options.model_class}(**{_echo(json.dumps(options.model_kwargs or {}))}) raised "
+                        f"{type(e).__name__}: {_echo(str(e))}; check --model-kwargs") from e
     if not isinstance(model, torch.nn.Module):
         raise LoadError(f"{options.model_class} returned {type(model).__name__}, not a torch.nn.Module")
     if state and all(k.startswith("module.") for k in state):  # saved from DataParallel / DDP

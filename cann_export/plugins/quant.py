@@ -36,7 +36,14 @@ class LowerFakeQuant:
             ctx.quant_table[path] = layer.export_table()
             parent, _, attr = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, layer.to_float())
-        ctx.reports.setdefault("quantization", {"mode": "qat (prepared in Python)"})
+        from ..qat.prepare import fold_batchnorm
+
+        # a model fake-quantized in place trained with its BatchNorms: fold them into their convs now (the
+        # Q/DQ lowering derives per-channel weight scales from the folded weights)
+        folded = fold_batchnorm(model.eval(), ctx.example_inputs)
+        report = ctx.reports.setdefault("quantization", {"mode": "qat (prepared in Python)"})
+        if folded:
+            report["folded_bn_at_export"] = folded
         return model
 
     def apply_graph(self, model: Any, ctx: Any) -> Any:
@@ -104,11 +111,15 @@ def insert_qdq(model: Any, table: dict[str, dict[str, Any]], paths: dict[str, st
                                           name=f"{tag}_act_dequant"))
         node.input[0] = f"{tag}_act_dq"
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        scale = np.asarray(q["weight_scale"], np.float32)
-        axis = _channel_axis(node, w, len(scale))
+        axis = _channel_axis(node, w, len(q["weight_scale"]))
         shape = [1] * w.ndim
         shape[axis] = -1
         qmax = 2 ** (q["weight_bits"] - 1) - 1
+        # max |w| / qmax of the exported weight: the training-time scale, times the per-channel factor of a
+        # BatchNorm folded in after training (per-channel symmetric quantization commutes with that scaling)
+        scale = np.maximum(np.abs(np.moveaxis(w, axis, 0)).reshape(w.shape[axis], -1).max(axis=1) / qmax,
+                           1e-12).astype(np.float32)
+        q["weight_scale"] = scale.tolist()
         w_int = np.clip(np.rint(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8)
         wq, ws, wz = f"{tag}_weight_int8", f"{tag}_weight_scale", f"{tag}_weight_zero_point"
         graph.initializer.extend([numpy_helper.from_array(w_int, wq), numpy_helper.from_array(scale, ws),

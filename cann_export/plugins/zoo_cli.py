@@ -1,4 +1,6 @@
-"""``cann-export zoo ...``: the model zoo commands for CI/CD steps (publish, list, show, pull, alias, verify)."""
+"""``cann-export zoo ...``: the model zoo commands for CI/CD steps (publish, list, show, pull, alias, verify,
+keygen), and ``cann-export gc`` (sweep stale staging). One function per command; ``register_commands``
+only attaches them."""
 from __future__ import annotations
 
 import json
@@ -12,23 +14,34 @@ ZOO_HELP = "Model zoo: a directory or s3://bucket/prefix (default: $CANN_MODEL_Z
 def _echo_json(data: Any) -> None:
     import click
 
-    click.echo(json.dumps(data, default=str))
+    click.echo(json.dumps(data, default=str, allow_nan=False))
 
 
-@hookimpl
-def register_commands(cli):
+def _common(fn: Any) -> Any:
+    """--zoo and --json, which every zoo command takes."""
     import click
 
+    fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(fn)
+    return click.option("--zoo", envvar="CANN_MODEL_ZOO", default=None, help=ZOO_HELP)(fn)
+
+
+def _guarded(as_json: bool, body: Any) -> None:
     from ..cli import run_guarded
 
-    zoo_option = click.option("--zoo", envvar="CANN_MODEL_ZOO", default=None, help=ZOO_HELP)
-    json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+    run_guarded(as_json, body)
 
-    @cli.group("zoo")
-    def zoo_group() -> None:
-        """Publish, list, show, pull, alias and verify models in the model zoo."""
 
-    @zoo_group.command("publish")
+def _kwargs(raw: str | None) -> dict[str, Any]:
+    from ..options import parse_model_kwargs
+
+    return parse_model_kwargs(raw)
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def publish_command(click: Any) -> Any:
+    @click.command("publish")
     @click.argument("path", type=click.Path(path_type=str))
     @click.option("--name", required=True, help="Model name (letters, digits, '.', '_', '-').")
     @click.option("--version", "version", default=None, help="Explicit version (default: the next number).")
@@ -39,34 +52,38 @@ def register_commands(cli):
     @click.option("--card", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None, help="A README.md to use as the model card body.")
     @click.option("--artifact", "artifacts", multiple=True, help="An extra exported bundle / .onnx to store with the weights.")
     @click.option("--trust-pickle", is_flag=True, help="Accept a pickled nn.Module (converted to safetensors).")
-    @zoo_option
-    @json_option
+    @click.option("--sign", "sign", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
+                  help="Sign the version with this ed25519 private key (PEM; `cann-export zoo keygen`).")
+    @_common
     def publish_cmd(path: str, name: str, version: str | None, metadata: tuple[str, ...], aliases: tuple[str, ...],
                     model_class: str | None, model_kwargs: str | None, card: str | None, artifacts: tuple[str, ...],
-                    trust_pickle: bool, zoo: str | None, as_json: bool) -> None:
+                    trust_pickle: bool, sign: str | None, zoo: str | None, as_json: bool) -> None:
         """Publish PATH (weights/checkpoint file, .pt2, or an exported bundle / .onnx / om-stub)."""
 
         def body() -> int:
             from ..model_zoo import api
             from ..options import parse_key_values
 
-            kwargs = _kwargs(model_kwargs)
             record = api.publish(model=path, name=name, version=version,
                                  metadata=parse_key_values(metadata, "--metadata"), card=card, zoo=zoo,
-                                 alias=list(aliases), model_class=model_class, model_kwargs=kwargs,
-                                 trust_pickle=trust_pickle, artifacts=list(artifacts))
+                                 alias=list(aliases), model_class=model_class, model_kwargs=_kwargs(model_kwargs),
+                                 trust_pickle=trust_pickle, artifacts=list(artifacts), sign=sign)
             if as_json:
                 _echo_json({"ok": True, **record})
             else:
                 state = "already published (identical contents)" if record["existed"] else "published"
-                click.echo(f"{record['name']} version {record['version']} {state}: {record['path']}")
+                click.echo(f"{record['name']} version {record['version']} {state}{' (signed)' if record['signed'] else ''}: "
+                           f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
             return 0
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
 
-    @zoo_group.command("list")
-    @zoo_option
-    @json_option
+    return publish_cmd
+
+
+def list_command(click: Any) -> Any:
+    @click.command("list")
+    @_common
     def list_cmd(zoo: str | None, as_json: bool) -> None:
         """List the models with their versions and aliases."""
 
@@ -85,14 +102,41 @@ def register_commands(cli):
                            f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
             return 0
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
 
-    @zoo_group.command("show")
+    return list_cmd
+
+
+def _print_show(click: Any, info: dict[str, Any]) -> None:
+    m = info["manifest"]
+    click.echo(f"{info['name']} version {info['version']} (digest {m['digest'][:16]}, {m['created_utc']}, "
+               f"{m.get('created_by')})")
+    click.echo(f"manifest sha256: {info['manifest_sha256']}")
+    if isinstance(m.get("signature"), dict):
+        click.echo(f"signed: ed25519 key {m['signature'].get('key_id')}")
+    click.echo("versions: " + ", ".join(v["version"] for v in info["versions"]))
+    for a, v in info["aliases"].items():
+        click.echo(f"alias {a} -> {v}")
+    for h in info["alias_history"]:
+        click.echo(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}")
+    if m.get("card"):
+        click.echo("card: " + ", ".join(f"{k}={v}" for k, v in m["card"].items()))
+    if m.get("architecture"):
+        click.echo(f"architecture: {m['architecture'].get('callable') or m['architecture'].get('file')}")
+    for key in m.get("artifacts") or {}:
+        click.echo(f"artifact: {key}")
+    for step in m.get("lineage") or []:
+        click.echo("lineage: " + " -> ".join(f"{k} {str(step[k])[:16]}" for k in
+                                             ("source_weights_sha256", "onnx_sha256", "om_sha256") if step.get(k)))
+    click.echo(f"files: {len(m['files'])} ({sum(f['size'] for f in m['files'].values())} bytes)")
+
+
+def show_command(click: Any) -> Any:
+    @click.command("show")
     @click.argument("ref")
-    @zoo_option
-    @json_option
+    @_common
     def show_cmd(ref: str, zoo: str | None, as_json: bool) -> None:
-        """Show NAME[@VERSION|@ALIAS]: versions, aliases and their history, the manifest."""
+        """Show NAME[@VERSION|@ALIAS]: versions, aliases and their history, the manifest and its sha256."""
 
         def body() -> int:
             from ..model_zoo import api
@@ -100,36 +144,22 @@ def register_commands(cli):
             info = api.show(ref, zoo=zoo)
             if as_json:
                 _echo_json({"ok": True, **info})
-                return 0
-            m = info["manifest"]
-            click.echo(f"{info['name']} version {info['version']} (digest {m['digest'][:16]}, {m['created_utc']}, "
-                       f"{m.get('created_by')})")
-            click.echo("versions: " + ", ".join(v["version"] for v in info["versions"]))
-            for a, v in info["aliases"].items():
-                click.echo(f"alias {a} -> {v}")
-            for h in info["alias_history"]:
-                click.echo(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}")
-            if m.get("card"):
-                click.echo("card: " + ", ".join(f"{k}={v}" for k, v in m["card"].items()))
-            if m.get("architecture"):
-                click.echo(f"architecture: {m['architecture'].get('callable') or m['architecture'].get('file')}")
-            for key in m.get("artifacts") or {}:
-                click.echo(f"artifact: {key}")
-            for step in m.get("lineage") or []:
-                click.echo("lineage: " + " -> ".join(f"{k} {str(step[k])[:16]}" for k in
-                                                     ("source_weights_sha256", "onnx_sha256", "om_sha256") if step.get(k)))
-            click.echo(f"files: {len(m['files'])} ({sum(f['size'] for f in m['files'].values())} bytes)")
+            else:
+                _print_show(click, info)
             return 0
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
 
-    @zoo_group.command("pull")
+    return show_cmd
+
+
+def pull_command(click: Any) -> Any:
+    @click.command("pull")
     @click.argument("ref")
     @click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Directory to write.")
     @click.option("--target", default=None, help="Only the artifact for this soc_version or target key.")
-    @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
-    @zoo_option
-    @json_option
+    @click.option("--overwrite", is_flag=True, help="Replace an existing output (only a directory an earlier pull wrote).")
+    @_common
     def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> None:
         """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""
 
@@ -141,17 +171,20 @@ def register_commands(cli):
                 _echo_json(result)
             else:
                 click.echo(f"pulled {result['name']} version {result['version']} to {result['output']} "
-                           f"({len(result['files'])} files, verified)")
+                           f"({len(result['files'])} files, verified; manifest sha256 {result['manifest_sha256']})")
             return 0
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
 
-    @zoo_group.command("alias")
+    return pull_cmd
+
+
+def alias_command(click: Any) -> Any:
+    @click.command("alias")
     @click.argument("name")
     @click.argument("alias")
     @click.argument("version")
-    @zoo_option
-    @json_option
+    @_common
     def alias_cmd(name: str, alias: str, version: str, zoo: str | None, as_json: bool) -> None:
         """Point ALIAS of NAME at VERSION (logged with time and the previous target)."""
 
@@ -165,26 +198,32 @@ def register_commands(cli):
                 click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
             return 0
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
 
-    @zoo_group.command("verify")
+    return alias_cmd
+
+
+def verify_command(click: Any) -> Any:
+    @click.command("verify")
     @click.argument("ref")
-    @zoo_option
-    @json_option
-    def verify_cmd(ref: str, zoo: str | None, as_json: bool) -> None:
-        """Check the sha256 of every file of NAME (all versions) or NAME@VERSION."""
+    @click.option("--key", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
+                  help="Also require a valid signature by this ed25519 public key (PEM).")
+    @_common
+    def verify_cmd(ref: str, key: str | None, zoo: str | None, as_json: bool) -> None:
+        """Check the sha256 of every file of NAME (all versions) or NAME@VERSION, and with --key its signature."""
 
         def body() -> int:
             from ..errors import EXIT_PARITY_FAILED
             from ..model_zoo import api
 
-            report = api.verify(ref, zoo=zoo)
+            report = api.verify(ref, zoo=zoo, key=key)
             if as_json:
                 _echo_json(report)
             else:
                 for v in report["versions"]:
+                    signed = f", signed by {v['signed_by']}" if v.get("signed_by") else ""
                     click.echo(f"{report['name']} version {v['version']}: "
-                               f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files)")
+                               f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files{signed})")
                     for p in v["problems"]:
                         click.echo(f"  {p}")
             if not report["ok"]:
@@ -192,10 +231,72 @@ def register_commands(cli):
                            "again", err=True)
             return 0 if report["ok"] else EXIT_PARITY_FAILED
 
-        run_guarded(as_json, body)
+        _guarded(as_json, body)
+
+    return verify_cmd
 
 
-def _kwargs(raw: str | None) -> dict[str, Any]:
-    from ..options import parse_model_kwargs
+def keygen_command(click: Any) -> Any:
+    @click.command("keygen")
+    @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=str),
+                  help="Private key file to write (PEM, mode 0600); the public key goes to OUT.pub.")
+    @click.option("--overwrite", is_flag=True, help="Replace existing key files.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+    def keygen_cmd(out: str, overwrite: bool, as_json: bool) -> None:
+        """Make an ed25519 key pair for `zoo publish --sign` and `zoo verify --key`."""
 
-    return parse_model_kwargs(raw)
+        def body() -> int:
+            from ..model_zoo.signing import keygen
+
+            result = keygen(out, overwrite=overwrite)
+            if as_json:
+                _echo_json({"ok": True, **result})
+            else:
+                click.echo(f"wrote {result['private_key']} (keep it secret) and {result['public_key']} "
+                           f"(key id {result['key_id']})")
+            return 0
+
+        _guarded(as_json, body)
+
+    return keygen_cmd
+
+
+def gc_command(click: Any) -> Any:
+    @click.command("gc")
+    @_common
+    def gc_cmd(zoo: str | None, as_json: bool) -> None:
+        """Remove stale staging left by killed processes: the zoo's staging directories, killed commits and
+        partial downloads of processes that are gone."""
+
+        def body() -> int:
+            from ..model_zoo import api
+
+            result = api.gc(zoo=zoo)
+            if as_json:
+                _echo_json(result)
+            else:
+                click.echo(f"{result['zoo']}: removed {len(result['removed'])} stale entries")
+                for entry in result["removed"]:
+                    click.echo(f"  {entry}")
+            return 0
+
+        _guarded(as_json, body)
+
+    return gc_cmd
+
+
+ZOO_COMMANDS = (publish_command, list_command, show_command, pull_command, alias_command, verify_command,
+                keygen_command)
+
+
+@hookimpl
+def register_commands(cli):
+    import click
+
+    @cli.group("zoo")
+    def zoo_group() -> None:
+        """Publish, list, show, pull, alias and verify models in the model zoo."""
+
+    for make in ZOO_COMMANDS:
+        zoo_group.add_command(make(click))
+    cli.add_command(gc_command(click))

@@ -1,7 +1,7 @@
 """quant_config: the keys users pass (validated, with the list of valid values on any mistake)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import OptionsError

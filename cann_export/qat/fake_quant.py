@@ -135,9 +135,11 @@ class QuantLayer(nn.Module):
                 "weight_scale": weight_scale(self.layer.weight, self.weight_bits).tolist()}
 
     def to_float(self) -> nn.Module:
-        """The wrapped layer with its weight replaced by the fake-quantized (exactly int8-representable) one."""
+        """The wrapped layer with its weight replaced by the fake-quantized (exactly int8-representable) one: a new
+        Parameter, so a weight the export shares with the caller's module is never written."""
         with torch.no_grad():
-            self.layer.weight.copy_(fake_quant_weight(self.layer.weight, self.weight_bits))
+            self.layer.weight = nn.Parameter(fake_quant_weight(self.layer.weight, self.weight_bits).clone(),
+                                             requires_grad=False)
         return self.layer
 
 

@@ -51,12 +51,63 @@ def conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
     return pairs
 
 
-def fold_batchnorm(model: nn.Module) -> list[str]:
-    """Fold each Conv -> BatchNorm pair (running statistics) into the conv; the BN becomes Identity."""
+def conv_bn_pairs_by_running(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[str, str]]:
+    """(conv path, bn path) seen in one eval forward on ``inputs``: the BN's input is the conv's output and
+    no other operation reads that output. Works for models torch.fx cannot trace (transformers' ResNet)."""
+    from torch.overrides import TorchFunctionMode
+
+    paths = {m: p for p, m in model.named_modules()}
+    produced: dict[int, str] = {}  # id(conv output) -> conv path
+    read_by_bn: dict[int, str] = {}  # id(conv output) -> bn path
+    uses: dict[int, int] = {}
+    keep: list[Any] = []  # hold the outputs so their ids stay unique during the run
+
+    in_bn = [0]  # inside a BatchNorm's forward, which only reads its own input
+
+    class CountUses(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not in_bn[0]:
+                for a in (*args, *(kwargs or {}).values()):
+                    if isinstance(a, torch.Tensor) and id(a) in produced:
+                        uses[id(a)] = uses.get(id(a), 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    def after_conv(module: nn.Module, args: tuple, out: Any) -> None:
+        produced[id(out)] = paths[module]
+        keep.append(out)
+
+    def before_bn(module: nn.Module, args: tuple) -> None:
+        if args and id(args[0]) in produced:
+            read_by_bn[id(args[0])] = paths[module]
+            uses[id(args[0])] = uses.get(id(args[0]), 0) + 1
+        in_bn[0] += 1
+
+    def after_bn(module: nn.Module, args: tuple, out: Any) -> None:
+        in_bn[0] -= 1
+
+    handles = [m.register_forward_hook(after_conv) for m in model.modules() if isinstance(m, _CONVS)]
+    handles += [m.register_forward_pre_hook(before_bn) for m in model.modules() if isinstance(m, _BNS)]
+    handles += [m.register_forward_hook(after_bn, always_call=True) for m in model.modules() if isinstance(m, _BNS)]
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), CountUses():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was)
+    return [(produced[k], bn) for k, bn in read_by_bn.items() if uses.get(k, 0) == 1]
+
+
+def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None) -> list[str]:
+    """Fold each Conv -> BatchNorm pair (running statistics) into the conv; the BN becomes Identity.
+    With ``inputs`` the pairs come from running the model (any architecture), else from tracing it."""
     from torch.nn.utils.fusion import fuse_conv_bn_eval
 
     folded = []
-    for conv_path, bn_path in conv_bn_pairs(model):
+    pairs = conv_bn_pairs_by_running(model, inputs) if inputs is not None else conv_bn_pairs(model)
+    for conv_path, bn_path in pairs:
         conv, bn = _get(model, conv_path), _get(model, bn_path)
         if bn.running_mean is None:
             continue
@@ -80,23 +131,9 @@ def prepare(model: nn.Module, example_inputs: Any = None, config: dict[str, Any]
     float_model = copy.deepcopy(model).eval() if keep_float_copy else None
     qmodel = copy.deepcopy(model)
     folded = fold_batchnorm(qmodel)
-    wrapped = []
-    for path, module in list(qmodel.named_modules()):
-        if not path or type(module).__name__ not in cfg.quantize_types or not isinstance(module, (*_CONVS, nn.Linear)):
-            continue
-        if any(path == s or path.startswith(s + ".") for s in cfg.skip_modules):
-            continue
-        if any(path.startswith(w + ".") for w in wrapped):
-            continue
-        _set(qmodel, path, QuantLayer(module, cfg.weight_bits))
-        wrapped.append(path)
-    if not wrapped:
-        from ..errors import OptionsError
-
-        raise OptionsError(f"nothing to quantize: no {', '.join(cfg.quantize_types)} layer outside skip_modules "
-                           f"{list(cfg.skip_modules)}")
+    wrapped = wrap_layers(qmodel, cfg)
     object.__setattr__(qmodel, STATE_ATTR, {"config": cfg, "float_model": float_model, "folded_bn": folded,
-                                            "quantized": wrapped})
+                                            "quantized": wrapped, "prepared": "cann_export.qat.prepare"})
     if example_inputs is not None:  # one forward in eval mode checks the inputs fit
         with torch.no_grad():
             was = qmodel.training
@@ -105,6 +142,43 @@ def prepare(model: nn.Module, example_inputs: Any = None, config: dict[str, Any]
                 *(example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)))
             qmodel.train(was)
     return qmodel
+
+
+def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
+    """Wrap every layer of ``cfg.quantize_types`` outside ``cfg.skip_modules`` in fake quantization, in
+    place. The wrapped layers keep their Parameter objects (an optimizer built before still trains them);
+    the observer buffers live on the layer's device. Returns the wrapped paths."""
+    wrapped: list[str] = []
+    for path, module in list(model.named_modules()):
+        if not path or type(module).__name__ not in cfg.quantize_types or not isinstance(module, (*_CONVS, nn.Linear)):
+            continue
+        if any(path == s or path.startswith(s + ".") for s in cfg.skip_modules):
+            continue
+        if any(path.startswith(w + ".") for w in wrapped):
+            continue
+        layer = QuantLayer(module, cfg.weight_bits)
+        for name in ("act_min", "act_max"):
+            setattr(layer, name, getattr(layer, name).to(module.weight.device))
+        layer.train(module.training)
+        _set(model, path, layer)
+        wrapped.append(path)
+    if not wrapped:
+        from ..errors import OptionsError
+
+        raise OptionsError(f"nothing to quantize: no {', '.join(cfg.quantize_types)} layer outside skip_modules "
+                           f"{list(cfg.skip_modules)}")
+    return wrapped
+
+
+def prepare_in_place(model: nn.Module, config: dict[str, Any] | QuantConfig | None, how: str) -> list[str]:
+    """Fake-quantize ``model``'s layers where it stands, for a training loop that already holds the model and
+    its optimizer: BatchNorm stays (it trains as usual and is folded into its conv at export, which commutes
+    with symmetric per-channel weight quantization). ``how`` records what applied it."""
+    cfg = parse(config)
+    wrapped = wrap_layers(model, cfg)
+    object.__setattr__(model, STATE_ATTR, {"config": cfg, "float_model": None, "folded_bn": [],
+                                           "quantized": wrapped, "prepared": how})
+    return wrapped
 
 
 def qat_state(model: Any) -> dict[str, Any] | None:

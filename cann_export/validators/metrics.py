@@ -33,6 +33,29 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any
     return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
 
 
+def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
+    """Why a float reference output (one array per input set) cannot vouch for anything: non-finite
+    in every element, or one constant value everywhere; None when it is usable."""
+    arrays = [np.asarray(x) for x in per_set]
+    if not arrays or not all(np.issubdtype(x.dtype, np.floating) for x in arrays):
+        return None
+    values = np.concatenate([x.astype(np.float64).ravel() for x in arrays])
+    if values.size == 0:
+        return None
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return {"reference": "non_finite",
+                "reason": "the PyTorch reference is NaN/inf in every element of every input set, so agreement "
+                          "means nothing; check the weights (e.g. all(torch.isfinite(p).all() for p in "
+                          "model.state_dict().values())) and the inputs"}
+    if values.size > 1 and finite.size == values.size and float(finite.max()) == float(finite.min()):
+        return {"reference": "constant",
+                "reason": f"the PyTorch reference is the constant {float(finite[0]):.6g} in every element of every "
+                          "input set, so it cannot show a wrong graph; the model ignores its inputs (zeroed or "
+                          "saturated weights?): check the weights, or give real data with --parity-data"}
+    return None
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     if a.size == 0:
         return 1.0
@@ -53,6 +76,7 @@ def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
         "max_rel": max(r["max_rel"] for r in per_set),
         "cosine": min(r["cosine"] for r in per_set),
         "passed": all(r["passed"] for r in per_set),
+        "failed_sets": sum(1 for r in per_set if not r["passed"]),
     }
     reasons = [r["reason"] for r in per_set if r.get("reason")]
     if reasons:

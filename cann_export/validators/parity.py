@@ -11,12 +11,18 @@ from typing import Any
 from ..hookspecs import hookimpl
 
 
-def run_onnx(path: Path, input_sets: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """Run every input set through onnxruntime (CPU); returns output names and outputs per set."""
+def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
+    """Run every input set through onnxruntime (CPU); returns output names and outputs per set.
+
+    A Q/DQ graph runs with basic optimisations only: onnxruntime's extended level fuses Q/DQ into u8s8
+    int8 kernels, which saturate on AVX2 CPUs without VNNI (onnxruntime's quantization docs), an artifact
+    of this runtime that the Q/DQ semantics, and ATC, do not have."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if quantized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     wanted = [i.name for i in session.get_inputs()]
     missing = [n for n in wanted if n not in input_sets[0]]
@@ -32,9 +38,9 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     """Compare the graph's outputs with ``expected`` per output, worst case over all input sets."""
     import numpy as np
 
-    from .metrics import compare, compare_quantized, merge
+    from .metrics import compare, compare_quantized, merge, reference_problem
 
-    names, actual = run_onnx(path, input_sets)
+    names, actual = run_onnx(path, input_sets, quantized)
     report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
                               "input_sets": len(input_sets), "tolerance": tolerance.to_dict(), "outputs": []}
     if len(names) != len(expected[0]):
@@ -43,8 +49,15 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     for k, name in enumerate(names):
         per_set = [compare_quantized(np.asarray(actual[s][k]), expected[s][k]) if quantized
                    else compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
-        report["outputs"].append({"name": name, "shape": list(expected[0][k].shape), **merge(per_set)})
+        entry = {"name": name, "shape": list(expected[0][k].shape), **merge(per_set)}
+        problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
+        if problem:  # a meaningless reference is a failed check with its own message, never a pass
+            entry.update(problem, passed=False)
+        report["outputs"].append(entry)
     report["passed"] = all(o["passed"] for o in report["outputs"])
+    bad = [o for o in report["outputs"] if o.get("reference")]
+    if bad and "reason" not in report:
+        report["reason"] = f"{bad[0]['name']}: {bad[0]['reason']}"
     return report
 
 
@@ -57,6 +70,18 @@ class ParityValidator:
     formats = "*"
 
     def check(self, ctx: Any) -> dict[str, Any]:
+        from ..trace_check import apply_verdict
+
+        report = self.check_graph(ctx)
+        report["input_sets_from"] = dict(ctx.reports.get("reference", {}).get("input_sets", {}))
+        other = None
+        if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
+            feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
+            other = parity_report(ctx.onnx_path, feeds, ctx.path_reference_outputs, ctx.options.tolerance,
+                                  "the stripped module (the traced one) on sign-flipped / scaled examples")
+        return apply_verdict(report, ctx, other)
+
+    def check_graph(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
         quantized = bool(ctx.quant_table)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
@@ -67,8 +92,12 @@ class ParityValidator:
                                  "pytorch float model (eval mode)", quantized=True)
             ctx.reports.setdefault("quantization", {})["int8_vs_float"] = {
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
-        if ctx.options.export_format not in ("atc_ready", "om") or "outputs" not in report or not report["outputs"]:
+        if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
             return report
+        if getattr(ctx, "large_graph", None) is not None:
+            from ..large_model import device_parity_note
+
+            return device_parity_note(report, ctx)
         import onnx
 
         from ..atc_hints import effective_precision
@@ -102,6 +131,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         device = device_report(model, mode, keep, *args)
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
+                  device={"passed": device["passed"], "tolerance": device.get("tolerance"), "outputs": device["outputs"]},
                   passed=bool(graph["passed"] and device["passed"]))
     for key in ("first_divergence", "fixed_by_keep_dtype"):
         if key in device:

@@ -1,0 +1,52 @@
+"""The large-model path at a size CI holds: external_data_threshold lowered so a small Linear stack takes it.
+The graph is written with external data by each exporter, loads in onnxruntime from its file, and passes parity."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx.external_data_helper import uses_external_data
+
+import cann_export
+
+
+def linear_stack(n: int = 4, width: int = 64) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(n)])
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("fmt", ["onnx", "atc_ready"])
+def test_large_model_path_writes_external_data_and_passes_parity(tmp_path, exporter, fmt):
+    model = linear_stack()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = tmp_path / ("m.onnx" if fmt == "onnx" else "m")
+    x = torch.randn(2, 64)
+    result = cann_export.export(model, out, fmt, example_inputs=x, exporter=exporter,
+                                external_data_threshold=10_000)
+    assert result.ok and result.parity["passed"], result.parity
+    assert result.onnx["exporter"] == exporter
+    graph_path = out if fmt == "onnx" else out / "model.onnx"
+    data = graph_path.with_name(graph_path.name + ".data")
+    assert data.is_file() and data.stat().st_size >= 4 * 64 * 64 * 4
+    slim = onnx.load(str(graph_path), load_external_data=False)
+    big = [t for t in slim.graph.initializer if t.dims and np.prod(t.dims) >= 64 * 64]
+    assert len(big) == 4 and all(uses_external_data(t) for t in big)
+    assert graph_path.stat().st_size < 64 * 64 * 4  # the proto holds no weights
+    assert {e.value for t in big for e in t.external_data if e.key == "location"} == {data.name}
+    onnx.checker.check_model(str(graph_path), full_check=True)
+    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert "skipped" in result.manifest["optimize"]["onnxsim"]
+    if fmt == "atc_ready":
+        assert result.manifest["parity"]["precision"]["emulated"] is False
+    # the capture work directory is gone, the caller's module is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({out.name, data.name} if fmt == "onnx" else {"m"})
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_small_models_keep_the_in_memory_path(tmp_path):
+    result = cann_export.export(linear_stack(), tmp_path / "m.onnx", "onnx", example_inputs=torch.randn(2, 64))
+    assert result.ok and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+    assert result.manifest["optimize"]["onnxsim"] != "disabled" and "skipped" not in result.manifest["optimize"]["onnxsim"]

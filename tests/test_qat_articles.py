@@ -1,0 +1,130 @@
+"""The articles' QAT: ``cann.torch.config(quantization_aware_training=True, ...)`` then the user's unchanged
+training loop, then ``cann.torch.export``: the written graph is int8 Q/DQ, checked in onnxruntime against the
+fake-quant model; export without the loop ever training is refused."""
+import numpy as np
+import onnx
+import pytest
+import torch
+from helpers.hf_models import tiny_bert, tiny_resnet, token_inputs
+from onnx import numpy_helper
+from torch import nn
+
+import cann.torch
+from cann_export import errors
+
+
+class ConvBnNet(nn.Module):
+    """BatchNorm as an attribute (not inside a Sequential): trained as is, folded at export."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+@pytest.fixture
+def qat_config():
+    cann.torch.config(quantization_aware_training=True, quant_config={"weight_bits": 8, "activation_bits": 8})
+    yield
+    cann.torch.config(quantization_aware_training=False, quant_config={})
+
+
+def _train(model, batches, loss_fn, epochs=3):
+    """The user's loop, unchanged: AdamW built before the first forward."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        model.train()
+        for inputs, target in batches:
+            loss = loss_fn(model(**inputs) if isinstance(inputs, dict) else model(inputs), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return optimizer
+
+
+def _assert_int8_qdq(path, layers):
+    model = onnx.load(str(path))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") >= layers and ops.count("DequantizeLinear") >= 2 * layers
+    int8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims]
+    assert len(int8) >= layers  # the weights themselves are stored as int8
+    return model
+
+
+def test_unchanged_loop_on_a_bn_cnn_exports_int8(qat_config, tmp_path):
+    torch.manual_seed(0)
+    model = ConvBnNet()
+    x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))
+    params_before = [id(p) for p in model.parameters()]
+    with pytest.warns(UserWarning, match="fake quantization inserted into 2 layer"):
+        optimizer = _train(model, [(x, y)], nn.functional.cross_entropy)
+    # the optimizer built before the first forward still trains the same Parameter objects
+    assert [id(p) for p in model.parameters()][:2] == params_before[:2]
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} <= {id(p) for p in model.parameters()}
+    model.eval()
+    result = cann.torch.export(model=model, output_path=tmp_path / "b", export_format="atc_ready",
+                               example_inputs=(x[:2],))
+    assert result.ok, result.parity
+    graph = _assert_int8_qdq(tmp_path / "b" / "model.onnx", 2)
+    assert "BatchNormalization" not in [n.op_type for n in graph.graph.node]
+    quant = result.manifest["quantization"]
+    assert set(quant["layers"]) == {"conv", "head"} and quant["folded_bn_at_export"] == ["bn"]
+    # independent check: onnxruntime on the written file against the fake-quant module in eval mode
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
+    probe = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(probe).numpy()
+    out = sess.run(None, {sess.get_inputs()[0].name: probe.numpy()})[0]
+    step = (ref.max() - ref.min()) / 255
+    assert np.abs(out - ref).max() <= 2 * step
+    # the folded per-channel weight scales were re-derived: int8 values reach +-127 on every channel
+    w = next(numpy_helper.to_array(t) for t in graph.graph.initializer if t.name.endswith("conv_weight_int8"))
+    assert (np.abs(w.reshape(w.shape[0], -1)).max(axis=1) == 127).all()
+
+
+def test_unchanged_loop_on_tiny_transformers(qat_config, tmp_path):
+    model = tiny_bert()
+    feed = token_inputs(batch=4, seq=8)
+
+    def loss_fn(out, target):
+        return nn.functional.mse_loss(out.last_hidden_state.mean(1), target)
+
+    _train(model, [(feed, torch.zeros(4, 32))], loss_fn, epochs=2)
+    model.eval()
+    result = cann.torch.export(model=model, output_path=tmp_path / "bert", export_format="atc_ready",
+                               example_inputs={k: v[:2] for k, v in feed.items()})
+    assert result.ok, result.parity
+    assert len(result.manifest["quantization"]["layers"]) >= 12  # q/k/v/out/ffn Linear layers of 2 blocks
+    _assert_int8_qdq(tmp_path / "bert" / "model.onnx", 12)
+
+
+def test_resnet_from_transformers_with_its_batchnorms(qat_config, tmp_path):
+    model = tiny_resnet()
+    x = torch.randn(8, 3, 32, 32)
+    _train(model, [({"pixel_values": x}, torch.randint(0, 4, (8,)))],
+           lambda out, t: nn.functional.cross_entropy(out.logits, t), epochs=2)
+    model.eval()
+    result = cann.torch.export(model=model, output_path=tmp_path / "r", export_format="atc_ready",
+                               example_inputs={"pixel_values": x[:2]})
+    assert result.ok, result.parity
+    assert result.manifest["quantization"]["folded_bn_at_export"]
+
+
+def test_export_after_config_without_training_is_refused(qat_config, tmp_path):
+    model = ConvBnNet().eval()
+    with pytest.raises(errors.OptionsError, match="never trained after it"):
+        cann.torch.export(model=model, output_path=tmp_path / "x", example_inputs=(torch.randn(1, 3, 8, 8),))
+    assert not (tmp_path / "x").exists()
+
+
+def test_eval_calls_do_not_quantize(qat_config):
+    model = ConvBnNet().eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 8, 8))
+    assert not any(type(m).__name__ == "QuantLayer" for m in model.modules())
