@@ -235,9 +235,9 @@ def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[d
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
                             "export again with validation to get re-runnable parity", path=directory)
-    from .api import _parity_data
+    from .parity_data import read_bundle_parity
 
-    feeds, expected, _ = _parity_data(directory, manifest)
+    feeds, expected, _ = read_bundle_parity(directory, manifest)
     model_path = directory / manifest["model"]["file"]
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
                            quantized="quantization" in manifest)
