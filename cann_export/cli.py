@@ -83,7 +83,7 @@ def cli() -> None:
 @click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
 @click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
 @click.option("--exporter", default="auto", show_default=True, type=click.Choice(["auto", "dynamo", "torchscript"]))
-@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
+@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 1 GB of weights).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
 @click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")

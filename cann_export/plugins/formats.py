@@ -39,7 +39,7 @@ def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
 
 class OnnxFormat:
     name = "onnx"
-    description = "one .onnx file (weights in <name>.onnx.data past the 2 GB protobuf limit)"
+    description = "one .onnx file (weights in <name>.onnx.data past 1 GB of weights)"
     is_directory = False
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:

@@ -15,9 +15,13 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]]) -> tuple[list[str], l
     """Run every input set through onnxruntime (CPU); returns output names and outputs per set."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    from ..large_model import parity_session
+
+    session = parity_session(Path(path))  # a large export's graph: weights not held twice
+    if session is None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     wanted = [i.name for i in session.get_inputs()]
     missing = [n for n in wanted if n not in input_sets[0]]
     if missing:
@@ -60,8 +64,11 @@ class ParityValidator:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
         quantized = bool(ctx.quant_table)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
-        report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
-                               quantized=quantized)
+        from ..large_model import sharing
+
+        with sharing(ctx):
+            report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
+                                   quantized=quantized)
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True)
