@@ -246,7 +246,7 @@ def device_parity_note(report: dict[str, Any], ctx: Any) -> dict[str, Any]:
 _SHARED: dict[str, Any] = {}  # written graph path -> the export's torch module, while its parity runs
 
 
-class sharing:  # noqa: N801 - used as a context manager, like contextlib's
+class sharing:
     """While parity runs on ``ctx.onnx_path``, let ``parity_session`` hand onnxruntime the caller's tensors
     for initializers whose bytes in the written data file are the same, byte for byte."""
 
