@@ -111,7 +111,7 @@ def cli() -> None:
 @click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
 @click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
 @click.option("--exporter", default="auto", show_default=True, type=Registered("exporters", ("auto",)), help="ONNX exporter (auto: each in priority order until one gives a valid graph).")
-@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
+@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 1 GB of weights).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
 @click.option("--parity-data", type=click.Path(path_type=str), help="safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys N/NAME); metrics over all samples.")

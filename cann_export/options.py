@@ -63,7 +63,9 @@ class ExportOptions:
     input_shapes: list[InputSpec] = field(default_factory=list)
     example_inputs_file: str | None = None
     external_data: str = "auto"
-    external_data_threshold: int = 2_000_000_000  # bytes of weights before external data in "auto"
+    # bytes of weights past which (in "auto") the graph lives on disk from capture on and ships its weights in
+    # a .data file: never a proto holding them, onnxruntime maps them for parity (see large_model.py)
+    external_data_threshold: int = 1_000_000_000
     exporter: str = "auto"
     simplify: bool = True
     num_random_inputs: int = 4
