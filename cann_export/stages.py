@@ -36,10 +36,10 @@ def load(ctx: ExportContext) -> str | None:
 
 def _private_copy(module: Any) -> Any:
     """Eval mode and the strip passes must never change the caller's module: work on a copy."""
-    import copy
+    from .backend.placement import cpu_copy
 
     try:
-        return copy.deepcopy(module)
+        return cpu_copy(module)  # on the CPU, wherever the module lives (npu, npu-sim, cuda)
     except Exception as e:  # noqa: BLE001
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
@@ -92,6 +92,9 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
             "no example inputs: pass --input-shape NAME:D1,D2,... or --example-inputs FILE.safetensors "
             "(example_inputs= in Python, or call the model once after cann.torch.track(model))",
             path=loaded.source_path)
+    from .backend.placement import cpu_copy
+
+    feed = cpu_copy(feed)  # inputs recorded on npu / cuda: capture and the reference start from the CPU
     inputs_mod.check_input_names(list(feed), accepted, source)
     if loaded.kind != "module":  # positional graphs need every input, in order
         missing = [n for n in accepted if n not in feed]
