@@ -31,6 +31,12 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
 
     if model is None or output_path is None:
         raise OptionsError("cann.torch.export needs model= and output_path=")
+    if "format" in options:  # the articles' spelling: export(..., format="onnx")
+        chosen = options.pop("format")
+        if export_format not in ("atc_ready", chosen):
+            raise OptionsError(f"cann.torch.export got format={chosen!r} and export_format={export_format!r}; "
+                               "pass one of them")
+        export_format = chosen
     return api.export(model, output_path, export_format, example_inputs,
                       include_optimizer_state=include_optimizer_state, optimizer=optimizer,
                       metadata=dict(metadata or {}), atc_hints=dict(atc_hints or {}), **options)

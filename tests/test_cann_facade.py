@@ -37,6 +37,16 @@ def test_enable_records_outermost_call_only(tmp_path):
     assert recorded_inputs(model.net[0]) is None  # nested modules were not recorded
 
 
+def test_format_is_an_alias_of_export_format(tmp_path):
+    model = make_mlp()
+    result = cann.torch.export(model=model, output_path=tmp_path / "m.onnx", format="onnx",
+                               example_inputs=torch.randn(2, 12))
+    assert result.format == "onnx" and (tmp_path / "m.onnx").is_file()
+    with pytest.raises(errors.OptionsError, match="pass one of them"):
+        cann.torch.export(model=model, output_path=tmp_path / "n", format="onnx", export_format="om",
+                          example_inputs=torch.randn(2, 12))
+
+
 def test_without_recorded_inputs_the_error_says_what_to_pass(tmp_path):
     with pytest.raises(errors.PrepareError, match="example_inputs"):
         cann.torch.export(model=make_mlp(), output_path=tmp_path / "b")
