@@ -71,7 +71,10 @@ _models: list[weakref.ref] = []  # most recent last: modules tracked, moved to t
 
 
 def note_model(module: Any) -> None:
-    """Remember ``module`` as the one ``cann.torch.resume(path)`` restores when no model is passed."""
+    """Remember ``module`` as the one ``cann.torch.resume(path)`` restores when no model is passed (the
+    export pipeline's private copies are not the user's model)."""
+    if getattr(module, "_cann_export_private", False):
+        return
     for ref in list(_models):
         if ref() is None or ref() is module:
             _models.remove(ref)

@@ -47,6 +47,7 @@ def cpu_copy(value: Any) -> Any:
                 memo[id(t)] = torch.nn.Parameter(host, t.requires_grad) if isinstance(t, torch.nn.Parameter) \
                     else host
         clone = copy.deepcopy(value, memo)
+        clone._cann_export_private = True  # not a model cann.torch.resume(path) should pick
         return clone.to("cpu")  # tensors the module holds outside its parameters and buffers stay put
     if isinstance(value, torch.Tensor):
         return value if value.device.type == "cpu" else value.detach().cpu()
