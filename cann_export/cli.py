@@ -76,7 +76,8 @@ def cli() -> None:
 @click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
 @export_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
-def export_cmd(model: str, output: str | None, as_json: bool, **values: Any) -> None:
+@click.option("--trace", type=click.Path(path_type=str), default=None, help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     def body() -> int:
@@ -86,7 +87,7 @@ def export_cmd(model: str, output: str | None, as_json: bool, **values: Any) -> 
         export_format = kwargs.pop("export_format")
         out = output or _default_output(model, export_format)
         with _TrainProgress() as train_progress:  # closed however the export ends
-            result = api.export(model, out, export_format, progress=_progress,
+            result = api.export(model, out, export_format, progress=_progress, trace=trace,
                                 train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)
