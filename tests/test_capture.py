@@ -9,13 +9,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from helpers import arch_models
 from onnx import TensorProto, helper, numpy_helper
 
 import cann_export
 from cann_export import errors, module_paths
 from cann_export.onnx_utils import cleanup_graph, opset_of
 from cann_export.opset_convert import OpsetConversionError, convert
-from helpers import arch_models
 
 
 def _graph(result):
