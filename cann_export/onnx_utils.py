@@ -5,9 +5,7 @@ import collections
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
 _ELEM_TYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
 
@@ -59,85 +57,44 @@ def set_metadata(model: onnx.ModelProto, items: dict[str, str]) -> None:
             model.metadata_props.add(key=key, value=str(value))
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    users: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            users[name].append(node)
-    return users
+def cleanup_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Fold BatchNormalization into the Conv / ConvTranspose / Gemm before it (onnxscript's rewriter rules),
+    bypass Identity nodes and drop unused nodes and initializers (onnx_ir's passes). A folded Conv keeps the
+    Conv's origin and names the BatchNorm (module_paths). Returns the new graph and what changed."""
+    import onnx_ir as ir
+    from onnx_ir.passes import common
+    from onnxscript import rewriter
+    from onnxscript.rewriter.rules.common import (
+        fuse_batchnorm_into_conv_rule,
+        fuse_batchnorm_into_conv_transpose_rule,
+        fuse_batchnorm_into_gemm_rule,
+    )
 
+    from .module_paths import remember_folds, restore_folds
 
-def fold_conv_batchnorm(model: onnx.ModelProto) -> int:
-    """Fold each BatchNormalization whose input comes only from a Conv with constant weights.
+    def count(op: str) -> int:
+        return sum(1 for n in ir_model.graph if n.op_type == op)
 
-    W' = W * g / sqrt(var + eps) per output channel; b' = (b - mean) * g / sqrt(var + eps) + beta.
-    Returns the number of folded pairs.
-    """
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producers = {out: node for node in graph.node for out in node.output}
-    users = _consumers(graph)
-    graph_outputs = {o.name for o in graph.output}
-    folded, removed = 0, []
-    for bn in list(graph.node):
-        if bn.op_type != "BatchNormalization" or len(bn.output) != 1:
-            continue
-        conv = producers.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or len(users[conv.output[0]]) != 1 \
-                or conv.output[0] in graph_outputs:
-            continue
-        if not all(n in inits for n in bn.input[1:5]) or conv.input[1] not in inits:
-            continue
-        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
-            continue
-        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        scale, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:5])
-        w_init = inits[conv.input[1]]
-        w = numpy_helper.to_array(w_init)
-        factor = scale / np.sqrt(var + eps)
-        has_bias = len(conv.input) > 2 and bool(conv.input[2])
-        b = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros_like(mean)
-        new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-        new_b = ((b - mean) * factor + beta).astype(w.dtype)
-        # Weights may be shared with another Conv: write fresh initializers instead of editing in place.
-        w_name, b_name = f"{conv.name or conv.output[0]}_bnfold_W", f"{conv.name or conv.output[0]}_bnfold_B"
-        graph.initializer.extend([numpy_helper.from_array(new_w, w_name), numpy_helper.from_array(new_b, b_name)])
-        del conv.input[1:]
-        conv.input.extend([w_name, b_name])
-        conv.output[0] = bn.output[0]
-        removed.append(bn)
-        folded += 1
-    for node in removed:
-        graph.node.remove(node)
-    if folded:
-        prune_initializers(model)
-    return folded
-
-
-def remove_identities(model: onnx.ModelProto) -> int:
-    """Bypass Identity nodes that do not produce a graph output."""
-    graph = model.graph
-    graph_outputs = {o.name for o in graph.output}
-    removed = 0
-    for node in list(graph.node):
-        if node.op_type != "Identity" or node.output[0] in graph_outputs:
-            continue
-        src, dst = node.input[0], node.output[0]
-        for other in graph.node:
-            for i, name in enumerate(other.input):
-                if name == dst:
-                    other.input[i] = src
-        graph.node.remove(node)
-        removed += 1
-    return removed
+    ir_model = ir.from_proto(model)
+    bn, identities = count("BatchNormalization"), count("Identity")
+    folds = remember_folds(ir_model.graph)
+    rules = [fuse_batchnorm_into_conv_rule, fuse_batchnorm_into_conv_transpose_rule, fuse_batchnorm_into_gemm_rule]
+    ir_model = rewriter.rewrite(ir_model, pattern_rewrite_rules=rules)
+    restore_folds(ir_model.graph, folds)
+    common.IdentityEliminationPass()(ir_model)
+    common.RemoveUnusedNodesPass()(ir_model)  # also drops the initializers nothing reads any more
+    report = {"conv_bn_folded": bn - count("BatchNormalization"), "identities_removed": identities - count("Identity")}
+    return ir.to_proto(ir_model), report
 
 
 def prune_initializers(model: onnx.ModelProto) -> None:
-    used = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
-    keep = [t for t in model.graph.initializer if t.name in used]
-    if len(keep) != len(model.graph.initializer):
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
+    """Drop initializers no node or graph output reads (onnx_ir's unused-value pass), in place."""
+    import onnx_ir as ir
+    from onnx_ir.passes import common
+
+    ir_model = ir.from_proto(model)
+    common.RemoveUnusedNodesPass()(ir_model)
+    model.CopyFrom(ir.to_proto(ir_model))
 
 
 def save_model(model: onnx.ModelProto, path: Path, external: bool) -> list[Path]:

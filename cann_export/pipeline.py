@@ -64,6 +64,8 @@ class ExportContext:
     manifest: dict[str, Any] = field(default_factory=dict)  # set by the format's finalize()
     stage_seconds: dict[str, float] = field(default_factory=dict)
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
+    module_origins: dict[str, dict[str, str]] = field(default_factory=dict)  # stamp key -> {node: value}
+    capture_notes: list[str] = field(default_factory=list)  # why an exporter missed the requested opset
     # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)
     teacher: Any = None  # the float model
     float_reference_outputs: list[list[Any]] = field(default_factory=list)

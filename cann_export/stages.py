@@ -168,8 +168,9 @@ def strip(ctx: ExportContext) -> str | None:
 
 
 def capture(ctx: ExportContext) -> str | None:
-    """Try the exporters in priority order; the first valid graph at an acceptable opset wins (see
-    ExportOptions.accepts_opset). A valid graph at an unacceptable opset is kept as the last resort."""
+    """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
+    --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
+    last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
     from .backend.eval_mode import to_eval
     from .onnx_utils import check_graph, opset_of
 
@@ -177,12 +178,13 @@ def capture(ctx: ExportContext) -> str | None:
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[dict[str, Any]] = []
-    chosen = None
+    chosen = fallback = None
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     for exporter in exporters:
         if not exporter.supports(ctx.model):
             attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
             continue
+        ctx.capture_notes = []
         try:
             ctx.trace_warnings = []
             model = exporter.export(ctx.model, ctx)
@@ -195,25 +197,35 @@ def capture(ctx: ExportContext) -> str | None:
             to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
         opset = opset_of(model)
         attempts.append({"exporter": exporter.name, "opset": opset})
-        if ctx.options.accepts_opset(opset, ctx.format):
+        if opset == ctx.options.opset:
             chosen = (exporter.name, model)
             break
-        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} (strict); trying the next exporter"
-        chosen = chosen or (exporter.name, model)
+        why = "; ".join(ctx.capture_notes) or "the exporter wrote another opset"
+        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({_gist(why, 300)})"
+        if fallback is None and ctx.options.accepts_opset(opset, ctx.format):
+            fallback = (exporter.name, model)
+    if chosen is None and fallback is not None:
+        chosen = fallback
     if chosen is None:
-        detail = "; ".join(f"{a['exporter']}: {a.get('error')}" for a in attempts)
+        detail = "; ".join(f"{a['exporter']}: {a.get('error') or a.get('note')}" for a in attempts)
+        if any("opset" in a for a in attempts):
+            raise errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
+                                      f"another ({detail}); pass another --opset, or drop --strict-opset",
+                                      path=ctx.loaded.source_path)
         raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
                                   path=ctx.loaded.source_path)
     name, ctx.onnx_model = chosen
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
+    ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
     ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
     ctx.trace_warnings = traced.get(name, [])
     if ctx.trace_warnings:
         _specialised(ctx)
     if opset != ctx.options.opset:
-        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset}; "
-                                  "pass --strict-opset to require the requested opset")
+        notes = "; ".join(a["note"] for a in attempts if "note" in a)
+        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
+                                  f"({notes}); pass --strict-opset to refuse any other opset")
         return f"{name}, opset {opset} (asked {ctx.options.opset})"
     return f"{name}, opset {opset}"
 
@@ -313,6 +325,7 @@ def annotate(ctx: ExportContext) -> str | None:
         props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
+    module_paths.stamp_origins(ctx.onnx_model, ctx.module_origins)
     return f"{len(props)} metadata entries"
 
 

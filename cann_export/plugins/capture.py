@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import large_model
 from ..hookspecs import hookimpl
-from ..module_paths import collect, stamp, stamp_from_exporter
+from ..module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
 
@@ -57,30 +57,111 @@ class DynamoExporter:
         return isinstance(model, torch.nn.Module) and not isinstance(model, torch.jit.ScriptModule)
 
     def export(self, model: Any, ctx: Any) -> Any:
-        import onnx
-        import torch
-
         args, kwargs = call_args(ctx)
         asked = ctx.options.opset
         native = max(asked, _dynamo_min_opset())
         with quiet_export():
-            program = torch.onnx.export(
-                model, args, kwargs=kwargs, dynamo=True, opset_version=native,
-                input_names=list(ctx.input_names), output_names=list(ctx.output_names),
-                verbose=False, report=False, optimize=True,
-            )
-            graph = large_model.dynamo_graph(program, ctx)  # past the threshold: saved with external data
+            graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
-        if asked < native:  # convert down ourselves (as torch would) so the module paths survive by node name
-            origins = collect(graph)
-            try:
-                converted = onnx.version_converter.convert_version(graph, asked)
-                onnx.checker.check_model(converted, full_check=True)  # the converter can write invalid nodes
-                graph = converted
-            except Exception:  # noqa: BLE001 - torch keeps the native opset too; capture records it
-                pass
-            stamp(graph, origins)
+        if asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
+            graph = _down_convert(graph, asked, ctx)
         return graph
+
+
+def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
+    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
+    import torch
+
+    options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
+               "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    try:
+        program = torch.export.export(model, args, kwargs=kwargs, strict=False)
+    except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
+        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options), ctx)
+    try:
+        return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+    except Exception as e:
+        if "Cannot view a tensor" not in _chain_text(e):
+            raise
+    # torch.onnx's decomposition turns reshape into view from strides its type-promotion pass then disagrees
+    # with (sdpa outputs; Swin, T5): a contiguous copy before each view/reshape makes both passes agree.
+    contiguous_before_views(program)
+    return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+
+
+def _optimized(program: Any, ctx: Any) -> Any:
+    """torch.onnx's own optimisation (onnxscript's optimizer and fusions); a Conv that absorbed a BatchNorm
+    keeps the Conv's origin and names the BatchNorm as folded. A large graph is saved with external data."""
+    folds = remember_folds(program.model.graph)
+    program.optimize()
+    restore_folds(program.model.graph, folds)
+    return large_model.dynamo_graph(program, ctx)
+
+
+def contiguous_before_views(program: Any) -> int:
+    """Insert ``aten.clone(memory_format=contiguous)`` before every view/reshape input (an Identity in ONNX)."""
+    import torch
+
+    graph, count = program.graph, 0
+    targets = (torch.ops.aten.view.default, torch.ops.aten.reshape.default)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        with graph.inserting_before(node):
+            copy = graph.call_function(torch.ops.aten.clone.default, (node.args[0],),
+                                       {"memory_format": torch.contiguous_format})
+        copy.meta = dict(node.meta)
+        copy.meta["val"] = node.args[0].meta.get("val")
+        node.args = (copy, *node.args[1:])
+        count += 1
+    program.graph_module.recompile()
+    return count
+
+
+def _chain_text(e: BaseException) -> str:
+    parts = []
+    while e is not None and len(parts) < 10:
+        parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts)
+
+
+def _down_convert(graph: Any, opset: int, ctx: Any) -> Any:
+    """The graph at ``opset``, or unchanged (at 18) with the reason recorded when a node has no older form
+    or the converted graph computes something else."""
+    from ..opset_convert import OpsetConversionError, convert
+
+    origins = collect_origins(graph)
+    try:
+        converted = convert(graph, opset)
+        _same_outputs(converted, graph, ctx)
+    except OpsetConversionError as e:
+        ctx.capture_notes = [*getattr(ctx, "capture_notes", []), f"dynamo: opset {opset}: {e}"]
+        return graph
+    stamp_origins(converted, origins)
+    return converted
+
+
+def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from ..opset_convert import OpsetConversionError
+    from ..validators.metrics import compare
+
+    feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
+
+    def run(m: Any) -> list[Any]:
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
+
+    try:
+        after, before = run(converted), run(original)
+    except Exception as e:
+        raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
+    bad = [i for i, (a, b) in enumerate(zip(after, before)) if not compare(a, b, ctx.options.tolerance)["passed"]]
+    if bad:
+        raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
 
 
 def _dynamo_min_opset() -> int:
@@ -107,7 +188,8 @@ class TorchScriptExporter:
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
             model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
         caught: list = []
-        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught):
+        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
+                _fixed_mode(model, ctx):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
@@ -120,6 +202,28 @@ class TorchScriptExporter:
 
         ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph
+
+
+@contextlib.contextmanager
+def _fixed_mode(model: Any, ctx: Any) -> Iterator[None]:
+    """A graph unlifted from a torch.export archive raises on train()/eval(), which the TorchScript exporter
+    calls; its mode is already fixed (the prepare stage rewrote it to inference), so both become no-ops."""
+    if ctx.loaded.kind != "exported_program":
+        yield
+        return
+    import types
+
+    saved = {name: model.__dict__.get(name) for name in ("train", "eval")}
+    model.train = types.MethodType(lambda self, mode=True: self, model)
+    model.eval = types.MethodType(lambda self: self, model)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                model.__dict__.pop(name, None)
+            else:
+                model.__dict__[name] = value
 
 
 def _Positional(model: Any, names: list[str]) -> Any:

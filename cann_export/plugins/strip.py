@@ -1,13 +1,11 @@
 """Strip passes: training-only structure out of the module (before capture) or the graph (after).
 
 Module passes: unwrap gradient-checkpoint wrappers, replace Dropout with Identity, fold Conv+BatchNorm
-pairs that sit next to each other in a Sequential, drop Identity from Sequentials.
-Graph pass: fold every BatchNormalization fed only by a Conv into the Conv's weights, whatever exporter
-or input format produced the graph (TorchScript archives and torch.export programs included).
+pairs (qat.prepare.fold_batchnorm), drop Identity from Sequentials.
+Graph pass: onnxscript's BatchNorm-folding rules and onnx_ir's Identity / unused-value passes.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from ..hookspecs import hookimpl
@@ -63,28 +61,19 @@ def _stripped_dropout(child: Any) -> Any:
     return stripped
 
 
-class SequentialConvBnPass:
-    """Fold ``Conv -> BatchNorm`` neighbours inside ``nn.Sequential`` (the graph pass catches the rest)."""
+class ConvBnPass:
+    """Fold each Conv -> BatchNorm pair of the module (torch.fx finds them, else Sequential neighbours) with
+    torch's ``fuse_conv_bn_eval``; the same fold QAT's prepare applies. The graph pass catches the rest."""
 
     name = "fold-conv-bn"
     order = 30
 
     def apply_module(self, model: Any, ctx: Any) -> Any:
-        import torch
-        from torch.nn.utils.fusion import fuse_conv_bn_eval
+        from ..qat.prepare import fold_batchnorm
 
         if not _is_module(model):
             return model
-        convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-        bns = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
-        for seq in [m for m in model.modules() if isinstance(m, torch.nn.Sequential)]:
-            names = list(seq._modules)
-            for a, b in itertools.pairwise(names):
-                conv, bn = seq._modules[a], seq._modules[b]
-                if isinstance(conv, convs) and isinstance(bn, bns) and bn.track_running_stats \
-                        and bn.running_mean is not None:
-                    seq._modules[a] = fuse_conv_bn_eval(conv.eval(), bn.eval())
-                    seq._modules[b] = torch.nn.Identity()
+        ctx.reports.setdefault("strip", {})["conv_bn_folded_in_module"] = fold_batchnorm(model)
         return model
 
 
@@ -105,30 +94,27 @@ class IdentityPass:
         return model
 
 
-class GraphConvBnFoldPass:
-    name = "fold-conv-bn-graph"
+class GraphCleanupPass:
+    """BatchNorm into Conv/ConvTranspose/Gemm, Identity out, unused initializers out: whatever exporter or
+    input format produced the graph (TorchScript archives and torch.export programs included)."""
+
+    name = "graph-cleanup"
     order = 50
 
     def apply_graph(self, model: Any, ctx: Any) -> Any:
-        from ..onnx_utils import fold_conv_batchnorm
+        from .. import module_paths
+        from ..onnx_utils import cleanup_graph
 
-        ctx.optimize["conv_bn_folded_in_graph"] = fold_conv_batchnorm(model)
-        return model
-
-
-class IdentityGraphPass:
-    name = "identity-graph"
-    order = 60
-
-    def apply_graph(self, model: Any, ctx: Any) -> Any:
-        from ..onnx_utils import remove_identities
-
-        ctx.optimize["identities_removed"] = remove_identities(model)
+        model, report = cleanup_graph(model)
+        ctx.optimize["conv_bn_folded_in_graph"] = report["conv_bn_folded"]
+        ctx.optimize["identities_removed"] = report["identities_removed"]
+        for key, mapping in module_paths.collect_origins(model).items():  # fused nodes have new names
+            ctx.module_origins.setdefault(key, {}).update(mapping)
+        ctx.module_paths.update(module_paths.collect(model))
         return model
 
 
 @hookimpl
 def register_passes(register):
-    for p in (UnwrapCheckpointPass(), DropoutPass(), SequentialConvBnPass(), IdentityPass(),
-              GraphConvBnFoldPass(), IdentityGraphPass()):
+    for p in (UnwrapCheckpointPass(), DropoutPass(), ConvBnPass(), IdentityPass(), GraphCleanupPass()):
         register(p)

@@ -1,7 +1,9 @@
 """``prepare``: fold BatchNorm into its Conv, then wrap the chosen layers in fake quantization."""
 from __future__ import annotations
 
+import collections
 import copy
+import itertools
 from typing import Any
 
 import torch
@@ -32,20 +34,23 @@ def conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
         from torch import fx
 
         graph = fx.symbolic_trace(model).graph
+        calls = collections.Counter(n.target for n in graph.nodes if n.op == "call_module")
         for node in graph.nodes:
             if node.op != "call_module" or not isinstance(_get(model, node.target), _BNS):
                 continue
             src = node.args[0] if node.args else None
             if getattr(src, "op", None) == "call_module" and isinstance(_get(model, src.target), _CONVS) \
-                    and len(src.users) == 1:
+                    and len(src.users) == 1 and calls[src.target] == 1 and calls[node.target] == 1:
+                # a module called twice would change both calls
                 pairs.append((src.target, node.target))
+    except Exception:  # noqa: BLE001 - models with data-dependent control flow do not trace: neighbours only
+        pairs = []
+    else:
         return pairs
-    except Exception:  # noqa: BLE001 - models with data-dependent control flow do not trace
-        pass
     for path, seq in model.named_modules():
         if isinstance(seq, nn.Sequential):
             names = list(seq._modules)
-            for a, b in zip(names, names[1:]):
+            for a, b in itertools.pairwise(names):
                 if isinstance(seq._modules[a], _CONVS) and isinstance(seq._modules[b], _BNS):
                     pairs.append((f"{path}.{a}".lstrip("."), f"{path}.{b}".lstrip(".")))
     return pairs

@@ -67,9 +67,13 @@ def where(node: Any, module_paths: dict[str, str] | None) -> str:
     if path is None:
         path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
     name = node.name or "<unnamed>"
+    props = {p.key: p.value for p in node.metadata_props}
+    op = f"{node.op_type} + folded {props[mp.FOLDED]}" if mp.FOLDED in props else node.op_type
+    line = f" at {props[mp.SOURCE]}" if mp.SOURCE in props else ""
     if path is None:
-        return f"node {name!r} ({node.op_type}), PyTorch module unknown"
-    return f"{'the root module' if path == '' else 'module ' + path} ({node.op_type}), node {name!r}"
+        return f"node {name!r} ({op}), PyTorch module unknown{line}"
+    root = f"the root module {props[mp.ROOT]}" if mp.ROOT in props else "the root module"
+    return f"{root if path == '' else 'module ' + path} ({op}), node {name!r}{line}"
 
 
 def _nodes(graph: Any) -> Iterator[Any]:
