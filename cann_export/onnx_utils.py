@@ -21,16 +21,24 @@ def weights_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
 
 
-def check_graph(model: onnx.ModelProto, path: Path | None = None) -> None:
-    """Full ONNX check plus an onnxruntime load; raises with the checker's/runtime's message."""
+def session(model: onnx.ModelProto | str | Path) -> Any:
+    """A CPU onnxruntime session that keeps its warnings (coloured, on stderr) to itself."""
     import onnxruntime as ort
 
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def check_graph(model: onnx.ModelProto, path: Path | None = None) -> None:
+    """Full ONNX check plus an onnxruntime load; raises with the checker's/runtime's message."""
     if path is not None:
         onnx.checker.check_model(str(path), full_check=True)
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session(path)
     else:
         onnx.checker.check_model(model, full_check=True)
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session(model)
 
 
 def describe_values(values: Any) -> list[dict[str, Any]]:

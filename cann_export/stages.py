@@ -279,9 +279,9 @@ def _final_graph_passes(ctx: ExportContext) -> None:
 
 def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     import numpy as np
-    import onnxruntime as ort
     import onnxsim
 
+    from .onnx_utils import session
     from .validators.metrics import compare
 
     try:
@@ -294,7 +294,7 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     tol = ctx.options.tolerance
 
     def run(m: Any) -> list[Any]:
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = session(m)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     def same(outs: list[Any], ref: list[Any]) -> bool:

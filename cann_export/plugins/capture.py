@@ -144,15 +144,15 @@ def _down_convert(graph: Any, opset: int, ctx: Any) -> Any:
 
 def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     import numpy as np
-    import onnxruntime as ort
 
+    from ..onnx_utils import session
     from ..opset_convert import OpsetConversionError
     from ..validators.metrics import compare
 
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
 
     def run(m: Any) -> list[Any]:
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = session(m)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     try:
