@@ -33,7 +33,7 @@ def read_calibration(path: str | Path, accepted: list[str]) -> dict[str, Any]:
 def prepare_quantization(ctx: ExportContext, source: str, accepted: list[str]) -> str:
     """Float references, then fake quantization inserted and calibrated on --calibration-data."""
     from . import qat
-    from .atomic import sha256_file
+    from .digests import sha256_file
     from .reference import reference_outputs
     from .qat.train import split_batches
 

@@ -52,7 +52,7 @@ def _private_copy(module: Any, share_weights: bool = False) -> Any:
 
 def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
     """Check the path, pick the first matching loader by priority, and hash the file."""
-    from .atomic import sha256_file
+    from .digests import sha256_file
 
     if not path.exists():
         raise errors.LoadError("model file not found; check the path", path=path)

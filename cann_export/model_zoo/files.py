@@ -65,18 +65,9 @@ def copy_hashed(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def hash_file(path: Path) -> dict[str, Any]:
-    h = hashlib.sha256()
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-    return {"sha256": h.hexdigest(), "size": size}
+    from ..digests import sha256_file
+
+    return {"sha256": sha256_file(path), "size": path.stat().st_size}
 
 
 def fsync_file(path: Path) -> None:
