@@ -1,29 +1,42 @@
-"""``cann.torch``: the adapter surface users know from the seeds, over ``cann_export``'s API."""
+"""``cann.torch``: the adapter surface users know from the seeds, over ``cann_export``'s API.
+
+One function per verb of the articles; each delegates to a ``cann_export`` module (backends, tracking,
+checkpoints, the profiler, the export API), so adding a verb (or a setting ``config`` reads) stays local.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from cann_export import tracking
+from cann_export.backend import profiler
 
-__all__ = ["config", "device_count", "disable", "enable", "export", "is_available", "prepare", "resume",
-           "set_device", "track"]
+__all__ = ["config", "device", "device_count", "disable", "enable", "export", "is_available", "prepare",
+           "profiler", "resume", "set_device", "track"]
 
 _CONFIG_KEYS = ("mixed_precision", "gradient_checkpointing", "dataloader_workers", "compile_model",
                 "quantization_aware_training", "quant_config")
 _config: dict[str, Any] = {"quantization_aware_training": False, "quant_config": {}}
+_backend: str | None = None
 
 
 def export(model: Any = None, output_path: str | Path | None = None, export_format: str = "atc_ready",
            include_optimizer_state: bool = False, optimizer: Any = None, metadata: dict[str, Any] | None = None,
            atc_hints: dict[str, Any] | None = None, example_inputs: Any = None, **options: Any) -> Any:
     """Export ``model`` as in ``cann_export.export``; without ``example_inputs`` the inputs of the
-    model's last forward call are used when they were recorded (``track(model)`` or ``enable()``)."""
+    model's last forward call are used when they were recorded (``track(model)`` or ``enable()``). The
+    model may live on npu, npu-sim or cuda: export works on CPU copies and leaves it where it is."""
     from cann_export import api
     from cann_export.errors import OptionsError
 
     if model is None or output_path is None:
         raise OptionsError("cann.torch.export needs model= and output_path=")
+    if "format" in options:  # the articles' spelling: export(..., format="onnx")
+        chosen = options.pop("format")
+        if export_format not in ("atc_ready", chosen):
+            raise OptionsError(f"cann.torch.export got format={chosen!r} and export_format={export_format!r}; "
+                               "pass one of them")
+        export_format = chosen
     _check_qat_applied(model)
     from cann_export.qat import auto
 
@@ -63,18 +76,52 @@ def track(model: Any) -> Any:
 def enable(backend: str = "auto") -> str:
     """Make ``npu`` usable in this process, then record the inputs of every outermost module call (for
     ``export``). ``auto``: the real Ascend device when torch_npu imports and reports one, else npu-sim
-    (an emulated ``npu`` computing on the CPU). Returns the backend's name. Never runs on import."""
+    (an emulated ``npu`` computing on the CPU). On npu / npu-sim, ``"cann"`` becomes a name of the
+    device (``model.to("cann")``, ``device="cann:0"``). Returns the backend's name. Never runs on import."""
+    from cann_export.backend import device_alias
     from cann_export.backend.registry import resolve
 
+    global _backend
     chosen = resolve(backend)
     chosen.activate()
-    global _backend
     _backend = chosen.name
+    if chosen.device == "npu":
+        device_alias.install()
+        _complete_torch_npu()
     tracking.enable_global()
     return chosen.name
 
 
-_backend: str | None = None
+def _complete_torch_npu() -> None:
+    """On a real torch_npu: ``torch.npu.enable_graph_mode`` (torch_npu 1.x's name) when it has none."""
+    import torch
+
+    module = getattr(torch, "npu", None)
+    if module is not None and not hasattr(module, "enable_graph_mode"):
+        from cann_export.backend.graph_mode import enable_graph_mode
+
+        module.enable_graph_mode = enable_graph_mode
+
+
+def disable() -> None:
+    """Undo ``enable()``: input recording, the ``cann`` device name, graph mode and npu-sim's operator
+    registrations (torch cannot rename PrivateUse1 back: ``npu`` stays the device's name, unusable)."""
+    from cann_export.backend import device_alias, graph_mode
+    from cann_export.backend.npu_sim import uninstall
+
+    global _backend
+    tracking.disable_global()
+    device_alias.uninstall()
+    graph_mode.enable_graph_mode(False)
+    uninstall()
+    _backend = None
+
+
+def device(spec: Any = "cann") -> Any:
+    """``torch.device`` for ``"cann"``, ``"cann:0"``, ``"npu:0"``, ``0`` (torch's own parser knows ``npu``)."""
+    from cann_export.backend.device_alias import device as as_device
+
+    return as_device(spec)
 
 
 def set_device(device: Any = "npu:0") -> None:
@@ -107,16 +154,13 @@ def is_available() -> bool:
     return bool(module is not None and module.is_available())
 
 
-def resume(path: str | Path, model: Any, optimizer: Any = None) -> dict[str, Any]:
+def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[str, Any]:
     """Load a checkpoint saved on npu, npu-sim, cuda or cpu into ``model``/``optimizer`` on their current
-    device; returns the rest of the checkpoint (epoch, step, ...)."""
+    device; returns the rest of the checkpoint (epoch, step, ...). ``resume(path)`` alone restores the
+    tracked model (moved with ``.to("cann")`` after ``enable()``, or ``track``-ed) and its optimizer."""
     from cann_export.backend.checkpoint import resume as _resume
 
     return _resume(path, model, optimizer)
-
-
-def disable() -> None:
-    tracking.disable_global()
 
 
 def config(**settings: Any) -> dict[str, Any]:

@@ -61,14 +61,19 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
 
 
 def export(model: Any, output_path: str | Path, export_format: str = "atc_ready", example_inputs: Any = None,
-           *, progress: ProgressFn | None = None, **options: Any) -> ExportResult:
+           *, progress: ProgressFn | None = None, trace: str | Path | None = None, **options: Any) -> ExportResult:
     """Export ``model`` (an nn.Module, ExportedProgram, ScriptModule or a model file path) to
     ``output_path`` in ``export_format``; see ExportOptions for the keyword options.
 
     Raises an ``ExportError`` subclass on bad input or a failed stage (nothing is left at
     ``output_path``). A parity failure is not raised: the artifact is written with the failure
     recorded and ``result.ok`` is False.
+    ``trace``: a path for the stage timeline (Chrome trace JSON).
     """
+    if trace is not None:
+        from .stage_trace import StageTimeline
+
+        progress = StageTimeline(trace).wrap(progress)
     opts = _options(export_format, dict(options))
     formats = plugins.registry().formats()
     opts.check(formats, [e.name for e in plugins.registry().exporters()])

@@ -130,6 +130,7 @@ def cli() -> None:
 @click.option("--require-atc", is_flag=True, help="--format om: fail (exit 3) when `atc` is not on PATH instead of writing an om-stub.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
+@click.option("--trace", type=click.Path(path_type=str), default=None, help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
                trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int, strict_opset: bool,
                cann_version: str, lint_mode: str, fix_precision: bool,
@@ -138,7 +139,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                accept_trace_specialization: bool, atol: float | None,
                rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
                qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
-               require_atc: bool, overwrite: bool, as_json: bool) -> None:
+               require_atc: bool, overwrite: bool, as_json: bool, trace: str | None = None) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     def body() -> int:
@@ -160,7 +161,7 @@ def export_cmd(model: str, output: str | None, export_format: str, model_class: 
                 parity_data=parity_data, accept_trace_specialization=accept_trace_specialization,
                 atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
                 qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-                overwrite=overwrite, require_atc=require_atc, progress=_progress, train_callback=train_progress if quantize == "qat" else None,
+                overwrite=overwrite, require_atc=require_atc, progress=_progress, trace=trace, train_callback=train_progress if quantize == "qat" else None,
             )
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)

@@ -35,14 +35,22 @@ def load(ctx: ExportContext) -> str | None:
 
 
 def _private_copy(module: Any, share_weights: bool = False) -> Any:
-    """Eval mode and the strip passes must never change the caller's module: work on a copy. Without
-    training (``share_weights``) the copy's parameters and buffers are new tensors over the caller's storage:
-    no pass writes weights in place, and a large model is not held twice."""
+    """Eval mode and the strip passes must never change the caller's module: work on a copy, on the CPU
+    wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) a CPU module's
+    copy has new tensors over the caller's storage: no pass writes weights in place, and a large model is
+    not held twice."""
     import copy
 
+    from .backend.placement import cpu_copy
+
     try:
-        return copy.deepcopy(module, large_model.shared_weights_memo(module) if share_weights else None)
-    except Exception as e:
+        tensors = [*module.parameters(), *module.buffers()]
+        if any(t.device.type != "cpu" for t in tensors):
+            return cpu_copy(module)
+        clone = copy.deepcopy(module, large_model.shared_weights_memo(module) if share_weights else None)
+        clone._cann_export_private = True  # not a model cann.torch.resume(path) should pick
+        return clone
+    except Exception as e:  # noqa: BLE001
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
                                "the file instead") from e
@@ -96,6 +104,9 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
         ctx.reports.setdefault("warnings", {})["inputs"] = source
     else:
         raise errors.PrepareError(no_inputs_message(accepted), path=loaded.source_path)
+    from .backend.placement import cpu_copy
+
+    feed = cpu_copy(feed)  # inputs recorded on npu / cuda: capture and the reference start from the CPU
     inputs_mod.check_input_names(list(feed), accepted, source)
     if loaded.kind != "module":  # positional graphs need every input, in order
         missing = [n for n in accepted if n not in feed]

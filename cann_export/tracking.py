@@ -34,33 +34,77 @@ def track(model: Any) -> Any:
     if not getattr(model, "_cann_export_tracked", False):
         model.register_forward_pre_hook(hook, with_kwargs=True)
         model._cann_export_tracked = True
+    note_model(model)
     return model
 
 
 def enable_global() -> None:
-    """Record the inputs of every outermost module call in the process (nested calls are ignored)."""
+    """Record the inputs (positional and keyword) of every outermost module call in the process (nested
+    calls are ignored). Recorded after the call, by a global forward hook: torch's global *pre*-hooks see
+    positional arguments only."""
     from torch.nn.modules import module as nn_module
 
     if _handles:
         return
 
-    def pre(module: Any, args: tuple, kwargs: dict | None = None) -> None:
-        depth = getattr(_depth, "value", 0)
+    def pre(module: Any, args: tuple) -> None:
+        _depth.value = getattr(_depth, "value", 0) + 1
+
+    def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        depth = max(getattr(_depth, "value", 1) - 1, 0)
+        _depth.value = depth
         if depth == 0:
             _record(module, args, kwargs or {})
-        _depth.value = depth + 1
-
-    def post(module: Any, args: tuple, *rest: Any) -> None:
-        _depth.value = max(getattr(_depth, "value", 1) - 1, 0)
+            note_model(module)
 
     _handles["pre"] = nn_module.register_module_forward_pre_hook(pre)
-    _handles["post"] = nn_module.register_module_forward_hook(post, always_call=True)
+    _handles["post"] = nn_module.register_module_forward_hook(post, with_kwargs=True, always_call=True)
 
 
 def disable_global() -> None:
     for handle in _handles.values():
         handle.remove()
     _handles.clear()
+
+
+_models: list[weakref.ref] = []  # most recent last: modules tracked, moved to the device, or called
+
+
+def note_model(module: Any) -> None:
+    """Remember ``module`` as the one ``cann.torch.resume(path)`` restores when no model is passed (the
+    export pipeline's private copies are not the user's model)."""
+    if getattr(module, "_cann_export_private", False):
+        return
+    for ref in list(_models):
+        if ref() is None or ref() is module:
+            _models.remove(ref)
+    _models.append(weakref.ref(module))
+    del _models[:-8]
+
+
+def tracked_model() -> Any:
+    """The most recently tracked, moved (``.to("cann")``) or called outermost module with parameters
+    (a loss module called after the model is not it)."""
+    for ref in reversed(_models):
+        module = ref()
+        if module is not None and next(iter(module.parameters()), None) is not None:
+            return module
+    return None
+
+
+def optimizers_of(model: Any) -> list[Any]:
+    """The live optimizers that update ``model``'s parameters (found by a scan of the heap, once)."""
+    import gc
+
+    import torch
+
+    params = {id(p) for p in model.parameters()}
+    found = []
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.optim.Optimizer) and any(
+                id(p) in params for group in obj.param_groups for p in group["params"]):
+            found.append(obj)
+    return found
 
 
 def recorded_inputs(model: Any) -> tuple[tuple, dict] | None:

@@ -359,3 +359,152 @@ def test_autocast_cast_lists_and_grad_scaler():
     for amp, ref in zip(out["amp"], out["fp32"]):
         assert abs(amp - ref) <= 1e-2 * abs(ref)  # fp16 matmuls, fp32 softmax/loss: close to fp32
     assert out["amp"] != out["fp32"]  # ... and visibly computed in reduced precision
+
+
+MEMORY = ENABLE + textwrap.dedent("""
+    import copy, gc, io, pickle, torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).to("npu")
+    model(torch.randn(2, 1, 6, 6, device="npu")).sum().backward()
+    t = torch.randn(3, 4).npu()
+    want = t.cpu()
+    checks = {
+        "storage clone": lambda: torch.empty(0, device="npu").set_(t.untyped_storage().clone()).view(torch.float32),
+        "deepcopy tensor": lambda: copy.deepcopy(t).view(-1),
+        "deepcopy state_dict": lambda: copy.deepcopy(model.state_dict())["0.weight"],
+        "deepcopy module": lambda: copy.deepcopy(model)[0].weight,
+        "pickle": lambda: pickle.loads(pickle.dumps(t)),
+        "typed storage": lambda: torch.TypedStorage(4, device="npu", dtype=torch.float32).device,
+        "storage cpu": lambda: t.untyped_storage().cpu(),
+        "conj": lambda: torch.randn(3, dtype=torch.complex64).npu().conj().cpu(),
+    }
+    out = {}
+    for name, check in checks.items():
+        for _ in range(3):  # freed memory would be reused by the allocations in between
+            r = check(); gc.collect(); torch.randn(4096)
+        out[name] = r
+    assert torch.equal(out["storage clone"].cpu().view(-1), want.view(-1))
+    assert torch.equal(out["deepcopy tensor"].cpu(), want.view(-1))
+    assert torch.equal(out["deepcopy state_dict"].cpu(), model[0].weight.cpu())
+    assert out["deepcopy module"].device.type == "npu"
+    assert torch.equal(out["pickle"].cpu(), want) and out["pickle"].device.type == "npu"
+    assert out["typed storage"].type == "npu" and out["storage cpu"].device.type == "cpu"
+    b = io.BytesIO(); torch.save({"sd": model.state_dict(), "t": t}, b); b.seek(0)
+    back = torch.load(b); assert back["t"].device.type == "npu" and torch.equal(back["t"].cpu(), want)
+    x = torch.arange(6.).npu(); v = x.view(2, 3); x.resize_(2); x.resize_(50)
+    gc.collect(); torch.randn(4096)
+    assert v.cpu().tolist() == [[0., 1., 2.], [3., 4., 5.]] and x.shape == (50,)
+    print("ok")
+""")
+
+
+def test_storage_copies_and_serialization_never_crash_or_alias_freed_memory():
+    """The BatchNorm export crash of issue 12: deepcopy reached a PrivateUse1 allocator that is null."""
+    assert run(MEMORY).stdout.strip().endswith("ok")
+
+
+ADAPTER = ENABLE + textwrap.dedent("""
+    import json, sys, torch
+    from torch import nn
+    cann.torch.set_device("cann:0")
+    tmp = sys.argv[1]
+    # "cann" is the npu device wherever a device is passed; results carry the real one
+    x = torch.randn(2, 3).to("cann")
+    devices = {str(d) for d in (x.device, torch.randn(2, device="cann:0").device, torch.zeros(2, device="cann").device,
+                                x.new_zeros(3, device="cann").device, x.to(device="cann:0").device,
+                                torch.arange(3, device="cann").device, cann.torch.device("cann:0"))}
+    assert devices == {"npu:0"}, devices
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3)).to("cann")
+    assert next(model.parameters()).device.type == "npu"
+    opt = torch.optim.AdamW(model.parameters())
+    for step in range(2):
+        loss = model(torch.randn(8, 1, 6, 6).to("cann")).sum(); opt.zero_grad(); loss.backward(); opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 2}, tmp + "/ck.pt")
+    weights = [p.detach().cpu().clone() for p in model.parameters()]
+    moments = opt.state_dict()["state"][0]["exp_avg"].cpu().clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    for s in opt.state.values():
+        s["exp_avg"].zero_()
+    state = cann.torch.resume(tmp + "/ck.pt")  # one argument: the tracked model and its optimizer
+    assert state == {"step": 2}, state
+    assert all(torch.equal(w, p.detach().cpu()) for w, p in zip(weights, model.parameters()))
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"].cpu(), moments)
+    # export from where the model lives: the recorded npu inputs and the module are copied to the CPU
+    model.train()
+    result = cann.torch.export(model=model, output_path=tmp + "/m.onnx", export_format="onnx")
+    assert result.ok and next(model.parameters()).device.type == "npu" and model.training
+    # torch.npu.amp and graph mode as torch_npu spells them
+    with torch.npu.amp.autocast():
+        assert model[4](torch.randn(2, 64, device="cann")).dtype == torch.float16
+    assert isinstance(torch.npu.amp.GradScaler(), torch.amp.GradScaler)
+    said = torch.npu.enable_graph_mode(True)
+    eager = model.eval()(torch.ones(2, 1, 6, 6, device="cann")).cpu()
+    assert "aot_eager" in said and model._compiled_call_impl is not None
+    assert torch.npu.enable_graph_mode(False).startswith("graph mode off") and model._compiled_call_impl is None
+    assert torch.allclose(model(torch.ones(2, 1, 6, 6, device="cann")).cpu(), eager)
+    # the profiler's CANN activity: npu operators with their shapes
+    P = cann.torch.profiler
+    with P.profile(activities=[P.ProfilerActivity.CPU, P.ProfilerActivity.CANN], record_shapes=True) as prof:
+        model(torch.randn(2, 1, 6, 6, device="cann"))
+    prof.export_chrome_trace(tmp + "/trace.json")
+    events = json.load(open(tmp + "/trace.json"))["traceEvents"]
+    conv = [e for e in events if e.get("name", "").startswith("npu::convolution")]
+    assert conv and conv[0]["args"]["Input Dims"][:2] == [[2, 1, 6, 6], [4, 1, 3, 3]], conv
+    cann.torch.disable()
+    try:
+        torch.randn(2).to("cann")
+    except RuntimeError:
+        print("ok")
+""")
+
+
+def test_adapter_surface_as_the_articles_write_it(tmp_path):
+    assert run(ADAPTER, str(tmp_path)).stdout.strip().endswith("ok")
+
+
+KWARGS = ENABLE + textwrap.dedent("""
+    import sys, torch
+    from transformers import BertConfig, BertModel
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).to("cann")
+    ids = torch.randint(0, 64, (1, 8)).to("cann")
+    model(input_ids=ids, attention_mask=torch.ones_like(ids))  # keyword arguments only
+    result = cann.torch.export(model=model, output_path=sys.argv[1] + "/bert.onnx", export_format="onnx")
+    names = [i["name"] for i in result.manifest["model"]["inputs"]]
+    assert names == ["input_ids", "attention_mask"], names
+    assert next(model.parameters()).device.type == "npu"
+    print("ok")
+""")
+
+
+def test_export_records_keyword_inputs_on_npu(tmp_path):
+    assert run(KWARGS, str(tmp_path)).stdout.strip().endswith("ok")
+
+
+def test_disable_undoes_enable_and_untested_torch_is_refused():
+    code = textwrap.dedent("""
+        import torch, cann.torch
+        from cann_export.backend import npu_sim
+        before = list(torch.serialization._package_registry)
+        cann.torch.enable("npu-sim")
+        assert torch.randn(2, device="npu").device.type == "npu"
+        cann.torch.disable()
+        assert not npu_sim.is_installed() and torch.serialization._package_registry == before
+        assert "__new__" not in torch.UntypedStorage.__dict__ and torch.autograd.grad_mode
+        try:
+            torch.randn(2, device="npu")
+        except (RuntimeError, NotImplementedError) as e:
+            print("disabled:", type(e).__name__)
+        cann.torch.enable("npu-sim")  # again, in the same process
+        assert torch.randn(2, device="npu").cpu().shape == (2,)
+        ok, why = npu_sim.torch_version_supported("2.99.0")
+        print(ok, why)
+    """)
+    out = run(code).stdout
+    assert "disabled:" in out
+    assert "False npu-sim was tested with torch" in out and "CANN_EXPORT_NPU_SIM_ANY_TORCH=1" in out

@@ -1,4 +1,5 @@
 """The seeds' spelling: cann.torch.export with recorded inputs, metadata and ATC hints."""
+import itertools
 import json
 
 import pytest
@@ -36,6 +37,38 @@ def test_enable_records_outermost_call_only(tmp_path):
     assert recorded_inputs(model.net[0]) is None  # nested modules were not recorded
 
 
+def test_format_is_an_alias_of_export_format(tmp_path):
+    model = make_mlp()
+    result = cann.torch.export(model=model, output_path=tmp_path / "m.onnx", format="onnx",
+                               example_inputs=torch.randn(2, 12))
+    assert result.format == "onnx" and (tmp_path / "m.onnx").is_file()
+    with pytest.raises(errors.OptionsError, match="pass one of them"):
+        cann.torch.export(model=model, output_path=tmp_path / "n", format="onnx", export_format="om",
+                          example_inputs=torch.randn(2, 12))
+
+
 def test_without_recorded_inputs_the_error_says_what_to_pass(tmp_path):
     with pytest.raises(errors.PrepareError, match="example_inputs"):
         cann.torch.export(model=make_mlp(), output_path=tmp_path / "b")
+
+
+def test_cli_trace_writes_the_stage_timeline(tmp_path):
+    from click.testing import CliRunner
+
+    from cann_export.cli import cli
+    from cann_export.pipeline import STAGES
+
+    model = make_mlp().eval()
+    path = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 12),)), str(path))
+    trace = tmp_path / "trace.json"
+    result = CliRunner().invoke(cli, ["export", str(path), "-f", "onnx", "-o", str(tmp_path / "m.onnx"),
+                                      "--trace", str(trace)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    stages = [e for e in events if e["ph"] == "X"]
+    assert [e["name"] for e in stages] == list(STAGES)
+    assert all(e["dur"] >= 0 and e["ts"] > 0 for e in stages)
+    assert {e["args"]["status"] for e in stages if e["name"] == "capture"} != {"skipped"}
+    for before, after in itertools.pairwise(stages):  # one after another, as they ran
+        assert after["ts"] + 1e3 >= before["ts"] + before["dur"]

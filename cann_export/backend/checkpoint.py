@@ -13,10 +13,33 @@ def _device_of(model: Any) -> Any:
     return torch.device("cpu")
 
 
-def resume(path: str | Path, model: Any, optimizer: Any = None) -> dict[str, Any]:
+def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[str, Any]:
     """Load ``{"model": ..., "optimizer": ..., "epoch": ..., "step": ...}`` (or a bare state_dict) from
-    ``path`` into ``model``/``optimizer`` on the model's current device; return the training state."""
+    ``path`` into ``model``/``optimizer`` on the model's current device; return the training state.
+
+    Without ``model``: the tracked model (``cann.torch.track``, moved with ``.to("cann")``/``.npu()`` or
+    called after ``cann.torch.enable()``), and its optimizer when exactly one live optimizer updates it."""
     import torch
+
+    if model is None:
+        from ..errors import OptionsError
+        from ..tracking import optimizers_of, tracked_model
+
+        model = tracked_model()
+        if model is None:
+            raise OptionsError(f"resume({str(path)!r}): no tracked model; pass resume(path, model, optimizer), "
+                               "or call cann.torch.enable() before model.to('cann') (or cann.torch.track(model))")
+        if optimizer is None:
+            found = optimizers_of(model)
+            if len(found) > 1:
+                raise OptionsError(f"resume({str(path)!r}): {len(found)} optimizers update the tracked model; "
+                                   "pass the one to restore: resume(path, model, optimizer)")
+            optimizer = found[0] if found else None
+            optimizer_was_found = True
+        else:
+            optimizer_was_found = False
+    else:
+        optimizer_was_found = False
 
     ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict):
@@ -25,6 +48,8 @@ def resume(path: str | Path, model: Any, optimizer: Any = None) -> dict[str, Any
     if not isinstance(state, dict):
         raise ValueError(f"{path}: no model state_dict in the checkpoint")
     model.load_state_dict(state)  # copies into the parameters, wherever they live
+    if optimizer is not None and optimizer_was_found and "optimizer" not in ckpt:
+        optimizer = None  # found by resume(path), and the checkpoint holds no optimizer state: nothing to load
     if optimizer is not None:
         if "optimizer" not in ckpt:
             raise ValueError(f"{path}: an optimizer was given but the checkpoint holds no optimizer state")

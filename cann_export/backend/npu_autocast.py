@@ -57,3 +57,9 @@ def install() -> None:
                     continue  # out= / in-place variants keep their destination's dtype
                 casts.impl(op, _kernel(op, lower), KEY)
     _libraries.extend([fallthrough, casts])
+
+
+def uninstall() -> None:
+    for lib in _libraries:
+        lib._destroy()
+    _libraries.clear()

@@ -26,3 +26,30 @@ def to_device(value: Any, device: str) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(to_device(v, device) for v in value)
     return value
+
+
+def cpu_copy(value: Any) -> Any:
+    """A CPU copy of a module (parameters and buffers copied straight to the CPU, tied ones kept tied,
+    gradients left behind), or of a tensor / dict / list of tensors that are not on the CPU already. The
+    original stays where it is, untouched: export captures on the CPU, wherever the model trained."""
+    import copy
+
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        memo: dict[int, Any] = {}
+        for t in [*value.parameters(), *value.buffers()]:
+            if t.device.type != "cpu" and id(t) not in memo:
+                host = t.detach().to("cpu", copy=True)
+                memo[id(t)] = torch.nn.Parameter(host, t.requires_grad) if isinstance(t, torch.nn.Parameter) \
+                    else host
+        clone = copy.deepcopy(value, memo)
+        clone._cann_export_private = True  # not a model cann.torch.resume(path) should pick
+        return clone.to("cpu")  # tensors the module holds outside its parameters and buffers stay put
+    if isinstance(value, torch.Tensor):
+        return value if value.device.type == "cpu" else value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_copy(v) for v in value)
+    return value

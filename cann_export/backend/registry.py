@@ -76,8 +76,10 @@ def _npu_sim() -> tuple[bool, str]:
     ok, _ = real_torch_npu_importable()
     if ok:
         return False, "the real torch_npu imports here; npu-sim steps aside (use 'npu')"
+    from .npu_sim import owns_privateuse1
+
     name = torch._C._get_privateuse1_backend_name()
-    if name != "privateuseone":
+    if name != "privateuseone" and not owns_privateuse1():
         return False, f"the PrivateUse1 device is already named {name!r} in this process"
     return True, "emulated npu on the CPU (PrivateUse1)"
 
