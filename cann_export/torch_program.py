@@ -62,3 +62,49 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         target.unlink(missing_ok=True)
         return _skip(ctx, f"torch.export failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
     return [target]
+
+
+def accept_keywords(module: Any) -> Any:
+    """The program was captured with its inputs by position (``module(x)``); the model's users also call it
+    by name (``model(input_ids=..., attention_mask=...)``, as transformers models are). A pre-hook, run
+    before torch.export's own input check, puts keyword inputs named after the program's positional
+    placeholders into their positions."""
+    names = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+
+    def to_positional(_module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        if not kwargs or not set(kwargs) <= set(names[len(args):]):
+            return None
+        rest = names[len(args):]
+        if any(n not in kwargs for n in rest[:max(rest.index(k) for k in kwargs) + 1]):
+            return None  # a gap before a named input: leave the call as it is, torch names the mismatch
+        return (*args, *(kwargs[n] for n in rest if n in kwargs)), {}
+
+    module.register_forward_pre_hook(to_positional, with_kwargs=True, prepend=True)
+    return module
+
+
+def follow_device(module: Any) -> Any:
+    """torch.export bakes the capture device (the CPU) into the program (``arange(device=cpu)``, tensor
+    metadata asserts): after ``module.to(device)`` those nodes name the module's new device too, so
+    ``load_model(...).to("cann")`` runs there."""
+    import torch
+
+    move = module.to  # the bound nn.Module.to (with any device-name aliasing installed on the class)
+
+    def to(*args: Any, **kwargs: Any) -> Any:
+        out = move(*args, **kwargs)
+        devices = {t.device for t in (*module.parameters(), *module.buffers())}
+        if len(devices) == 1:
+            (device,) = devices
+            changed = False
+            for node in module.graph.nodes:
+                old = node.kwargs.get("device")
+                if isinstance(old, torch.device) and old != device:
+                    node.update_kwarg("device", device)
+                    changed = True
+            if changed:
+                module.recompile()
+        return out
+
+    module.to = to
+    return module
