@@ -32,6 +32,25 @@ def _positional(model: Any, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
     return tuple(kwargs[n] for n in lead), {}
 
 
+def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool) -> Any:
+    """torch.export with the batch dimension free (Dim.AUTO: torch keeps it static where the model needs
+    it), so the loaded program takes any batch size; static shapes when that capture fails."""
+    import inspect
+
+    import torch
+
+    if by_name:
+        names = [p for p in inspect.signature(model.forward).parameters][:len(args)]
+        feed = {**dict(zip(names, args)), **kwargs}
+        dynamic = {n: ({0: torch.export.Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None)
+                   for n, v in feed.items()}
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic)
+        except Exception:  # noqa: BLE001 - any capture failure: the static program below still serves
+            pass
+    return torch.export.export(model, args, kwargs=kwargs)
+
+
 def write_program(ctx: Any, staging: Path) -> list[Path]:
     import torch
 
@@ -55,7 +74,7 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
 
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad():
             warnings.simplefilter("ignore")
-            program = torch.export.export(model, args, kwargs=kwargs)
+            program = _export(model, args, kwargs, loaded.kind == "module")
         target.parent.mkdir(parents=True, exist_ok=True)
         torch.export.save(program, str(target))
     except Exception as e:  # noqa: BLE001 - torch.export's many failure types: the bundle is still complete
