@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Time of device-precision parity relative to one plain onnxruntime run of the same graph.
 
-For each model: export to ONNX once, then time (median of --repeat):
-  plain     an onnxruntime session + one run on the example inputs (the baseline, ratio 1.0)
-  device    fp16 emulation (force_fp16) + run + compare on the same inputs, no localisation needed
-  localise  the same on a graph that overflows in fp16, including localisation of the first divergence
+For each model: export to ONNX once, then time, alternating the two so both see the same machine noise
+(median of --repeat):
+  plain   an onnxruntime session (default options) + one run on the example inputs (ratio 1.0)
+  device  device-precision parity under force_fp16 on the same inputs: analysis, the emulated graph, its
+          session, the run, the verdict, and on failure the localisation of the first divergence
 
-Usage: python benchmarks/bench_precision.py [--repeat 5]
+Usage: python benchmarks/bench_precision.py [--repeat 3]
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def models():
-    from test_device_precision import Overflowing, big_input
+    from helpers.calibration_models import reduction_overflow
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -34,55 +35,58 @@ def models():
     g = torch.Generator().manual_seed(0)
     bert_in = {"input_ids": torch.randint(0, 30522, (1, 128), generator=g),
                "attention_mask": torch.ones(1, 128, dtype=torch.int64)}
-    return {"bert-4L-256 (passes)": (bert, bert_in), "sum-of-squares 1300 (overflows)": (Overflowing().eval(),
-                                                                                      {"x": big_input()})}
+    overflow, overflow_in, _ = reduction_overflow()
+    return {"bert-4L-256 (passes)": (bert, bert_in), "sum-of-squares 1300 (overflows)": (overflow, overflow_in)}
 
 
-def median_time(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
-def main() -> None:
+def measure(path: str, feeds: dict, repeat: int) -> dict:
     import onnx
     import onnxruntime as ort
 
-    import cann_export
     from cann_export.options import Tolerance
     from cann_export.validators.device_parity import device_report
 
+    graph = onnx.load(path)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    names = [o.name for o in graph.graph.output]
+
+    def plain():
+        s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        return s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
+
+    expected = [plain()]  # the fp32 graph's outputs stand in for the PyTorch reference
+
+    def device():
+        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {})
+
+    report = device()  # warm-up, and the verdict shown
+    pairs = [(timed(plain), timed(device)) for _ in range(repeat)]
+    t_plain = statistics.median(p for p, _ in pairs)
+    t_device = statistics.median(d for _, d in pairs)
+    first = report.get("first_divergence") or {}
+    return {"plain_s": t_plain, "device_s": t_device, "ratio": t_device / t_plain, "passed": report["passed"],
+            "localised": bool(first), "first_divergence": first.get("message")}
+
+
+def main() -> None:
+    import cann_export
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rows = []
-    for name, (model, feeds) in models().items():
+    for name, (model, inputs) in models().items():
         with tempfile.TemporaryDirectory() as tmp:
-            result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=feeds)
-            graph = onnx.load(result.onnx["path"])
-            np_feeds = [{k: v.numpy() for k, v in feeds.items()}]
-            with torch.no_grad():
-                out = model(**feeds)
-            ref = [[(out[0] if isinstance(out, tuple) else out.last_hidden_state if hasattr(out, "last_hidden_state")
-                     else out).numpy()]]
-            path = result.onnx["path"]
-
-            def plain():
-                s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-                s.run(None, {i.name: np_feeds[0][i.name] for i in s.get_inputs()})
-
-            def device():
-                return device_report(graph, "force_fp16", [], np_feeds, ref, ["out"], Tolerance().device_policy(), {})
-
-            report = device()
-            t_plain = median_time(plain, args.repeat)
-            t_device = median_time(device, args.repeat)
-            rows.append({"model": name, "plain_s": t_plain, "device_s": t_device, "ratio": t_device / t_plain,
-                         "localised": "first_divergence" in report,
-                         "first_divergence": (report.get("first_divergence") or {}).get("message")})
+            result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
+            feeds = {k: v.numpy() for k, v in inputs.items()}
+            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat)})
     print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6}  localisation")
     for r in rows:
         print(f"{r['model']:34} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f}  "

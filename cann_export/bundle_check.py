@@ -80,6 +80,15 @@ def check_bundle(directory: Path, *, om_header: dict[str, Any] | None = None, ra
         diffs.extend(graph_differences(checked.model, manifest))
         if manifest["format"] in ("atc_ready", "om") or isinstance(manifest.get("atc"), dict):
             _check_atc(checked)
+    om = manifest.get("atc", {}).get("om") if isinstance(manifest.get("atc"), dict) else None
+    inner = directory / "model.om"
+    if isinstance(om, dict) and om.get("kind") == "stub" and om.get("file") == "model.om" and inner.is_file():
+        from . import om_stub
+
+        try:  # the stub an om bundle carries is checked like one given directly
+            om_header = om_header or om_stub.read_header(inner)
+        except ValidateError as e:
+            diffs.append(f"model.om: {e.message}")
     if om_header is not None and checked.options is not None:
         soc = checked.options.soc_version[:19]
         if om_header.get("platform_version") != soc:
@@ -226,9 +235,9 @@ def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[d
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
                             "export again with validation to get re-runnable parity", path=directory)
-    from .api import _parity_data
+    from .parity_data import read_bundle_parity
 
-    feeds, expected, _ = _parity_data(directory, manifest)
+    feeds, expected, _ = read_bundle_parity(directory, manifest)
     model_path = directory / manifest["model"]["file"]
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
                            quantized="quantization" in manifest)

@@ -8,31 +8,10 @@ from typing import Any
 
 import click
 
+from .cli_options import export_options, to_api_kwargs
 from .errors import EXIT_PARITY_FAILED, EXIT_STAGE_FAILED, ExportError, gist
 from .jsonio import dumps as to_json
 
-FORMATS_HELP = "atc_ready (directory bundle for ATC), om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one .onnx file)"
-
-
-class Registered(click.Choice):
-    """A choice among the names a registry holds now (formats, exporters, backends), plus fixed ``extra``
-    values: plugins' names are accepted and listed in --help exactly like the built-ins'."""
-
-    def __init__(self, registry_name: str, extra: tuple[str, ...] = ()) -> None:
-        self.registry_name, self.extra = registry_name, extra
-        super().__init__([])
-
-    @property
-    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
-        from .plugin_manager import registry
-
-        found = getattr(registry(), self.registry_name)()
-        names = list(found) if isinstance(found, dict) else [obj.name for obj in found]
-        return (*self.extra, *sorted(names))
-
-    @choices.setter
-    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns it
-        pass
 
 
 class DefaultCommandGroup(click.Group):
@@ -95,74 +74,21 @@ def cli() -> None:
 @cli.command("export")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
-@click.option("-f", "--format", "export_format", default="atc_ready", show_default=True, type=Registered("formats"), help=FORMATS_HELP)
-@click.option("--model-class", help="pkg.module:Callable that builds the module for a state_dict / safetensors file.")
-@click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
-@click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file: only for files you trust).")
-@click.option("--input-shape", "input_shapes", multiple=True, help="NAME:D1,D2,...[:DTYPE]; repeatable.")
-@click.option("--example-inputs", type=click.Path(path_type=str), help="safetensors file of inputs named after the forward parameters.")
-@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (atc_ready and om: 11..18).")
-@click.option("--strict-opset", is_flag=True, help="Require exactly --opset (by default another opset the format accepts is kept and recorded).")
-@click.option("--cann-version", default="8.0", show_default=True, help="Target CANN release for the ATC lint.")
-@click.option("--lint", "lint_mode", default="error", show_default=True, type=click.Choice(["error", "warn", "off"]), help="ATC lint errors fail the export (error) or are only reported (warn).")
-@click.option("--fix-precision", is_flag=True, help="Add the nodes where device precision diverges to keep_dtype until parity passes.")
-@click.option("--soc-version", default="Ascend310P3", show_default=True)
-@click.option("--precision-mode", default="force_fp16", show_default=True, help="ATC --precision_mode value.")
-@click.option("--metadata", "metadata", multiple=True, help="KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.")
-@click.option("--atc-hint", "atc_hints", multiple=True, help="KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.")
-@click.option("--exporter", default="auto", show_default=True, type=Registered("exporters", ("auto",)), help="ONNX exporter (auto: each in priority order until one gives a valid graph).")
-@click.option("--external-data", default="auto", show_default=True, type=click.Choice(["auto", "always", "never"]), help="Weights in a .data file beside the graph (auto: past 2 GB).")
-@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
-@click.option("--no-validate", is_flag=True, help="Skip the numeric parity run.")
-@click.option("--parity-data", type=click.Path(path_type=str), help="safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys N/NAME); metrics over all samples.")
-@click.option("--accept-trace-specialization", is_flag=True, help="Accept a traced graph (TorchScript fallback) that tracing specialised to the example's path.")
-@click.option("--atol", type=float, default=None, help="Parity absolute tolerance (default 1e-4).")
-@click.option("--rtol", type=float, default=None, help="Parity relative tolerance (default 1e-3).")
-@click.option("--min-cosine", type=float, default=None, help="Parity minimum cosine similarity (default 0.999).")
-@click.option("--qat", "quantize", flag_value="qat", default=None, help="Quantization-aware training to int8 (needs --calibration-data).")
-@click.option("--ptq", "quantize", flag_value="ptq", help="Post-training int8 quantization: calibration only.")
-@click.option("--calibration-data", type=click.Path(path_type=str), help="safetensors file of input batches for calibration / QAT.")
-@click.option("--qat-steps", type=int, default=200, show_default=True, help="QAT fine-tuning steps.")
-@click.option("--qat-lr", type=float, default=1e-4, show_default=True, help="QAT learning rate.")
-@click.option("--backend", default="auto", show_default=True, type=Registered("backends", ("auto",)), help="Device the model runs on for QAT and the reference (auto: the real NPU, else the CPU).")
-@click.option("--publish", default=None, help="Publish the artifact to the model zoo under this name.")
-@click.option("--zoo", default=None, help="Model zoo location (directory or s3://bucket/prefix; default $CANN_MODEL_ZOO or the user cache).")
-@click.option("--require-atc", is_flag=True, help="--format om: fail (exit 3) when `atc` is not on PATH instead of writing an om-stub.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@export_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("--trace", type=click.Path(path_type=str), default=None, help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
-def export_cmd(model: str, output: str | None, export_format: str, model_class: str | None, model_kwargs: str | None,
-               trust_pickle: bool, input_shapes: tuple[str, ...], example_inputs: str | None, opset: int, strict_opset: bool,
-               cann_version: str, lint_mode: str, fix_precision: bool,
-               soc_version: str, precision_mode: str, metadata: tuple[str, ...], atc_hints: tuple[str, ...],
-               exporter: str, external_data: str, no_simplify: bool, no_validate: bool, parity_data: str | None,
-               accept_trace_specialization: bool, atol: float | None,
-               rtol: float | None, min_cosine: float | None, quantize: str | None, calibration_data: str | None,
-               qat_steps: int, qat_lr: float, backend: str, publish: str | None, zoo: str | None,
-               require_atc: bool, overwrite: bool, as_json: bool, trace: str | None = None) -> None:
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     def body() -> int:
         from . import api
-        from .options import parse_key_values, parse_model_kwargs
 
-        kwargs = parse_model_kwargs(model_kwargs)
+        kwargs = to_api_kwargs(values)
+        export_format = kwargs.pop("export_format")
         out = output or _default_output(model, export_format)
-
         with _TrainProgress() as train_progress:  # closed however the export ends
-            result = api.export(
-                model, out, export_format,
-                model_class=model_class, model_kwargs=kwargs, trust_pickle=trust_pickle,
-                input_shapes=list(input_shapes), example_inputs_file=example_inputs, opset=opset, strict_opset=strict_opset,
-                cann_version=cann_version, lint=lint_mode, fix_precision=fix_precision,
-                soc_version=soc_version, precision_mode=precision_mode,
-                metadata=parse_key_values(metadata, "--metadata"), atc_hints=parse_key_values(atc_hints, "--atc-hint"),
-                exporter=exporter, external_data=external_data, simplify=not no_simplify, validate=not no_validate,
-                parity_data=parity_data, accept_trace_specialization=accept_trace_specialization,
-                atol=atol, rtol=rtol, min_cosine=min_cosine, quantize=quantize, calibration_data=calibration_data,
-                qat_steps=qat_steps, qat_lr=qat_lr, backend=backend, publish=publish, zoo=zoo,
-                overwrite=overwrite, require_atc=require_atc, progress=_progress, trace=trace, train_callback=train_progress if quantize == "qat" else None,
-            )
+            result = api.export(model, out, export_format, progress=_progress, trace=trace,
+                                train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
         if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
             click.echo(result.manifest["halted"], err=True)
             return 0
@@ -239,6 +165,9 @@ def _print_result(result: Any) -> None:
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
+    fix = (parity.get("precision") or {}).get("fix")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
     if not parity["passed"]:
         if parity.get("reason"):
             click.echo(f"parity failed: {parity['reason']}", err=True)

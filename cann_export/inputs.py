@@ -181,7 +181,11 @@ def check_input_names(names: list[str], accepted: list[str], source: str) -> Non
         )
 
 
-def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[str, int] | None = None) -> list[dict[str, Any]]:
+FLOAT_DISTRIBUTIONS = ("normal", "uniform", "laplace", "wide_normal")
+
+
+def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[str, int] | None = None,
+                    distributions: tuple[str, ...] = FLOAT_DISTRIBUTIONS) -> list[dict[str, Any]]:
     """``count`` seeded inputs shaped like ``inputs`` that try to find bugs: floats drawn from
     several distributions around the example's mean and spread (normal, uniform over the example's
     range, heavy-tailed Laplace, wider normal); ``*mask*`` inputs with padding (zeros at the end, then
@@ -197,7 +201,7 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
             if t.numel() == 0:
                 one[name] = t.clone()
             elif t.dtype.is_floating_point:
-                one[name] = _float_variant(t, k, gen)
+                one[name] = _float_variant(t, distributions[k % len(distributions)], gen)
             elif _is_mask(name) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
                 one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")
             elif t.dtype == torch.bool:
@@ -214,21 +218,20 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
     return variants
 
 
-def _float_variant(t: Any, k: int, gen: Any) -> Any:
+def _float_variant(t: Any, kind: str, gen: Any) -> Any:
     import torch
 
     x = t.detach().float()
     mean = float(x.mean())
     std = float(x.std()) if x.numel() > 1 else 0.0
     std = std if std > 0 else 1.0
-    kind = k % 4
-    if kind == 0:
+    if kind == "normal":
         y = mean + std * torch.randn(t.shape, generator=gen)
-    elif kind == 1:
+    elif kind == "uniform":
         lo, hi = float(x.min()), float(x.max())
         lo, hi = (lo, hi) if hi > lo else (mean - std, mean + std)
         y = lo + (hi - lo) * torch.rand(t.shape, generator=gen)
-    elif kind == 2:  # Laplace with the same spread: heavy tails, a few large values
+    elif kind == "laplace":  # Laplace with the same spread: heavy tails, a few large values
         u = torch.rand(t.shape, generator=gen).clamp(1e-6, 1 - 1e-6) - 0.5
         y = mean - (std / 2 ** 0.5) * torch.sign(u) * torch.log1p(-2 * u.abs())
     else:

@@ -16,6 +16,7 @@ from typing import Any
 
 _ALIGN = 4096  # page-aligned tensors let onnxruntime map them instead of copying
 _EMBED_LIMIT = 1024  # tensors below this stay inside the proto
+_PROTO_LIMIT = 2_000_000_000
 
 
 @dataclass
@@ -69,6 +70,11 @@ def state(ctx: Any) -> LargeGraph | None:
     from . import atomic
 
     size = module_bytes(ctx.model)
+    if ctx.options.external_data == "never" and size > _PROTO_LIMIT:
+        from .errors import CaptureError
+
+        raise CaptureError(f"the model has {size} bytes of weights, past protobuf's 2 GB limit for one .onnx "
+                           "file; use --external-data auto (or always)", path=ctx.loaded.source_path)
     large = None
     if ctx.options.external_data != "never" and size > ctx.options.external_data_threshold:
         large = LargeGraph(atomic.staging_dir(ctx.output_path), size)
@@ -182,7 +188,8 @@ def _copy(src: Any, dst: Any, length: int) -> None:
 
 
 def check(model: Any, ctx: Any) -> None:
-    """The capture check, from a file: the full ONNX checker and an onnxruntime load."""
+    """The capture check, from a file: the full ONNX checker, and an onnxruntime load unless parity will
+    load the written graph (one load of the weights, not two)."""
     import onnx
 
     large = state(ctx)
@@ -190,7 +197,8 @@ def check(model: Any, ctx: Any) -> None:
     onnx.save_model(model, str(path))
     try:
         onnx.checker.check_model(str(path), full_check=True)
-        session(path)
+        if not ctx.options.validate:  # else parity loads the written file in onnxruntime
+            session(path)
     finally:
         path.unlink(missing_ok=True)
 
@@ -233,3 +241,97 @@ def device_parity_note(report: dict[str, Any], ctx: Any) -> dict[str, Any]:
     report["precision"] = {"emulated": False, "reason": f"skipped: {large.weights_bytes} bytes of weights past "
                            "external_data_threshold; the emulation would hold the model in memory twice"}
     return report
+
+
+_SHARED: dict[str, Any] = {}  # written graph path -> the export's torch module, while its parity runs
+
+
+class sharing:
+    """While parity runs on ``ctx.onnx_path``, let ``parity_session`` hand onnxruntime the caller's tensors
+    for initializers whose bytes in the written data file are the same, byte for byte."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.key = str(ctx.onnx_path) if getattr(ctx, "large_graph", None) is not None else None
+        self.model = ctx.model
+
+    def __enter__(self) -> None:
+        if self.key:
+            _SHARED[self.key] = self.model
+
+    def __exit__(self, *exc: object) -> None:
+        if self.key:
+            _SHARED.pop(self.key, None)
+
+
+def parity_session(path: Path) -> Any:
+    """A session on the written graph at ``path``, or None when it is not a large export's graph.
+
+    Each initializer stored in the data file whose dtype, shape and bytes equal the module's tensor of that
+    name (compared by streaming the file) becomes a graph input fed with that tensor's memory, so
+    onnxruntime does not hold the weights a second time; what runs is still, byte for byte, what was written.
+    """
+    module = _SHARED.get(str(path))
+    if module is None:
+        return None
+    import onnx
+    from onnx import helper
+    from onnx.external_data_helper import uses_external_data
+
+    tensors = dict(module.state_dict(keep_vars=True))
+    graph = onnx.load(str(path), load_external_data=False)
+    shared: dict[str, Any] = {}
+    for init in graph.graph.initializer:
+        t = tensors.get(init.name)
+        t = tensors.get(init.name.removeprefix("model.")) if t is None else t
+        if t is None or not uses_external_data(init) or t.device.type != "cpu" or not t.is_contiguous():
+            continue
+        arr = t.detach().numpy()
+        if list(arr.shape) != list(init.dims) or helper.tensor_dtype_to_np_dtype(init.data_type) != arr.dtype:
+            continue
+        info = {e.key: e.value for e in init.external_data}
+        if _same_bytes(path.parent / info["location"], int(info.get("offset", 0)), arr):
+            shared[init.name] = arr
+    if not shared:
+        return session(path)
+    kept = [t for t in graph.graph.initializer if t.name not in shared]
+    fed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+           for t in graph.graph.initializer if t.name in shared]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(kept)
+    graph.graph.input.extend(fed)
+    view = path.with_name(f".{path.name}.parity-view.onnx")  # beside the data file; gone before return
+    onnx.save_model(graph, str(view))
+    try:
+        return _FedSession(session(view), shared)
+    finally:
+        view.unlink(missing_ok=True)
+
+
+class _FedSession:
+    """An onnxruntime session whose weight inputs are always fed from the module's tensors."""
+
+    def __init__(self, inner: Any, weights: dict[str, Any]) -> None:
+        self.inner, self.weights = inner, weights
+
+    def get_inputs(self) -> list[Any]:
+        return [i for i in self.inner.get_inputs() if i.name not in self.weights]
+
+    def get_outputs(self) -> list[Any]:
+        return self.inner.get_outputs()
+
+    def run(self, names: Any, feed: dict[str, Any]) -> Any:
+        return self.inner.run(names, {**feed, **self.weights})
+
+
+def _same_bytes(data: Path, offset: int, arr: Any) -> bool:
+    view = memoryview(arr.reshape(-1).view("uint8"))
+    buf = bytearray(8 << 20)
+    with open(data, "rb") as f:
+        f.seek(offset)
+        pos = 0
+        while pos < len(view):
+            n = f.readinto(memoryview(buf)[: min(len(buf), len(view) - pos)])
+            if not n or buf[:n] != view[pos:pos + n]:
+                return False
+            pos += n
+    return True

@@ -90,3 +90,32 @@ def _split(tensors: dict[str, Any], example: dict[str, Any], path: Path) -> list
                         + ", ".join(f"{n}: {c}" for n, c in counts.items()) + ")", path=path)
     n = next(iter(counts.values()))
     return [{name: chunks[name][i] for name in chunks} for i in range(n)]
+
+
+def read_bundle_parity(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, dict]:
+    """The inputs, reference outputs and recorded tolerance a bundle stored for re-running its parity."""
+    from safetensors import safe_open
+
+    from .errors import ValidateError
+    from .options import Tolerance
+    from safetensors.numpy import load_file
+
+    inputs_file, expected_file = bundle / "parity" / "inputs.safetensors", bundle / "parity" / "expected.safetensors"
+    if not inputs_file.is_file() or not expected_file.is_file():
+        raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
+                                   "export again with validation to get re-runnable parity", path=bundle)
+    try:
+        with safe_open(str(inputs_file), "np") as f:
+            meta = f.metadata() or {}
+        names_in, names_out, sets = meta["inputs"].split(","), meta["outputs"].split(","), int(meta["sets"])
+        ins, outs = load_file(str(inputs_file)), load_file(str(expected_file))
+        feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
+        expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
+    except Exception as e:
+        raise ValidateError(f"the parity data is unreadable ({type(e).__name__}: {e}); the bundle is damaged, "
+                                   "export it again", path=bundle) from e
+    tol = dict((manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict())
+    device_tol = ((manifest.get("parity") or {}).get("device") or {}).get("tolerance") or {}
+    tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
+    tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
+    return feeds, expected, tol

@@ -34,7 +34,7 @@ def prepare_quantization(ctx: ExportContext, source: str, accepted: list[str]) -
     """Float references, then fake quantization inserted and calibrated on --calibration-data."""
     from . import qat
     from .atomic import sha256_file
-    from .stages import reference_outputs
+    from .reference import reference_outputs
     from .qat.train import split_batches
 
     opts = ctx.options
@@ -70,7 +70,7 @@ def train(ctx: ExportContext) -> str | None:
     """QAT: distillation fine-tuning of the fake-quant model against the float one; then the references."""
     from . import qat
     from .qat.train import ensure_distributed
-    from .stages import reference_outputs
+    from .reference import reference_outputs
 
     from .backend.placement import pipeline_device, to_device
 

@@ -8,6 +8,7 @@ from . import errors, large_model, module_paths
 from . import inputs as inputs_mod
 from . import plugin_manager as plugins
 from .pipeline import ExportContext, LoadedModel
+from .reference import reference_outputs
 
 
 def load(ctx: ExportContext) -> str | None:
@@ -36,21 +37,14 @@ def load(ctx: ExportContext) -> str | None:
 
 def _private_copy(module: Any, share_weights: bool = False) -> Any:
     """Eval mode and the strip passes must never change the caller's module: work on a copy, on the CPU
-    wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) a CPU module's
-    copy has new tensors over the caller's storage: no pass writes weights in place, and a large model is
-    not held twice."""
-    import copy
-
+    wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) the copy's CPU
+    parameters and buffers are new tensors over the caller's storage: no pass writes weights in place, and a
+    large model is not held twice."""
     from .backend.placement import cpu_copy
 
     try:
-        tensors = [*module.parameters(), *module.buffers()]
-        if any(t.device.type != "cpu" for t in tensors):
-            return cpu_copy(module)
-        clone = copy.deepcopy(module, large_model.shared_weights_memo(module) if share_weights else None)
-        clone._cann_export_private = True  # not a model cann.torch.resume(path) should pick
-        return clone
-    except Exception as e:  # noqa: BLE001
+        return cpu_copy(module, large_model.shared_weights_memo(module) if share_weights else None)
+    except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
                                "the file instead") from e
@@ -119,7 +113,12 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
     vocab = {n: inputs_mod.embedding_vocab(ctx.model, n) for n in feed if "ids" in n.lower()}
-    variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab) if opts.validate else []
+    # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
+    # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
+    quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
+    kinds = ("normal",) if quantized else inputs_mod.FLOAT_DISTRIBUTIONS
+    variants = (inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
+                if opts.validate else [])
     samples = []
     if opts.validate and opts.parity_data:
         from .parity_data import read_parity_data
@@ -137,42 +136,6 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
         _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
     return f"{len(ctx.input_sets)} input sets from {source}"
-
-
-def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
-                      input_sets: list[dict[str, Any]] | None = None) -> tuple[list, list]:
-    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set)."""
-    import torch
-
-    from .backend.placement import pipeline_device, to_device
-
-    device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"
-    ctx.reports.setdefault("reference", {})["device"] = device
-    model = to_device(model, device)
-    names, outputs = [], []
-    with torch.no_grad():
-        for one in ctx.input_sets if input_sets is None else input_sets:
-            try:
-                out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
-            except Exception as e:  # any failure here is the user's file or class
-                raise errors.PrepareError(
-                    f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
-                    f"{_gist(e)}. Check the input names, shapes and dtypes "
-                    f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
-                    path=ctx.loaded.source_path) from e
-            names, tensors = inputs_mod.flatten_outputs(out)
-            if not tensors:
-                raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
-            outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
-                            else t.detach().cpu().numpy() for t in tensors])
-    to_device(model, "cpu")  # capture and the exporters run on the CPU
-    return names, outputs
-
-
-def _call(model: Any, kind: str, feed: dict[str, Any], names: list[str]) -> Any:
-    if kind == "module":
-        return model(**feed)
-    return model(*[feed[n] for n in names])
 
 
 def _as_named(value: Any, accepted: list[str]) -> dict[str, Any]:

@@ -466,3 +466,16 @@ def test_a_version_1_stub_is_refused_with_the_fix(stub):
     raw[120:152] = b"CANN-EXPORT-STUB/1".ljust(32, b"\0")
     stub.write_bytes(bytes(raw))
     refused(["inspect", stub], "om-stub version 1", "export it again")
+
+
+def test_the_stub_inside_an_om_bundle_is_checked(exported, tmp_path):
+    bundle = tmp_path / "om"
+    shutil.copytree(exported / "stub", bundle)
+    raw = bytearray((bundle / "model.om").read_bytes())
+    raw[156:176] = b"Ascend910B".ljust(20, b"\0")
+    (bundle / "model.om").write_bytes(bytes(raw))
+    data = manifest(bundle)
+    data["files"] = digests.file_table(bundle)
+    data["atc"]["om"]["sha256"] = digests.sha256_file(bundle / "model.om")
+    write_manifest(bundle, data, rehash=False)
+    refused(["validate", bundle], "model.om: om-stub header or payload does not match the sha256")

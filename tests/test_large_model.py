@@ -50,3 +50,38 @@ def test_small_models_keep_the_in_memory_path(tmp_path):
     result = cann_export.export(linear_stack(), tmp_path / "m.onnx", "onnx", example_inputs=torch.randn(2, 64))
     assert result.ok and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
     assert result.manifest["optimize"]["onnxsim"] != "disabled" and "skipped" not in result.manifest["optimize"]["onnxsim"]
+
+
+def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):
+    """The zero-copy parity session uses the module's tensors only where the data file holds the same bytes: a
+    flipped byte in the file makes that weight come from the file, so the tampering shows in the outputs."""
+    import types
+
+    from cann_export import large_model
+
+    model = linear_stack()
+    out = tmp_path / "m.onnx"
+    assert cann_export.export(model, out, "onnx", example_inputs=torch.randn(2, 64),
+                              external_data_threshold=10_000).ok
+    ctx = types.SimpleNamespace(onnx_path=out, large_graph=object(), model=model)
+    x = torch.randn(2, 64)
+    with large_model.sharing(ctx):
+        session = large_model.parity_session(out)
+    # the four weight matrices live in the data file (the biases are small enough to stay in the proto)
+    assert sorted(session.weights) == [f"{k}.weight" for k in range(4)]
+    assert [i.name for i in session.get_inputs()] == ["input"]
+    assert sorted(tmp_path.iterdir()) == sorted([out, out.with_name("m.onnx.data")])  # the view file is gone
+    np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], model(x).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+    slim = onnx.load(str(out), load_external_data=False)
+    first = next(t for t in slim.graph.initializer if t.name == "0.weight")
+    offset = int(next(e.value for e in first.external_data if e.key == "offset"))
+    data = out.with_name("m.onnx.data")
+    raw = bytearray(data.read_bytes())
+    raw[offset + 3] ^= 0x40
+    data.write_bytes(bytes(raw))
+    with large_model.sharing(ctx):
+        tampered = large_model.parity_session(out)
+    assert "0.weight" not in tampered.weights and len(tampered.weights) == 3
+    assert not np.allclose(tampered.run(None, {"input": x.numpy()})[0], model(x).detach().numpy(), atol=1e-7)
+    assert large_model.parity_session(out) is None  # outside an export: the plain path

@@ -11,7 +11,10 @@ def to_eval(model: Any, kind: str) -> Any:
     """``model.eval()``; a torch.export graph cannot switch mode, so its dropout and training-mode
     batch norm calls are rewritten to their inference forms."""
     if kind != "exported_program":
-        model.eval()
+        try:
+            model.eval()
+        except NotImplementedError:  # an exported graph (torch.export's .module(), a PT2E model): mode is in the graph
+            return to_eval(model, "exported_program")
         from ..qat.torch_ao import freeze_observers
 
         freeze_observers(model)  # a torch.ao QAT model: inference means its ranges stop moving

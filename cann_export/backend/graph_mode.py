@@ -17,9 +17,12 @@ _inside = threading.local()
 
 
 def graph_backend() -> Any:
-    from .npu_sim import is_installed
+    import sys
 
-    if is_installed():
+    import torch
+
+    # npu-sim: PrivateUse1 named npu without torch_npu (read from torch, so this module needs no npu_sim import)
+    if torch._C._get_privateuse1_backend_name() == "npu" and "torch_npu" not in sys.modules:
         return "aot_eager"
     try:
         import torchair  # Ascend's torch.compile backend, shipped beside torch_npu

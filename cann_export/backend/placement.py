@@ -28,16 +28,17 @@ def to_device(value: Any, device: str) -> Any:
     return value
 
 
-def cpu_copy(value: Any) -> Any:
+def cpu_copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
     """A CPU copy of a module (parameters and buffers copied straight to the CPU, tied ones kept tied,
     gradients left behind), or of a tensor / dict / list of tensors that are not on the CPU already. The
-    original stays where it is, untouched: export captures on the CPU, wherever the model trained."""
+    original stays where it is, untouched: export captures on the CPU, wherever the model trained. ``memo``:
+    deepcopy entries to reuse for CPU tensors (aliases that share the caller's storage)."""
     import copy
 
     import torch
 
     if isinstance(value, torch.nn.Module):
-        memo: dict[int, Any] = {}
+        memo = {k: v for k, v in (memo or {}).items() if v.device.type == "cpu"}  # shared CPU weights, if given
         for t in [*value.parameters(), *value.buffers()]:
             if t.device.type != "cpu" and id(t) not in memo:
                 host = t.detach().to("cpu", copy=True)

@@ -41,7 +41,7 @@ def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
 
 class OnnxFormat:
     name = "onnx"
-    description = "one .onnx file (weights in <name>.onnx.data past the 2 GB protobuf limit)"
+    description = "one .onnx file (weights in <name>.onnx.data past 1 GB of weights)"
     is_directory = False
     atc_opsets = None  # any opset onnx supports
     device_parity = False

@@ -89,9 +89,13 @@ def register_commands(cli):
             if parse_cann_version(cann_version) is None:
                 raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
             from ..bundle import open_artifact
+            from ..errors import ValidateError
 
-            with open_artifact(Path(path)) as artifact:  # an om-stub is unpacked (and verified) first
-                model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
+            try:
+                with open_artifact(Path(path)) as artifact:  # a stub or single-file bundle is unpacked (bounded) first
+                    model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
+            except ValidateError as e:
+                raise LintError(e.message, path=e.path) from e
             report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
             if as_json:
                 from ..jsonio import dumps

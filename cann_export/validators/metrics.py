@@ -84,30 +84,6 @@ def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def compare_device(actual: np.ndarray, expected: np.ndarray, min_cosine: float = 0.99,
-                   max_abs_of_range: float = 1e-2) -> dict[str, Any]:
-    """The reduced-precision policy: cosine >= ``min_cosine`` and max abs error <= ``max_abs_of_range``
-    times the reference output's range (max - min); a non-finite value where the reference is finite fails."""
-    if actual.shape != expected.shape:
-        return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine": 0.0, "passed": False,
-                "reason": f"shape {list(actual.shape)} != reference {list(expected.shape)}"}
-    a = actual.astype(np.float64).ravel()
-    b = expected.astype(np.float64).ravel()
-    finite_ref = np.isfinite(b)
-    overflow = bool(np.any(~np.isfinite(a) & finite_ref))
-    err = np.abs(a[finite_ref] - b[finite_ref])
-    err = np.where(np.isfinite(err), err, np.inf)
-    span = float(b[finite_ref].max() - b[finite_ref].min()) if finite_ref.any() else 0.0
-    span = span if span > 0 else max(float(np.abs(b[finite_ref]).max()) if finite_ref.any() else 0.0, 1e-6)
-    max_abs = float(err.max()) if err.size else 0.0
-    cos = cosine(a[finite_ref], b[finite_ref])
-    passed = not overflow and cos >= min_cosine and max_abs <= max_abs_of_range * span
-    result = {"max_abs": max_abs, "max_rel": max_abs / span, "cosine": cos, "passed": passed}
-    if overflow:
-        result["reason"] = "overflow: inf/nan where the fp32 reference is finite"
-    return result
-
-
 def compare_quantized(actual: np.ndarray, expected: np.ndarray, bits: int = 8, min_cosine: float = 0.999) -> dict[str, Any]:
     """A Q/DQ graph against the fake-quant model: max abs error within one quantization step of the
     output (its range / (2**bits - 1)) and cosine >= ``min_cosine``."""

@@ -19,11 +19,15 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = Fal
     of this runtime that the Q/DQ semantics, and ATC, do not have."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if quantized:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    from ..large_model import parity_session
+
+    session = parity_session(Path(path))  # a large export's graph: weights not held twice
+    if session is None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if quantized:
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     wanted = [i.name for i in session.get_inputs()]
     missing = [n for n in wanted if n not in input_sets[0]]
     if missing:
@@ -86,8 +90,11 @@ class ParityValidator:
         # our QAT's lowering, or a graph that arrived quantized (torch.ao / torchao PT2E QAT exported as Q/DQ)
         quantized = bool(ctx.quant_table) or any(n.op_type == "QuantizeLinear" for n in ctx.onnx_model.graph.node)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
-        report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
-                               quantized=quantized)
+        from ..large_model import sharing
+
+        with sharing(ctx):
+            report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
+                                   quantized=quantized)
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True)
@@ -117,7 +124,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     from .device_parity import device_report, fix_precision
     from .precision import emulation_for
 
-    if emulation_for(mode).rounds == "none":
+    if emulation_for(mode).reduces == "none":
         report["precision"] = {"mode": mode, "emulated": emulation_for(mode).description, "keep_dtype": keep}
         return report
     names = [o["name"] for o in report["outputs"]]
@@ -125,8 +132,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     if fix:
         device, kept = fix_precision(model, mode, keep, *args)
         if reports is not None:
-            reports["precision_fix"] = {"kept": kept, "passed": device["passed"],
-                                        "kept_modules": sorted({paths.get(n, n) for n in kept})}
+            reports["precision_fix"] = {**device["precision"]["fix"], "passed": device["passed"]}
         device["fixed_by_keep_dtype"] = kept
     else:
         device = device_report(model, mode, keep, *args)

@@ -1,0 +1,83 @@
+"""Calibration of the device-precision verdict against ground truth: real fp16 in torch.
+
+Healthy (real fp16 cosine >= 0.999 on every output, all finite) must pass; broken (inf/nan where fp32
+is finite, or cosine < 0.99) must fail and name the module where it breaks. The ground truth is
+computed here, from torch, for every model; the verdict is the tool's, through a full atc_ready export.
+"""
+import copy
+import json
+
+import pytest
+import torch
+from helpers import calibration_models as cm
+
+import cann_export
+
+SLOW = {"resnet50_like", "convnext", "efficientnet", "mobilenet_v2", "detr", "attention_overflow"}
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return [t for o in out for t in _flat(o)]
+
+
+def real_fp16(model, inputs):
+    """(cosine, finite) per float output of ``model.half()`` against fp32 (autocast where half fails)."""
+    with torch.no_grad():
+        ref = _flat(model(**inputs))
+        half_in = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+        try:
+            got = _flat(copy.deepcopy(model).half()(**half_in))
+        except RuntimeError:  # an op without a CPU half kernel
+            with torch.autocast("cpu", dtype=torch.float16):
+                got = _flat(model(**inputs))
+    truth = []
+    for r, g in zip(ref, got):
+        if not r.is_floating_point():
+            continue
+        r, g = r.double().flatten(), g.double().flatten()
+        finite = bool(torch.isfinite(g[torch.isfinite(r)]).all())
+        cos = float(torch.nn.functional.cosine_similarity(r, g, dim=0)) if finite else 0.0
+        truth.append((cos, finite))
+    return truth
+
+
+def _params(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]
+
+
+def _export(model, inputs, tmp_path):
+    return cann_export.export(model, tmp_path / "b", example_inputs=inputs, num_random_inputs=1)
+
+
+@pytest.mark.parametrize("name", _params(cm.HEALTHY))
+def test_healthy_architecture_passes(name, tmp_path):
+    model, inputs = cm.HEALTHY[name]()
+    truth = real_fp16(model, inputs)
+    assert truth and all(finite and cos >= 0.999 for cos, finite in truth), truth  # healthy in real fp16
+    result = _export(model, inputs, tmp_path)
+    parity = result.parity
+    assert parity["graph_fp32_passed"] and parity["passed"], parity["outputs"]
+    assert "first_divergence" not in parity
+    full = json.loads((tmp_path / "b" / "parity.json").read_text(), parse_constant=pytest.fail)
+    for out in full["outputs"]:
+        assert out["noise_floor"] > 0 and out["non_finite"] is False
+        if "logits" in out["name"] and len(out["shape"]) == 2:  # class scores: top-k agreement reported
+            assert 0.0 <= out["top1_agreement"] <= out["top5_agreement"] <= 1.0
+
+
+@pytest.mark.parametrize("name", _params(cm.BROKEN))
+def test_broken_model_fails_and_names_the_module(name, tmp_path):
+    model, inputs, module = cm.BROKEN[name]()
+    truth = real_fp16(model, inputs)
+    assert any(not finite or cos < 0.99 for cos, finite in truth), truth  # broken in real fp16
+    result = _export(model, inputs, tmp_path)
+    parity = result.parity
+    assert not result.ok and parity["graph_fp32_passed"] and not parity["passed"]
+    first = parity["first_divergence"]
+    assert first["module"] == module or first["module"].startswith(module + "."), first
+    assert first["message"].startswith(f"first divergence: {first['module']} (")
+
