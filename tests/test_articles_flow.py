@@ -179,3 +179,22 @@ def test_profiler_trace_has_npu_operator_events(tmp_path):
     names = {e["name"] for e in ops}
     assert any("conv" in n for n in names) and any("addmm" in n or "linear" in n for n in names), sorted(names)
     assert any(e.get("args", {}).get("Input Dims") for e in ops)  # record_shapes=True
+
+
+AFTER_ERROR = """
+import json, torch, cann.torch
+from cann_export.tracking import recorded_inputs
+cann.torch.enable()
+m = torch.nn.Linear(3, 2)
+try:
+    m(torch.zeros(2, 4))  # a forward that raises (a user's shape mistake)
+except RuntimeError:
+    pass
+m(torch.zeros(5, 3))
+rec = recorded_inputs(m)
+print(json.dumps({"shapes": None if rec is None else [list(a.shape) for a in rec[0]]}))
+"""
+
+
+def test_a_forward_that_raised_does_not_stop_input_recording():
+    assert run(AFTER_ERROR)["shapes"] == [[5, 3]]
