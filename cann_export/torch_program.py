@@ -104,14 +104,14 @@ def accept_keywords(module: Any) -> Any:
 
 def follow_device(module: Any) -> Any:
     """torch.export bakes the capture device (the CPU) into the program (``arange(device=cpu)``, tensor
-    metadata asserts): after ``module.to(device)`` those nodes name the module's new device too, so
-    ``load_model(...).to("cann")`` runs there."""
+    metadata asserts): after ``module.to(device)`` (or ``.cpu()``, ``.npu()``: all go through ``_apply``)
+    those nodes name the module's new device too, so ``load_model(...).to("cann")`` runs there."""
     import torch
 
-    move = module.to  # the bound nn.Module.to (with any device-name aliasing installed on the class)
+    apply = module._apply  # the bound nn.Module._apply
 
-    def to(*args: Any, **kwargs: Any) -> Any:
-        out = move(*args, **kwargs)
+    def _apply(*args: Any, **kwargs: Any) -> Any:
+        out = apply(*args, **kwargs)
         devices = {t.device for t in (*module.parameters(), *module.buffers())}
         if len(devices) == 1:
             (device,) = devices
@@ -125,5 +125,5 @@ def follow_device(module: Any) -> Any:
                 module.recompile()
         return out
 
-    module.to = to
+    module._apply = _apply
     return module

@@ -73,6 +73,9 @@ def round_trip(name, path, feed, call):
     assert got.device.type == "npu", got.device
     ref = onnx_outputs(path, feed)
     err = float(np.abs(got.cpu().numpy() - ref).max())
+    with torch.no_grad():  # and back: .cpu() retargets the program's baked-in devices too
+        back = call(loaded.cpu(), feed)
+    assert back.device.type == "cpu" and torch.allclose(back, got.cpu(), atol=1e-5), float((back - got.cpu()).abs().max())
     return {"version": info["version"], "err": err, "step": one_step(ref), "shape": list(ref.shape)}
 """
 
