@@ -32,6 +32,25 @@ def _positional(model: Any, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
     return tuple(kwargs[n] for n in lead), {}
 
 
+def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool) -> Any:
+    """torch.export with the batch dimension free (Dim.AUTO: torch keeps it static where the model needs
+    it), so the loaded program takes any batch size; static shapes when that capture fails."""
+    import inspect
+
+    import torch
+
+    if by_name:
+        names = [p for p in inspect.signature(model.forward).parameters][:len(args)]
+        feed = {**dict(zip(names, args)), **kwargs}
+        dynamic = {n: ({0: torch.export.Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None)
+                   for n, v in feed.items()}
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic)
+        except Exception:  # noqa: BLE001 - any capture failure: the static program below still serves
+            pass
+    return torch.export.export(model, args, kwargs=kwargs)
+
+
 def write_program(ctx: Any, staging: Path) -> list[Path]:
     import torch
 
@@ -55,10 +74,56 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
 
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad():
             warnings.simplefilter("ignore")
-            program = torch.export.export(model, args, kwargs=kwargs)
+            program = _export(model, args, kwargs, loaded.kind == "module")
         target.parent.mkdir(parents=True, exist_ok=True)
         torch.export.save(program, str(target))
     except Exception as e:  # noqa: BLE001 - torch.export's many failure types: the bundle is still complete
         target.unlink(missing_ok=True)
         return _skip(ctx, f"torch.export failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
     return [target]
+
+
+def accept_keywords(module: Any) -> Any:
+    """The program was captured with its inputs by position (``module(x)``); the model's users also call it
+    by name (``model(input_ids=..., attention_mask=...)``, as transformers models are). A pre-hook, run
+    before torch.export's own input check, puts keyword inputs named after the program's positional
+    placeholders into their positions."""
+    names = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+
+    def to_positional(_module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        if not kwargs or not set(kwargs) <= set(names[len(args):]):
+            return None
+        rest = names[len(args):]
+        if any(n not in kwargs for n in rest[:max(rest.index(k) for k in kwargs) + 1]):
+            return None  # a gap before a named input: leave the call as it is, torch names the mismatch
+        return (*args, *(kwargs[n] for n in rest if n in kwargs)), {}
+
+    module.register_forward_pre_hook(to_positional, with_kwargs=True, prepend=True)
+    return module
+
+
+def follow_device(module: Any) -> Any:
+    """torch.export bakes the capture device (the CPU) into the program (``arange(device=cpu)``, tensor
+    metadata asserts): after ``module.to(device)`` (or ``.cpu()``, ``.npu()``: all go through ``_apply``)
+    those nodes name the module's new device too, so ``load_model(...).to("cann")`` runs there."""
+    import torch
+
+    apply = module._apply  # the bound nn.Module._apply
+
+    def _apply(*args: Any, **kwargs: Any) -> Any:
+        out = apply(*args, **kwargs)
+        devices = {t.device for t in (*module.parameters(), *module.buffers())}
+        if len(devices) == 1:
+            (device,) = devices
+            changed = False
+            for node in module.graph.nodes:
+                old = node.kwargs.get("device")
+                if isinstance(old, torch.device) and old != device:
+                    node.update_kwarg("device", device)
+                    changed = True
+            if changed:
+                module.recompile()
+        return out
+
+    module._apply = _apply
+    return module

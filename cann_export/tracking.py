@@ -50,11 +50,13 @@ def enable_global() -> None:
     def pre(module: Any, args: tuple) -> None:
         _depth.value = getattr(_depth, "value", 0) + 1
 
-    def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+    def post(module: Any, args: tuple, *rest: Any) -> None:
+        # (kwargs, output) after a forward; torch calls an always_call hook as (module, args, output) when
+        # the forward raised: the depth still goes down, so the next top-level call is recorded
         depth = max(getattr(_depth, "value", 1) - 1, 0)
         _depth.value = depth
-        if depth == 0:
-            _record(module, args, kwargs or {})
+        if depth == 0 and len(rest) == 2:
+            _record(module, args, rest[0] or {})
             note_model(module)
 
     _handles["pre"] = nn_module.register_module_forward_pre_hook(pre)

@@ -47,10 +47,13 @@ def _load_program(path: Path, name: str, version: str) -> Any:
     except LoadError as e:
         raise ZooError(f"{name} version {version}: {e.message}", path=str(path)) from e
     try:
-        return torch.export.load(str(path)).module()
+        module = torch.export.load(str(path)).module()
     except Exception as e:
         raise ZooError(f"{name} version {version}: torch.export.load failed ({type(e).__name__}: "
                        f"{' '.join(str(e).split())[:200]}); the archive may need a newer torch") from e
+    from ..torch_program import accept_keywords, follow_device
+
+    return follow_device(accept_keywords(module))  # called by name as well as by position; .to(device) moves it
 
 
 def load_program(store: Any, name: str, version: str, manifest: dict[str, Any]) -> Any:

@@ -1,0 +1,203 @@
+"""The articles' flow, literally, on npu-sim: enable, set_device("cann:0"), ``.to("cann")``, QAT configured,
+3 epochs of the unchanged AdamW loop, ``cann.torch.export(..., output_path="x.pth", export_format="atc_ready")``,
+``cann.model_zoo.publish(model="x.pth")``, ``load_model(name, framework="pytorch").to("cann")`` and its outputs
+against the exported ONNX graph in onnxruntime; and the profiler's Chrome trace. Each scenario runs in its own
+subprocess: npu-sim (PrivateUse1's name) is process-global."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PREAMBLE = """
+import json, sys, zipfile
+from pathlib import Path
+import numpy as np
+import torch
+from torch import nn
+
+import cann.torch
+cann.torch.enable()
+cann.torch.set_device("cann:0")
+cann.torch.config(quantization_aware_training=True, quant_config={"weight_bits": 8, "activation_bits": 8})
+import cann.model_zoo
+from cann.model_zoo import load_model
+
+work, zoo = Path(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+
+
+def train(model, batches, loss_fn):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for epoch in range(3):
+        model.train()
+        for inputs, target in batches:
+            out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+            loss = loss_fn(out, target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+
+
+def onnx_outputs(path, feed):
+    import onnxruntime as ort
+    path = Path(path)
+    if zipfile.is_zipfile(path):  # the single-file atc_ready bundle: its ONNX member
+        with zipfile.ZipFile(path) as z:
+            member = next(n for n in z.namelist() if n.endswith(".onnx"))
+            target = work / "unpacked"
+            z.extractall(target)
+        path = target / member
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    return sess.run(None, {n: feed[n].cpu().numpy() for n in names})[0]
+
+
+def one_step(ref):
+    return float(ref.max() - ref.min()) / 255  # one 8-bit step of the output range
+
+
+def round_trip(name, path, feed, call):
+    info = cann.model_zoo.publish(model=str(path), name=name, metadata={"task": "articles"}, zoo=zoo)
+    loaded = load_model(name, framework="pytorch", zoo=zoo).to("cann")
+    dev = {k: v.to("cann") for k, v in feed.items()}
+    with torch.no_grad():
+        got = call(loaded, dev)
+    assert got.device.type == "npu", got.device
+    ref = onnx_outputs(path, feed)
+    err = float(np.abs(got.cpu().numpy() - ref).max())
+    with torch.no_grad():  # and back: .cpu() retargets the program's baked-in devices too
+        back = call(loaded.cpu(), feed)
+    assert back.device.type == "cpu" and torch.allclose(back, got.cpu(), atol=1e-5), float((back - got.cpu()).abs().max())
+    return {"version": info["version"], "err": err, "step": one_step(ref), "shape": list(ref.shape)}
+"""
+
+CNN = PREAMBLE + """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+model = Net().to("cann")
+images, labels = torch.randn(32, 3, 16, 16), torch.randint(0, 4, (32,))
+batches = [(images[i:i + 8].to("cann"), labels[i:i + 8].to("cann")) for i in range(0, 32, 8)]
+train(model, batches, nn.functional.cross_entropy)
+assert next(model.parameters()).device.type == "npu"
+x = images[:2].to("cann")
+with torch.no_grad():
+    model(x)  # the last recorded call: export's example inputs
+cann.torch.export(model=model, output_path=str(work / "cnn.pth"), export_format="atc_ready",
+                  metadata={"model_name": "brand-cnn", "version": "1.0"})
+assert (work / "cnn.pth").is_file() and zipfile.is_zipfile(work / "cnn.pth")
+assert next(model.parameters()).device.type == "npu"  # the user's model stays where it was
+res = round_trip("brand-cnn", work / "cnn.pth", {"x": images[:2]}, lambda m, feed: m(feed["x"]))
+cann.torch.export(model=model, output_path=str(work / "cnn.onnx"), format="onnx")  # article scenario 3
+import onnx
+ops = [n.op_type for n in onnx.load(str(work / "cnn.onnx")).graph.node]
+res["onnx_qdq"] = ops.count("QuantizeLinear")
+res["onnx_err"] = float(np.abs(onnx_outputs(work / "cnn.onnx", {"x": images[:2]})
+                               - onnx_outputs(work / "cnn.pth", {"x": images[:2]})).max())
+print(json.dumps(res))
+"""
+
+BERT = PREAMBLE + """
+from transformers import BertConfig, BertModel
+
+cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=37, max_position_embeddings=64)
+model = BertModel(cfg).to("cann")
+g = torch.Generator().manual_seed(1)
+ids = torch.randint(0, 100, (16, 12), generator=g)
+mask = torch.ones(16, 12, dtype=torch.int64)
+target = torch.randn(16, 12, 32, generator=g)
+batches = [({"input_ids": ids[i:i + 4].to("cann"), "attention_mask": mask[i:i + 4].to("cann")},
+            target[i:i + 4].to("cann")) for i in range(0, 16, 4)]
+train(model, batches, lambda out, t: nn.functional.mse_loss(out.last_hidden_state, t))
+feed = {"input_ids": ids[:2], "attention_mask": mask[:2]}
+with torch.no_grad():
+    model(input_ids=feed["input_ids"].to("cann"), attention_mask=feed["attention_mask"].to("cann"))
+cann.torch.export(model=model, output_path=str(work / "bert.pth"), export_format="atc_ready",
+                  metadata={"model_name": "tiny-bert", "version": "1.0"})
+assert zipfile.is_zipfile(work / "bert.pth")
+print(json.dumps(round_trip("tiny-bert", work / "bert.pth", feed, lambda m, feed: m(**feed)[0])))
+"""
+
+PROFILE = """
+import json, sys
+import torch
+from torch import nn
+import cann.torch
+cann.torch.enable()
+cann.torch.set_device("cann:0")
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 4))
+model = model.to("cann")
+x = torch.randn(2, 3, 16, 16).to("cann")
+model(x)
+with cann.torch.profiler.profile(activities=[cann.torch.profiler.ProfilerActivity.CANN],
+                                 record_shapes=True) as prof:
+    model(x).sum().backward()
+prof.export_chrome_trace(sys.argv[1])
+print(json.dumps({"ok": True}))
+"""
+
+
+def run(code: str, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CANN_EXPORT_LOAD_PLUGINS": ""}
+    env.pop("CANN_MODEL_ZOO", None)  # the zoo is the temporary one passed as zoo=, never the user's cache
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", [CNN, BERT], ids=["bn-cnn", "tiny-bert"])
+def test_train_export_publish_load_on_npu_sim(script, tmp_path):
+    zoo = tmp_path / "zoo"
+    res = run(script, str(tmp_path), str(zoo))
+    assert res["version"] and (zoo).is_dir()
+    assert res["step"] > 0
+    assert res["err"] <= res["step"], res  # within one 8-bit step of the output range
+    if "onnx_qdq" in res:  # export(..., format="onnx"): the same int8 Q/DQ graph as the bundle's
+        assert res["onnx_qdq"] >= 2 and res["onnx_err"] <= res["step"], res
+
+
+def test_profiler_trace_has_npu_operator_events(tmp_path):
+    trace = tmp_path / "trace.json"
+    run(PROFILE, str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    ops = [e for e in events if e.get("ph") == "X" and "npu" in json.dumps(e.get("args", {})).lower()]
+    names = {e["name"] for e in ops}
+    assert any("conv" in n for n in names) and any("addmm" in n or "linear" in n for n in names), sorted(names)
+    assert any(e.get("args", {}).get("Input Dims") for e in ops)  # record_shapes=True
+
+
+AFTER_ERROR = """
+import json, torch, cann.torch
+from cann_export.tracking import recorded_inputs
+cann.torch.enable()
+m = torch.nn.Linear(3, 2)
+try:
+    m(torch.zeros(2, 4))  # a forward that raises (a user's shape mistake)
+except RuntimeError:
+    pass
+m(torch.zeros(5, 3))
+rec = recorded_inputs(m)
+print(json.dumps({"shapes": None if rec is None else [list(a.shape) for a in rec[0]]}))
+"""
+
+
+def test_a_forward_that_raised_does_not_stop_input_recording():
+    assert run(AFTER_ERROR)["shapes"] == [[5, 3]]
