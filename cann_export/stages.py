@@ -201,7 +201,8 @@ def capture(ctx: ExportContext) -> str | None:
             chosen = (exporter.name, model)
             break
         why = "; ".join(ctx.capture_notes) or "the exporter wrote another opset"
-        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({_gist(why, 300)})"
+        why = " ".join(why.split())
+        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
         if fallback is None and ctx.options.accepts_opset(opset, ctx.format):
             fallback = (exporter.name, model)
     if chosen is None and fallback is not None:
