@@ -266,7 +266,16 @@ def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[d
                 and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
             diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
                          f"{report['graph_fp32']['passed']}")
-        got = {o["name"]: o.get("passed") for o in report.get("outputs", [])}
+        from .manifest import summarize_parity
+
+        # compare like with like: the manifest stores the summary (fp32 outputs on top, device apart)
+        rederived = summarize_parity(report)
+        got = {o["name"]: o.get("passed") for o in rederived.get("outputs", [])}
+        device_got = {o["name"]: o.get("passed") for o in (rederived.get("device") or {}).get("outputs", [])}
+        for o in ((recorded.get("device") or {}).get("outputs") or []):
+            if isinstance(o, dict) and o.get("name") in device_got and o.get("passed") != device_got[o["name"]]:
+                diffs.append(f"parity.device.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, "
+                             f"re-derived {device_got[o['name']]}")
         for o in recorded.get("outputs") or []:
             if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
                 diffs.append(f"parity.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "

@@ -15,6 +15,20 @@ _KINDS = (("boolean", "bool"), ("integer", "int"), ("float", "float"), ("index",
           ("iterating", "iteration"))
 
 
+def _generated(filename: str) -> bool:
+    """Code torch generated or runs for an exported graph (fx's ``<eval_with_key>`` modules, torch.export's
+    input guards): an ExportedProgram has no Python control flow of the user's left to specialise."""
+    import os
+
+    import torch
+
+    name = str(filename)
+    if name.startswith("<eval_with_key"):
+        return True
+    root = os.path.dirname(torch.__file__)
+    return any(name.startswith(os.path.join(root, part)) for part in ("fx", "_export", "export", "_dynamo"))
+
+
 def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
     """TracerWarnings (``warnings.catch_warnings(record=True)`` entries) as findings with their
     source file, line and code; one per source line."""
@@ -22,7 +36,7 @@ def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
 
     out, seen = [], set()
     for w in records:
-        if not issubclass(w.category, torch.jit.TracerWarning):
+        if not issubclass(w.category, torch.jit.TracerWarning) or _generated(w.filename):
             continue
         key = (w.filename, w.lineno)
         if key in seen:

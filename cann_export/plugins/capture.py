@@ -63,7 +63,10 @@ class DynamoExporter:
         with quiet_export():
             graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
-        if asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
+        if asked < native and large_model.state(ctx) is not None:  # weights on disk: no copy to convert in memory
+            ctx.capture_notes = [*getattr(ctx, "capture_notes", []),
+                                 f"dynamo: opset {asked}: not converted down (a graph with external data)"]
+        elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
             graph = _down_convert(graph, asked, ctx)
         return graph
 
@@ -74,6 +77,9 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    if large_model.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
+        return large_model.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
+                                        ctx)
     try:
         program = torch.export.export(model, args, kwargs=kwargs, strict=False)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
