@@ -16,8 +16,8 @@ _KINDS = (("boolean", "bool"), ("integer", "int"), ("float", "float"), ("index",
 
 
 def _generated(filename: str) -> bool:
-    """Code torch generated or runs for an exported graph (fx's ``<eval_with_key>`` modules, torch.export's
-    input guards): an ExportedProgram has no Python control flow of the user's left to specialise."""
+    """Code torch generated (fx's ``<eval_with_key>`` modules) or torch's own functions (torch.export's input
+    guards call ``torch._assert``): not a branch of the user's code that tracing specialised."""
     import os
 
     import torch
@@ -25,8 +25,7 @@ def _generated(filename: str) -> bool:
     name = str(filename)
     if name.startswith("<eval_with_key"):
         return True
-    root = os.path.dirname(torch.__file__)
-    return any(name.startswith(os.path.join(root, part)) for part in ("fx", "_export", "export", "_dynamo"))
+    return name.startswith(os.path.dirname(torch.__file__) + os.sep)  # torch's own code (e.g. torch._assert guards)
 
 
 def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:

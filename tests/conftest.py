@@ -31,3 +31,12 @@ def run_ort():
         return [o.name for o in sess.get_outputs()], sess.run(None, feed)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _no_process_wide_qat_left_behind():
+    """``cann.torch.config(quantization_aware_training=True)`` quantizes every later train-mode forward in
+    the process (by design): a test that turns it on must not hand it to the next one."""
+    yield
+    if "cann.torch" in sys.modules:
+        sys.modules["cann.torch"].config(quantization_aware_training=False, quant_config={})

@@ -25,7 +25,7 @@ def convnext():
 def efficientnet():
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
     torch.manual_seed(0)
-    cfg = EfficientNetConfig(image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=64, num_labels=4)
+    cfg = EfficientNetConfig(image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320, num_labels=4)
     return _bn_stats(EfficientNetForImageClassification(cfg)), img()
 def mobilenet():
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
