@@ -55,7 +55,7 @@ def run(code: str, *args: str, env: dict | None = None, check: bool = True) -> s
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
                           timeout=600)
     if check and proc.returncode != 0:
-        raise AssertionError(f"subprocess failed:\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"subprocess failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
@@ -145,6 +145,9 @@ OPS = ENABLE + textwrap.dedent("""
         "out= same": lambda a, b, i, m: torch.sum(a, 0, out=torch.empty(5, device=a.device)),
         "resize_ shrink": lambda a, b, i, m: a.resize_(2, 3),
         "resize_ grow": lambda a, b, i, m: a.resize_(10, 10).view(-1)[:20],
+        # a block of its own (mmap'd): reading past the old size would fault, not read a neighbour
+        "resize_ grow big": lambda a, b, i, m: (lambda t: t.resize_(1 << 20)[:1 << 16])(
+            torch.ones(1 << 16, device=a.device)),
         "view after swap": lambda a, b, i, m: (lambda v: (setattr(a, "data", b * 0), torch.randn(64), v)[2])(a.view(20)),
         "in-place views": lambda a, b, i, m: (a.view(-1).add_(1), a.t_(), a.unsqueeze_(0))[2],
     }

@@ -160,17 +160,24 @@ def _set(op: Any, self: torch.Tensor, source: Any = None, *rest: Any, **kwargs: 
 @_special_op("aten::resize_")
 def _resize(op: Any, self: torch.Tensor, size: list[int], memory_format: Any = None) -> torch.Tensor:
     """Within the storage's capacity the CPU kernel only changes metadata (on the npu tensor itself);
-    growing needs new memory: the old contents are copied over (ATen's resize semantics)."""
-    try:
+    growing needs new memory: the old contents are copied over (ATen's resize semantics).
+
+    Capacity is checked here, not by catching the CPU kernel's "not resizable" error: that kernel sets
+    the new sizes *before* it checks the storage, so after the error the tensor claims more memory than
+    it has, and reading it runs past the allocation (a segfault when that crosses a page)."""
+    numel = 1
+    for n in size:
+        numel *= int(n)
+    needed = (self.storage_offset() + numel) * self.element_size()
+    if needed <= self.untyped_storage().nbytes():
         return op.redispatch(_CPU_KEYS, self, size, memory_format=memory_format)
-    except RuntimeError as e:
-        if "not resizable" not in str(e):
-            raise
-    alias = to_cpu_alias(self)
-    fresh = torch.empty(size, dtype=self.dtype)
-    n = min(alias.numel(), fresh.numel())
-    fresh.view(-1)[:n].copy_(alias.reshape(-1)[:n])
-    self.data = from_cpu(fresh)
+    # ATen grows the storage keeping its bytes, then lays the new shape over it from the same offset
+    old = self.untyped_storage()
+    grown = torch.zeros(needed, dtype=torch.uint8)
+    grown[:old.nbytes()].copy_(to_cpu_alias(torch.empty(0, dtype=torch.uint8, device=self.device).set_(old)))
+    strides = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+    with torch.no_grad():
+        self.set_(from_cpu(grown).untyped_storage(), self.storage_offset(), size, strides)
     return self
 
 
