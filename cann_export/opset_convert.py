@@ -25,18 +25,25 @@ class OpsetConversionError(ValueError):
     """A node that has no equivalent at the target opset (the message names it)."""
 
 
+_WEIGHT_BYTES = 1 << 16  # initializers above this are weights: no rule reads their values
+
+
 def convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
-    """A copy of ``model`` at ONNX opset ``target`` (lower than its own); raises OpsetConversionError."""
+    """A copy of ``model`` at ONNX opset ``target`` (lower than its own); raises OpsetConversionError.
+
+    The conversion, shape inference and the full check run on a skeleton whose weights are graph inputs of
+    the same type and shape (no rule reads a weight's values), so the weights are copied once, into the
+    result, instead of once per step."""
     source = next((int(i.version) for i in model.opset_import if i.domain in _DEFAULT), 0)
     if target >= source:
         raise OpsetConversionError(f"only converts down: the graph is at opset {source}, asked {target}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out, weights = _skeleton(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(out)
     except Exception:  # noqa: BLE001 - ranks are then unknown; rules that need one fail by name
-        inferred = model
+        inferred = out
     converter = _Converter(source, target, inferred.graph)
+    del inferred
     converter.graph(out.graph)
     for fn in out.functions:
         converter.nodes(fn.node)
@@ -47,7 +54,49 @@ def convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     except Exception as e:  # a type or shape the older schema does not allow
         raise OpsetConversionError(f"the graph converted to opset {target} does not check: "
                                    f"{' '.join(str(e).split())[:300]}") from e
+    if weights:
+        stand_ins = {t.name for t in weights}
+        inputs = [i for i in out.graph.input if i.name not in stand_ins or i.name in _input_names(model)]
+        del out.graph.input[:]
+        out.graph.input.extend(inputs)
+        out.graph.initializer.extend(weights)
     return out
+
+
+def _input_names(model: onnx.ModelProto) -> set[str]:
+    return {i.name for i in model.graph.input}
+
+
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """A copy of ``model`` without its weights' data, and the weights (still ``model``'s own messages).
+    Each weight left out becomes a graph input of its type and shape, unless it is one already."""
+    out = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(out, field.name, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(out.graph, field.name, value)
+    inputs = _input_names(model)
+    weights = []
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > _WEIGHT_BYTES:
+            weights.append(t)
+            if t.name not in inputs:
+                out.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            out.graph.initializer.append(t)
+    return out, weights
+
+
+def _copy_field(msg: Any, name: str, value: Any) -> None:
+    target = getattr(msg, name)
+    if hasattr(target, "extend"):  # repeated (messages are copied)
+        target.extend(value)
+    elif hasattr(target, "CopyFrom"):
+        target.CopyFrom(value)
+    else:
+        setattr(msg, name, value)
 
 
 def _set_opset(imports: Any, target: int) -> None:

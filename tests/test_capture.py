@@ -118,6 +118,35 @@ def test_reduce_axes_input_becomes_an_attribute_below_18():
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_conversion_keeps_weights_inputs_and_the_original_intact():
+    """Weights skip the conversion's copies (a skeleton is converted); the result has the original's inputs and
+    every weight byte for byte, a weight that is also a graph input (IR 3) stays one, the source is untouched."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])
+    w_in = helper.make_tensor_value_info("w2", TensorProto.FLOAT, [256, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    w1 = numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), "w1")  # 256 KiB: a weight
+    w2 = numpy_helper.from_array(rng.standard_normal((256, 128)).astype(np.float32), "w2")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["o"], name="mm2"),
+             helper.make_node("ReduceMean", ["o", "axes"], ["y"], name="mean", keepdims=0)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, w_in], [y], [w1, w2, axes]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    before = model.SerializeToString()
+    converted = convert(model, 13)
+    assert model.SerializeToString() == before
+    assert [i.name for i in converted.graph.input] == ["x", "w2"]
+    got = {t.name: numpy_helper.to_array(t) for t in converted.graph.initializer}
+    assert {"w1", "w2"} <= set(got)
+    for t in (w1, w2):
+        np.testing.assert_array_equal(got[t.name], numpy_helper.to_array(t))
+    onnx.checker.check_model(converted, full_check=True)
+    feed = {"x": rng.standard_normal((2, 256)).astype(np.float32)}
+    np.testing.assert_allclose(_run(converted, feed)[0], _run(model, feed)[0], rtol=1e-6)
+
+
 def test_layer_norm_spelled_out_below_17_and_unconvertible_nodes_named():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 8])

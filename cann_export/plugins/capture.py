@@ -161,10 +161,20 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         sess = session(m)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
+    def same(outs: list[Any], ref: list[Any]) -> bool:
+        return len(outs) == len(ref) and all(compare(a, r, ctx.options.tolerance)["passed"] for a, r in zip(outs, ref))
+
     try:
-        after, before = run(converted), run(original)
+        after = run(converted)
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
+    reference = getattr(ctx, "reference_outputs", None)
+    if reference and same(after, reference[0]):  # the usual case: the opset-18 graph is never run
+        return
+    try:
+        before = run(original)
+    except Exception as e:
+        raise OpsetConversionError(f"the opset-18 graph does not run: {type(e).__name__}: {e}") from e
     bad = [i for i, (a, b) in enumerate(zip(after, before)) if not compare(a, b, ctx.options.tolerance)["passed"]]
     if bad:
         raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
