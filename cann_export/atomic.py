@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import targets
@@ -274,15 +274,19 @@ def commit_dir(staging: Path, target: Path, overwrite: bool) -> None:
                              "be writing there. Try again or choose another output path", path=target) from e
 
 
-def commit_files(staging: Path, names: list[str], target_dir: Path, overwrite: bool) -> list[Path]:
+def commit_files(staging: Path, names: list[str], target_dir: Path, overwrite: bool,
+                 old_companions: Callable[[Path], list[str]] | None = None) -> list[Path]:
     """Rename staged files into ``target_dir`` under the primary's lock; the last name is the primary file and
     goes last. Its companions (external data, training state) may be replaced only with an existing primary
-    of ours."""
+    of ours. ``old_companions(primary)`` names the files the primary being replaced uses (its external data):
+    those the new output does not write are removed after it is in place, so none is left stale."""
     target_dir = Path(target_dir).resolve()
     primary = target_dir / names[-1]
     with target_lock(primary):
         check_target(primary, overwrite)
         primary_exists = primary.exists()
+        stale = [n for n in (old_companions(primary) if primary_exists and old_companions else ())
+                 if n not in names]
         for name in names[:-1]:
             path = target_dir / name
             if path.exists() or path.is_symlink():
@@ -299,6 +303,11 @@ def commit_files(staging: Path, names: list[str], target_dir: Path, overwrite: b
         except OSError as e:
             raise WriteError(f"could not move the staged file into place ({e.strerror}); try again or choose "
                              "another output path", path=target_dir / name) from e
+        for name in stale:
+            path = target_dir / name
+            if path.is_file() and not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    path.unlink()
     shutil.rmtree(staging, ignore_errors=True)
     return placed
 

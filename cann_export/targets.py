@@ -178,3 +178,25 @@ def _string_pair(raw: bytes) -> tuple[str, str]:
         n = _varint(f)
         pair[key >> 3] = f.read(n).decode("utf-8", "replace")
     return pair[1], pair[2]
+
+
+_MAX_GRAPH_SCAN = 64 << 20  # an .onnx that keeps its weights outside is small; a bigger one is not parsed
+
+
+def our_external_data(path: Path) -> list[str]:
+    """``<name>.data`` when the .onnx at ``path`` keeps weights in it: the one external-data name cann-export
+    writes. Any other location the file names is not ours to remove, whatever the file claims."""
+    import onnx
+
+    name = Path(path).name + ".data"
+    try:
+        if Path(path).stat().st_size > _MAX_GRAPH_SCAN:
+            return []
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable: nothing is known to be its companion
+        return []
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL and any(
+                e.key == "location" and e.value == name for e in t.external_data):
+            return [name]
+    return []

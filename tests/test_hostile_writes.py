@@ -92,6 +92,32 @@ def test_overwrite_never_replaces_a_zoo_root_or_its_content(tmp_path, model_file
     assert (zoo / "index.sqlite").is_file() and (zoo / "models" / "m" / "1" / "manifest.json").is_file()
 
 
+def test_overwrite_removes_the_external_data_it_no_longer_writes(tmp_path, model_file):
+    """An .onnx rewritten without external data takes its old ``.data`` with it; a ``.data`` the old graph did
+    not use, or a file a forged graph names, stays."""
+    out, data = tmp_path / "m.onnx", tmp_path / "m.onnx.data"
+    assert export_cli(model_file, out, "--format", "onnx", "--external-data", "always").exit_code == 0
+    assert data.is_file()
+    assert export_cli(model_file, out, "--format", "onnx", "--overwrite", "--external-data", "never").exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("m.")) == ["m.onnx"]
+    onnx.checker.check_model(onnx.load(str(out)))
+
+    data.write_bytes(b"user bytes")  # not named by the graph being replaced
+    assert export_cli(model_file, out, "--format", "onnx", "--overwrite").exit_code == 0
+    assert data.read_bytes() == b"user bytes"
+
+    keep = tmp_path / "keep.bin"  # a graph of ours naming another file as its external data
+    keep.write_bytes(b"k")
+    forged = onnx.load(str(out))
+    onnx.external_data_helper.set_external_data(forged.graph.initializer[0], "keep.bin")
+    forged.graph.initializer[0].data_location = TensorProto.EXTERNAL
+    forged.graph.initializer[0].ClearField("raw_data")
+    out.write_bytes(forged.SerializeToString())
+    data.unlink()
+    assert export_cli(model_file, out, "--format", "onnx", "--overwrite").exit_code == 0
+    assert keep.read_bytes() == b"k" and litter(tmp_path) == []
+
+
 @pytest.mark.parametrize("out", [".", "..", "sub/..", "CWD", "CWD_PARENT"])
 @pytest.mark.parametrize("fmt", ["atc_ready", "onnx"])
 def test_current_directory_and_parents_refused(tmp_path, model_file, out, fmt):

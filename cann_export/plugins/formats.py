@@ -63,7 +63,10 @@ class OnnxFormat:
 
     def commit(self, ctx: Any, staging: Path) -> list[Path]:
         names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
-        return atomic.commit_files(staging, names, ctx.output_path.parent, ctx.options.overwrite)
+        from ..targets import our_external_data
+
+        return atomic.commit_files(staging, names, ctx.output_path.parent, ctx.options.overwrite,
+                                   old_companions=our_external_data)
 
 
 class AtcReadyFormat:
