@@ -310,6 +310,37 @@ def quiet_torch() -> Iterator[None]:
         logging.disable(previous)
 
 
+# Libraries whose output classes (transformers' ModelOutput, diffusers' BaseOutput) join torch's pytree when
+# their module is imported: a program returning one names it, and only these packages are imported for it.
+OUTPUT_LIBRARIES = ("transformers", "diffusers")
+_MAX_OUTPUT_MODULES = 4
+_UNREGISTERED = re.compile(r"Deserializing ([A-Za-z_][\w.]*)\.[A-Za-z_]\w* in pytree is not registered")
+
+
+def import_output_module(error: BaseException) -> bool:
+    """For torch.export.load's "Deserializing pkg.mod.Class in pytree is not registered": import ``pkg.mod``
+    when ``pkg`` is one of OUTPUT_LIBRARIES and installed, and say whether it did. The file names the
+    module, so nothing outside those installed libraries is ever imported."""
+    import importlib
+    import importlib.util
+    import sys
+
+    match = _UNREGISTERED.search(str(error))
+    if match is None:
+        return False
+    module = match.group(1)
+    if module.split(".")[0] not in OUTPUT_LIBRARIES or module in sys.modules:
+        return False
+    try:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return False
+        with quiet_torch():
+            importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - not importable here: the load fails with torch's own message
+        return False
+    return True
+
+
 def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
     """check_export_archive, then torch.export.load with weights-only forced (unless trusted) and quiet;
     any failure is a LoadError naming the file."""
@@ -318,16 +349,19 @@ def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
     path = Path(path)
     check_export_archive(path, trust_pickle)
     failure: Exception
-    try:
-        with quiet_torch():
-            if trust_pickle:
-                return torch.export.load(str(path))
-            with weights_only_unpickling():
-                return torch.export.load(str(path))
-    except Exception as e:
-        failure = e
-    # outside the except block, so the real cause is not chained to torch's generic error
-    cause = _logged_cause(path, trust_pickle) if "warnings above" in str(failure) else failure
+    for _ in range(_MAX_OUTPUT_MODULES + 1):
+        try:
+            with quiet_torch():
+                if trust_pickle:
+                    return torch.export.load(str(path))
+                with weights_only_unpickling():
+                    return torch.export.load(str(path))
+        except Exception as e:
+            failure = e
+        # outside the except block, so the real cause is not chained to torch's generic error
+        cause = _logged_cause(path, trust_pickle) if "warnings above" in str(failure) else failure
+        if not import_output_module(cause):
+            break
     raise LoadError("torch.export.load failed: the archive may be truncated, crafted, or written by an "
                     "incompatible torch version", path=path) from cause  # the CLI shows the cause
 

@@ -342,3 +342,36 @@ def test_dynamic_shapes_graph_loads_untrusted(tmp_path):
     assert b"Symbol(" in zipfile.ZipFile(path).read(next(n for n in zipfile.ZipFile(path).namelist()
                                                         if n.endswith("models/model.json")))
     assert load_exported_program(path, trust_pickle=False).module()(torch.randn(10, 8)).shape == (20, 2)
+
+
+def test_program_returning_a_transformers_output_loads_in_a_fresh_process(tmp_path):
+    """A .pt2 of a transformers model (return_dict=True) names its ModelOutput class in the pytree spec; a
+    fresh CLI process imports that transformers module for it and exports."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    archive = tmp_path / "bert.pt2"
+    torch.export.save(torch.export.export(model, (torch.randint(0, 64, (1, 6)),), strict=False), archive)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "CANN_EXPORT_LOAD_PLUGINS": ""}
+    proc = subprocess.run([sys.executable, "-m", "cann_export", str(archive), "--format", "onnx",
+                           "-o", str(tmp_path / "bert.onnx")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "bert.onnx").is_file() and "pooler_output" in proc.stdout
+
+
+def test_only_output_libraries_are_imported_for_a_pytree_name(tmp_path, monkeypatch):
+    import sys
+
+    from cann_export.archive_safety import import_output_module
+
+    (tmp_path / "planted_outputs_mod.py").write_text("import sys\nsys.modules[__name__].RAN = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("planted_outputs_mod.Out", "os.path.Out", "transformers_x.y.Out", "transformers.nope_mod.Out"):
+        assert not import_output_module(NotImplementedError(f"Deserializing {name} in pytree is not registered."))
+    assert "planted_outputs_mod" not in sys.modules
+    assert not import_output_module(ValueError("something else"))

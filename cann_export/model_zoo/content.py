@@ -160,20 +160,16 @@ def _stage_weights_file(staged: Staged, path: Path, model_class: str | None, mod
 
 
 def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) -> None:
-    import torch
-
-    from ..archive_safety import check_export_archive
+    from ..archive_safety import load_exported_program
     from ..errors import LoadError
 
     _tools(staged)
     try:
-        check_export_archive(path, trust_pickle)
+        ep = load_exported_program(path, trust_pickle)
     except LoadError as e:
-        raise ZooError(e.message, path=path) from e
-    try:
-        ep = torch.export.load(str(path))
-    except Exception as e:
-        raise ZooError(f"not a readable torch.export archive ({type(e).__name__}: {e})", path=path) from e
+        cause = e.__cause__
+        detail = f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})" if cause else ""
+        raise ZooError(f"not a readable torch.export archive: {e.message}{detail}", path=path) from e
     staged.copy(path, PROGRAM)
     staged.source["sha256"] = staged.known[PROGRAM]["sha256"]
     staged.architecture = {"kind": "torch.export", "file": PROGRAM}

@@ -37,20 +37,21 @@ def check_allowed(spec: str, allow: list[str] | tuple[str, ...] | None, name: st
 
 
 def _load_program(path: Path, name: str, version: str) -> Any:
-    import torch
-
-    from ..archive_safety import check_export_archive
+    from ..archive_safety import load_exported_program
     from ..errors import LoadError
 
-    try:
-        check_export_archive(path, trust_pickle=False)  # verified bytes; still weights-only
+    try:  # verified bytes; still checked and weights-only
+        program = load_exported_program(path, trust_pickle=False)
     except LoadError as e:
-        raise ZooError(f"{name} version {version}: {e.message}", path=str(path)) from e
+        cause = e.__cause__
+        detail = f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})" if cause else ""
+        raise ZooError(f"{name} version {version}: {e.message}{detail}", path=str(path)) from e
     try:
-        module = torch.export.load(str(path)).module()
+        module = program.module()
     except Exception as e:
-        raise ZooError(f"{name} version {version}: torch.export.load failed ({type(e).__name__}: "
-                       f"{' '.join(str(e).split())[:200]}); the archive may need a newer torch") from e
+        raise ZooError(f"{name} version {version}: the stored program does not give a module "
+                       f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); the archive may need a newer torch",
+                       path=str(path)) from e
     from ..torch_program import accept_keywords, follow_device
 
     return follow_device(accept_keywords(module))  # called by name as well as by position; .to(device) moves it
