@@ -55,8 +55,8 @@ def convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
         raise OpsetConversionError(f"the graph converted to opset {target} does not check: "
                                    f"{' '.join(str(e).split())[:300]}") from e
     if weights:
-        stand_ins = {t.name for t in weights}
-        inputs = [i for i in out.graph.input if i.name not in stand_ins or i.name in _input_names(model)]
+        stand_ins = {t.name for t in weights} - _input_names(model)
+        inputs = [i for i in out.graph.input if i.name not in stand_ins]
         del out.graph.input[:]
         out.graph.input.extend(inputs)
         out.graph.initializer.extend(weights)

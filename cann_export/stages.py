@@ -283,7 +283,7 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     import onnxsim
 
     from .onnx_utils import session
-    from .validators.metrics import compare
+    from .validators.metrics import all_pass
 
     try:
         simplified, ok = onnxsim.simplify(ctx.onnx_model)
@@ -298,14 +298,11 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
         sess = session(m)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
-    def same(outs: list[Any], ref: list[Any]) -> bool:
-        return len(outs) == len(ref) and all(compare(a, r, tol)["passed"] for a, r in zip(outs, ref))
-
     try:
         after = run(simplified)
-        if same(after, ctx.reference_outputs[0]):  # the usual case: the original graph is never run
+        if all_pass(after, ctx.reference_outputs[0], tol):  # the usual case: the original graph is never run
             return "applied", simplified
-        if same(after, run(ctx.onnx_model)):  # simplification did not change what the graph computes
+        if all_pass(after, run(ctx.onnx_model), tol):  # simplification did not change what the graph computes
             return "applied (outputs equal to the unsimplified graph)", simplified
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None

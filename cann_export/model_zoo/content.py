@@ -161,15 +161,13 @@ def _stage_weights_file(staged: Staged, path: Path, model_class: str | None, mod
 
 def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) -> None:
     from ..archive_safety import load_exported_program
-    from ..errors import LoadError
+    from ..errors import LoadError, gist
 
     _tools(staged)
     try:
         ep = load_exported_program(path, trust_pickle)
     except LoadError as e:
-        cause = e.__cause__
-        detail = f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})" if cause else ""
-        raise ZooError(f"not a readable torch.export archive: {e.message}{detail}", path=path) from e
+        raise ZooError(f"not a readable torch.export archive: {gist(e)}", path=path) from e
     staged.copy(path, PROGRAM)
     staged.source["sha256"] = staged.known[PROGRAM]["sha256"]
     staged.architecture = {"kind": "torch.export", "file": PROGRAM}

@@ -38,19 +38,17 @@ def check_allowed(spec: str, allow: list[str] | tuple[str, ...] | None, name: st
 
 def _load_program(path: Path, name: str, version: str) -> Any:
     from ..archive_safety import load_exported_program
-    from ..errors import LoadError
+    from ..errors import LoadError, gist
 
     try:  # verified bytes; still checked and weights-only
         program = load_exported_program(path, trust_pickle=False)
     except LoadError as e:
-        cause = e.__cause__
-        detail = f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})" if cause else ""
-        raise ZooError(f"{name} version {version}: {e.message}{detail}", path=str(path)) from e
+        raise ZooError(f"{name} version {version}: {gist(e)}", path=str(path)) from e
     try:
         module = program.module()
     except Exception as e:
         raise ZooError(f"{name} version {version}: the stored program does not give a module "
-                       f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); the archive may need a newer torch",
+                       f"({type(e).__name__}: {gist(e, 200)}); the archive may need a newer torch",
                        path=str(path)) from e
     from ..torch_program import accept_keywords, follow_device
 

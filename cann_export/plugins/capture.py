@@ -153,7 +153,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
 
     from ..onnx_utils import session
     from ..opset_convert import OpsetConversionError
-    from ..validators.metrics import compare
+    from ..validators.metrics import all_pass, compare
 
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
 
@@ -161,15 +161,12 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         sess = session(m)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
-    def same(outs: list[Any], ref: list[Any]) -> bool:
-        return len(outs) == len(ref) and all(compare(a, r, ctx.options.tolerance)["passed"] for a, r in zip(outs, ref))
-
     try:
         after = run(converted)
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
     reference = getattr(ctx, "reference_outputs", None)
-    if reference and same(after, reference[0]):  # the usual case: the opset-18 graph is never run
+    if reference and all_pass(after, reference[0], ctx.options.tolerance):  # the usual case: the opset-18 graph is never run
         return
     try:
         before = run(original)

@@ -33,6 +33,11 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any
     return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
 
 
+def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> bool:
+    """Whether every output passes ``compare`` against its expected one (and the counts agree)."""
+    return len(actual) == len(expected) and all(compare(a, e, tol)["passed"] for a, e in zip(actual, expected))
+
+
 def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
     """Why a float reference output (one array per input set) cannot vouch for anything: non-finite
     in every element, or one constant value everywhere; None when it is usable."""
