@@ -72,3 +72,19 @@ def test_cli_trace_writes_the_stage_timeline(tmp_path):
     assert {e["args"]["status"] for e in stages if e["name"] == "capture"} != {"skipped"}
     for before, after in itertools.pairwise(stages):  # one after another, as they ran
         assert after["ts"] + 1e3 >= before["ts"] + before["dur"]
+
+
+def test_model_zoo_is_reachable_from_import_cann_torch():
+    """The seeds call ``cann.model_zoo.publish(...)`` having imported only ``cann.torch``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import cann.torch; print(cann.model_zoo.publish.__name__, cann.model_zoo.load_model.__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": ""})
+    assert proc.returncode == 0 and proc.stdout.split() == ["publish", "load_model"], proc.stderr
+    import cann
+
+    with pytest.raises(AttributeError):
+        _ = cann.no_such_module

@@ -230,3 +230,21 @@ def test_seed_config_values_are_checked(settings, needle, training_settings):
 
     with pytest.raises(errors.OptionsError, match=needle):
         cann.torch.config(**settings)
+
+
+def test_quant_layer_shows_the_wrapped_layers_attributes():
+    """Model code that reads its conv's geometry (transformers' MobileNet pads from ``conv.stride``) keeps
+    working once QAT wrapped the conv; unknown names still raise, and the wrapper deep-copies."""
+    import copy
+
+    from cann_export.qat.fake_quant import QuantLayer
+
+    conv = torch.nn.Conv2d(3, 4, 3, stride=2, dilation=1, groups=1)
+    q = QuantLayer(conv, 8)
+    assert (q.stride, q.kernel_size, q.in_channels, q.layer) == ((2, 2), (3, 3), 3, conv)
+    assert q.weight is conv.weight
+    with pytest.raises(AttributeError):
+        _ = q.no_such_attribute
+    twin = copy.deepcopy(q)
+    assert twin.stride == (2, 2) and twin.layer is not conv
+    assert torch.equal(twin(torch.ones(1, 3, 8, 8)), q(torch.ones(1, 3, 8, 8)))

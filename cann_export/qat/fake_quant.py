@@ -86,6 +86,17 @@ class QuantLayer(nn.Module):
         self.checkpointed = False  # recompute this layer in backward (gradient_checkpointing)
         self._ranged: bool | None = False  # None: unknown (buffers loaded), read once from the buffers
 
+    def __getattr__(self, name: str) -> Any:
+        """What the model's own code reads of the layer it called (``conv.stride``, ``kernel_size``,
+        ``in_features``: transformers' MobileNet pads from them) comes from the wrapped layer."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            layer = self.__dict__.get("_modules", {}).get("layer")
+            if layer is None or name.startswith("__"):
+                raise
+            return getattr(layer, name)
+
     @property
     def calibrated(self) -> bool:
         if self._ranged is None:
