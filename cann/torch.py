@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cann_export import tracking
 from cann_export.backend import profiler
+from cann_export.inputs import tracking
 
 __all__ = ["config", "device", "device_count", "disable", "enable", "export", "is_available", "prepare",
            "profiler", "resume", "set_device", "track"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ExportError
-from .hookspecs import hookimpl
+from .hooks.specs import hookimpl
 
 __version__ = "0.1.0"
 __all__ = ["ExportError", "ExportResult", "__version__", "errors", "export", "hookimpl", "inspect", "validate"]

@@ -6,10 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atc_hints, atomic, digests, errors, large_model, quant_stages, stages
-from . import plugin_manager as plugins
+from . import errors
+from .atc import hints as atc_hints
+from .capture import large_graph as large_model
+from .context import ExportContext
+from .fs import atomic, digests
+from .hooks import manager as plugins
 from .options import ExportOptions, Tolerance
-from .pipeline import STAGES, ExportContext, ProgressFn, run_stages
+from .pipeline import stages
+from .pipeline.runner import STAGES, ProgressFn, run_stages
+from .qat import stage as quant_stages
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
 
@@ -54,7 +60,7 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
     if unknown:
         raise errors.OptionsError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_FIELDS))}")
     if "input_shapes" in kwargs:
-        from .inputs import InputSpec, parse_input_shape
+        from .options import InputSpec, parse_input_shape
 
         kwargs["input_shapes"] = [s if isinstance(s, InputSpec) else parse_input_shape(s) for s in kwargs["input_shapes"]]
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
@@ -71,7 +77,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     ``trace``: a path for the stage timeline (Chrome trace JSON).
     """
     if trace is not None:
-        from .stage_trace import StageTimeline
+        from .pipeline.timeline import StageTimeline
 
         progress = StageTimeline(trace).wrap(progress)
     opts = _options(export_format, dict(options))
@@ -125,7 +131,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     parity = ctx.reports.get("parity")
     final_onnx = getattr(ctx, "final_onnx", None) or (
         (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
-    from .manifest import summarize_parity
+    from .bundle.manifest import summarize_parity
 
     return ExportResult(
         ok=bool(parity["passed"]) if parity else True,
@@ -151,8 +157,10 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     replace it explicitly), never under the tolerance the manifest records. Any difference between what the
     manifest claims and what was re-derived raises ``BundleMismatchError`` (exit 2) listing each one;
     ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised."""
-    from . import bundle_check, digests, om_stub
-    from .bundle import manifest_sha256, open_artifact
+    from .bundle import om_stub
+    from .bundle import rederive as bundle_check
+    from .bundle.read import manifest_sha256, open_artifact
+    from .fs import digests
 
     explicit = tolerance is not None or any(v is not None for v in tolerance_values.values())
     tol = tolerance or Tolerance()
@@ -190,13 +198,13 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
 
 def inspect(path: str | Path) -> dict[str, Any]:
     """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity."""
-    from .artifact_info import describe
+    from .bundle.inspect import describe
 
     return describe(Path(path))
 
 
 def to_json(data: Any) -> str:
-    """Strict RFC 8259 JSON of ``data``: what ``--json`` prints (see cann_export.jsonio)."""
-    from .jsonio import dumps
+    """Strict RFC 8259 JSON of ``data``: what ``--json`` prints (see cann_export.fs.jsonio)."""
+    from .fs.jsonio import dumps
 
     return dumps(data)

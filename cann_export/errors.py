@@ -106,7 +106,7 @@ def innermost_cause(e: BaseException) -> BaseException:
 def one_line(e: BaseException, limit: int = 400) -> str:
     """``str(e)`` on one line, without terminal colours; for a message that embeds a traceback
     (TorchScript, torch.onnx) the last line, which names the failure. Cut at ``limit`` characters."""
-    from .jsonio import strip_ansi
+    from .fs.jsonio import strip_ansi
 
     text = e.message if isinstance(e, ExportError) else str(e)
     lines = [line.strip() for line in strip_ansi(text).strip().splitlines() if line.strip()]

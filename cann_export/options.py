@@ -1,11 +1,48 @@
 """Export options, their defaults and their validation (done before any heavy work)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OptionsError
-from .inputs import InputSpec
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+# Inputs whose names say they hold token ids / masks default to int64.
+_INT_NAME = re.compile(r"(^|_)(ids?|mask|indices|positions?|labels?)$")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str | None = None  # None: float32, or int64 for token ids / masks
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype:
+            return self.dtype
+        return "int64" if _INT_NAME.search(self.name) else "float32"
+
+
+def parse_input_shape(text: str) -> InputSpec:
+    """Parse ``NAME:D1,D2,...[:DTYPE]``."""
+    parts = text.split(":")
+    hint = "write it as NAME:D1,D2,...[:DTYPE], e.g. input_ids:1,128:int64 or pixel_values:1,3,224,224"
+    if len(parts) not in (2, 3) or not parts[0].strip():
+        raise OptionsError(f"--input-shape {text!r} does not parse; {hint}")
+    name = parts[0].strip()
+    try:
+        shape = tuple(int(d) for d in parts[1].split(",") if d.strip() != "")
+    except ValueError as e:
+        raise OptionsError(f"--input-shape {text!r}: dimensions must be integers; {hint}") from e
+    if not shape or any(d <= 0 for d in shape):
+        raise OptionsError(f"--input-shape {text!r}: every dimension must be a positive integer; {hint}")
+    dtype = parts[2].strip() if len(parts) == 3 else None
+    if dtype is not None and dtype not in DTYPES:
+        raise OptionsError(f"--input-shape {text!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return InputSpec(name, shape, dtype)
+
 
 PRECISION_MODES = (
     "force_fp32", "cube_fp16in_fp32out", "force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype",

@@ -172,7 +172,7 @@ def test_callers_module_is_not_modified(tmp_path):
 
 
 def test_include_optimizer_state_writes_safetensors_beside_weights(tmp_path):
-    from cann_export.training_state import load_optimizer_state
+    from cann_export.bundle.training_state import load_optimizer_state
 
     model = make_mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

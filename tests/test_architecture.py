@@ -97,7 +97,7 @@ def test_the_walk_finds_a_cycle_when_there_is_one():
 
 
 def test_cli_help_imports_no_heavy_library():
-    code = ("import sys; from cann_export.cli import cli\n"
+    code = ("import sys; from cann_export.cli.main import cli\n"
             "try:\n    cli(['export', '--help'])\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

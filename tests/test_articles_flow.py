@@ -186,7 +186,7 @@ def test_profiler_trace_has_npu_operator_events(tmp_path):
 
 AFTER_ERROR = """
 import json, torch, cann.torch
-from cann_export.tracking import recorded_inputs
+from cann_export.inputs.tracking import recorded_inputs
 cann.torch.enable()
 m = torch.nn.Linear(3, 2)
 try:

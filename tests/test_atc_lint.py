@@ -11,9 +11,9 @@ from torch import nn
 
 import cann_export
 from cann_export import errors
-from cann_export.cli import _register_plugin_commands, cli
-from cann_export.module_paths import KEY
-from cann_export.validators import atc_lint
+from cann_export.atc import lint as atc_lint
+from cann_export.capture.module_paths import KEY
+from cann_export.cli.main import _register_plugin_commands, cli
 
 
 class MishHead(nn.Module):

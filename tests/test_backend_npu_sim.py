@@ -275,7 +275,7 @@ def test_resume_across_cpu_and_npu_sim(saved_on, resumed_on, tmp_path):
 
 
 def test_backends_command_lists_availability_with_reasons():
-    out = run("from cann_export.cli import main; main()", env={}, check=False)
+    out = run("from cann_export.cli.main import main; main()", env={}, check=False)
     proc = subprocess.run([sys.executable, "-m", "cann_export", "backends", "--json"], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -288,16 +288,15 @@ def test_backends_command_lists_availability_with_reasons():
 
 def test_qat_export_on_npu_sim_equals_cpu(tmp_path):
     """--backend npu-sim runs the QAT fine-tuning on the emulated npu: same scales as on the CPU."""
-    from safetensors.torch import save_file, save_model
-
     from helpers import digits
+    from safetensors.torch import save_file, save_model
 
     save_model(digits.trained(), str(tmp_path / "d.safetensors"))
     save_file({"x": digits.split()[0][:128].contiguous()}, str(tmp_path / "c.safetensors"))
     layers = {}
     for backend in ("cpu", "npu-sim"):
         out = tmp_path / f"{backend}.onnx"
-        code = "import sys; sys.argv = ['cann-export'] + sys.argv[1:]\nfrom cann_export.cli import main\nmain()\n"
+        code = "import sys; sys.argv = ['cann-export'] + sys.argv[1:]\nfrom cann_export.cli.main import main\nmain()\n"
         tests_dir = str(Path(__file__).parent)
         run(code, "export", str(tmp_path / "d.safetensors"), "--model-class", "helpers.digits:DigitsCNN", "--qat",
             "--calibration-data", str(tmp_path / "c.safetensors"), "--qat-steps", "4", "--backend", backend,

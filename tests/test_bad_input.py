@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import files
 
-from cann_export.cli import cli
+from cann_export.cli.main import cli
 
 
 def fails_cleanly(tmp_path, args, *, stage, needles, code=2):

@@ -32,7 +32,7 @@ def test_enable_records_outermost_call_only(tmp_path):
         cann.torch.disable()
     result = cann.torch.export(model=model, output_path=tmp_path / "m.onnx", export_format="onnx")
     assert result.manifest["model"]["inputs"][0]["shape"] == [3, 12]
-    from cann_export.tracking import recorded_inputs
+    from cann_export.inputs.tracking import recorded_inputs
 
     assert recorded_inputs(model.net[0]) is None  # nested modules were not recorded
 
@@ -55,8 +55,8 @@ def test_without_recorded_inputs_the_error_says_what_to_pass(tmp_path):
 def test_cli_trace_writes_the_stage_timeline(tmp_path):
     from click.testing import CliRunner
 
-    from cann_export.cli import cli
-    from cann_export.pipeline import STAGES
+    from cann_export.cli.main import cli
+    from cann_export.pipeline.runner import STAGES
 
     model = make_mlp().eval()
     path = tmp_path / "mlp.pt2"

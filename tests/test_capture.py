@@ -13,9 +13,10 @@ from helpers import arch_models
 from onnx import TensorProto, helper, numpy_helper
 
 import cann_export
-from cann_export import errors, module_paths
-from cann_export.onnx_utils import cleanup_graph, opset_of
-from cann_export.opset_convert import OpsetConversionError, convert
+from cann_export import errors
+from cann_export.capture import module_paths
+from cann_export.capture.onnx_utils import cleanup_graph, opset_of
+from cann_export.capture.opset_convert import OpsetConversionError, convert
 
 
 def _graph(result):
@@ -234,7 +235,7 @@ def test_module_level_fold_is_the_qat_fold():
 
 
 def test_contiguous_copy_before_views_keeps_the_program_equal():
-    from cann_export.plugins.capture import contiguous_before_views
+    from cann_export.capture.exporters import contiguous_before_views
 
     class Views(torch.nn.Module):
         def forward(self, x):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from helpers import files, hf_models
 from safetensors.torch import save_file
 
-from cann_export.cli import cli
+from cann_export.cli.main import cli
 
 
 def invoke(args):
@@ -122,14 +122,14 @@ def test_validate_under_a_tighter_explicit_tolerance_fails_with_exit_1(tmp_path)
 def test_plugins_lists_builtins_with_hooks():
     rows = json.loads(invoke(["plugins", "--json"]).stdout)
     by_name = {r["name"]: r for r in rows}
-    assert by_name["cann_export.plugins.formats"]["hooks"] == ["register_formats"]
+    assert by_name["cann_export.bundle.formats"]["hooks"] == ["register_formats"]
     assert all(r["version"] for r in rows)
     assert "register_loaders" in invoke(["plugins"]).stdout
 
 
 def test_real_subprocess_export_and_exit_codes(tmp_path, cli_env):
     model = files.state_dict(tmp_path)
-    exe = [sys.executable, "-c", "from cann_export.cli import main; main()"]
+    exe = [sys.executable, "-c", "from cann_export.cli.main import main; main()"]
     ok = subprocess.run([*exe, str(model), "--model-class", files.MLP_CLASS, "--input-shape", "x:4,12",
                          "--format", "onnx", "-o", str(tmp_path / "m.onnx"), "--json"],
                         capture_output=True, text=True, env=cli_env, timeout=300, check=False)
@@ -141,7 +141,7 @@ def test_real_subprocess_export_and_exit_codes(tmp_path, cli_env):
 
 
 def test_help_does_not_import_torch(cli_env):
-    code = "import sys; from cann_export.cli import main; sys.argv=['cann-export','--help']\n" \
+    code = "import sys; from cann_export.cli.main import main; sys.argv=['cann-export','--help']\n" \
            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'onnx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60, check=False)
     assert out.stdout.strip().splitlines()[-1] == "False False"

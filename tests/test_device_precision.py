@@ -14,7 +14,7 @@ from helpers.reference_emulation import run_device, values
 from torch import nn
 
 import cann_export
-from cann_export.module_paths import collect
+from cann_export.capture.module_paths import collect
 from cann_export.options import Tolerance
 from cann_export.validators.device_parity import device_report, fix_precision
 from cann_export.validators.device_policy import DevicePolicy, judge, topk_agreement
@@ -275,7 +275,7 @@ def test_fix_says_plainly_when_it_cannot_fix(tmp_path):
     x = torch.full((1, 4), 300.0)
     path = tmp_path / "ladder.pt2"
     torch.export.save(torch.export.export(Ladder().eval(), (x,)), str(path))
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o"), "--fix-precision", "--json"])
     assert result.exit_code == 1, result.output
@@ -371,7 +371,7 @@ def test_policy_noise_floor_fail_cosine_and_topk():
 def test_cli_prints_the_first_divergence(tmp_path):
     path = tmp_path / "m.pt2"
     torch.export.save(torch.export.export(Overflowing(), (big_input(),)), str(path))
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o")])
     assert result.exit_code == 1
@@ -379,7 +379,7 @@ def test_cli_prints_the_first_divergence(tmp_path):
 
 
 def test_validate_reruns_device_precision(tmp_path):
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     cann_export.export(Overflowing(), tmp_path / "fixed", example_inputs=(big_input(),), fix_precision=True)
     cann_export.export(Overflowing(), tmp_path / "broken", example_inputs=(big_input(),))

@@ -20,10 +20,12 @@ from safetensors.numpy import load_file, save_file
 from test_om import fake_atc, path_without_atc
 
 import cann_export
-from cann_export import bundle_check, digests, om_stub
-from cann_export.cli import cli
+from cann_export.bundle import om_stub
+from cann_export.bundle import rederive as bundle_check
+from cann_export.cli.main import cli
 from cann_export.errors import ValidateError
-from cann_export.plugin_manager import get_plugin_manager
+from cann_export.fs import digests
+from cann_export.hooks.manager import get_plugin_manager
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from helpers import files
 from helpers.files import Evil
 
-from cann_export.archive_safety import check_export_archive, load_exported_program
-from cann_export.archives import ArchiveError, open_checked
-from cann_export.cli import _register_plugin_commands, cli
+from cann_export.cli.main import _register_plugin_commands, cli
 from cann_export.errors import LoadError
+from cann_export.load.archive_safety import check_export_archive, load_exported_program
+from cann_export.load.archives import ArchiveError, open_checked
 
 _register_plugin_commands()
 
@@ -156,7 +156,7 @@ def test_the_crafted_archives_would_run_code_without_the_check(tmp_path):
     marker.unlink()
     # forced weights-only: refused, not run, even with the layout walk switched off
     with pytest.raises(LoadError, match="torch.export.load failed"), pytest.MonkeyPatch.context() as mp:
-        mp.setattr("cann_export.archive_safety.check_export_archive", lambda *a: None)
+        mp.setattr("cann_export.load.archive_safety.check_export_archive", lambda *a: None)
         load_exported_program(cases["use_pickle weight, protocol1"], trust_pickle=False)
     assert not marker.exists()
 
@@ -367,7 +367,7 @@ def test_program_returning_a_transformers_output_loads_in_a_fresh_process(tmp_pa
 def test_only_output_libraries_are_imported_for_a_pytree_name(tmp_path, monkeypatch):
     import sys
 
-    from cann_export.archive_safety import import_output_module
+    from cann_export.load.archive_safety import import_output_module
 
     (tmp_path / "planted_outputs_mod.py").write_text("import sys\nsys.modules[__name__].RAN = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from helpers import files
 from onnx import TensorProto, helper
 
-from cann_export import atomic, errors
-from cann_export.cli import cli
+from cann_export import errors
+from cann_export.cli.main import cli
+from cann_export.fs import atomic
 
 LITTER = (".cann-tmp-", ".cann-old-", ".cann-lock")
 

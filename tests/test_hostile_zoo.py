@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from helpers.toy_models import make_mlp
 
 from cann.model_zoo import ZooError, ZooIntegrityError, load_model, publish, pull, show, verify
-from cann_export.cli import cli
+from cann_export.cli.main import cli
+from cann_export.hooks.manager import get_plugin_manager
 from cann_export.model_zoo.files import manifest_bytes, manifest_digest
-from cann_export.plugin_manager import get_plugin_manager
 
 
 @pytest.fixture(scope="module", autouse=True)

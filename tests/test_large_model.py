@@ -57,7 +57,7 @@ def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):
     flipped byte in the file makes that weight come from the file, so the tampering shows in the outputs."""
     import types
 
-    from cann_export import large_model
+    from cann_export.capture import large_graph as large_model
 
     model = linear_stack()
     out = tmp_path / "m.onnx"

@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 from helpers import files
 
-from cann_export.cli import cli
+from cann_export.cli.main import cli
 
 
 def run(args):

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from helpers.toy_models import make_mlp
 
 from cann.model_zoo import load_model, show
-from cann_export.cli import cli
-from cann_export.plugin_manager import get_plugin_manager
+from cann_export.cli.main import cli
+from cann_export.hooks.manager import get_plugin_manager
 
 MLP_CLASS = "helpers.toy_models:make_mlp"
 
@@ -148,6 +148,6 @@ def test_zoo_verify_reports_tampering(tmp_path):
 def test_zoo_help_does_not_import_torch():
     code = ("import atexit, sys\n"
             "atexit.register(lambda: print('TORCH' if 'torch' in sys.modules else 'NO-TORCH'))\n"
-            "from cann_export.cli import main\nsys.argv = ['cann-export', 'zoo', '--help']\nmain()\n")
+            "from cann_export.cli.main import main\nsys.argv = ['cann-export', 'zoo', '--help']\nmain()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False).stdout
     assert "publish" in out and "pull" in out and out.strip().endswith("NO-TORCH")

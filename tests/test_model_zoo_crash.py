@@ -125,7 +125,7 @@ def _race(tmp_path: Path, zoo: Path, extra: list[str]) -> list[subprocess.Comple
     go = tmp_path / "go"
     script = ("import os, sys, time\n"
               f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
-              "from cann_export.cli import main\nsys.argv = ['cann-export'] + sys.argv[1:]\nmain()\n")
+              "from cann_export.cli.main import main\nsys.argv = ['cann-export'] + sys.argv[1:]\nmain()\n")
     procs = []
     for i in range(8):  # small distinct ONNX graphs: publishing them needs no torch import, so the race is at commit
         w = _onnx(tmp_path / f"m{i}.onnx", seed=100 + i)

@@ -14,10 +14,10 @@ from helpers import files
 from helpers.toy_models import make_mlp
 
 import cann_export
-from cann_export.cli import cli
+from cann_export.bundle import om
+from cann_export.cli.main import cli
 from cann_export.errors import ValidateError
-from cann_export.plugin_manager import get_plugin_manager
-from cann_export.plugins import om
+from cann_export.hooks.manager import get_plugin_manager
 
 ERROR_LINE = "E19010: No parser is registered for Op Foo"
 

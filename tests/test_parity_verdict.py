@@ -9,10 +9,11 @@ from helpers import hf_models, parity_models
 from safetensors.torch import save_file
 
 from cann_export import api
-from cann_export.cli import cli
+from cann_export.cli.main import cli
 from cann_export.errors import CaptureError, PrepareError, gist
-from cann_export.inputs import InputSpec, random_variants, tensors_from_specs
-from cann_export.jsonio import dumps, loads_strict
+from cann_export.fs.jsonio import dumps, loads_strict
+from cann_export.inputs.tensors import random_variants, tensors_from_specs
+from cann_export.options import InputSpec
 
 BRANCH_LINE = "parity_models.py:15"
 

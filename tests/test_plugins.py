@@ -10,7 +10,7 @@ from helpers.toy_models import make_mlp
 
 import cann_export
 from cann_export import errors, hookimpl
-from cann_export.plugin_manager import get_plugin_manager, registry
+from cann_export.hooks.manager import get_plugin_manager, registry
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ class TextFormat:
     lint = False
 
     def write(self, ctx, staging: Path):
-        from cann_export.onnx_utils import save_model
+        from cann_export.capture.onnx_utils import save_model
 
         files = save_model(ctx.onnx_model, staging / "model.onnx", external=False)
         ctx.onnx_path = files[0]
@@ -51,7 +51,7 @@ class TextFormat:
         ctx.manifest = {}
 
     def commit(self, ctx, staging):
-        from cann_export import atomic
+        from cann_export.fs import atomic
 
         atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
         return sorted(ctx.output_path.iterdir())
@@ -65,7 +65,7 @@ def test_third_party_format(plugin, tmp_path):
     plugin({"register_formats": register_formats}, "optext-plugin")
     result = cann_export.export(make_mlp(), tmp_path / "t", "optext", example_inputs=torch.randn(1, 12))
     assert result.ok and "Gemm" in (tmp_path / "t" / "ops.txt").read_text()
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     rows = json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).stdout)
     assert {"name": "optext-plugin", "hooks": ["register_formats"]}.items() <= \
@@ -75,7 +75,7 @@ def test_third_party_format(plugin, tmp_path):
 def test_duplicate_names_are_an_error(plugin):
     @hookimpl
     def register_formats(register):
-        from cann_export.plugins.formats import OnnxFormat
+        from cann_export.bundle.formats import OnnxFormat
 
         register(OnnxFormat())
 
@@ -137,7 +137,7 @@ def test_custom_loader_and_exporter(plugin, tmp_path):
             return path.suffix == ".mlp"
 
         def load(self, path, options):
-            from cann_export.pipeline import LoadedModel
+            from cann_export import LoadedModel
 
             return LoadedModel(make_mlp(hidden=int(path.read_text())), "module")
 
@@ -149,7 +149,7 @@ def test_custom_loader_and_exporter(plugin, tmp_path):
             return True
 
         def export(self, model, ctx):
-            from cann_export.plugins.capture import TorchScriptExporter
+            from cann_export.capture.exporters import TorchScriptExporter
 
             return TorchScriptExporter().export(model, ctx)
 
@@ -170,7 +170,7 @@ def test_custom_loader_and_exporter(plugin, tmp_path):
 def test_register_commands(plugin):
     import click
 
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     @click.command("hello")
     def hello():
@@ -189,7 +189,7 @@ def test_register_commands(plugin):
 
 
 def test_entry_point_allow_list(monkeypatch):
-    from cann_export import plugin_manager
+    from cann_export.hooks import manager as plugin_manager
 
     monkeypatch.setenv("CANN_EXPORT_LOAD_PLUGINS", "a, b")
     assert plugin_manager._allowed_entry_points() == {"a", "b"}
@@ -212,7 +212,7 @@ def thirdparty(plugin):
 def test_third_party_pieces_are_used_like_builtins(thirdparty, tmp_path):
     """Loader, exporter (picked by name on the CLI), backend (picked by auto's priority), validator, a format
     that declares it goes to ATC (so opset range, lint and device parity apply) and an ATC hint."""
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     (tmp_path / "m.mlp").write_text("16")
     out = tmp_path / "edge"
@@ -243,7 +243,7 @@ def test_third_party_pieces_are_used_like_builtins(thirdparty, tmp_path):
 
 
 def test_choices_come_from_the_registries(thirdparty):
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
 
     text = CliRunner().invoke(cli, ["export", "--help"]).stdout
     assert "edge_bundle" in text and "plain-ts" in text and "cpu-twin" in text
@@ -267,8 +267,8 @@ def test_an_object_missing_part_of_its_contract_is_refused(plugin):
 
 def test_plugins_show_their_own_distribution(tmp_path, monkeypatch):
     """An entry-point plugin from an installed distribution is listed with that distribution's version."""
-    from cann_export import plugin_manager
-    from cann_export.cli import cli
+    from cann_export.cli.main import cli
+    from cann_export.hooks import manager as plugin_manager
 
     pkg = tmp_path / "cannplug_demo"
     pkg.mkdir()
@@ -285,4 +285,4 @@ def test_plugins_show_their_own_distribution(tmp_path, monkeypatch):
     rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).stdout)}
     assert rows["demo"]["distribution"] == "cannplug-demo" and rows["demo"]["version"] == "1.2.3"
     assert rows["demo"]["hooks"] == ["provenance"] and not rows["demo"]["builtin"]
-    assert rows["cann_export.plugins.formats"]["distribution"] == "cann-export"
+    assert rows["cann_export.bundle.formats"]["distribution"] == "cann-export"

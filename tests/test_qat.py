@@ -5,12 +5,12 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import digits
 from safetensors.torch import save_file, save_model
 
 import cann_export
 from cann_export import errors
-from cann_export.cli import cli
-from helpers import digits
+from cann_export.cli.main import cli
 
 MODEL_CLASS = "helpers.digits:DigitsCNN"
 

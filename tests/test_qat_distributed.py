@@ -3,9 +3,8 @@ import json
 import subprocess
 import sys
 
-from safetensors.torch import save_file, save_model
-
 from helpers import digits
+from safetensors.torch import save_file, save_model
 
 
 def run(args, env, tmp_path):

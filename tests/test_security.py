@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from helpers import files
 
-from cann_export.cli import _register_plugin_commands, cli
+from cann_export.cli.main import _register_plugin_commands, cli
 
 _register_plugin_commands()  # zoo, convert, lint: the commands plugins add (main() does this)
 
@@ -93,7 +93,7 @@ def test_exported_bundles_are_not_private_to_the_exporter(tmp_path):
 
 
 def test_damaged_stub_payload_names_the_stub(tmp_path):
-    from cann_export import om_stub
+    from cann_export.bundle import om_stub
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()

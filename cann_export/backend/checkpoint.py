@@ -23,7 +23,7 @@ def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[s
 
     if model is None:
         from ..errors import OptionsError
-        from ..tracking import optimizers_of, tracked_model
+        from ..inputs.tracking import optimizers_of, tracked_model
 
         model = tracked_model()
         if model is None:

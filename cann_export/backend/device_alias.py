@@ -80,7 +80,7 @@ def _module_to(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from .. import tracking
+        from ..inputs import tracking
 
         result = to(self, *args, **kwargs)
         tracking.note_model(self)

@@ -101,7 +101,7 @@ def builtin_backends() -> list[Backend]:
 
 
 def backends() -> dict[str, Any]:
-    from ..plugin_manager import registry
+    from ..hooks.manager import registry
 
     return registry().backends()
 

@@ -22,7 +22,7 @@ def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
 def stage_artifact(staged: Any, path: Path) -> None:
     """Stage an exported artifact (bundle directory, single-file bundle, om-stub or .onnx) under its target key;
     a bundle's torch.export program becomes the version's architecture."""
-    from ..bundle import open_artifact, read_bundle, verify_files
+    from ..bundle.read import open_artifact, read_bundle, verify_files
     from ..errors import ValidateError
 
     if path.suffix == ".onnx" and path.is_file():
@@ -80,8 +80,8 @@ def stage_artifact(staged: Any, path: Path) -> None:
 def _stage_bundle_program(staged: Any, program: Path, key: str) -> None:
     """The bundle's torch.export program becomes the version's architecture (checked weights-only now, and
     again at every load), so load_model(framework="pytorch") needs no model_class."""
-    from ..archive_safety import check_export_archive
     from ..errors import LoadError
+    from ..load.archive_safety import check_export_archive
 
     try:
         check_export_archive(program, trust_pickle=False)

@@ -79,7 +79,7 @@ def _is_artifact(path: Path) -> bool:
         return (path / "manifest.json").is_file()
     if path.suffix == ".onnx":
         return True
-    from ..bundle import open_artifact
+    from ..bundle.read import open_artifact
     from ..errors import ExportError
 
     try:
@@ -160,8 +160,8 @@ def _stage_weights_file(staged: Staged, path: Path, model_class: str | None, mod
 
 
 def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) -> None:
-    from ..archive_safety import load_exported_program
     from ..errors import LoadError, gist
+    from ..load.archive_safety import load_exported_program
 
     _tools(staged)
     try:
@@ -180,7 +180,7 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
 
     import torch
 
-    from ..plugins.loaders import split_checkpoint
+    from ..load.loaders import split_checkpoint
 
     _tools(staged)
     staged.source["sha256"] = hash_file(path)["sha256"]
@@ -256,7 +256,7 @@ def _save_state(staged: Staged, obj: Any, converted_from: str) -> None:
 
 
 def _import(spec: str) -> Any:
-    from ..plugins.loaders import import_callable
+    from ..load.loaders import import_callable
 
     try:
         return import_callable(spec)

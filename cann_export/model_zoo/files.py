@@ -65,7 +65,7 @@ def copy_hashed(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def hash_file(path: Path) -> dict[str, Any]:
-    from ..digests import sha256_file
+    from ..fs.digests import sha256_file
 
     return {"sha256": sha256_file(path), "size": path.stat().st_size}
 

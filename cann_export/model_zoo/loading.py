@@ -37,8 +37,8 @@ def check_allowed(spec: str, allow: list[str] | tuple[str, ...] | None, name: st
 
 
 def _load_program(path: Path, name: str, version: str) -> Any:
-    from ..archive_safety import load_exported_program
     from ..errors import LoadError, gist
+    from ..load.archive_safety import load_exported_program
 
     try:  # verified bytes; still checked and weights-only
         program = load_exported_program(path, trust_pickle=False)
@@ -50,7 +50,7 @@ def _load_program(path: Path, name: str, version: str) -> Any:
         raise ZooError(f"{name} version {version}: the stored program does not give a module "
                        f"({type(e).__name__}: {gist(e, 200)}); the archive may need a newer torch",
                        path=str(path)) from e
-    from ..torch_program import accept_keywords, follow_device
+    from ..bundle.torch_program import accept_keywords, follow_device
 
     return follow_device(accept_keywords(module))  # called by name as well as by position; .to(device) moves it
 
@@ -81,7 +81,7 @@ def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_
                        "'pkg.module:Callable' (and model_kwargs=) to load_model, or framework='onnx'")
     if arch["kind"] == "torch.export":
         return _load_program(root / arch["file"], name, version)
-    from ..plugins.loaders import import_callable
+    from ..load.loaders import import_callable
 
     try:
         factory = import_callable(arch["callable"])
@@ -104,7 +104,7 @@ def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path:
     import torch
     from safetensors.torch import load_file
 
-    from ..plugins.loaders import import_callable
+    from ..load.loaders import import_callable
 
     try:
         factory = import_callable(arch["callable"])

@@ -61,7 +61,7 @@ def pull(ref: str, output: str | os.PathLike, version: str | None = None, target
     """Copy a verified version (only ``target``'s artifact when given) into ``output``, atomically."""
     import shutil
 
-    from .. import atomic
+    from ..fs import atomic
     from .verify import selected
 
     store = open_store(zoo)

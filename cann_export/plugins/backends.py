@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from ..hookspecs import hookimpl
+from ..hooks.specs import hookimpl
 
 
 @hookimpl

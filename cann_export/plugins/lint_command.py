@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import module_paths
-from ..hookspecs import hookimpl
-from ..validators.atc_lint import lint_model, parse_cann_version
+from ..atc.lint import lint_model, parse_cann_version
+from ..capture import module_paths
+from ..hooks.specs import hookimpl
 
 
 def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
@@ -27,7 +27,7 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
         if not manifest_path.is_file():
             raise LintError("not an atc_ready bundle (no manifest.json); pass the bundle directory or an .onnx file",
                             path=path)
-        from ..bundle_check import check_bundle
+        from ..bundle.rederive import check_bundle
         from ..errors import ValidateError
 
         try:  # lint the graph and the ATC options the bundle really holds, re-derived, not read back
@@ -35,7 +35,7 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
         except ValidateError as e:
             raise LintError(e.message, path=e.path) from e
         if checked.options is not None:
-            from ..atc_hints import effective_precision
+            from ..atc.hints import effective_precision
 
             hints = dict(checked.options.atc_hints)
             precision = effective_precision(checked.options)
@@ -46,7 +46,7 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
         raise LintError(f"not a readable ONNX model ({type(e).__name__}); pass an .onnx file or an atc_ready bundle",
                         path=onnx_path) from e
     if not path.is_dir():
-        stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc_hints")
+        stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc.hints")
         if stored:
             try:
                 hints = dict(json.loads(stored))
@@ -80,15 +80,13 @@ def register_commands(cli):
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
     def lint_cmd(path: str, cann_version: str, atc_hints: tuple[str, ...], as_json: bool) -> None:
         """Check an .onnx file or an atc_ready bundle against what ATC accepts (no CANN install needed)."""
-        from ..cli import run_guarded
-
         def body() -> int:
             from ..errors import LintError
             from ..options import parse_key_values
 
             if parse_cann_version(cann_version) is None:
                 raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
-            from ..bundle import open_artifact
+            from ..bundle.read import open_artifact
             from ..errors import ValidateError
 
             try:
@@ -98,11 +96,11 @@ def register_commands(cli):
                 raise LintError(e.message, path=e.path) from e
             report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
             if as_json:
-                from ..jsonio import dumps
+                from ..fs.jsonio import dumps
 
                 click.echo(dumps({"ok": report["passed"], "path": path, **report}))
             else:
                 _print_report(path, report)
             return 0 if report["passed"] else 1
 
-        run_guarded(as_json, body)
+        return body()

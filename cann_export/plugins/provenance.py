@@ -6,7 +6,7 @@ import platform
 from importlib import metadata
 from typing import Any
 
-from ..hookspecs import hookimpl
+from ..hooks.specs import hookimpl
 
 
 def _version(dist: str) -> str:

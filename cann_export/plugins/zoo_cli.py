@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..hookspecs import hookimpl
+from ..hooks.specs import hookimpl
 
 ZOO_HELP = "Model zoo: a directory or s3://bucket/prefix (default: $CANN_MODEL_ZOO or ~/.cache/cann-export/zoo)."
 
@@ -23,12 +23,6 @@ def _common(fn: Any) -> Any:
 
     fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(fn)
     return click.option("--zoo", envvar="CANN_MODEL_ZOO", default=None, help=ZOO_HELP)(fn)
-
-
-def _guarded(as_json: bool, body: Any) -> None:
-    from ..cli import run_guarded
-
-    run_guarded(as_json, body)
 
 
 def _kwargs(raw: str | None) -> dict[str, Any]:
@@ -76,7 +70,7 @@ def publish_command(click: Any) -> Any:
                            f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return publish_cmd
 
@@ -102,7 +96,7 @@ def list_command(click: Any) -> Any:
                            f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return list_cmd
 
@@ -148,7 +142,7 @@ def show_command(click: Any) -> Any:
                 _print_show(click, info)
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return show_cmd
 
@@ -174,7 +168,7 @@ def pull_command(click: Any) -> Any:
                            f"({len(result['files'])} files, verified; manifest sha256 {result['manifest_sha256']})")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return pull_cmd
 
@@ -198,7 +192,7 @@ def alias_command(click: Any) -> Any:
                 click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return alias_cmd
 
@@ -231,7 +225,7 @@ def verify_command(click: Any) -> Any:
                            "again", err=True)
             return 0 if report["ok"] else EXIT_PARITY_FAILED
 
-        _guarded(as_json, body)
+        return body()
 
     return verify_cmd
 
@@ -256,7 +250,7 @@ def keygen_command(click: Any) -> Any:
                            f"(key id {result['key_id']})")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return keygen_cmd
 
@@ -280,7 +274,7 @@ def gc_command(click: Any) -> Any:
                     click.echo(f"  {entry}")
             return 0
 
-        _guarded(as_json, body)
+        return body()
 
     return gc_cmd
 

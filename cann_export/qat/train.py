@@ -64,7 +64,7 @@ def _shard(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, t
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
-    from ..inputs import flatten_outputs
+    from ..inputs.tensors import flatten_outputs
 
     return [t for t in flatten_outputs(out)[1] if t.is_floating_point()]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import module_paths
+from ..capture import module_paths
 from .device_policy import DevicePolicy, compare_output, cosine, judge
 from .precision import Emulator
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..hookspecs import hookimpl
-
 
 def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
     """Run every input set through onnxruntime (CPU); returns output names and outputs per set.
@@ -19,7 +17,7 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = Fal
     of this runtime that the Q/DQ semantics, and ATC, do not have."""
     import onnxruntime as ort
 
-    from ..large_model import parity_session
+    from ..capture.large_graph import parity_session
 
     session = parity_session(Path(path))  # a large export's graph: weights not held twice
     if session is None:
@@ -74,7 +72,7 @@ class ParityValidator:
     formats = "*"
 
     def check(self, ctx: Any) -> dict[str, Any]:
-        from ..trace_check import apply_verdict
+        from ..capture.trace_check import apply_verdict
 
         report = self.check_graph(ctx)
         report["input_sets_from"] = dict(ctx.reports.get("reference", {}).get("input_sets", {}))
@@ -90,7 +88,7 @@ class ParityValidator:
         # our QAT's lowering, or a graph that arrived quantized (torch.ao / torchao PT2E QAT exported as Q/DQ)
         quantized = bool(ctx.quant_table) or any(n.op_type == "QuantizeLinear" for n in ctx.onnx_model.graph.node)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
-        from ..large_model import sharing
+        from ..capture.large_graph import sharing
 
         with sharing(ctx):
             report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
@@ -103,12 +101,12 @@ class ParityValidator:
         if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
             return report
         if getattr(ctx, "large_graph", None) is not None:
-            from ..large_model import device_parity_note
+            from ..capture.large_graph import device_parity_note
 
             return device_parity_note(report, ctx)
         import onnx
 
-        from ..atc_hints import effective_precision
+        from ..atc.hints import effective_precision
 
         keep = ctx.reports.get("atc", {}).get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
@@ -148,8 +146,3 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
 
 def to_numpy(t: Any) -> Any:
     return t.detach().cpu().numpy()
-
-
-@hookimpl
-def register_validators(register):
-    register(ParityValidator())

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cann_export import atomic, hookimpl
+from cann_export import hookimpl
+from cann_export.fs import atomic
 
 EVENTS: list[str] = []  # what the plugin's objects were asked to do, in order
 
@@ -23,7 +24,7 @@ class EdgeBundle:
     lint = True
 
     def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from cann_export.onnx_utils import save_model
+        from cann_export.capture.onnx_utils import save_model
 
         files = save_model(ctx.onnx_model, staging / "model.onnx", False)
         ctx.onnx_path = files[0]
@@ -89,7 +90,7 @@ class WidthFileLoader:
         return path.suffix == ".mlp"
 
     def load(self, path: Path, options: Any) -> Any:
-        from cann_export.pipeline import LoadedModel
+        from cann_export import LoadedModel
         from helpers.toy_models import make_mlp
 
         EVENTS.append("loader.load")

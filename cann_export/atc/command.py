@@ -1,0 +1,229 @@
+"""ATC hints (the options of Huawei's ``atc`` converter) and their rendering into ``atc/``.
+
+Each hint is a HintSpec: a name ATC knows, a normaliser that refuses bad values with the accepted
+ones, and the options ATC refuses alongside it. ``render`` writes ``atc/convert.sh`` and the config
+files ATC reads (keep_dtype.cfg, fusion_switch.cfg, aipp.cfg), mapping PyTorch module paths in
+``keep_dtype`` to the ONNX node names that implement them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..hooks.manager import registry
+from ..options import PRECISION_MODES
+
+PRECISION_MODES_V2 = ("fp16", "origin", "cube_fp16in_fp32out", "mixed_float16", "mixed_bfloat16", "mixed_hif8")
+IMPL_MODES = ("high_precision", "high_performance", "high_precision_for_all", "high_performance_for_all")
+INPUT_FORMATS = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC")
+LOG_LEVELS = ("debug", "info", "warning", "error", "null")
+DYNAMIC = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def normalize(value: Any) -> str:
+        if str(value) not in options:
+            raise ValueError(f"accepted values: {', '.join(options)}")
+        return str(value)
+    return normalize
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, (str, int)) or str(value).strip() == "":
+        raise ValueError("expected a non-empty string")
+    return str(value).strip()
+
+
+def _pattern(regex: str, example: str) -> Callable[[Any], str]:
+    def normalize(value: Any) -> str:
+        text = _text(value).replace(" ", "")
+        if not re.fullmatch(regex, text):
+            raise ValueError(f"expected a value like {example}")
+        return text
+    return normalize
+
+
+def _name_list(value: Any) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise ValueError("expected a list of names (or a comma-separated string)")
+    return [i.strip() for i in items]
+
+
+def _fusion_switch(value: Any) -> dict[str, dict[str, str]]:
+    """``{"Pass": "off"}`` (graph fusion), ``{"GraphFusion": {...}, "UBFusion": {...}}`` or ``"Pass:off,..."``."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip().startswith("{") else dict(
+            part.split(":", 1) for part in value.split(",") if ":" in part)
+    if not isinstance(value, dict) or not value:
+        raise ValueError('expected {"PassName": "on"|"off"} or {"GraphFusion": {...}, "UBFusion": {...}}')
+    nested = {k: v for k, v in value.items() if k in ("GraphFusion", "UBFusion")}
+    groups = nested if nested else {"GraphFusion": value}
+    for group in groups.values():
+        for name, state in group.items():
+            if str(state).lower() not in ("on", "off"):
+                raise ValueError(f"fusion pass {name}: state must be on or off, not {state!r}")
+    return {g: {k: str(v).lower() for k, v in group.items()} for g, group in groups.items()}
+
+
+def _aipp(value: Any) -> list[dict[str, Any]]:
+    """One aipp_op block (a dict) or several (a list of dicts); JSON text is accepted from the CLI."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    blocks = [value] if isinstance(value, dict) else value
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
+        raise ValueError("expected a dict of aipp_op fields, e.g. {'input_format': 'RGB888_U8', 'src_image_size_w': 224}")
+    for block in blocks:
+        for key in block:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)):
+                raise ValueError(f"aipp field {key!r} is not an aipp_op field name")
+    return [{"aipp_mode": "static", **b} for b in blocks]
+
+
+@dataclass(frozen=True)
+class HintSpec:
+    """An ATC hint (see contracts.AtcHint). ``custom``: this plugin renders it itself (an option of its own,
+    a cfg file); otherwise a non-advisory hint becomes ``--name=value`` in convert.sh, as a plugin's does."""
+
+    name: str
+    normalize: Callable[[Any], Any]
+    conflicts: tuple[str, ...] = ()
+    advisory: bool = False
+    custom: bool = False
+
+
+BUILTIN_HINTS = (
+    HintSpec("soc_version", _text, custom=True),
+    HintSpec("precision_mode", _choice(PRECISION_MODES), conflicts=("precision_mode_v2",), custom=True),
+    HintSpec("precision_mode_v2", _choice(PRECISION_MODES_V2), conflicts=("precision_mode",)),
+    HintSpec("keep_dtype", _name_list, custom=True),
+    HintSpec("op_select_implmode", _choice(IMPL_MODES)),
+    HintSpec("optypelist_for_implmode", _name_list),
+    HintSpec("fusion_switch", _fusion_switch, custom=True),
+    HintSpec("input_format", _choice(INPUT_FORMATS)),
+    HintSpec("input_shape", _pattern(r"[\w./:-]+:-?\d+(,-?\d+)*(;[\w./:-]+:-?\d+(,-?\d+)*)*", "x:1,3,224,224;y:1,10"),
+             custom=True),
+    HintSpec("dynamic_batch_size", _pattern(r"\d+(,\d+)+", "1,2,4,8"),
+             conflicts=("dynamic_image_size", "dynamic_dims", "input_shape_range")),
+    HintSpec("dynamic_image_size", _pattern(r"\d+,\d+(;\d+,\d+)+", "224,224;448,448"),
+             conflicts=("dynamic_batch_size", "dynamic_dims", "input_shape_range")),
+    HintSpec("dynamic_dims", _pattern(r"\d+(,\d+)*(;\d+(,\d+)*)+", "20,20;40,40"),
+             conflicts=("dynamic_batch_size", "dynamic_image_size", "input_shape_range", "aipp")),
+    HintSpec("input_shape_range", _text,
+             conflicts=("dynamic_batch_size", "dynamic_image_size", "dynamic_dims")),
+    HintSpec("out_nodes", _pattern(r"[^;:]+:\d+(;[^;:]+:\d+)*", "node_a:0;node_b:1")),
+    HintSpec("aipp", _aipp, conflicts=("dynamic_dims",), custom=True),
+    HintSpec("log", _choice(LOG_LEVELS)),
+    HintSpec("insert_teacache", _name_list, advisory=True),
+    HintSpec("memory_layout", _text, advisory=True),
+)
+
+
+def hint_args(spec: Any, value: Any) -> list[str]:
+    """The convert.sh arguments of a pass-through hint: the spec's own ``render(value)`` when it has one,
+    else ``--name=value`` (lists comma-joined)."""
+    if callable(getattr(spec, "render", None)):
+        return [str(a) for a in spec.render(value)]
+    return [f"--{spec.name}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"]
+
+
+def input_shape_arg(inputs: list[dict[str, Any]]) -> str:
+    return ";".join(f"{i['name']}:{','.join(str(d) if isinstance(d, int) and d > 0 else '-1' for d in i['shape'])}"
+                    for i in inputs)
+
+
+def keep_dtype_nodes(entries: list[str], model: Any, module_paths: dict[str, str]) -> tuple[list[str], dict]:
+    """ATC keep_dtype lines: ``OpType::X`` and ONNX node names pass through; a PyTorch module path
+    becomes the names of every node it (or a child module) produced."""
+    names = {n.name for n in model.graph.node}
+    lines, mapping = [], {}
+    for entry in entries:
+        if "::" in entry or entry in names:
+            lines.append(entry)
+            continue
+        matched = [node for node, path in module_paths.items()
+                   if node in names and (path == entry or path.startswith(entry + "."))]
+        if not matched:
+            raise ValueError(f"keep_dtype entry {entry!r} is neither an ONNX node name, an OpType::X entry nor "
+                             "the path of a PyTorch module that produced nodes")
+        mapping[entry] = matched
+        lines.extend(matched)
+    return list(dict.fromkeys(lines)), mapping
+
+
+def aipp_prototxt(blocks: list[dict[str, Any]]) -> str:
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        text = str(v)
+        return text if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) else json.dumps(text)
+
+    out = []
+    for block in blocks:
+        out.append("aipp_op {")
+        out.extend(f"    {k}: {value(v)}" for k, v in block.items())
+        out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: str = "model") -> list[Path]:
+    """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports["atc"]."""
+    from ..capture.onnx_utils import describe_values
+    from .hints import effective_precision
+
+    opts, hints = ctx.options, ctx.options.atc_hints
+    atc_dir = bundle / "atc"
+    atc_dir.mkdir(exist_ok=True)
+    files: list[Path] = []
+    args = ["atc", "--framework=5", f"--model={model_file}", f"--output={output_stem}",
+            f"--soc_version={opts.soc_version}",
+            f"--input_shape={hints.get('input_shape') or input_shape_arg(describe_values(ctx.onnx_model.graph.input))}"]
+    if "precision_mode_v2" not in hints:
+        args.append(f"--precision_mode={opts.precision_mode}")
+    specs = registry().atc_hints()
+    args += [arg for k in hints if not (specs[k].advisory or getattr(specs[k], "custom", False))
+             for arg in hint_args(specs[k], hints[k])]
+    report: dict[str, Any] = {"soc_version": opts.soc_version, "precision_mode": effective_precision(ctx.options),
+                              "hints": dict(hints), "advisory": {k: hints[k] for k in hints if specs[k].advisory}}
+    keep = list(hints.get("keep_dtype", [])) + list(ctx.reports.get("precision_fix", {}).get("kept", []))
+    if keep:
+        lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
+        files.append(_write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n"))
+        args.append("--keep_dtype=atc/keep_dtype.cfg")
+        report["keep_dtype"] = {"nodes": lines, "module_paths": mapping}
+    if "fusion_switch" in hints:
+        files.append(_write(atc_dir / "fusion_switch.cfg", json.dumps({"Switch": hints["fusion_switch"]}, indent=4)))
+        args.append("--fusion_switch_file=atc/fusion_switch.cfg")
+    if "aipp" in hints:
+        files.append(_write(atc_dir / "aipp.cfg", aipp_prototxt(hints["aipp"])))
+        args.append("--insert_op_conf=atc/aipp.cfg")
+    if "insert_teacache" in hints:
+        report["insert_teacache_nodes"] = {
+            path: sorted(n for n, p in ctx.module_paths.items() if p == path or p.startswith(path + "."))
+            for path in hints["insert_teacache"]}
+    script = _write(atc_dir / "convert.sh", convert_script(args))
+    os.chmod(script, 0o755)
+    report["command"] = args
+    ctx.reports["atc"] = report
+    return [script, *files]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def convert_script(args: list[str]) -> str:
+    return ("#!/usr/bin/env bash\n"
+            "# Converts model.onnx to an Ascend offline model (.om). Run on a machine with CANN installed.\n"
+            "set -euo pipefail\n"
+            'cd "$(dirname "$0")/.."\n'
+            + " ".join(shlex.quote(a) for a in args) + ' "$@"\n')

@@ -1,0 +1,268 @@
+"""ATC lint: what Huawei's ``atc`` converter would refuse, found without a CANN install.
+
+Checks the ONNX graph against the target CANN release: the graph opset, every op type against the
+published list of ONNX operators ATC parses (``data/atc_onnx_ops.json``, which records its source),
+input dtypes and shapes against the dynamic-shape hints, and quantized graphs against the hints and
+precision mode. Every finding names the ONNX node and the PyTorch module it came from.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ..capture import module_paths as mp
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
+HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+# TensorProto data types (onnx.TensorProto enum values), so this module needs no onnx import to classify
+FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10
+INTEGER_OK = {INT32: "int32", INT64: "int64"}
+
+
+@functools.lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """The packaged table of ONNX operators ATC parses (see its ``source`` and ``notes``)."""
+    from importlib.resources import files
+
+    return json.loads(files("cann_export.atc.data").joinpath("atc_onnx_ops.json").read_text(encoding="utf-8"))
+
+
+def parse_cann_version(text: str) -> tuple[int, int] | None:
+    """``"8.0"``, ``"7.0.RC1"``, ``"6.3.RC2"``, ``"8.0.0"`` -> (major, minor); None when it does not parse."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.[0-9A-Za-z.]+)?\s*", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def opset_range(version: tuple[int, int]) -> tuple[int, int]:
+    """The ONNX opsets ATC of this CANN release parses (from the ATC guides the table cites)."""
+    for row in load_table()["opset_ranges"]:
+        if version[0] >= row["min_major"] and (row["max_major"] is None or version[0] <= row["max_major"]):
+            return tuple(row["opsets"])  # type: ignore[return-value]
+    return (9, 13)
+
+
+class _Findings(list):
+    def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
+            op_type: str | None = None) -> None:
+        module = None
+        if node is not None:
+            module = (module_paths or {}).get(node.name)
+            if module is None:
+                module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+            message = f"{where(node, module_paths)}: {message}"
+        self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
+                     "module": module, "op_type": op_type or (node.op_type if node is not None else None),
+                     "message": message})
+
+
+def where(node: Any, module_paths: dict[str, str] | None) -> str:
+    """``module encoder.layer.0.attn (Softmax), node 'n'``: the PyTorch module and the ONNX node."""
+    path = (module_paths or {}).get(node.name)
+    if path is None:
+        path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+    name = node.name or "<unnamed>"
+    props = {p.key: p.value for p in node.metadata_props}
+    op = f"{node.op_type} + folded {props[mp.FOLDED]}" if mp.FOLDED in props else node.op_type
+    line = f" at {props[mp.SOURCE]}" if mp.SOURCE in props else ""
+    if path is None:
+        return f"node {name!r} ({op}), PyTorch module unknown{line}"
+    root = f"the root module {props[mp.ROOT]}" if mp.ROOT in props else "the root module"
+    return f"{root if path == '' else 'module ' + path} ({op}), node {name!r}{line}"
+
+
+def _nodes(graph: Any) -> Iterator[Any]:
+    """Every node, including those in If/Loop/Scan bodies."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nodes(attr.g)
+            for g in attr.graphs:
+                yield from _nodes(g)
+
+
+def _graph_opset(model: Any) -> int | None:
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    return None
+
+
+def _fixed_dims(hints: dict[str, Any]) -> dict[str, list[int]]:
+    """``input_shape`` hint ``x:1,3,224,224;y:1,10`` -> {name: dims}."""
+    out: dict[str, list[int]] = {}
+    for part in str(hints.get("input_shape") or "").split(";"):
+        name, sep, dims = part.rpartition(":")
+        if sep and name:
+            try:
+                out[name] = [int(d) for d in dims.split(",")]
+            except ValueError:
+                continue
+    return out
+
+
+def _covering_hint(hints: dict[str, Any], axis: int | None, rank: int | None) -> str | None:
+    """The dynamic-profile hint that lets ATC accept a dynamic dimension at ``axis`` (None: unknown rank)."""
+    if "input_shape_range" in hints:
+        return "input_shape_range"
+    if axis is None:
+        return None
+    if "dynamic_dims" in hints:
+        return "dynamic_dims"
+    if "dynamic_batch_size" in hints and axis == 0:
+        return "dynamic_batch_size"
+    if "dynamic_image_size" in hints and rank == 4 and axis in (1, 2, 3):  # H, W of NCHW or NHWC
+        return "dynamic_image_size"
+    return None
+
+
+def _check_inputs(model: Any, hints: dict[str, Any], findings: _Findings) -> None:
+    initializers = {i.name for i in model.graph.initializer}
+    fixed = _fixed_dims(hints)
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        name = value.name
+        t = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            findings.add("error", "input-type", f"input {name!r} is not a tensor; ATC takes tensor inputs only")
+            continue
+        dtype = t.elem_type
+        if dtype in (FLOAT, FLOAT16):
+            pass
+        elif dtype in INTEGER_OK:
+            findings.add("warning", "input-dtype",
+                         f"input {name!r} is {INTEGER_OK[dtype]}: ATC accepts it for index-like inputs (token ids, "
+                         "masks, positions); any other input must be float32 or float16")
+        elif dtype == UINT8:
+            if "aipp" not in hints:
+                findings.add("error", "input-dtype",
+                             f"input {name!r} is uint8: ATC takes uint8 images only through AIPP; pass an aipp hint "
+                             "(--atc-hint aipp=...) or take float32/float16 input")
+        else:
+            findings.add("error", "input-dtype",
+                         f"input {name!r} is {_dtype_name(dtype)}: ATC model inputs must be float32 or float16 "
+                         "(int32/int64 for index-like inputs); cast inside the model instead")
+        if not t.HasField("shape"):
+            hint = _covering_hint(hints, None, None)
+            if hint is None:
+                findings.add("error", "dynamic-shape",
+                             f"input {name!r} has no shape (unknown rank): ATC needs a static shape or an "
+                             "input_shape_range hint")
+            continue
+        dims = list(t.shape.dim)
+        shown = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        for axis, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                findings.add("error", "zero-dim",
+                             f"input {name!r} has shape {shown} with dimension {axis} equal to 0: ATC refuses "
+                             "empty tensors; export with a non-empty example input")
+                continue
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            pinned = fixed.get(name)
+            if pinned and axis < len(pinned) and pinned[axis] > 0:
+                continue  # the input_shape hint fixes it
+            if _covering_hint(hints, axis, len(dims)) is None:
+                label = d.dim_param or "-1"
+                findings.add("error", "dynamic-shape",
+                             f"input {name!r} has shape {shown} with dynamic dimension {axis} ({label}) and no "
+                             "dynamic profile covers it: ATC converts static shapes only unless you pass "
+                             "dynamic_batch_size (axis 0), dynamic_image_size (H,W), dynamic_dims or "
+                             "input_shape_range, or fix it with input_shape")
+
+
+def _dtype_name(dtype: int) -> str:
+    try:
+        import onnx
+
+        return onnx.TensorProto.DataType.Name(dtype).lower()
+    except Exception:  # noqa: BLE001
+        return f"dtype {dtype}"
+
+
+def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | None = None,
+               precision_mode: str = "force_fp16", module_paths: dict[str, str] | None = None) -> dict[str, Any]:
+    """Lint an onnx.ModelProto; returns the report (see module docstring). Collects every finding."""
+    hints = dict(hints or {})
+    module_paths = module_paths or {}
+    table = load_table()
+    ops = table["ops"]
+    known_domains = set(table.get("known_domains", []))
+    findings = _Findings()
+
+    version = parse_cann_version(cann_version)
+    opset = _graph_opset(model)
+    if version is None:
+        findings.add("error", "cann-version", f"CANN version {cann_version!r} does not parse; write it like 8.0, "
+                                              "7.0.RC1 or 6.3.RC2")
+    elif opset is None:
+        findings.add("error", "opset", "the graph imports no ai.onnx opset; ATC cannot parse it")
+    else:
+        low, high = opset_range(version)
+        if not low <= opset <= high:
+            findings.add("error", "opset",
+                         f"the graph is at ONNX opset {opset}, but ATC of CANN {cann_version} parses opset "
+                         f"{low}..{high} (E19010 'No parser is registered for Op ... ai.onnx::{opset}::...' at "
+                         f"conversion); export with --opset {min(max(opset, low), high)} or target a newer CANN")
+
+    quantized = False
+    for node in _nodes(model.graph):
+        if node.op_type in QDQ and node.domain in DEFAULT_DOMAINS:
+            quantized = True
+        if node.domain not in DEFAULT_DOMAINS:
+            if node.domain not in known_domains:
+                findings.add("error", "custom-domain",
+                             f"op {node.op_type} is in custom domain {node.domain!r}: ATC parses only ai.onnx ops "
+                             f"(E19010 at conversion); rewrite it with standard ops or register a custom ATC ONNX "
+                             "parser plugin for it", node, module_paths)
+            continue
+        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: one graph-level finding below
+            continue
+        message = (f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion); replace the PyTorch op "
+                   "with ones ATC supports or register a custom ATC ONNX parser plugin")
+        findings.add("error", "unsupported-op", message, node, module_paths)
+    if quantized and not all(op in ops for op in QDQ):
+        findings.add("warning", "qdq-needs-amct",
+                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not list: run "
+                     "AMCT's amct_onnx.convert_qat_model on model.onnx to turn them into AscendQuant/AscendDequant "
+                     "before atc (see atc/convert.sh)", op_type="QuantizeLinear")
+
+    _check_inputs(model, hints, findings)
+
+    if quantized:
+        dynamic = [h for h in DYNAMIC_HINTS if h in hints]
+        if dynamic:
+            findings.add("warning", "quant-dynamic-shape",
+                         f"the graph is quantized (QuantizeLinear/DequantizeLinear) and {', '.join(dynamic)} is set: "
+                         "int8 kernels with dynamic shapes are limited on Ascend; prefer static shapes for the "
+                         "quantized model", op_type="QuantizeLinear")
+        precision = hints.get("precision_mode_v2") or hints.get("precision_mode") or precision_mode
+        if precision in HIGH_PRECISION:
+            findings.add("warning", "quant-precision-mode",
+                         f"the graph is quantized but precision mode is {precision}: int8 needs the quantized path, "
+                         "which a high-precision mode keeps from running; use force_fp16 or allow_mix_precision",
+                         op_type="QuantizeLinear")
+
+    return {"passed": not any(f["severity"] == "error" for f in findings),
+            "cann_version": str(cann_version),
+            "opset": opset,
+            "table": {"source": table["source"], "cann_version": table["cann_version"]},
+            "findings": list(findings)}
+
+
+class AtcLint:
+    """The ``lint`` stage validator for formats that go to ATC."""
+
+    name = "atc-lint"
+    stage = "lint"
+    formats = staticmethod(lambda fmt: fmt.lint)  # formats that declare they go to ATC
+
+    def check(self, ctx: Any) -> dict[str, Any]:
+        opts = ctx.options
+        return lint_model(ctx.onnx_model, opts.cann_version, opts.atc_hints, opts.precision_mode, ctx.module_paths)

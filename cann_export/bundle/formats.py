@@ -1,0 +1,134 @@
+"""Output formats: a single ``.onnx`` file, and the ``atc_ready`` directory bundle."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..atc.command import render as render_atc
+from ..fs import atomic
+from ..options import ATC_OPSETS
+from .manifest import build_manifest, dumps
+from .single_file import ARCHIVE_SUFFIXES, commit_archive
+
+
+def _external(ctx: Any) -> bool:
+    from ..capture.onnx_utils import weights_bytes
+
+    mode = ctx.options.external_data
+    return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
+
+
+def _save(ctx: Any, path: Path) -> list[Path]:
+    from ..capture import large_graph as large_model
+    from ..capture.onnx_utils import save_model
+
+    if large_model.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
+        return large_model.save(ctx.onnx_model, path, ctx)
+    return save_model(ctx.onnx_model, path, _external(ctx))
+
+
+def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
+    from .training_state import save_optimizer_state, save_weights
+
+    if not ctx.options.include_optimizer_state:
+        return []
+    weights, optim = directory / f"{prefix}weights.safetensors", directory / f"{prefix}optimizer.safetensors"
+    save_weights(ctx.model, weights)
+    save_optimizer_state(ctx.options.optimizer, optim)
+    return [weights, optim]
+
+
+class OnnxFormat:
+    name = "onnx"
+    description = "one .onnx file (weights in <name>.onnx.data past 1 GB of weights)"
+    is_directory = False
+    atc_opsets = None  # any opset onnx supports
+    device_parity = False
+    lint = False
+
+    def targets(self, output: Path) -> list[Path]:
+        """The paths an export to ``output`` creates: ``-o m.onnx`` is that file, any other name gets ``.onnx``."""
+        return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
+
+    def write(self, ctx: Any, staging: Path) -> list[Path]:
+        name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
+        ctx.output_path = ctx.output_path.with_name(name)
+        files = _save(ctx, staging / name)
+        ctx.onnx_path = files[0]
+        return files + _write_training_state(ctx, staging, f"{ctx.output_path.stem}.")
+
+    def finalize(self, ctx: Any, staging: Path) -> None:
+        ctx.manifest = build_manifest(ctx, None)
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
+        from ..fs.targets import our_external_data
+
+        return atomic.commit_files(staging, names, ctx.output_path.parent, ctx.options.overwrite,
+                                   old_companions=our_external_data)
+
+
+class AtcReadyFormat:
+    name = "atc_ready"
+    description = ("directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh; "
+                   "-o NAME.zip / NAME.pth writes the same bundle as one zip file")
+    is_directory = True
+    atc_opsets = ATC_OPSETS
+    device_parity = True
+    lint = True
+
+    def targets(self, output: Path) -> list[Path]:
+        if output.suffix == ".om":
+            from ..errors import OptionsError
+
+            raise OptionsError(f"{self.name} writes a directory or a single-file bundle ({', '.join(ARCHIVE_SUFFIXES)}), "
+                               "not an .om; pass --format om for NAME.om", path=output)
+        return [output]
+
+    def write(self, ctx: Any, staging: Path) -> list[Path]:
+        files = _save(ctx, staging / "model.onnx")
+        ctx.onnx_path = files[0]
+        files += render_atc(ctx, staging)
+        from .torch_program import write_program  # the zoo loads the model back from this program
+
+        files += write_program(ctx, staging)
+        if ctx.options.validate and ctx.input_sets:
+            files += _write_parity_data(ctx, staging / "parity")
+        training = staging / "training"
+        if ctx.options.include_optimizer_state:
+            training.mkdir()
+        return files + _write_training_state(ctx, training, "")
+
+    def finalize(self, ctx: Any, staging: Path) -> None:
+        if ctx.reports.get("precision_fix", {}).get("kept"):
+            render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
+        if "parity" in ctx.reports:
+            atomic.write_text(staging / "parity.json", dumps(ctx.reports["parity"]))
+        ctx.manifest = build_manifest(ctx, staging)
+        atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        if ctx.output_path.suffix in ARCHIVE_SUFFIXES:  # a file path is a file: the bundle as one zip
+            ctx.final_onnx = f"{ctx.output_path}!/{ctx.onnx_path.name}"
+            return commit_archive(staging, ctx.output_path, ctx.options.overwrite)
+        atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
+        return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
+
+
+def _write_parity_data(ctx: Any, directory: Path) -> list[Path]:
+    """Inputs and reference outputs, so ``cann-export validate`` can re-run parity without the model."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    inputs, expected = {}, {}
+    for s, feed in enumerate(ctx.input_sets):
+        for name, t in feed.items():
+            inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
+        for name, arr in zip(ctx.output_names, ctx.reference_outputs[s]):
+            expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
+    order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
+             "sets": str(len(ctx.input_sets))}
+    save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
+    save_file(expected, str(directory / "expected.safetensors"), metadata=order)
+    return [directory / "inputs.safetensors", directory / "expected.safetensors"]

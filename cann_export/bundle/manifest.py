@@ -1,0 +1,83 @@
+"""The manifest of an artifact: what it holds, where it came from, and how it validated."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..fs.digests import file_table
+
+SCHEMA = "cann-export/manifest/1"
+__all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"]
+
+
+def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
+    from ..capture.onnx_utils import describe_values, op_histogram
+
+    model = ctx.onnx_model
+    parity = ctx.reports.get("parity")
+    manifest = {
+        "schema": SCHEMA,
+        "format": ctx.options.export_format,
+        "model": {
+            "file": ctx.onnx_path.name if ctx.onnx_path else None,
+            "opset": ctx.capture.get("opset"),
+            "opset_requested": ctx.options.opset,
+            "exporter": ctx.capture.get("exporter"),
+            "inputs": describe_values(model.graph.input),
+            "outputs": describe_values(model.graph.output),
+            "ops": op_histogram(model),
+        },
+        "metadata": dict(ctx.metadata),
+        "provenance": dict(ctx.provenance),
+        "atc": dict(ctx.reports.get("atc", {})),
+        "capture": ctx.capture,
+        "optimize": ctx.optimize,
+        "parity": {**summarize_parity(parity), **({"reference_device": ctx.reports["reference"]["device"]}
+                                                   if "reference" in ctx.reports else {})},
+        **({"quantization": ctx.reports["quantization"]} if "quantization" in ctx.reports else {}),
+        "lint": {name: r for name, r in ctx.reports.items() if name in ctx.lint_reports},
+        "warnings": dict(ctx.reports.get("warnings", {})),
+        "stage_seconds": dict(ctx.stage_seconds),
+    }
+    if root is not None:
+        manifest["files"] = file_table(root)
+    return manifest
+
+
+_FP32_TOL = ("atol", "rtol", "min_cosine")
+
+
+def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
+    """The parity verdict for --json and the manifest: ``fp32`` (the graph in onnxruntime against the
+    reference, with the fp32 tolerance) and, for device formats, ``device`` (the emulated device
+    precision, with its own tolerance) kept apart; top-level ``outputs`` / ``tolerance`` are the fp32 ones."""
+    if report is None:
+        return {"validated": False}
+    keep = ("name", "max_abs", "max_rel", "cosine", "passed", "failed_sets", "reference", "reason")
+
+    def rows(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: o[k] for k in keep if k in o} for o in outputs]
+
+    graph = report.get("graph_fp32") or report
+    tol = graph.get("tolerance") or report.get("tolerance") or {}
+    fp32_tol = {k: tol[k] for k in _FP32_TOL if k in tol}
+    outputs = graph.get("outputs", [])
+    passed = graph["passed"] if "graph_fp32" in report else bool(outputs) and all(o["passed"] for o in outputs)
+    fp32 = {"passed": bool(passed), "tolerance": fp32_tol, "outputs": rows(outputs)}
+    summary = {"validated": True, "passed": report["passed"], "reference": report.get("reference"),
+               "input_sets": report.get("input_sets"), "tolerance": fp32_tol, "outputs": fp32["outputs"], "fp32": fp32,
+               **{k: report[k] for k in ("input_sets_from", "reason", "precision", "first_divergence",
+                                         "fixed_by_keep_dtype", "trace_specialized") if report.get(k) is not None},
+               **({"graph_fp32_passed": report["graph_fp32"]["passed"]} if "graph_fp32" in report else {})}
+    device = report.get("device")
+    if device is not None:
+        summary["device"] = {"passed": bool(device.get("passed")), "mode": (report.get("precision") or {}).get("mode"),
+                             "tolerance": device.get("tolerance") or {}, "outputs": rows(device.get("outputs", []))}
+    return summary
+
+
+def dumps(data: Any) -> str:
+    """Strict JSON (non-finite numbers as null + a ``non_finite`` flag, no ANSI escapes)."""
+    from ..fs.jsonio import dump_file_text
+
+    return dump_file_text(data)

@@ -1,0 +1,254 @@
+"""The ``om`` format (an atc_ready bundle plus ``model.om``) and ``cann-export convert``.
+
+With CANN's ``atc`` on PATH, ``model.om`` is the real offline model ATC compiles from the bundle's rendered
+command. Without it, ``model.om`` is an om-stub (see ``cann_export.bundle.om_stub``): an om header over a zip of
+the bundle, which ``cann-export convert`` later turns into the real model on a machine with CANN.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_STAGE_FAILED, ExportError, ValidateError, WriteError
+from ..fs import atomic, digests
+from .formats import AtcReadyFormat
+from .manifest import build_manifest, dumps
+from .om_stub import extract_stub, read_header, read_stub, write_stub  # noqa: F401 - the module API
+
+OM_FILE = "model.om"
+ATC_LOG = "atc/atc.log"
+INSTALL_HINT = ("install CANN's toolkit and source set_env.sh (e.g. `source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh`) so that `atc` is on PATH")
+_ERROR_CODE = re.compile(r"\b(E[0-9A-Z]\d{4}|EZ\d{4})\b")  # E19010, EZ9999, EE1001 ...
+_NOISE = ("ATC start working now", "please wait for a moment")
+
+
+class AtcError(WriteError):
+    """ATC refused a valid bundle: a stage failure (exit 3), carrying ATC's own error text."""
+
+    exit_code = EXIT_STAGE_FAILED
+
+
+def find_atc() -> str | None:
+    return shutil.which("atc")
+
+
+def atc_error_text(output: str, limit: int = 800) -> str:
+    """The gist of a failed ATC run: its error-code lines (``E19010: ...``) with the line that follows
+    each, or else its last meaningful lines."""
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()
+             and not any(n in line for n in _NOISE)]
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if _ERROR_CODE.search(line) and not line.lstrip().startswith("TraceBack"):
+            picked.append(line.strip())
+            if i + 1 < len(lines) and lines[i + 1].lstrip().startswith("Solution"):
+                picked.append(lines[i + 1].strip())
+    if not picked:
+        picked = [line.strip() for line in lines[-5:]]
+    text = " | ".join(dict.fromkeys(picked)) or "(ATC printed nothing)"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def run_atc(args: list[str], cwd: Path, log_path: Path, atc: str | None = None) -> tuple[int, str]:
+    """Run ``atc`` with exactly ``args`` (argv[0] is "atc") in ``cwd``; stdout and stderr go to
+    ``log_path``. Returns ``(exit code, ATC's output)``."""
+    exe = atc or find_atc()
+    if exe is None:
+        raise ExportError(f"`atc` is not on PATH; {INSTALL_HINT}", stage="convert")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.run(list(args), executable=exe, cwd=str(cwd), stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT, check=False)
+        except OSError as e:
+            raise AtcError(f"could not run {exe}: {e}; {INSTALL_HINT}", path=exe) from None
+    return proc.returncode, log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def _output_stem(args: list[str]) -> str:
+    for a in args:
+        if a.startswith("--output="):
+            return a.split("=", 1)[1]
+    return "model"
+
+
+class OmFormat(AtcReadyFormat):
+    name = "om"
+    description = ("directory: the atc_ready bundle plus model.om (compiled by ATC when `atc` is on PATH, "
+                   "else an om-stub for `cann-export convert`); -o NAME.om writes the file NAME.om with the "
+                   "bundle beside it in NAME_bundle/")
+    is_directory = True
+
+    def targets(self, output: Path) -> list[Path]:
+        return [bundle_beside(output), output] if output.suffix == ".om" else super().targets(output)
+
+    def write(self, ctx: Any, staging: Path) -> list[Path]:
+        files = super().write(ctx, staging)
+        atc = find_atc()
+        if atc is None:
+            if getattr(ctx.options, "require_atc", False):
+                raise AtcError(f"--require-atc: `atc` is not on PATH, so no real model.om can be compiled; "
+                               f"{INSTALL_HINT}, or drop --require-atc to write an om-stub",
+                               path=_source(ctx), stage="write")
+            ctx.reports["atc"].update({"ran": False, "exit_code": None, "om": {"file": OM_FILE, "kind": "stub"}})
+            return files
+        return files + self._compile(ctx, staging, atc)
+
+    def _compile(self, ctx: Any, staging: Path, atc: str) -> list[Path]:
+        report = ctx.reports["atc"]
+        args = list(report["command"])
+        code, output = run_atc(args, staging, staging / ATC_LOG, atc)
+        report.update({"ran": True, "exit_code": code, "atc": atc, "log": ATC_LOG, "ran_command": args})
+        om = staging / f"{_output_stem(args)}.om"
+        if code != 0:
+            raise AtcError(f"ATC failed (exit {code}): {atc_error_text(output)}. Fix the model or the ATC hints "
+                           "(--atc-hint), or export --format atc_ready and convert on the device host",
+                           path=_source(ctx))
+        if not om.is_file():
+            raise AtcError(f"ATC exited 0 but wrote no {om.name}: {atc_error_text(output)}", path=_source(ctx))
+        report["om"] = {"file": om.name, "kind": "atc", "sha256": digests.sha256_file(om), "size": om.stat().st_size}
+        return [om, staging / ATC_LOG]
+
+    def finalize(self, ctx: Any, staging: Path) -> None:
+        report = ctx.reports["atc"]
+        single = ctx.output_path.suffix == ".om"
+        aside = staging / ".cann-tmp-om" / OM_FILE  # left out of the file table and the stub's payload
+        if report.get("ran"):
+            if report.get("ran_command") != report.get("command"):  # a later stage changed the ATC options
+                self._compile(ctx, staging, report["atc"])
+            report.pop("ran_command", None)
+            if single:
+                aside.parent.mkdir()
+                os.replace(staging / report["om"]["file"], aside)
+                report["om"]["file"] = f"../{ctx.output_path.name}"
+            super().finalize(ctx, staging)
+            return
+        super().finalize(ctx, staging)  # the bundle the stub carries, manifest.json included
+        om = aside if single else staging / OM_FILE
+        om.parent.mkdir(exist_ok=True)
+        header = write_stub(om, staging, _model_name(ctx))
+        report["om"] = {"file": f"../{ctx.output_path.name}" if single else OM_FILE, "kind": "stub",
+                        "sha256": digests.sha256_file(om), "size": om.stat().st_size,
+                        "payload_sha256": header["checksum"]}
+        ctx.manifest = build_manifest(ctx, staging)  # now listing model.om too (in the directory form)
+        atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+
+    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+        if ctx.output_path.suffix != ".om":
+            return super().commit(ctx, staging)
+        target, bundle_dir = ctx.output_path, bundle_beside(ctx.output_path)
+        om_staging = atomic.staging_dir(target)
+        try:
+            os.replace(staging / ".cann-tmp-om" / OM_FILE, om_staging / target.name)
+            (staging / ".cann-tmp-om").rmdir()
+            atomic.commit_dir(staging, bundle_dir, ctx.options.overwrite)
+            placed = atomic.commit_files(om_staging, [target.name], target.parent, ctx.options.overwrite)
+        finally:
+            atomic.discard(om_staging)
+        ctx.final_onnx = bundle_dir / ctx.onnx_path.name
+        return sorted(p for p in bundle_dir.rglob("*") if p.is_file()) + placed
+
+
+def bundle_beside(om_path: Path) -> Path:
+    """Where ``-o NAME.om`` puts the bundle the om was made from: ``NAME_bundle/`` beside it."""
+    return om_path.with_name(f"{om_path.stem}_bundle")
+
+
+def _source(ctx: Any) -> str | None:
+    return ctx.loaded.source_path if getattr(ctx, "loaded", None) else None
+
+
+def _model_name(ctx: Any) -> str:
+    src = _source(ctx)
+    if src:
+        return Path(src).stem
+    model = getattr(ctx, "model", None)
+    return type(model).__name__ if model is not None else ctx.output_path.name
+
+
+# ---------------------------------------------------------------- convert
+
+
+def _default_output(path: Path) -> Path:
+    target = path.parent / f"{path.name if path.is_dir() else path.stem}.om"
+    if target.resolve() == path.resolve():  # never replace the stub we read from
+        target = path.with_name(f"{path.stem}.converted.om")
+    return target
+
+
+def _stage_inputs(bundle: Path, checked: Any, work: Path) -> None:
+    """The graph and its external data (validated paths, listed in the file table) as symlinks in ``work``:
+    ATC only reads them. Nothing else of the bundle reaches ATC; atc/ is rendered into ``work``."""
+    from .rederive import external_data_files
+
+    model_file = checked.manifest["model"]["file"]
+    for rel in [model_file, *external_data_files(checked.model)]:
+        src, dst = bundle / rel, work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.symlink(src.resolve(), dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+
+def convert(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
+            overwrite: bool = False) -> dict[str, Any]:
+    """Compile an atc_ready/om bundle (a directory or a single-file bundle) or an om-stub into a real ``.om``
+    with ATC (the CI/CD deploy step).
+
+    The bundle is checked against its manifest first (files, graph, ATC options; see bundle_check). ATC runs
+    the command cann-export renders itself from the validated options (``soc_version`` from the bundle or the
+    argument, matching an Ascend SoC pattern; ``--model``/``--output`` fixed to the work directory), never a
+    command read from the manifest. The ``.om`` is renamed into place and ATC's log kept beside it as
+    ``<name>.atc.log``."""
+    from . import om_stub
+    from . import rederive as bundle_check
+    from .read import open_artifact
+
+    path = Path(artifact)
+    if not path.exists():
+        raise ValidateError("not found; pass an atc_ready/om bundle directory or an om-stub", path=path,
+                            stage="convert")
+    if soc_version is not None:
+        bundle_check.check_soc(soc_version)
+    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
+    with open_artifact(path) as bundle:
+        try:
+            checked = bundle_check.check_bundle(bundle, om_header=header, stage="convert")
+        except ValidateError as e:
+            e.stage = "convert"
+            raise
+        if checked.options is None:
+            raise ValidateError("the bundle holds no ATC options; export with --format atc_ready or om",
+                                path=path, stage="convert")
+        atc = find_atc()
+        if atc is None:
+            raise ExportError(f"`atc` is not on PATH; {INSTALL_HINT}, then run convert again", stage="convert")
+        out = Path(output) if output else _default_output(path)
+        atomic.check_target(out, overwrite)
+        log_target = out.with_name(f"{out.stem}.atc.log")
+        work = atomic.staging_dir(out)
+        try:
+            _stage_inputs(bundle, checked, work)
+            args = bundle_check.render(checked, work, soc_version)["command"]
+            soc = checked.options.soc_version if soc_version is None else soc_version
+            code, text = run_atc(args, work, work / "atc.log", atc)
+            os.replace(work / "atc.log", log_target)
+            if code != 0:
+                raise AtcError(f"ATC failed (exit {code}): {atc_error_text(text)}. Full log: {log_target}",
+                               path=path, stage="convert")
+            om = work / f"{bundle_check.OUTPUT_STEM}.om"
+            if not om.is_file():
+                raise AtcError(f"ATC exited 0 but wrote no {om.name}; see {log_target}", path=path, stage="convert")
+            digest, size = digests.sha256_file(om), om.stat().st_size
+            atomic.check_target(out, overwrite)
+            os.replace(om, out)
+        finally:
+            atomic.discard(work)
+    return {"ok": True, "input": str(path), "output": str(out), "log": str(log_target), "soc_version": soc,
+            "command": args, "exit_code": 0, "om": {"kind": "atc", "sha256": digest, "size": size}}

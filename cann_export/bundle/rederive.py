@@ -1,0 +1,292 @@
+"""Re-deriving what a bundle's manifest claims, instead of reading it back.
+
+``check_bundle`` re-checks the file table, compares the graph (inputs, outputs, op histogram, the metadata
+and provenance stamped into its ``metadata_props``) with the manifest, and re-renders the ATC command and
+cfg files from the manifest's ATC options *after validating them* (hint normalisers, an allowed SoC
+pattern, the file names fixed by this tool); ``rederive_parity`` re-runs parity under the tool's policy.
+Every difference is collected; any difference is a refusal (``BundleMismatchError``, exit 2).
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ..errors import ExportError, ValidateError
+
+SOC_PATTERN = re.compile(r"Ascend\d{3}[A-Za-z0-9_]{0,12}")
+CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg")
+OUTPUT_STEM = "model"
+_DOTTED = re.compile(r".*\..*")
+
+
+class BundleMismatchError(ValidateError):
+    """The bundle's manifest claims what its files do not show; ``differences`` lists each one."""
+
+    def __init__(self, differences: list[str], *, path: Any = None, stage: str | None = None):
+        shown = "; ".join(differences[:20]) + (f"; ... {len(differences) - 20} more" if len(differences) > 20 else "")
+        super().__init__(f"the bundle does not match its manifest ({len(differences)} difference"
+                         f"{'s' if len(differences) != 1 else ''}): {shown}. Nothing in it can be trusted; "
+                         "export it again or restore the original", path=path, stage=stage)
+        self.differences = list(differences)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "differences": self.differences}
+
+
+@dataclass
+class Checked:
+    directory: Path
+    manifest: dict[str, Any]
+    model: Any = None
+    options: Any = None  # validated ExportOptions (ATC part) for atc_ready / om bundles
+    command: list[str] = field(default_factory=list)
+    keep_nodes: list[str] = field(default_factory=list)
+    module_paths: dict[str, str] = field(default_factory=dict)
+    differences: list[str] = field(default_factory=list)
+
+
+def check_soc(soc: Any) -> str:
+    if not isinstance(soc, str) or not SOC_PATTERN.fullmatch(soc):
+        raise ValidateError(f"soc_version {soc!r} is not an Ascend SoC name like Ascend310P3 or Ascend910B "
+                            f"(pattern {SOC_PATTERN.pattern})", stage="convert")
+    return soc
+
+
+def check_bundle(directory: Path, *, om_header: dict[str, Any] | None = None, raise_on_difference: bool = True,
+                 stage: str | None = None) -> Checked:
+    """Check a bundle directory against its manifest; see the module docstring."""
+    import onnx
+
+    from ..capture import module_paths
+    from .read import file_problems, read_bundle
+
+    manifest = read_bundle(directory)
+    checked = Checked(directory=directory, manifest=manifest)
+    diffs = checked.differences
+    diffs.extend(file_problems(directory, manifest))
+    model_path = directory / manifest["model"]["file"]
+    if model_path.is_file() and not model_path.is_symlink():
+        try:
+            checked.model = onnx.load(str(model_path), load_external_data=False)
+        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+            diffs.append(f"{manifest['model']['file']}: not a readable ONNX model ({type(e).__name__})")
+    if checked.model is not None:
+        checked.module_paths = module_paths.collect(checked.model)
+        diffs.extend(graph_differences(checked.model, manifest))
+        if manifest["format"] in ("atc_ready", "om") or isinstance(manifest.get("atc"), dict):
+            _check_atc(checked)
+    om = manifest.get("atc", {}).get("om") if isinstance(manifest.get("atc"), dict) else None
+    inner = directory / "model.om"
+    if isinstance(om, dict) and om.get("kind") == "stub" and om.get("file") == "model.om" and inner.is_file():
+        from . import om_stub
+
+        try:  # the stub an om bundle carries is checked like one given directly
+            om_header = om_header or om_stub.read_header(inner)
+        except ValidateError as e:
+            diffs.append(f"model.om: {e.message}")
+    if om_header is not None and checked.options is not None:
+        soc = checked.options.soc_version[:19]
+        if om_header.get("platform_version") != soc:
+            diffs.append(f"om header platform_version {om_header.get('platform_version')!r} differs from the "
+                         f"bundle's soc_version {soc!r}")
+    if diffs and raise_on_difference:
+        raise BundleMismatchError(diffs, path=directory, stage=stage)
+    return checked
+
+
+def external_data_files(model: Any) -> list[str]:
+    """The files the graph's external-data initializers name (each ``location`` as written)."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    found = []
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            found.append(location)
+    return list(dict.fromkeys(found))
+
+
+def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
+    """What the manifest says about the graph against the graph itself."""
+    from ..capture.onnx_utils import describe_values, op_histogram
+    from ..fs.atomic import is_safe_relpath
+
+    diffs = []
+    listed = manifest.get("files") or {}
+    for location in external_data_files(model):
+        if not is_safe_relpath(location) or location not in listed:
+            diffs.append(f"the graph reads external data from {location!r}, which is not a file of the bundle's "
+                         "file table (refused)")
+    facts = {"inputs": describe_values(model.graph.input), "outputs": describe_values(model.graph.output),
+             "ops": op_histogram(model)}
+    for key, actual in facts.items():
+        claimed = manifest["model"].get(key)
+        if json.loads(json.dumps(actual, default=str)) != claimed:
+            diffs.append(f"model.{key}: the manifest says {_short(claimed)}, the graph has {_short(actual)}")
+    props = {p.key: p.value for p in model.metadata_props}
+    metadata = manifest.get("metadata") or {}
+    for key, value in metadata.items():
+        if props.get(key) != value:
+            diffs.append(f"metadata.{key}: the manifest says {value!r}, the graph's metadata_props {props.get(key)!r}")
+    for key, value in props.items():
+        if not _DOTTED.fullmatch(key) and key not in metadata:
+            diffs.append(f"metadata.{key}: the graph holds {value!r}, the manifest nothing")
+    provenance = manifest.get("provenance") or {}
+    for key, value in provenance.items():
+        stamped = props.get(f"cann_export.{key}")
+        if stamped != str(value):
+            diffs.append(f"provenance.{key}: the manifest says {str(value)!r}, the graph {stamped!r}")
+    for key, value in props.items():
+        name = key[len("cann_export."):]
+        if key.startswith("cann_export.") and name not in provenance and name not in ("atc_hints", "quantization"):
+            diffs.append(f"provenance.{name}: the graph holds {value!r}, the manifest nothing")
+    atc = manifest.get("atc")
+    if isinstance(atc, dict):
+        try:
+            stamped_hints = json.loads(props.get("cann_export.atc.hints") or "{}")
+        except ValueError:
+            stamped_hints = None
+        if stamped_hints != json.loads(json.dumps(atc.get("hints") or {}, sort_keys=True, default=str)):
+            diffs.append(f"atc.hints: the manifest says {_short(atc.get('hints'))}, the graph was exported with "
+                         f"{_short(stamped_hints)}")
+    return diffs
+
+
+def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any:
+    """ExportOptions holding the manifest's ATC options, each validated as an export validates them."""
+    from ..atc import hints as atc_hints
+    from ..options import PRECISION_MODES, ExportOptions
+
+    atc = manifest["atc"]
+    hints = dict(atc.get("hints") or {})
+    precision = atc_hints.DEFAULT_PRECISION_MODE if "precision_mode_v2" in hints else atc["precision_mode"]
+    if precision not in PRECISION_MODES:
+        raise ValidateError(f"atc.precision_mode {precision!r} is not one ATC accepts")
+    opts = ExportOptions(export_format="atc_ready", soc_version=atc["soc_version"], precision_mode=precision,
+                         atc_hints=hints)
+    atc_hints.resolve(opts)  # normalises every hint, refuses unknown ones and combinations ATC refuses
+    opts.soc_version = check_soc(soc_version or opts.soc_version)
+    return opts
+
+
+def render(checked: Checked, target: Path, soc_version: str | None = None) -> dict[str, Any]:
+    """Render atc/ into ``target`` from the validated options; returns the ATC report (command included)."""
+    from ..atc.command import render as render_atc
+
+    opts = atc_options(checked.manifest, soc_version)
+    kept = (checked.manifest.get("parity") or {}).get("fixed_by_keep_dtype") or []
+    if not isinstance(kept, list) or not all(isinstance(k, str) for k in kept):
+        raise ValidateError("parity.fixed_by_keep_dtype is not a list of node names")
+    ctx = SimpleNamespace(options=opts, onnx_model=checked.model, module_paths=checked.module_paths,
+                          reports={"precision_fix": {"kept": list(kept)}} if kept else {})
+    render_atc(ctx, target, model_file=checked.manifest["model"]["file"], output_stem=OUTPUT_STEM)
+    return {**ctx.reports["atc"], "options": opts}
+
+
+def _check_atc(checked: Checked) -> None:
+    manifest, diffs = checked.manifest, checked.differences
+    try:
+        with tempfile.TemporaryDirectory(prefix="cann-export-render-") as tmp:
+            report = render(checked, Path(tmp))
+            for name in CFG_FILES:
+                rendered, stored = Path(tmp) / "atc" / name, checked.directory / "atc" / name
+                if rendered.is_file() != (stored.is_file() and not stored.is_symlink()):
+                    diffs.append(f"atc/{name}: {'missing from the bundle' if rendered.is_file() else 'present'} "
+                                 f"but the validated options {'need' if rendered.is_file() else 'do not need'} it")
+                elif rendered.is_file() and rendered.read_bytes() != stored.read_bytes():
+                    diffs.append(f"atc/{name}: differs from the one rendered from the validated options")
+    except (ExportError, ValueError) as e:
+        diffs.append(f"atc: the manifest's ATC options do not validate ({getattr(e, 'message', e)})")
+        return
+    atc = manifest["atc"]
+    checked.options, checked.command = report["options"], report["command"]
+    checked.keep_nodes = list((report.get("keep_dtype") or {}).get("nodes", []))
+    if atc.get("command") is not None and atc["command"] != report["command"]:
+        extra = [a for a in atc["command"] if a not in report["command"]]
+        missing = [a for a in report["command"] if a not in atc["command"]]
+        diffs.append(f"atc.command: the manifest says {_short(extra)} beyond and lacks {_short(missing)} of what "
+                     "the validated options render" if extra or missing else
+                     "atc.command: the manifest's arguments are in another order than the validated options render")
+    for key in ("soc_version", "precision_mode"):
+        if atc.get(key) != report[key]:
+            diffs.append(f"atc.{key}: the manifest says {atc.get(key)!r}, the validated options {report[key]!r}")
+    stored = atc.get("keep_dtype", {})
+    stored_keep = stored.get("nodes", []) if isinstance(stored, dict) else None
+    if stored_keep != checked.keep_nodes:
+        diffs.append(f"atc.keep_dtype: the manifest says {_short(stored_keep)}, the validated options keep "
+                     f"{_short(checked.keep_nodes)}")
+
+
+def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[dict[str, Any], list[str]]:
+    """Parity re-run from the stored inputs and reference outputs under ``tolerance`` (the tool's policy
+    unless the user passed values), with the device-precision run the validated ATC options imply; and
+    every way the manifest's parity section differs from what was re-derived."""
+    import onnx
+
+    from ..validators.parity import parity_report, with_device_parity
+
+    manifest, directory = checked.manifest, checked.directory
+    recorded = manifest["parity"]
+    if not recorded["validated"]:
+        raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
+                            "export again with validation to get re-runnable parity", path=directory)
+    from ..inputs.parity_data import read_bundle_parity
+
+    feeds, expected, _ = read_bundle_parity(directory, manifest)
+    model_path = directory / manifest["model"]["file"]
+    report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
+                           quantized="quantization" in manifest)
+    mode = None
+    if checked.options is not None and report.get("outputs"):
+        from ..atc.hints import effective_precision
+
+        mode = effective_precision(checked.options)
+        report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes, feeds, expected,
+                                    tolerance, checked.module_paths)
+    diffs = []
+    used = tolerance.to_dict()
+    claimed = recorded.get("tolerance") or {}
+    changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
+    comparable = not (explicit and changed)
+    if not comparable:  # the user chose another tolerance: the recorded verdict is not comparable
+        report["recorded_tolerance"] = claimed
+    elif not explicit:
+        for key, value in changed.items():
+            diffs.append(f"parity.tolerance.{key}: the manifest records {value!r}, validate used {used[key]!r} "
+                         f"(the tool policy; pass --{key.replace('_', '-')} to validate under another value)")
+    if comparable:
+        if recorded.get("passed") != report["passed"]:
+            diffs.append(f"parity.passed: the manifest says {recorded.get('passed')}, re-derived {report['passed']}")
+        if "graph_fp32_passed" in recorded and "graph_fp32" in report \
+                and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
+            diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
+                         f"{report['graph_fp32']['passed']}")
+        from .manifest import summarize_parity
+
+        # compare like with like: the manifest stores the summary (fp32 outputs on top, device apart)
+        rederived = summarize_parity(report)
+        got = {o["name"]: o.get("passed") for o in rederived.get("outputs", [])}
+        device_got = {o["name"]: o.get("passed") for o in (rederived.get("device") or {}).get("outputs", [])}
+        for o in ((recorded.get("device") or {}).get("outputs") or []):
+            if isinstance(o, dict) and o.get("name") in device_got and o.get("passed") != device_got[o["name"]]:
+                diffs.append(f"parity.device.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, "
+                             f"re-derived {device_got[o['name']]}")
+        for o in recorded.get("outputs") or []:
+            if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
+                diffs.append(f"parity.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
+                             f"{got[o['name']]}")
+    claimed_mode = (recorded.get("precision") or {}).get("mode")
+    if mode is not None and claimed_mode is not None and claimed_mode != mode:
+        diffs.append(f"parity.precision.mode: the manifest says {claimed_mode!r}, the validated ATC options "
+                     f"give {mode!r}")
+    return report, diffs
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + " ..."

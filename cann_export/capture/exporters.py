@@ -1,0 +1,253 @@
+"""ONNX exporters for the capture stage: torch.onnx's dynamo exporter first, TorchScript as fallback."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import large_graph as large_model
+from .module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
+
+_NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
+
+
+@contextlib.contextmanager
+def quiet_export(record: list | None = None) -> Iterator[None]:
+    """Keep exporter chatter off stdout (``--json`` owns it) and below warning level; with ``record``,
+    the tracer's TracerWarnings are appended to it instead of dropped (trace specialisation)."""
+    saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+    try:
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(sys.stderr):
+            warnings.simplefilter("ignore")
+            if record is not None:
+                import torch
+
+                warnings.simplefilter("always", torch.jit.TracerWarning)
+            yield
+            if record is not None:
+                record.extend(caught)
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def call_args(ctx: Any) -> tuple[tuple, dict]:
+    """Modules take named inputs; TorchScript and torch.export graphs take them in order."""
+    inputs = ctx.example_inputs
+    if ctx.loaded.kind == "module":
+        return (), dict(inputs)
+    return tuple(inputs[n] for n in ctx.input_names), {}
+
+
+class DynamoExporter:
+    name = "dynamo"
+    priority = 100
+
+    def supports(self, model: Any) -> bool:
+        import torch
+
+        return isinstance(model, torch.nn.Module) and not isinstance(model, torch.jit.ScriptModule)
+
+    def export(self, model: Any, ctx: Any) -> Any:
+        args, kwargs = call_args(ctx)
+        asked = ctx.options.opset
+        native = max(asked, _dynamo_min_opset())
+        with quiet_export():
+            graph = _dynamo_graph(model, args, kwargs, native, ctx)
+        stamp_from_exporter(graph)
+        if asked < native and large_model.state(ctx) is not None:  # weights on disk: no copy to convert in memory
+            ctx.capture_notes = [*getattr(ctx, "capture_notes", []),
+                                 f"dynamo: opset {asked}: not converted down (a graph with external data)"]
+        elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
+            graph = _down_convert(graph, asked, ctx)
+        return graph
+
+
+def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
+    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
+    import torch
+
+    options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
+               "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    if large_model.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
+        return large_model.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
+                                        ctx)
+    try:
+        program = torch.export.export(model, args, kwargs=kwargs, strict=False)
+    except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
+        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options), ctx)
+    try:
+        return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+    except Exception as e:
+        if "Cannot view a tensor" not in _chain_text(e):
+            raise
+    # torch.onnx's decomposition turns reshape into view from strides its type-promotion pass then disagrees
+    # with (sdpa outputs; Swin, T5): a contiguous copy before each view/reshape makes both passes agree.
+    contiguous_before_views(program)
+    return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+
+
+def _optimized(program: Any, ctx: Any) -> Any:
+    """torch.onnx's own optimisation (onnxscript's optimizer and fusions); a Conv that absorbed a BatchNorm
+    keeps the Conv's origin and names the BatchNorm as folded. A large graph is saved with external data."""
+    folds = remember_folds(program.model.graph)
+    program.optimize()
+    restore_folds(program.model.graph, folds)
+    return large_model.dynamo_graph(program, ctx)
+
+
+def contiguous_before_views(program: Any) -> int:
+    """Insert ``aten.clone(memory_format=contiguous)`` before every view/reshape input (an Identity in ONNX)."""
+    import torch
+
+    graph, count = program.graph, 0
+    targets = (torch.ops.aten.view.default, torch.ops.aten.reshape.default)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        with graph.inserting_before(node):
+            copy = graph.call_function(torch.ops.aten.clone.default, (node.args[0],),
+                                       {"memory_format": torch.contiguous_format})
+        copy.meta = dict(node.meta)
+        copy.meta["val"] = node.args[0].meta.get("val")
+        node.args = (copy, *node.args[1:])
+        count += 1
+    program.graph_module.recompile()
+    return count
+
+
+def _chain_text(e: BaseException) -> str:
+    parts = []
+    while e is not None and len(parts) < 10:
+        parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts)
+
+
+def _down_convert(graph: Any, opset: int, ctx: Any) -> Any:
+    """The graph at ``opset``, or unchanged (at 18) with the reason recorded when a node has no older form
+    or the converted graph computes something else."""
+    from .opset_convert import OpsetConversionError, convert
+
+    origins = collect_origins(graph)
+    try:
+        converted = convert(graph, opset)
+        _same_outputs(converted, graph, ctx)
+    except OpsetConversionError as e:
+        ctx.capture_notes = [*getattr(ctx, "capture_notes", []), f"dynamo: opset {opset}: {e}"]
+        return graph
+    stamp_origins(converted, origins)
+    return converted
+
+
+def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
+    import numpy as np
+
+    from ..validators.metrics import all_pass, compare
+    from .onnx_utils import session
+    from .opset_convert import OpsetConversionError
+
+    feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
+
+    def run(m: Any) -> list[Any]:
+        sess = session(m)
+        return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
+
+    try:
+        after = run(converted)
+    except Exception as e:
+        raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
+    reference = getattr(ctx, "reference_outputs", None)
+    if reference and all_pass(after, reference[0], ctx.options.tolerance):  # the usual case: the opset-18 graph is never run
+        return
+    try:
+        before = run(original)
+    except Exception as e:
+        raise OpsetConversionError(f"the opset-18 graph does not run: {type(e).__name__}: {e}") from e
+    bad = [i for i, (a, b) in enumerate(zip(after, before)) if not compare(a, b, ctx.options.tolerance)["passed"]]
+    if bad:
+        raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
+
+
+def _dynamo_min_opset() -> int:
+    """The lowest opset torch.onnx's dynamo exporter implements (18 in torch 2.13)."""
+    try:
+        from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET
+
+        return int(TORCHLIB_OPSET)
+    except Exception:  # noqa: BLE001 - a private constant: fall back to the value torch 2.13 uses
+        return 18
+
+
+class TorchScriptExporter:
+    name = "torchscript"
+    priority = 50
+
+    def supports(self, model: Any) -> bool:
+        return True
+
+    def export(self, model: Any, ctx: Any) -> Any:
+        import torch
+
+        args, kwargs = call_args(ctx)
+        if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
+            model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
+        caught: list = []
+        with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
+                _fixed_mode(model, ctx):
+            path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
+            torch.onnx.export(
+                model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
+                input_names=list(ctx.input_names), output_names=list(ctx.output_names),
+                do_constant_folding=True,
+            )
+            graph = large_model.load_captured(path, ctx)
+        stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
+        from .trace_check import tracer_findings
+
+        ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
+        return graph
+
+
+@contextlib.contextmanager
+def _fixed_mode(model: Any, ctx: Any) -> Iterator[None]:
+    """A graph unlifted from a torch.export archive raises on train()/eval(), which the TorchScript exporter
+    calls; its mode is already fixed (the prepare stage rewrote it to inference), so both become no-ops."""
+    if ctx.loaded.kind != "exported_program":
+        yield
+        return
+    import types
+
+    saved = {name: model.__dict__.get(name) for name in ("train", "eval")}
+    model.train = types.MethodType(lambda self, mode=True: self, model)
+    model.eval = types.MethodType(lambda self: self, model)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                model.__dict__.pop(name, None)
+            else:
+                model.__dict__[name] = value
+
+
+def _Positional(model: Any, names: list[str]) -> Any:
+    """Wrap ``model`` so it takes exactly the named inputs, in order, as positional tensors."""
+    import torch
+
+    class Positional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.model(**dict(zip(names, tensors)))
+
+    return Positional().train(model.training)  # the exporter restores the wrapper's mode recursively

@@ -1,0 +1,106 @@
+"""Trace specialisation: a traced graph (TorchScript fallback) only knows the path the example took.
+
+When tracing warned (a tensor turned into a Python bool / int / float / list, data-dependent control
+flow), the capture stage records each warning with its source line, parity also runs inputs that may
+take other paths (sign-flipped and scaled copies of the example), and the export fails unless the user
+accepts a graph specialised to the traced path (``--accept-trace-specialization``).
+"""
+from __future__ import annotations
+
+import linecache
+from typing import Any
+
+PATH_SCALES = (-1.0, 4.0, -4.0, 0.25)  # multipliers of the example's float inputs
+_KINDS = (("boolean", "bool"), ("integer", "int"), ("float", "float"), ("index", "int"), ("list", "list"),
+          ("iterating", "iteration"))
+
+
+def _generated(filename: str) -> bool:
+    """Code torch generated (fx's ``<eval_with_key>`` modules) or torch's own functions (torch.export's input
+    guards call ``torch._assert``): not a branch of the user's code that tracing specialised."""
+    import os
+
+    import torch
+
+    name = str(filename)
+    if name.startswith("<eval_with_key"):
+        return True
+    return name.startswith(os.path.dirname(torch.__file__) + os.sep)  # torch's own code (e.g. torch._assert guards)
+
+
+def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
+    """TracerWarnings (``warnings.catch_warnings(record=True)`` entries) as findings with their
+    source file, line and code; one per source line."""
+    import torch
+
+    out, seen = [], set()
+    for w in records:
+        if not issubclass(w.category, torch.jit.TracerWarning) or _generated(w.filename):
+            continue
+        key = (w.filename, w.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
+        message = " ".join(str(w.message).split())
+        kind = next((k for word, k in _KINDS if word in message.lower()), "other")
+        out.append({"file": w.filename, "line": w.lineno, "code": linecache.getline(w.filename, w.lineno).strip(),
+                    "kind": kind, "message": message.split(". ")[0].rstrip(".")})
+    return out
+
+
+def where(finding: dict[str, Any]) -> str:
+    code = f" `{finding['code']}`" if finding.get("code") else ""
+    return f"{finding['file']}:{finding['line']}{code} ({finding['message']})"
+
+
+def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:
+    """Copies of the example whose float inputs are sign-flipped and scaled, so data-dependent
+    branches (``if x.sum() > 0``, thresholds) see values the example did not give them."""
+    sets = []
+    for scale in PATH_SCALES:
+        one = {n: (t * scale).to(t.dtype) if t.dtype.is_floating_point else t.clone() for n, t in example.items()}
+        sets.append(one)
+    return sets if any(t.dtype.is_floating_point for t in example.values()) else []
+
+
+def record(ctx: Any, findings: list[dict[str, Any]]) -> None:
+    """Mark the capture as specialised to the traced path; refuse when parity cannot show it."""
+    from ..errors import CaptureError
+
+    accepted = bool(ctx.options.accept_trace_specialization)
+    ctx.capture["specialized"] = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
+    if not accepted and not ctx.options.validate:
+        raise CaptureError(message(findings, None), path=ctx.loaded.source_path if ctx.loaded else None)
+
+
+def message(findings: list[dict[str, Any]], other: dict[str, Any] | None) -> str:
+    shown = "; ".join(where(f) for f in findings[:3]) + (f" (+{len(findings) - 3} more)" if len(findings) > 3 else "")
+    text = (f"the graph comes from tracing (TorchScript fallback) and is specialised to the path the example "
+            f"inputs took: tracing turned tensors into Python values at {shown}")
+    if other is not None:
+        worst = max((o.get("max_abs") for o in other.get("outputs", []) if o.get("max_abs") is not None),
+                    default=None)
+        text += ("; on inputs that take other paths (sign-flipped / scaled) the graph "
+                 + ("agrees, but other inputs may still differ" if other.get("passed") else
+                    f"is off by {worst:.3g} max abs" if worst is not None else "differs"))
+    return (text + ". Make the forward traceable (torch.where / torch.cond instead of Python control flow on "
+            "tensors) or pass --accept-trace-specialization (accept_trace_specialization=True) to accept a graph "
+            "that is valid only on that path")
+
+
+def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None) -> dict[str, Any]:
+    """Record the trace specialisation in the parity report; it fails unless accepted."""
+    spec = ctx.capture.get("specialized")
+    if not spec:
+        return report
+    if other is not None:
+        other = {"input_sets": other.get("input_sets"), "passed": other.get("passed"), "reference": other.get("reference"),
+                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine", "passed") if k in o}
+                             for o in other.get("outputs", [])]}
+    report["trace_specialized"] = {"accepted": spec["accepted"], "warnings": spec["warnings"],
+                                   **({"other_paths": other} if other is not None else {})}
+    if not spec["accepted"]:
+        report["passed"] = False
+        earlier = report.get("reason")
+        report["reason"] = message(spec["warnings"], other) + (f"; also {earlier}" if earlier else "")
+    return report

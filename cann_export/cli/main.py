@@ -1,0 +1,246 @@
+"""The ``cann-export`` command: a thin layer over the Python API that prints and sets exit codes."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from ..errors import EXIT_PARITY_FAILED
+from ..fs.jsonio import dumps as to_json
+from .guard import DefaultCommandGroup
+from .options import export_options, to_api_kwargs
+
+
+def _progress(index: int, stage: str, status: str, seconds: float) -> None:
+    from ..pipeline.runner import STAGES
+
+    click.echo(f"[{index}/{len(STAGES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
+
+
+@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cann-export", prog_name="cann-export")
+def cli() -> None:
+    """Export PyTorch models to ONNX and ATC-ready bundles for Huawei Ascend NPUs.
+
+    `cann-export MODEL ...` is short for `cann-export export MODEL ...`.
+    """
+
+
+@cli.command("export")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
+@export_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
+@click.option("--trace", type=click.Path(path_type=str), default=None, help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> None:
+    """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
+
+    def body() -> int:
+        from .. import api
+
+        kwargs = to_api_kwargs(values)
+        export_format = kwargs.pop("export_format")
+        out = output or _default_output(model, export_format)
+        with _TrainProgress() as train_progress:  # closed however the export ends
+            result = api.export(model, out, export_format, progress=_progress, trace=trace,
+                                train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+        if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
+            click.echo(result.manifest["halted"], err=True)
+            return 0
+        if as_json:
+            click.echo(to_json(result.to_dict()))
+        else:
+            _print_result(result)
+        return 0 if result.ok else EXIT_PARITY_FAILED
+
+    return body()
+
+
+class _TrainProgress:
+    """A progress bar with the distillation loss, on stderr. Used as a context manager around the export,
+    so the bar is closed however training ends (a raised error included)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __enter__(self) -> _TrainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+            self.bar = None
+
+    def __call__(self, step: int, total: int, loss: float) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="qat fine-tuning", file=sys.stderr,
+                                         item_show_func=lambda item: item, show_pos=True)
+        self.bar.update(1, f"loss {loss:.4g}")
+        if step >= total:
+            self.__exit__(None, None, None)
+
+
+def _default_output(model: str, export_format: str) -> str:
+    stem = os.path.splitext(os.path.basename(model.rstrip("/")))[0] or "model"
+    return f"{stem}.onnx" if export_format == "onnx" else f"{stem}_{export_format}"
+
+
+def _print_result(result: Any) -> None:
+    om = (result.manifest.get("atc") or {}).get("om") or {}
+    what = "om-stub" if om.get("kind") == "stub" else result.format
+    click.echo(f"wrote {what}: {result.output} ({result.onnx['exporter']} exporter, opset {result.onnx['opset']})")
+    if om.get("kind") == "stub":
+        click.echo("  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert "
+                   f"{result.output}` on a machine with CANN (or export with --require-atc)")
+    parity = result.parity
+    if not parity:
+        click.echo("parity: not validated (--no-validate)")
+        return
+    click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
+               f"reference: {parity['reference']})")
+    if parity.get("precision"):
+        click.echo(f"device precision: {parity['precision']['mode']} (emulated: {parity['precision']['emulated']})")
+    sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
+    if parity.get("device"):
+        sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
+    for title, section in sections:
+        tol = ", ".join(f"{k}={v:g}" for k, v in (section.get("tolerance") or {}).items() if isinstance(v, (int, float)))
+        click.echo(f"  {title}" + (f" [{tol}]" if tol else ""))
+        for o in section["outputs"]:
+            mark = "ok  " if o["passed"] else "FAIL"
+            click.echo(f"    {mark} {o['name']}: max_abs={_num(o.get('max_abs'))} max_rel={_num(o.get('max_rel'))} "
+                       f"cosine={_num(o.get('cosine'), '.6f')}" + (f" ({o['reason']})" if o.get("reason") else ""))
+    if parity.get("first_divergence"):
+        click.echo(parity["first_divergence"]["message"])
+    if parity.get("trace_specialized"):
+        spec = parity["trace_specialized"]
+        from ..capture.trace_check import where
+
+        click.echo(f"traced graph, specialised to the example's path ({'accepted' if spec['accepted'] else 'not accepted'}): "
+                   + "; ".join(where(f) for f in spec["warnings"][:3]))
+    if parity.get("fixed_by_keep_dtype"):
+        click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
+    fix = (parity.get("precision") or {}).get("fix")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
+    if not parity["passed"]:
+        if parity.get("reason"):
+            click.echo(f"parity failed: {parity['reason']}", err=True)
+        click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+def _num(value: Any, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+@cli.command("validate")
+@click.argument("bundle", type=click.Path(path_type=str))
+@click.option("--atol", type=float, default=None, help="Validate under this absolute tolerance instead of the tool's policy.")
+@click.option("--rtol", type=float, default=None, help="Validate under this relative tolerance instead of the tool's policy.")
+@click.option("--min-cosine", type=float, default=None, help="Validate under this minimum cosine instead of the tool's policy.")
+@click.option("--expect-sha256", default=None, metavar="HEX", help="Refuse unless manifest.json has this sha256 (pin a bundle).")
+@click.option("--json", "as_json", is_flag=True)
+def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
+                 expect_sha256: str | None, as_json: bool) -> None:
+    """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
+
+    Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
+    bundle differs from its manifest (each difference is listed) or is malformed."""
+
+    def body() -> int:
+        from .. import api
+        from ..bundle.manifest import summarize_parity
+
+        report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
+        summary = summarize_parity(report)
+        if as_json:
+            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
+                                "parity": summary}))
+        else:
+            click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
+                       f"{report['manifest_sha256']})")
+            for o in summary["outputs"]:
+                click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} {'ok' if o['passed'] else 'FAIL'}")
+        return 0 if report["passed"] else EXIT_PARITY_FAILED
+
+    return body()
+
+
+@cli.command("inspect")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True)
+def inspect_cmd(path: str, as_json: bool) -> None:
+    """Show what a bundle or an .onnx file holds."""
+
+    def body() -> int:
+        from .. import api
+
+        info = api.inspect(path)
+        if as_json:
+            click.echo(to_json(info))
+            return 0
+        click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
+        for title in ("inputs", "outputs"):
+            click.echo(f"{title}:")
+            for v in info[title]:
+                click.echo(f"  {v['name']}: {v['dtype']}{v['shape']}")
+        click.echo("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
+        if info["metadata"]:
+            click.echo("metadata:")
+            for k, v in info["metadata"].items():
+                click.echo(f"  {k} = {v}")
+        if info.get("manifest_sha256"):
+            click.echo(f"manifest sha256: {info['manifest_sha256']}")
+        if info.get("om"):
+            click.echo("om-stub (not a compiled model; `cann-export convert` compiles it) header: "
+                       + ", ".join(f"{k}={v}" for k, v in info["om"].items() if k != "kind"))
+        if info.get("parity"):
+            p = info["parity"]
+            click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "
+                       f"{'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
+                       + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
+            if p.get("first_divergence"):
+                click.echo(f"  {p['first_divergence']['message']}")
+        return 0
+
+    return body()
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True)
+def plugins_cmd(as_json: bool) -> None:
+    """List the plugins with their versions and hooks."""
+
+    def body() -> int:
+        from ..hooks.manager import describe_plugins
+
+        rows = describe_plugins()
+        if as_json:
+            click.echo(to_json(rows))
+        else:
+            for row in rows:
+                kind = "built-in" if row["builtin"] else "third-party"
+                click.echo(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}")
+        return 0
+
+    return body()
+
+
+def _register_plugin_commands() -> None:
+    from ..hooks.manager import registry
+
+    registry().add_commands(cli)
+
+
+def main() -> None:
+    if not os.environ.get("CANN_EXPORT_DEBUG"):
+        import warnings
+
+        warnings.filterwarnings("ignore")  # library chatter (tracer, deprecations) is not for CLI users
+    try:
+        _register_plugin_commands()
+    except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI
+        click.echo(f"warning: plugin commands not loaded: {e}", err=True)
+    cli()

@@ -1,0 +1,167 @@
+"""The plugin manager: default plugins, third-party entry points and typed registry access."""
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from ..errors import PluginError
+from . import contracts
+from . import specs as hookspecs
+
+ENTRY_POINT_GROUP = "cann_export"
+
+# Built-ins, registered exactly like third-party plugins.
+DEFAULT_PLUGINS = (
+    "cann_export.plugins.loaders",
+    "cann_export.plugins.strip",
+    "cann_export.plugins.quant",
+    "cann_export.plugins.capture",
+    "cann_export.plugins.formats",
+    "cann_export.plugins.om",
+    "cann_export.plugins.zoo_cli",
+    "cann_export.plugins.atc",
+    "cann_export.plugins.provenance",
+    "cann_export.plugins.backends",
+    "cann_export.plugins.validators",
+    "cann_export.plugins.lint_command",
+)
+
+_pm: pluggy.PluginManager | None = None
+_entry_point_dists: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution, version)
+
+
+def _allowed_entry_points() -> set[str] | None:
+    """``CANN_EXPORT_LOAD_PLUGINS`` is an allow-list (comma separated); set but empty loads none."""
+    raw = os.environ.get("CANN_EXPORT_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the process-wide plugin manager, loading plugins on first use."""
+    global _pm
+    if _pm is None:
+        pm = pluggy.PluginManager("cann_export")
+        pm.add_hookspecs(hookspecs)
+        for module_name in DEFAULT_PLUGINS:
+            pm.register(importlib.import_module(module_name), name=module_name)
+        allowed = _allowed_entry_points()
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if allowed is not None and ep.name not in allowed:
+                continue
+            if pm.get_plugin(ep.name) is None:
+                pm.register(ep.load(), name=ep.name)
+                if ep.dist is not None:
+                    _entry_point_dists[ep.name] = (ep.dist.metadata["Name"], ep.dist.version)
+        _pm = pm
+    return _pm
+
+
+def _collect(hook: Any, hook_name: str) -> dict[str, Any]:
+    """Call a ``register_*`` hook and return ``{name: object}``; duplicate names and objects that miss a
+    member of the extension point's contract are errors naming the plugin's object."""
+    contract = contracts.CONTRACTS.get(hook_name)
+    found: dict[str, Any] = {}
+
+    def register(obj: Any) -> None:
+        name = getattr(obj, "name", None)
+        if not name:
+            raise PluginError(f"{hook_name}: registered object {obj!r} has no name")
+        if name in found:
+            raise PluginError(
+                f"{hook_name}: two plugins register {name!r}; rename one or disable a plugin "
+                "with CANN_EXPORT_LOAD_PLUGINS"
+            )
+        missing = contracts.missing_members(obj, contract) if contract else []
+        if missing:
+            raise PluginError(f"{hook_name}: {name!r} lacks {', '.join(missing)} (see cann_export.hooks.contracts."
+                              f"{contract.__name__})")
+        found[name] = obj
+
+    hook(register=register)
+    return found
+
+
+class Registry:
+    """Typed access to every extension point; the only place that calls the plugin manager's hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._pm = pm
+
+    def loaders(self) -> dict[str, contracts.Loader]:
+        return _collect(self._pm.hook.register_loaders, "register_loaders")
+
+    def passes(self) -> list[contracts.Pass]:
+        """Passes in run order."""
+        found = _collect(self._pm.hook.register_passes, "register_passes")
+        return sorted(found.values(), key=lambda p: p.order)
+
+    def exporters(self) -> list[contracts.Exporter]:
+        """Exporters in the order they are tried (descending priority)."""
+        found = _collect(self._pm.hook.register_exporters, "register_exporters")
+        return sorted(found.values(), key=lambda e: -e.priority)
+
+    def formats(self) -> dict[str, contracts.Format]:
+        return _collect(self._pm.hook.register_formats, "register_formats")
+
+    def validators(self) -> list[contracts.Validator]:
+        return list(_collect(self._pm.hook.register_validators, "register_validators").values())
+
+    def backends(self) -> dict[str, contracts.Backend]:
+        return _collect(self._pm.hook.register_backends, "register_backends")
+
+    def atc_hints(self) -> dict[str, contracts.AtcHint]:
+        return _collect(self._pm.hook.register_atc_hints, "register_atc_hints")
+
+    def add_commands(self, cli: Any) -> None:
+        self._pm.hook.register_commands(cli=cli)
+
+    def provenance(self, ctx: Any) -> dict[str, str]:
+        """Every plugin's provenance pairs merged (earlier-registered plugins win on a clash)."""
+        merged: dict[str, str] = {}
+        for part in reversed(self._pm.hook.provenance(ctx=ctx)):
+            merged.update(part or {})
+        return merged
+
+
+def registry() -> Registry:
+    """The typed facade over the process-wide plugin manager."""
+    return Registry(get_plugin_manager())
+
+
+def describe_plugins() -> list[dict[str, Any]]:
+    """Name, distribution, version and hooks of every registered plugin (for ``cann-export plugins``)."""
+    pm = get_plugin_manager()
+    rows = []
+    for name, plugin in pm.list_name_plugin():
+        dist, version = _distribution_of(name, plugin)
+        rows.append(
+            {
+                "name": name,
+                "distribution": dist,
+                "version": version,
+                "builtin": name in DEFAULT_PLUGINS,
+                "hooks": sorted(h.name for h in pm.get_hookcallers(plugin) or []),
+            }
+        )
+    return rows
+
+
+def _distribution_of(name: str, plugin: Any) -> tuple[str | None, str | None]:
+    """The installed distribution that ships ``plugin``: from its entry point, else from its module's
+    top-level package; (None, None) for a plugin defined outside any installed distribution."""
+    if name in _entry_point_dists:
+        return _entry_point_dists[name]
+    module = getattr(plugin, "__name__", None) if isinstance(plugin, type(os)) else type(plugin).__module__
+    top = (module or name).split(".")[0]
+    for dist_name in metadata.packages_distributions().get(top, []):
+        try:
+            return dist_name, metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None, None

@@ -1,0 +1,121 @@
+"""``--parity-data FILE``: real input samples for parity (safetensors or .npz, never pickle).
+
+The file names its tensors after the forward's inputs, in one of two layouts:
+
+- ``NAME`` with a leading sample dimension: shape ``[N, *example_shape]`` gives N samples; a tensor of
+  the example's rank whose first dimension is a multiple of the example's batch (``[N * B, ...]``) is
+  cut into N batches of B rows;
+- ``S/NAME`` keys (``0/input_ids``, ``1/input_ids``, ...), one tensor per sample, as the bundle's
+  parity/inputs.safetensors stores them.
+
+Every sample must give every input the example gives, with the example's shape (graphs are static)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import PrepareError
+
+_SAMPLE_KEY = re.compile(r"^(\d+)/(.+)$")
+_LAYOUT = ("name the tensors after the forward's inputs, each with a leading sample dimension "
+           "[N, *input_shape], or as N/NAME keys, one per sample")
+
+
+def read_tensors(path: Path) -> dict[str, Any]:
+    """Named tensors of a .safetensors or .npz file (``allow_pickle=False``)."""
+    import torch
+
+    if not path.is_file():
+        raise PrepareError(f"parity data not found; pass a .safetensors or .npz file ({_LAYOUT})", path=path)
+    try:
+        if path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path, allow_pickle=False) as data:
+                return {k: torch.from_numpy(np.array(data[k])) for k in data.files}
+        from safetensors.torch import load_file
+
+        return dict(load_file(str(path)))
+    except Exception as e:  # numpy / safetensors raise their own types for corrupt files
+        raise PrepareError(f"cannot read parity data ({type(e).__name__}: {e}); write it with "
+                        "safetensors.torch.save_file or numpy.savez", path=path) from e
+
+
+def read_parity_data(path: str | Path, example: dict[str, Any]) -> list[dict[str, Any]]:
+    """The samples of ``path`` as input sets shaped and typed like ``example``."""
+    path = Path(path)
+    tensors = read_tensors(path)
+    if not tensors:
+        raise PrepareError(f"the parity data holds no tensors; {_LAYOUT}", path=path)
+    keyed: dict[int, dict[str, Any]] = {}
+    for key, t in tensors.items():
+        if m := _SAMPLE_KEY.match(key):
+            keyed.setdefault(int(m.group(1)), {})[m.group(2)] = t
+    samples = [keyed[i] for i in sorted(keyed)] if keyed else _split(tensors, example, path)
+    out = []
+    for i, sample in enumerate(samples):
+        missing = [n for n in example if n not in sample]
+        if missing:
+            raise PrepareError(f"parity data sample {i} lacks input(s) {', '.join(missing)}; {_LAYOUT}", path=path)
+        one = {}
+        for name, ref in example.items():
+            t = sample[name]
+            if tuple(t.shape) != tuple(ref.shape):
+                raise PrepareError(f"parity data sample {i}: {name} has shape {list(t.shape)}, the graph takes "
+                                f"{list(ref.shape)}; {_LAYOUT}", path=path)
+            one[name] = t.to(ref.dtype)
+        out.append(one)
+    return out
+
+
+def _split(tensors: dict[str, Any], example: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    counts, chunks = {}, {}
+    for name, ref in example.items():
+        if name not in tensors:
+            raise PrepareError(f"parity data has no tensor {name!r} (it has {', '.join(sorted(tensors))}); {_LAYOUT}",
+                            path=path)
+        t, shape = tensors[name], tuple(ref.shape)
+        if t.dim() == len(shape) + 1 and tuple(t.shape[1:]) == shape:
+            chunks[name] = list(t.unbind(0))
+        elif (t.dim() == len(shape) and shape and tuple(t.shape[1:]) == shape[1:]
+              and t.shape[0] % shape[0] == 0 and t.shape[0] > 0):
+            chunks[name] = list(t.split(shape[0], dim=0))
+        else:
+            raise PrepareError(f"parity data {name} has shape {list(t.shape)}; for inputs of shape {list(shape)} "
+                            f"give [N, {', '.join(map(str, shape))}]; {_LAYOUT}", path=path)
+        counts[name] = len(chunks[name])
+    if len(set(counts.values())) != 1:
+        raise PrepareError("parity data inputs hold different numbers of samples ("
+                        + ", ".join(f"{n}: {c}" for n, c in counts.items()) + ")", path=path)
+    n = next(iter(counts.values()))
+    return [{name: chunks[name][i] for name in chunks} for i in range(n)]
+
+
+def read_bundle_parity(bundle: Path, manifest: dict[str, Any]) -> tuple[list, list, dict]:
+    """The inputs, reference outputs and recorded tolerance a bundle stored for re-running its parity."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    from ..errors import ValidateError
+    from ..options import Tolerance
+
+    inputs_file, expected_file = bundle / "parity" / "inputs.safetensors", bundle / "parity" / "expected.safetensors"
+    if not inputs_file.is_file() or not expected_file.is_file():
+        raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
+                                   "export again with validation to get re-runnable parity", path=bundle)
+    try:
+        with safe_open(str(inputs_file), "np") as f:
+            meta = f.metadata() or {}
+        names_in, names_out, sets = meta["inputs"].split(","), meta["outputs"].split(","), int(meta["sets"])
+        ins, outs = load_file(str(inputs_file)), load_file(str(expected_file))
+        feeds = [{n: ins[f"{s}/{n}"] for n in names_in} for s in range(sets)]
+        expected = [[outs[f"{s}/{n}"] for n in names_out] for s in range(sets)]
+    except Exception as e:
+        raise ValidateError(f"the parity data is unreadable ({type(e).__name__}: {e}); the bundle is damaged, "
+                                   "export it again", path=bundle) from e
+    tol = dict((manifest.get("parity") or {}).get("tolerance") or Tolerance().to_dict())
+    device_tol = ((manifest.get("parity") or {}).get("device") or {}).get("tolerance") or {}
+    tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
+    tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
+    return feeds, expected, tol

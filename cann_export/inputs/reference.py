@@ -1,0 +1,44 @@
+"""The PyTorch reference: the model run on every parity input set, on the pipeline's device."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors
+from ..context import ExportContext
+from . import tensors as inputs_mod
+
+
+def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
+                      input_sets: list[dict[str, Any]] | None = None) -> tuple[list, list]:
+    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set)."""
+    import torch
+
+    from ..backend.placement import pipeline_device, to_device
+
+    device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"
+    ctx.reports.setdefault("reference", {})["device"] = device
+    model = to_device(model, device)
+    names, outputs = [], []
+    with torch.no_grad():
+        for one in ctx.input_sets if input_sets is None else input_sets:
+            try:
+                out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
+            except Exception as e:  # any failure here is the user's file or class
+                raise errors.PrepareError(
+                    f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
+                    f"{errors.gist(e)}. Check the input names, shapes and dtypes "
+                    f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
+                    path=ctx.loaded.source_path) from e
+            names, tensors = inputs_mod.flatten_outputs(out)
+            if not tensors:
+                raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
+            outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
+                            else t.detach().cpu().numpy() for t in tensors])
+    to_device(model, "cpu")  # capture and the exporters run on the CPU
+    return names, outputs
+
+
+def _call(model: Any, kind: str, feed: dict[str, Any], names: list[str]) -> Any:
+    if kind == "module":
+        return model(**feed)
+    return model(*[feed[n] for n in names])

@@ -1,0 +1,227 @@
+"""Example inputs: parsing ``--input-shape``, reading ``--example-inputs``, naming and seeded variants."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadError, PrepareError
+from ..options import InputSpec
+
+
+def forward_input_names(model: Any) -> list[str]:
+    """Names of the model's forward parameters, in order (no *args/**kwargs)."""
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript
+        return [a.name for a in schema.arguments if a.name != "self"]
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in sig.parameters.values() if p.kind in kinds]
+
+
+def embedding_vocab(model: Any, name: str | None = None) -> int:
+    """Upper bound for random token ids: the rows of the Embedding that reads input ``name`` in a
+    torch.export graph, else the config's vocab size, else the smallest Embedding table (2 if none)."""
+    rows = _graph_embedding_rows(model).get(name) if name else None
+    if rows:
+        return rows
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    import torch
+
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)] if isinstance(model, torch.nn.Module) else []
+    return min(sizes) if sizes else 2
+
+
+def _graph_embedding_rows(model: Any) -> dict[str, int]:
+    """Input name -> rows of the embedding table it indexes, for FX graphs (unlifted .pt2 archives)."""
+    graph = getattr(model, "graph", None)
+    nodes = getattr(graph, "nodes", None)
+    if nodes is None or not hasattr(model, "get_parameter"):
+        return {}
+    rows: dict[str, int] = {}
+    for node in nodes:
+        if node.op != "call_function" or "embedding" not in str(node.target) or len(node.args) < 2:
+            continue
+        weight, index = node.args[0], node.args[1]
+        if getattr(index, "op", None) != "placeholder" or getattr(weight, "op", None) != "get_attr":
+            continue
+        try:
+            table = model.get_parameter(weight.target)
+        except AttributeError:
+            table = getattr(model, str(weight.target), None)
+        if table is not None and table.dim() == 2:
+            rows[str(index.target)] = int(table.shape[0])
+    return rows
+
+
+def _is_mask(name: str) -> bool:
+    return "mask" in name.lower()
+
+
+def _is_token_ids(name: str) -> bool:
+    low = name.lower()
+    return low.endswith("ids") and "token_type" not in low and "position" not in low
+
+
+def padded_mask(shape: tuple[int, ...], dtype: Any, gen: Any, where: str = "end") -> Any:
+    """A 0/1 mask over the last dimension with padding: rows keep different numbers of tokens
+    (``where="end"``: zeros at the end; ``"middle"``: a run of zeros inside, as packed sequences have)."""
+    import torch
+
+    mask = torch.ones(shape, dtype=torch.int64)
+    length = shape[-1] if shape else 1
+    if not shape or length < 2:
+        return mask.to(dtype)
+    rows = mask.view(-1, length)
+    for r in range(rows.shape[0]):
+        pad = 1 + int(torch.randint(0, max(length // 2, 1), (1,), generator=gen))
+        if where == "end":
+            rows[r, length - pad:] = 0
+        else:
+            start = max(1, (length - pad) // 2)
+            rows[r, start:min(start + pad, length - 1)] = 0
+    return mask.to(dtype)
+
+
+def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dict[str, Any]:
+    """Build example tensors from shapes: seeded normal floats; token ids across the vocabulary;
+    masks of ones except padding at the end of later batch rows (each row a different length)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    for spec in specs:
+        dtype = getattr(torch, spec.resolved_dtype)
+        if dtype.is_floating_point:
+            out[spec.name] = torch.randn(spec.shape, generator=gen).to(dtype)
+        elif dtype == torch.bool or _is_mask(spec.name):
+            mask = padded_mask(spec.shape, dtype, gen)
+            if len(spec.shape) >= 2:
+                mask.view(-1, spec.shape[-1])[0] = 1  # the first row unpadded, the others padded
+            else:
+                mask = torch.ones(spec.shape, dtype=dtype)
+            out[spec.name] = mask
+        elif "token_type" in spec.name:
+            out[spec.name] = torch.zeros(spec.shape, dtype=dtype)
+        else:
+            high = min(embedding_vocab(model, spec.name), 2**31 - 1)
+            out[spec.name] = torch.randint(0, high, spec.shape, generator=gen, dtype=torch.int64).to(dtype)
+    return out
+
+
+def read_example_inputs(path: str | Path) -> dict[str, Any]:
+    """Load named tensors from a safetensors file (no pickle)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LoadError("example-inputs file not found; pass a .safetensors file of named tensors", path=path)
+    try:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise LoadError(
+            f"cannot read example inputs as safetensors ({type(e).__name__}: {e}); "
+            "write them with safetensors.torch.save_file({name: tensor})",
+            path=path,
+        ) from e
+    if not tensors:
+        raise LoadError("the example-inputs file holds no tensors", path=path)
+    return dict(tensors)
+
+
+def check_input_names(names: list[str], accepted: list[str], source: str) -> None:
+    unknown = [n for n in names if accepted and n not in accepted]
+    if unknown:
+        raise PrepareError(
+            f"input(s) {', '.join(unknown)} from {source} are not parameters of the model's forward "
+            f"({', '.join(accepted)}); name the inputs after the forward parameters"
+        )
+
+
+FLOAT_DISTRIBUTIONS = ("normal", "uniform", "laplace", "wide_normal")
+
+
+def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[str, int] | None = None,
+                    distributions: tuple[str, ...] = FLOAT_DISTRIBUTIONS) -> list[dict[str, Any]]:
+    """``count`` seeded inputs shaped like ``inputs`` that try to find bugs: floats drawn from
+    several distributions around the example's mean and spread (normal, uniform over the example's
+    range, heavy-tailed Laplace, wider normal); ``*mask*`` inputs with padding (zeros at the end, then
+    in the middle, each batch row a different length); ``*ids`` inputs across ``vocab[name]`` (the
+    embedding size, with both ends hit) when known, else inside the example's range; booleans kept."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    variants = []
+    for k in range(count):
+        one = {}
+        for name, t in inputs.items():
+            if t.numel() == 0:
+                one[name] = t.clone()
+            elif t.dtype.is_floating_point:
+                one[name] = _float_variant(t, distributions[k % len(distributions)], gen)
+            elif _is_mask(name) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
+                one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")
+            elif t.dtype == torch.bool:
+                one[name] = t.clone()
+            elif vocab and vocab.get(name, 0) > 2 and _is_token_ids(name):
+                ids = torch.randint(0, vocab[name], t.shape, generator=gen)
+                flat = ids.view(-1)
+                flat[0], flat[-1] = (vocab[name] - 1, 0) if k % 2 == 0 else (0, vocab[name] - 1)
+                one[name] = ids.to(t.dtype)
+            else:
+                lo, hi = int(t.min()), int(t.max())
+                one[name] = t.clone() if lo == hi else torch.randint(lo, hi + 1, t.shape, generator=gen).to(t.dtype)
+        variants.append(one)
+    return variants
+
+
+def _float_variant(t: Any, kind: str, gen: Any) -> Any:
+    import torch
+
+    x = t.detach().float()
+    mean = float(x.mean())
+    std = float(x.std()) if x.numel() > 1 else 0.0
+    std = std if std > 0 else 1.0
+    if kind == "normal":
+        y = mean + std * torch.randn(t.shape, generator=gen)
+    elif kind == "uniform":
+        lo, hi = float(x.min()), float(x.max())
+        lo, hi = (lo, hi) if hi > lo else (mean - std, mean + std)
+        y = lo + (hi - lo) * torch.rand(t.shape, generator=gen)
+    elif kind == "laplace":  # Laplace with the same spread: heavy tails, a few large values
+        u = torch.rand(t.shape, generator=gen).clamp(1e-6, 1 - 1e-6) - 0.5
+        y = mean - (std / 2 ** 0.5) * torch.sign(u) * torch.log1p(-2 * u.abs())
+    else:
+        y = mean + 2 * std * torch.randn(t.shape, generator=gen)
+    return y.to(t.dtype)
+
+
+def flatten_outputs(outputs: Any) -> tuple[list[str], list[Any]]:
+    """Flatten a model's outputs (tensor, tuple, dict, transformers ModelOutput) into names and tensors."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    if hasattr(outputs, "to_tuple") and hasattr(outputs, "keys"):  # transformers ModelOutput
+        outputs = {k: outputs[k] for k in outputs.keys()}
+    leaves, _ = pytree.tree_flatten_with_path(outputs)
+    names, tensors = [], []
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        key = ".".join(_key_str(k) for k in path) or "output"
+        names.append(key if not key[0].isdigit() else f"output_{key}")
+        tensors.append(leaf)
+    return names, tensors
+
+
+def _key_str(k: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
