@@ -100,7 +100,7 @@ def main() -> None:
         x, y = torch.randn(*shape), torch.randint(0, 10, (shape[0],))
         import copy
 
-        from cann_export.qat.prepare import fold_batchnorm
+        from cann_export.qat.wrapping import fold_batchnorm
 
         student = qat.prepare(model, config={})
         qat.calibrate(student, [{"input": x}])

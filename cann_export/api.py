@@ -13,7 +13,13 @@ from .context import ExportContext
 from .fs import atomic, digests
 from .hooks import manager as plugins
 from .options import ExportOptions, Tolerance
-from .pipeline import stages
+from .bundle import annotate
+from .capture import stage as capture_stage
+from .inputs import stage as prepare_stage
+from .load import stage as load_stage
+from .model_zoo import stage as zoo_stage
+from .passes import stage as passes_stage
+from .validators import stage as validators_stage
 from .pipeline.runner import STAGES, ProgressFn, run_stages
 from .qat import stage as quant_stages
 
@@ -100,16 +106,16 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return f"{len(c.files)} files staged"
 
     handlers = {
-        "load": stages.load,
-        "prepare": lambda c: stages.prepare(c, example_inputs),
+        "load": load_stage.load,
+        "prepare": lambda c: prepare_stage.prepare(c, example_inputs),
         "train": quant_stages.train if opts.quantize else None,
-        "strip": stages.strip,
-        "capture": stages.capture,
-        "optimize": stages.optimize,
-        "annotate": stages.annotate,
-        "lint": lambda c: stages.run_validators(c, "lint"),
+        "strip": passes_stage.strip,
+        "capture": capture_stage.capture,
+        "optimize": passes_stage.optimize,
+        "annotate": annotate.annotate,
+        "lint": lambda c: validators_stage.run_validators(c, "lint"),
         "write": write,
-        "validate": (lambda c: stages.run_validators(c, "validate")) if opts.validate else None,
+        "validate": (lambda c: validators_stage.run_validators(c, "validate")) if opts.validate else None,
     }
     try:
         run_stages(ctx, handlers, progress, only=STAGES[:-1])
@@ -127,7 +133,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     finally:
         large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
-    run_stages(ctx, {"publish": stages.publish} if opts.publish else {}, progress, only=("publish",))
+    run_stages(ctx, {"publish": zoo_stage.publish} if opts.publish else {}, progress, only=("publish",))
     parity = ctx.reports.get("parity")
     final_onnx = getattr(ctx, "final_onnx", None) or (
         (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)

@@ -221,7 +221,7 @@ def test_folded_conv_is_named_after_the_conv_in_an_export(tmp_path):
 def test_module_level_fold_is_the_qat_fold():
     from helpers.toy_models import ConvBnDropout
 
-    from cann_export.qat.prepare import fold_batchnorm
+    from cann_export.qat.wrapping import fold_batchnorm
 
     model = ConvBnDropout().eval()
     x = torch.randn(2, 3, 8, 8)

@@ -1,7 +1,7 @@
 """Strip passes: training-only structure out of the module (before capture) or the graph (after).
 
 Module passes: unwrap gradient-checkpoint wrappers, replace Dropout with Identity, fold Conv+BatchNorm
-pairs (qat.prepare.fold_batchnorm), drop Identity from Sequentials.
+pairs (qat.wrapping.fold_batchnorm), drop Identity from Sequentials.
 Graph pass: onnxscript's BatchNorm-folding rules and onnx_ir's Identity / unused-value passes.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class ConvBnPass:
     order = 30
 
     def apply_module(self, model: Any, ctx: Any) -> Any:
-        from ..qat.prepare import fold_batchnorm
+        from ..qat.wrapping import fold_batchnorm
 
         if not _is_module(model):
             return model

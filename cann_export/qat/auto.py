@@ -68,7 +68,7 @@ def _maybe_prepare(module: Any) -> None:
     from torch import nn
 
     from .fake_quant import QuantLayer
-    from .prepare import STATE_ATTR, prepare_in_place
+    from .wrapping import STATE_ATTR, prepare_in_place
 
     if getattr(module, STATE_ATTR, None) is not None:
         return

@@ -35,7 +35,7 @@ class LowerFakeQuant:
             ctx.quant_table[path] = layer.export_table()
             parent, _, attr = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, layer.to_float())
-        from .prepare import fold_batchnorm
+        from .wrapping import fold_batchnorm
 
         # a model fake-quantized in place trained with its BatchNorms: fold them into their convs now (the
         # Q/DQ lowering derives per-channel weight scales from the folded weights)

@@ -1,0 +1,25 @@
+"""The annotate stage: metadata, provenance, ATC hints and module paths into the graph's metadata_props."""
+from __future__ import annotations
+
+
+from ..capture import module_paths
+from ..hooks import manager as plugins
+from ..context import ExportContext
+
+
+def annotate(ctx: ExportContext) -> str | None:
+    from ..capture.onnx_utils import set_metadata
+    from ..fs.jsonio import dumps
+
+    ctx.provenance = plugins.registry().provenance(ctx)
+    ctx.metadata = {str(k): str(v) for k, v in ctx.options.metadata.items()}
+    props = dict(ctx.metadata)
+    props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
+    if ctx.options.atc_hints:
+        props["cann_export.atc.hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
+    if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
+        props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
+    set_metadata(ctx.onnx_model, props)
+    module_paths.stamp(ctx.onnx_model, ctx.module_paths)
+    module_paths.stamp_origins(ctx.onnx_model, ctx.module_origins)
+    return f"{len(props)} metadata entries"

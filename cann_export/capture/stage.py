@@ -1,0 +1,92 @@
+"""The capture stage: exporters tried in priority order until one writes a valid graph at the asked opset."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors
+from ..capture import large_graph as large_model
+from ..capture import module_paths
+from ..hooks import manager as plugins
+from ..context import ExportContext
+from ..inputs.reference import reference_outputs
+
+
+def capture(ctx: ExportContext) -> str | None:
+    """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
+    --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
+    last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
+    from ..backend.eval_mode import to_eval
+    from ..capture.onnx_utils import check_graph, opset_of
+
+    exporters = plugins.registry().exporters()
+    if ctx.options.exporter != "auto":
+        exporters = [e for e in exporters if e.name == ctx.options.exporter]
+    attempts: list[dict[str, Any]] = []
+    chosen = fallback = None
+    traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
+    for exporter in exporters:
+        if not exporter.supports(ctx.model):
+            attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
+            continue
+        ctx.capture_notes = []
+        try:
+            ctx.trace_warnings = []
+            model = exporter.export(ctx.model, ctx)
+            traced[exporter.name] = ctx.trace_warnings
+            large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
+        except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
+            attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
+            continue
+        finally:
+            to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
+        opset = opset_of(model)
+        attempts.append({"exporter": exporter.name, "opset": opset})
+        if opset == ctx.options.opset:
+            chosen = (exporter.name, model)
+            break
+        why = "; ".join(ctx.capture_notes) or "the exporter wrote another opset"
+        why = " ".join(why.split())
+        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
+        if fallback is None and ctx.options.accepts_opset(opset, ctx.format):
+            fallback = (exporter.name, model)
+    if chosen is None and fallback is not None:
+        chosen = fallback
+    if chosen is None:
+        detail = "; ".join(f"{a['exporter']}: {a.get('error') or a.get('note')}" for a in attempts)
+        if any("opset" in a for a in attempts):
+            raise errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
+                                      f"another ({detail}); pass another --opset, or drop --strict-opset",
+                                      path=ctx.loaded.source_path)
+        raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
+                                  path=ctx.loaded.source_path)
+    name, ctx.onnx_model = chosen
+    ctx.module_paths = module_paths.collect(ctx.onnx_model)
+    ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
+    opset = opset_of(ctx.onnx_model)
+    ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    ctx.trace_warnings = traced.get(name, [])
+    if ctx.trace_warnings:
+        _specialised(ctx)
+    if opset != ctx.options.opset:
+        notes = "; ".join(a["note"] for a in attempts if "note" in a)
+        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
+                                  f"({notes}); pass --strict-opset to refuse any other opset")
+        return f"{name}, opset {opset} (asked {ctx.options.opset})"
+    return f"{name}, opset {opset}"
+
+
+def _specialised(ctx: ExportContext) -> None:
+    """A traced graph that warned: record it, and the reference on inputs that may take other paths
+    (from the stripped module, which is what was traced)."""
+    from ..capture import trace_check
+
+    trace_check.record(ctx, ctx.trace_warnings)
+    if ctx.options.validate and not ctx.quant_table:
+        ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
+        if ctx.path_input_sets:
+            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
+                                                              list(ctx.input_names), ctx.path_input_sets)
+
+
+def _gist(e: BaseException, limit: int = 400) -> str:
+    return errors.gist(e, limit)

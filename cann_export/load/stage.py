@@ -1,0 +1,70 @@
+"""The load stage: a path, module or program into a LoadedModel, without touching the caller's model."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..capture import large_graph as large_model
+from ..hooks import manager as plugins
+from ..context import ExportContext, LoadedModel
+
+
+def load(ctx: ExportContext) -> str | None:
+    import torch
+
+    src = ctx.source
+    if isinstance(src, torch.export.ExportedProgram):
+        names = list(src.graph_signature.user_inputs)
+        ex = None
+        if src.example_inputs is not None:
+            ex = dict(zip(names, src.example_inputs[0]))
+            ex.update(src.example_inputs[1] or {})
+        ctx.loaded = LoadedModel(src.module(), "exported_program", ex, extras={"input_names": names})
+    elif isinstance(src, torch.jit.ScriptModule):
+        ctx.loaded = LoadedModel(src, "torchscript")
+    elif isinstance(src, torch.nn.Module):
+        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
+    elif isinstance(src, (str, Path)):
+        ctx.loaded = load_path(Path(src), ctx.options, plugins.registry().loaders())
+    else:
+        raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
+                               "or the path of a model file")
+    ctx.model = ctx.loaded.model
+    return ctx.loaded.kind
+
+
+def _private_copy(module: Any, share_weights: bool = False) -> Any:
+    """Eval mode and the strip passes must never change the caller's module: work on a copy, on the CPU
+    wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) the copy's CPU
+    parameters and buffers are new tensors over the caller's storage: no pass writes weights in place, and a
+    large model is not held twice."""
+    from ..backend.placement import cpu_copy
+
+    try:
+        return cpu_copy(module, large_model.shared_weights_memo(module) if share_weights else None)
+    except Exception as e:
+        raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
+                               f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "
+                               "the file instead") from e
+
+
+def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
+    """Check the path, pick the first matching loader by priority, and hash the file."""
+    from ..fs.digests import sha256_file
+
+    if not path.exists():
+        raise errors.LoadError("model file not found; check the path", path=path)
+    if path.is_dir():
+        raise errors.LoadError("is a directory; pass a model file (.pt2, .pt, .pth, .safetensors)", path=path)
+    for loader in sorted(loaders.values(), key=lambda x: -x.priority):
+        if loader.matches(path):
+            loaded = loader.load(path, options)
+            loaded.source_path = str(path)
+            loaded.source_sha256 = sha256_file(path)
+            return loaded
+    raise errors.LoadError("no loader understands this file", path=path)
+
+
+def _gist(e: BaseException, limit: int = 400) -> str:
+    return errors.gist(e, limit)
