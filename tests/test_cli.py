@@ -122,7 +122,7 @@ def test_validate_under_a_tighter_explicit_tolerance_fails_with_exit_1(tmp_path)
 def test_plugins_lists_builtins_with_hooks():
     rows = json.loads(invoke(["plugins", "--json"]).stdout)
     by_name = {r["name"]: r for r in rows}
-    assert by_name["cann_export.bundle.formats"]["hooks"] == ["register_formats"]
+    assert by_name["cann_export.plugins.formats"]["hooks"] == ["register_formats"]
     assert all(r["version"] for r in rows)
     assert "register_loaders" in invoke(["plugins"]).stdout
 

@@ -285,4 +285,4 @@ def test_plugins_show_their_own_distribution(tmp_path, monkeypatch):
     rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).stdout)}
     assert rows["demo"]["distribution"] == "cannplug-demo" and rows["demo"]["version"] == "1.2.3"
     assert rows["demo"]["hooks"] == ["provenance"] and not rows["demo"]["builtin"]
-    assert rows["cann_export.bundle.formats"]["distribution"] == "cann-export"
+    assert rows["cann_export.plugins.formats"]["distribution"] == "cann-export"

@@ -16,7 +16,7 @@ def annotate(ctx: ExportContext) -> str | None:
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
-        props["cann_export.atc.hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
+        props["cann_export.atc_hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
     if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
         props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
     set_metadata(ctx.onnx_model, props)

@@ -148,7 +148,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     atc = manifest.get("atc")
     if isinstance(atc, dict):
         try:
-            stamped_hints = json.loads(props.get("cann_export.atc.hints") or "{}")
+            stamped_hints = json.loads(props.get("cann_export.atc_hints") or "{}")
         except ValueError:
             stamped_hints = None
         if stamped_hints != json.loads(json.dumps(atc.get("hints") or {}, sort_keys=True, default=str)):
