@@ -39,7 +39,7 @@ def _publishing(options: ExportOptions) -> bool:
 STAGES: tuple[Stage, ...] = (
     Stage("load", load.load, errors.LoadError),
     Stage("prepare", inputs.prepare, errors.PrepareError),
-    Stage("train", qat.train, errors.ExportError, _quantizing),
+    Stage("train", qat.train, errors.TrainError, _quantizing),
     Stage("strip", passes.strip, errors.StripError),
     Stage("capture", capture.capture, errors.CaptureError),
     Stage("optimize", passes.optimize, errors.OptimizeError),
