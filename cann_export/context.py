@@ -29,6 +29,7 @@ class ExportContext:
     output_path: Path
     loaded: LoadedModel | None = None
     model: Any = None
+    explicit_inputs: Any = None  # export(example_inputs=...): a tensor, a tuple, a dict or a file path
     input_names: list[str] = field(default_factory=list)
     example_inputs: dict[str, Any] = field(default_factory=dict)
     input_sets: list[dict[str, Any]] = field(default_factory=list)
@@ -46,6 +47,7 @@ class ExportContext:
     onnx_path: Path | None = None  # the written graph (inside staging until commit)
     files: list[Path] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)  # set by the format's finalize()
+    manifest_sha256: str | None = None  # of the staged manifest.json, when the format writes one
     stage_seconds: dict[str, float] = field(default_factory=dict)
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     module_origins: dict[str, dict[str, str]] = field(default_factory=dict)  # stamp key -> {node: value}
