@@ -33,7 +33,7 @@ def test_bare_and_export_subcommand_spellings(tmp_path):
         payload = json.loads(result.stdout)  # exactly one JSON object on stdout
         check_json_schema(payload)
         assert payload["format"] == "onnx" and payload["files"] == [payload["onnx"]["path"]]
-    assert "[5/11] capture" in a.stderr  # progress goes to stderr
+    assert "[5/12] capture" in a.stderr  # progress goes to stderr
 
 
 def test_bert_through_cli_with_example_inputs_and_hints(tmp_path):

@@ -31,11 +31,11 @@ def plugin():
         pm.unregister(module)
 
 
-def test_the_table_numbers_eleven_stages_and_write_commits_after_validate():
+def test_the_table_numbers_twelve_stages_and_commit_comes_after_validate():
     assert STAGE_NAMES == ("load", "prepare", "train", "strip", "capture", "optimize", "annotate", "lint",
-                           "write", "validate", "publish")
-    keys = [s.key for s in STAGES]
-    assert keys.index("validate") < keys.index("write.commit") < keys.index("publish")
+                           "write", "validate", "commit", "publish")
+    keys = [s.name for s in STAGES]
+    assert keys.index("validate") < keys.index("commit") < keys.index("publish")
 
 
 class RaisingFormat:
@@ -85,11 +85,12 @@ def test_a_third_party_formats_exception_is_a_write_error(plugin, tmp_path, wher
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, [str(model), "-f", f"fails-in-{where}", "-o", str(out)])
     assert result.exit_code == errors.WriteError.exit_code, result.output
-    assert f"[write] ({model}) RuntimeError: disk quota in {where}" in result.stderr
+    stage = "write" if where == "write" else "commit"  # finalize and commit run in the commit stage
+    assert f"[{stage}] ({model}) RuntimeError: disk quota in {where}" in result.stderr
     assert "internal" not in result.stderr and "bug" not in result.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if "cann-tmp" in p.name]
     if where != "write":  # validate ran on the staged artifact before the failure
-        assert "[9/11] write ... 1 files staged" in result.stderr
+        assert "[9/12] write ... 1 files staged" in result.stderr
 
 
 def test_a_plugin_wraps_every_stage_and_sees_its_result(plugin, tmp_path):
@@ -97,9 +98,9 @@ def test_a_plugin_wraps_every_stage_and_sees_its_result(plugin, tmp_path):
 
     @hookimpl(wrapper=True)
     def run_stage(stage, ctx):
-        assert ctx.stage_seconds.get(stage.key) is None  # the timer is outside this wrapper
+        assert ctx.stage_seconds.get(stage.name) is None  # the timer is outside this wrapper
         result = yield
-        seen.append((stage.key, result))
+        seen.append((stage.name, result))
         return result
 
     plugin({"run_stage": run_stage}, "stage-recorder")
@@ -107,11 +108,11 @@ def test_a_plugin_wraps_every_stage_and_sees_its_result(plugin, tmp_path):
     result = cann_export.export(make_mlp(), tmp_path / "m.onnx", "onnx", example_inputs=torch.randn(2, 12),
                                 progress=lambda i, s, status, sec: lines.append((i, s, status)))
     assert result.ok
-    ran = [s.key for s in STAGES if s.enabled(ExportOptions(export_format="onnx"))]
+    ran = [s.name for s in STAGES if s.enabled(ExportOptions(export_format="onnx"))]
     assert [k for k, _ in seen] == ran
     statuses = dict(seen)
     assert statuses["capture"].startswith(result.onnx["exporter"]) and statuses["validate"] == "passed"
-    assert statuses["write.commit"] == "1 files committed"
+    assert statuses["commit"] == "1 files committed"
     assert [(i, s) for i, s, _ in lines] == [(STAGE_NAMES.index(s.name) + 1, s.name) for s in STAGES]
     assert ("train", "skipped") in [(s, st) for _, s, st in lines]
 

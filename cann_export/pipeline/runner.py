@@ -44,9 +44,9 @@ def run_one(ctx: ExportContext, stage: Stage, registry: plugins.Registry, progre
                               stage=stage.name) from e
     else:
         status = "skipped"
-        ctx.stage_seconds[stage.key] = 0.0
+        ctx.stage_seconds[stage.name] = 0.0
     if progress:
-        progress(STAGE_NAMES.index(stage.name) + 1, stage.name, status, ctx.stage_seconds.get(stage.key, 0.0))
+        progress(STAGE_NAMES.index(stage.name) + 1, stage.name, status, ctx.stage_seconds.get(stage.name, 0.0))
     return status
 
 

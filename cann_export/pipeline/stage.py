@@ -19,16 +19,10 @@ def always(options: ExportOptions) -> bool:
 
 @dataclass(frozen=True)
 class Stage:
-    """A step of the export pipeline. ``step`` names a later part of a stage: write stages its files before
-    validate and commits them after (``Stage("write", ..., step="commit")``), both reported as stage 9."""
+    """A step of the export pipeline: its name, the function that runs it, the error class that wraps its
+    failures, and whether the options ask for it."""
 
     name: str
     run: StageFn
     error: type[errors.ExportError]
     enabled: Callable[[ExportOptions], bool] = always
-    step: str | None = None
-
-    @property
-    def key(self) -> str:
-        """Where its time goes in ``ctx.stage_seconds``: the stage's name, or ``name.step``."""
-        return f"{self.name}.{self.step}" if self.step else self.name

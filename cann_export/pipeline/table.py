@@ -47,7 +47,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("lint", _lint, errors.LintError),
     Stage("write", write.write, errors.WriteError),
     Stage("validate", _validate, errors.ValidateError, _validating),
-    Stage("write", write.commit, errors.WriteError, step="commit"),
+    Stage("commit", write.commit, errors.WriteError),  # finalize (manifest), then rename into place
     Stage("publish", zoo.publish, errors.PublishError, _publishing),  # on the committed artifact
 )
-STAGE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(s.name for s in STAGES))  # the 11 numbered stages
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)

@@ -17,7 +17,7 @@ def run_stage(stage: Stage, ctx: ExportContext) -> Generator[None, str | None, s
     try:
         return (yield)
     finally:
-        ctx.stage_seconds[stage.key] = round(time.perf_counter() - started, 4)
+        ctx.stage_seconds[stage.name] = round(time.perf_counter() - started, 4)
 
 
 @hookimpl(trylast=True, specname="run_stage")
