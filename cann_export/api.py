@@ -98,7 +98,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output)
     ctx.format = formats[opts.export_format]
-    ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
+    ctx.reports.warnings.atc_hints = hint_warnings or None
 
     def write(c: ExportContext) -> str:
         c.staging = atomic.staging_dir(output)
@@ -134,8 +134,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         large_model.cleanup(ctx)  # the capture's work directory beside the output
     # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
     run_stages(ctx, {"publish": zoo_stage.publish} if opts.publish else {}, progress, only=("publish",))
-    parity = ctx.reports.get("parity")
-    final_onnx = getattr(ctx, "final_onnx", None) or (
+    parity = ctx.reports.parity.to_dict() if ctx.reports.parity is not None else None
+    final_onnx = ctx.final_onnx or (
         (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
     from .bundle.manifest import summarize_parity
 
@@ -144,11 +144,11 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         format=opts.export_format,
         output=str(ctx.output_path),
         files=[str(f) for f in files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
-              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
+        onnx={"path": str(final_onnx), "opset": ctx.capture.opset, "exporter": ctx.capture.exporter,
+              **({"specialized_to_traced_path": True} if ctx.capture.specialized else {})},
         parity=summarize_parity(parity) if parity else None,
         manifest=ctx.manifest,
-        published=ctx.reports.get("publish"),
+        published=ctx.reports.publish,
         manifest_sha256=manifest_digest,
     )
 

@@ -38,7 +38,7 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     elif isinstance(ctx.source, (str, Path)) and (inferred := infer_example_input(ctx.model, accepted,
                                                                                    opts.seed)) is not None:
         feed, source = inferred
-        ctx.reports.setdefault("warnings", {})["inputs"] = source
+        ctx.reports.warnings.inputs = source
     else:
         raise errors.PrepareError(no_inputs_message(accepted), path=loaded.source_path)
     from ..backend.placement import cpu_copy
@@ -68,8 +68,7 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
 
         samples = read_parity_data(opts.parity_data, feed)
     ctx.input_sets = [feed] + variants + samples
-    ctx.reports.setdefault("reference", {})["input_sets"] = {"example": 1, "random": len(variants),
-                                                              "parity_data": len(samples)}
+    ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}
     if opts.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train stage)
         from ..qat.stage import prepare_quantization
 
