@@ -53,13 +53,7 @@ def capture(ctx: ExportContext) -> str | None:
     if chosen is None and fallback is not None:
         chosen = fallback
     if chosen is None:
-        detail = "; ".join(f"{a.exporter}: {a.error or a.note}" for a in attempts)
-        if any(a.opset is not None for a in attempts):
-            raise errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
-                                      f"another ({detail}); pass another --opset, or drop --strict-opset",
-                                      path=ctx.loaded.source_path)
-        raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
-                                  path=ctx.loaded.source_path)
+        raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
@@ -74,6 +68,16 @@ def capture(ctx: ExportContext) -> str | None:
                                   f"({notes}); pass --strict-opset to refuse any other opset")
         return f"{name}, opset {opset} (asked {ctx.options.opset})"
     return f"{name}, opset {opset}"
+
+
+def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.CaptureError:
+    """Why no exporter's graph was kept: each attempt's error, or the opset it wrote instead."""
+    detail = "; ".join(f"{a.exporter}: {a.error or a.note}" for a in attempts)
+    if any(a.opset is not None for a in attempts):
+        return errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
+                                   f"another ({detail}); pass another --opset, or drop --strict-opset",
+                                   path=ctx.loaded.source_path)
+    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
 
 
 def _specialised(ctx: ExportContext) -> None:
