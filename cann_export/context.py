@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .capture.large_graph import LargeGraph
 
 
-@dataclass
+@dataclass(slots=True)
 class LoadedModel:
     """What a loader returns: the model, inputs stored with it (if any) and where it came from."""
 
