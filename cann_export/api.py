@@ -97,26 +97,26 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
         atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output, explicit_inputs=example_inputs)
     ctx.format = formats[opts.export_format]
-    ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
+    ctx.reports.warnings.atc_hints = hint_warnings or None
     return ctx
 
 
 def _result(ctx: ExportContext) -> ExportResult:
     from .bundle.manifest import summarize_parity
 
-    parity = ctx.reports.get("parity")
-    final_onnx = getattr(ctx, "final_onnx", None) or (
+    parity = ctx.reports.parity.to_dict() if ctx.reports.parity is not None else None
+    final_onnx = ctx.final_onnx or (
         (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
     return ExportResult(
         ok=bool(parity["passed"]) if parity else True,
         format=ctx.options.export_format,
         output=str(ctx.output_path),
         files=[str(f) for f in ctx.files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
-              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
+        onnx={"path": str(final_onnx), "opset": ctx.capture.opset, "exporter": ctx.capture.exporter,
+              **({"specialized_to_traced_path": True} if ctx.capture.specialized else {})},
         parity=summarize_parity(parity) if parity else None,
         manifest=ctx.manifest,
-        published=ctx.reports.get("publish"),
+        published=ctx.reports.publish,
         manifest_sha256=ctx.manifest_sha256,
     )
 

@@ -121,7 +121,7 @@ def test_a_plugin_replaces_a_stages_result(plugin, tmp_path):
     @hookimpl
     def run_stage(stage, ctx):
         if stage.name == "lint":
-            ctx.reports["house-lint"] = {"passed": True}
+            ctx.reports.lint["house-lint"] = {"passed": True}
             return "house lint: clean"
         return None  # every other stage: the default body
 

@@ -9,6 +9,7 @@ from ..capture import module_paths
 from ..hooks import manager as plugins
 from ..context import ExportContext
 from ..inputs.reference import reference_outputs
+from ..reports import CaptureAttempt, CaptureReport
 
 
 def capture(ctx: ExportContext) -> str | None:
@@ -18,17 +19,17 @@ def capture(ctx: ExportContext) -> str | None:
     exporters = plugins.registry().exporters()
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
-    attempts: list[dict[str, Any]] = []
+    attempts: list[CaptureAttempt] = []
     chosen = fallback = None
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     for exporter in exporters:
         model = _attempt(exporter, ctx, attempts, traced)
         if model is None:
             continue
-        if attempts[-1]["opset"] == ctx.options.opset:
+        if attempts[-1].opset == ctx.options.opset:
             chosen = (exporter.name, model)
             break
-        if fallback is None and ctx.options.accepts_opset(attempts[-1]["opset"], ctx.format):
+        if fallback is None and ctx.options.accepts_opset(attempts[-1].opset, ctx.format):
             fallback = (exporter.name, model)
     chosen = chosen or fallback
     if chosen is None:
@@ -37,14 +38,14 @@ def capture(ctx: ExportContext) -> str | None:
     return _record(ctx, name, attempts, traced)
 
 
-def _attempt(exporter: Any, ctx: ExportContext, attempts: list[dict[str, Any]],
+def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
              traced: dict[str, list[dict[str, Any]]]) -> Any:
     """One exporter's try, recorded in ``attempts``: its valid graph, or None."""
     from ..backend.eval_mode import to_eval
     from ..capture.onnx_utils import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
-        attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
+        attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
         return None
     ctx.capture_notes = []
     try:
@@ -53,28 +54,19 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[dict[str, Any]],
         traced[exporter.name] = ctx.trace_warnings
         large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
-        attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
+        attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
     finally:
         to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
     opset = opset_of(model)
-    attempts.append({"exporter": exporter.name, "opset": opset})
+    attempts.append(CaptureAttempt(exporter.name, opset=opset))
     if opset != ctx.options.opset:
         why = " ".join(("; ".join(ctx.capture_notes) or "the exporter wrote another opset").split())
-        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
+        attempts[-1].note = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
     return model
 
 
-def _no_graph(ctx: ExportContext, attempts: list[dict[str, Any]]) -> errors.CaptureError:
-    detail = "; ".join(f"{a['exporter']}: {a.get('error') or a.get('note')}" for a in attempts)
-    if any("opset" in a for a in attempts):
-        return errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
-                                   f"another ({detail}); pass another --opset, or drop --strict-opset",
-                                   path=ctx.loaded.source_path)
-    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
-
-
-def _record(ctx: ExportContext, name: str, attempts: list[dict[str, Any]],
+def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
             traced: dict[str, list[dict[str, Any]]]) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
     from ..capture.onnx_utils import opset_of
@@ -82,16 +74,26 @@ def _record(ctx: ExportContext, name: str, attempts: list[dict[str, Any]],
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
-    ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
     ctx.trace_warnings = traced.get(name, [])
     if ctx.trace_warnings:
         _specialised(ctx)
     if opset != ctx.options.opset:
-        notes = "; ".join(a["note"] for a in attempts if "note" in a)
-        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
-                                  f"({notes}); pass --strict-opset to refuse any other opset")
+        notes = "; ".join(a.note for a in attempts if a.note is not None)
+        ctx.capture.warning = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
+                               f"({notes}); pass --strict-opset to refuse any other opset")
         return f"{name}, opset {opset} (asked {ctx.options.opset})"
     return f"{name}, opset {opset}"
+
+
+def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.CaptureError:
+    """Why no exporter's graph was kept: each attempt's error, or the opset it wrote instead."""
+    detail = "; ".join(f"{a.exporter}: {a.error or a.note}" for a in attempts)
+    if any(a.opset is not None for a in attempts):
+        return errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
+                                   f"another ({detail}); pass another --opset, or drop --strict-opset",
+                                   path=ctx.loaded.source_path)
+    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
 
 
 def _specialised(ctx: ExportContext) -> None:

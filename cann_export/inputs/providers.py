@@ -114,7 +114,7 @@ class FirstLayer:
             return None
         inferred = infer_example_input(ctx.model, accepted_names(ctx), ctx.options.seed)
         if inferred is not None:
-            ctx.reports.setdefault("warnings", {})["inputs"] = inferred[1]
+            ctx.reports.warnings.inputs = inferred[1]
         return inferred
 
 

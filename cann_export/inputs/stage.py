@@ -71,6 +71,5 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
             from ..inputs.parity_data import read_parity_data
 
             samples = read_parity_data(opts.parity_data, feed)
-    ctx.reports.setdefault("reference", {})["input_sets"] = {"example": 1, "random": len(variants),
-                                                              "parity_data": len(samples)}
+    ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}
     return variants + samples
