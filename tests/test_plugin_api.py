@@ -120,6 +120,8 @@ def test_a_third_party_format_round_trips(thirdparty, tmp_path):
     assert json.loads(res.stdout)["ok"]
     res = runner.invoke(cli, ["inspect", str(out), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["ops_listed"] >= 2
+    res = runner.invoke(cli, ["inspect", str(out)])
+    assert res.exit_code == 0 and f"ops.txt lists {body['ops_listed']} ops" in res.stdout
     res = runner.invoke(cli, ["export", "--help"])
     assert "ops_bundle" in res.stdout
 

@@ -124,7 +124,10 @@ class OmFormat(AtcReadyFormat):
     def describe(self, checked: CheckedBundle) -> dict[str, Any]:
         if checked.container is None or checked.container.format != self.name:
             return {}
-        return {"kind": "om-stub", "om": {**checked.container.header, "kind": "stub"}}
+        header = checked.container.header
+        return {"kind": "om-stub", "om": {**header, "kind": "stub"},
+                "notes": ["om-stub (not a compiled model; `cann-export convert` compiles it) header: "
+                          + ", ".join(f"{k}={v}" for k, v in header.items() if k != "kind")]}
 
     def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
         om = _om_record(manifest)

@@ -203,9 +203,8 @@ def inspect_cmd(path: str, as_json: bool) -> None:
                 click.echo(f"  {k} = {v}")
         if info.get("manifest_sha256"):
             click.echo(f"manifest sha256: {info['manifest_sha256']}")
-        if info.get("om"):
-            click.echo("om-stub (not a compiled model; `cann-export convert` compiles it) header: "
-                       + ", ".join(f"{k}={v}" for k, v in info["om"].items() if k != "kind"))
+        for note in info.get("notes") or []:  # what the artifact's Format says of it (its describe)
+            click.echo(note)
         if info.get("parity"):
             p = info["parity"]
             click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "

@@ -146,7 +146,8 @@ class FormatOptional(Protocol):
         manifest claims. Default: none beyond the core's checks (file table, graph, ATC options, parity)."""
 
     def describe(self, checked: CheckedBundle) -> dict[str, Any]:
-        """Keys ``inspect`` adds to what it shows of a checked bundle. Default: none."""
+        """Keys ``inspect`` adds to what it shows of a checked bundle (``notes``: lines the CLI prints).
+        Default: none."""
 
     def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
         """What an export's result (written to ``output``) says about the artifact beyond the common

@@ -91,7 +91,8 @@ class OpsBundle:
         return [] if listed == graph else [f"ops.txt: lists {listed}, the graph has {graph}"]
 
     def describe(self, checked: CheckedBundle) -> dict[str, Any]:
-        return {"ops_listed": len((checked.directory / "ops.txt").read_text().split("\n"))}
+        count = len((checked.directory / "ops.txt").read_text().split("\n"))
+        return {"ops_listed": count, "notes": [f"ops.txt lists {count} ops"]}
 
     def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
         count = sum(manifest["model"]["ops"].values())
