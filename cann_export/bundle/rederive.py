@@ -143,7 +143,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
             diffs.append(f"provenance.{key}: the manifest says {str(value)!r}, the graph {stamped!r}")
     for key, value in props.items():
         name = key[len("cann_export."):]
-        if key.startswith("cann_export.") and name not in provenance and name not in ("atc.hints", "quantization"):
+        if key.startswith("cann_export.") and name not in provenance and name not in ("atc_hints", "quantization"):
             diffs.append(f"provenance.{name}: the graph holds {value!r}, the manifest nothing")
     atc = manifest.get("atc")
     if isinstance(atc, dict) and atc:
