@@ -11,6 +11,7 @@ from .atc import hints as atc_hints
 from .context import ExportContext
 from .fs import atomic
 from .hooks import manager as plugins
+from .hooks.contracts import ResultInfo
 from .options import ExportOptions, Tolerance
 from .pipeline.stage import ProgressFn
 
@@ -39,10 +40,16 @@ class ExportResult:
             out["published"] = self.published
         if self.manifest_sha256 is not None:
             out["manifest_sha256"] = self.manifest_sha256
-        om = (self.manifest.get("atc") or {}).get("om") if isinstance(self.manifest.get("atc"), dict) else None
-        if om:
-            out["om"] = {k: om[k] for k in ("kind", "file", "sha256", "size") if k in om}
-        return out
+        return {**out, **self.info().extras}
+
+    def info(self) -> ResultInfo:
+        """What the format says about its artifact beyond the common fields (its ``result_info``): extra
+        ``--json`` keys, the label the CLI prints and notes."""
+        from .hooks.contracts import Format, optional
+
+        fmt = plugins.registry().formats().get(self.format)
+        result_info = optional(fmt, Format, "result_info") if fmt is not None else None
+        return result_info(self.manifest, Path(self.output)) if result_info else ResultInfo()
 
 
 def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
@@ -123,7 +130,8 @@ def _result(ctx: ExportContext) -> ExportResult:
 
 def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_sha256: str | None = None,
              **tolerance_values: float) -> dict[str, Any]:
-    """Re-derive an atc_ready / om bundle's verdicts (a directory, a single-file bundle or an om-stub).
+    """Re-derive a bundle's verdicts (a directory, a single-file bundle, or a file its format unpacks such as
+    an om-stub); what is particular to the format is checked by the Format the manifest names.
 
     The file table, the graph against the manifest and the ATC command and cfg files (re-rendered from the
     validated ATC options) are checked, then parity is re-run from the stored inputs and reference outputs
@@ -131,9 +139,8 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     replace it explicitly), never under the tolerance the manifest records. Any difference between what the
     manifest claims and what was re-derived raises ``BundleMismatchError`` (exit 2) listing each one;
     ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised."""
-    from .bundle import om_stub
     from .bundle import rederive as bundle_check
-    from .bundle.read import manifest_sha256, open_artifact
+    from .bundle.read import manifest_sha256, open_bundle
     from .fs import digests
 
     explicit = tolerance is not None or any(v is not None for v in tolerance_values.values())
@@ -145,13 +152,12 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     if expect_sha256 is not None and not digests.is_sha256(expect_sha256.lower()):
         raise errors.OptionsError(f"--expect-sha256 {expect_sha256!r} is not 64 hex digits")
     path = Path(bundle)
-    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
-    with open_artifact(path) as directory:
+    with open_bundle(path) as (directory, container):
         digest = manifest_sha256(directory)
         if expect_sha256 is not None and digest != expect_sha256.lower():
             raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
                                        "this is not the bundle that was pinned", path=path)
-        checked = bundle_check.check_bundle(directory, om_header=header, raise_on_difference=False)
+        checked = bundle_check.check_bundle(directory, container=container, raise_on_difference=False)
         try:
             report, parity_diffs = bundle_check.rederive_parity(checked, tol, explicit)
         except errors.ExportError as e:
@@ -171,7 +177,8 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
 
 
 def inspect(path: str | Path) -> dict[str, Any]:
-    """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity."""
+    """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity, and
+    what the bundle's Format adds (``describe``)."""
     from .bundle.inspect import describe
 
     return describe(Path(path))

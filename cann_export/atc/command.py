@@ -128,8 +128,11 @@ BUILTIN_HINTS = (
 def hint_args(spec: Any, value: Any) -> list[str]:
     """The convert.sh arguments of a pass-through hint: the spec's own ``render(value)`` when it has one,
     else ``--name=value`` (lists comma-joined)."""
-    if callable(getattr(spec, "render", None)):
-        return [str(a) for a in spec.render(value)]
+    from ..hooks.contracts import AtcHint, optional
+
+    render = optional(spec, AtcHint, "render")
+    if render is not None:
+        return [str(a) for a in render(value)]
     return [f"--{spec.name}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"]
 
 

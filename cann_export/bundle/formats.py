@@ -2,23 +2,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..atc.command import render as render_atc
 from ..fs import atomic
 from ..options import ATC_OPSETS
-from .manifest import build_manifest, dumps
+from .manifest import build_manifest, dumps, write_manifest
 from .single_file import ARCHIVE_SUFFIXES, commit_archive
 
+if TYPE_CHECKING:
+    from ..context import ExportContext
 
-def _external(ctx: Any) -> bool:
+
+def _external(ctx: ExportContext) -> bool:
     from ..capture.onnx_utils import weights_bytes
 
     mode = ctx.options.external_data
     return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
 
 
-def _save(ctx: Any, path: Path) -> list[Path]:
+def _save(ctx: ExportContext, path: Path) -> list[Path]:
     from ..capture import large_graph as large_model
     from ..capture.onnx_utils import save_model
 
@@ -27,7 +30,7 @@ def _save(ctx: Any, path: Path) -> list[Path]:
     return save_model(ctx.onnx_model, path, _external(ctx))
 
 
-def _write_training_state(ctx: Any, directory: Path, prefix: str) -> list[Path]:
+def _write_training_state(ctx: ExportContext, directory: Path, prefix: str) -> list[Path]:
     from .training_state import save_optimizer_state, save_weights
 
     if not ctx.options.include_optimizer_state:
@@ -50,17 +53,17 @@ class OnnxFormat:
         """The paths an export to ``output`` creates: ``-o m.onnx`` is that file, any other name gets ``.onnx``."""
         return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
 
-    def write(self, ctx: Any, staging: Path) -> list[Path]:
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
         ctx.output_path = ctx.output_path.with_name(name)
         files = _save(ctx, staging / name)
         ctx.onnx_path = files[0]
         return files + _write_training_state(ctx, staging, f"{ctx.output_path.stem}.")
 
-    def finalize(self, ctx: Any, staging: Path) -> None:
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
         ctx.manifest = build_manifest(ctx, None)
 
-    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
         from ..fs.targets import our_external_data
 
@@ -85,7 +88,7 @@ class AtcReadyFormat:
                                "not an .om; pass --format om for NAME.om", path=output)
         return [output]
 
-    def write(self, ctx: Any, staging: Path) -> list[Path]:
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = _save(ctx, staging / "model.onnx")
         ctx.onnx_path = files[0]
         files += render_atc(ctx, staging)
@@ -93,21 +96,26 @@ class AtcReadyFormat:
 
         files += write_program(ctx, staging)
         if ctx.options.validate and ctx.input_sets:
-            files += _write_parity_data(ctx, staging / "parity")
+            files += write_parity_data(ctx, staging / "parity")
         training = staging / "training"
         if ctx.options.include_optimizer_state:
             training.mkdir()
         return files + _write_training_state(ctx, training, "")
 
-    def finalize(self, ctx: Any, staging: Path) -> None:
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
         if ctx.reports.precision_fix is not None and ctx.reports.precision_fix.kept:
             render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
         if ctx.reports.parity is not None:
             atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
-        ctx.manifest = build_manifest(ctx, staging)
-        atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+        write_manifest(ctx, staging)
 
-    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+    def manifest_problems(self, manifest: dict[str, Any]) -> list[str]:
+        """An ATC bundle's manifest must hold its ATC options (their shape is checked with every manifest's)."""
+        from .read import atc_problems, has_atc
+
+        return [] if has_atc(manifest) else atc_problems(manifest.get("atc"))
+
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         if ctx.output_path.suffix in ARCHIVE_SUFFIXES:  # a file path is a file: the bundle as one zip
             ctx.final_onnx = f"{ctx.output_path}!/{ctx.onnx_path.name}"
             return commit_archive(staging, ctx.output_path, ctx.options.overwrite)
@@ -115,8 +123,10 @@ class AtcReadyFormat:
         return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
 
 
-def _write_parity_data(ctx: Any, directory: Path) -> list[Path]:
-    """Inputs and reference outputs, so ``cann-export validate`` can re-run parity without the model."""
+def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
+    """The export's parity inputs and reference outputs, as ``directory``/inputs.safetensors and
+    expected.safetensors, so ``cann-export validate`` can re-run parity without the model. Write them into
+    ``staging / "parity"`` during ``write``, when ``ctx.options.validate and ctx.input_sets``."""
     import torch
     from safetensors.torch import save_file
 

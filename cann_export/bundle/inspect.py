@@ -1,15 +1,18 @@
 """What an artifact holds (``cann-export inspect``), shown only after the artifact was checked: a bundle
-whose manifest does not match its files, graph or ATC options is refused rather than its claims shown."""
+whose manifest does not match its files, graph or ATC options is refused rather than its claims shown.
+What is particular to a format (an om-stub's header, say) comes from that Format's ``describe``."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from ..errors import ValidateError
-from . import om_stub
+from ..hooks.contracts import Container, Format, optional
 from . import rederive as bundle_check
 from . import single_file as bundle_zip
-from .read import manifest_sha256, open_artifact
+from .read import has_atc, manifest_sha256, open_bundle
+
+PLAIN_ONNX = "onnx"  # the kind of a plain .onnx file (no manifest, so no format)
 
 
 def describe(path: Path) -> dict[str, Any]:
@@ -18,26 +21,35 @@ def describe(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ValidateError("path not found", path=path, stage="inspect")
-    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
+    own: dict[str, Any] = {}  # what the artifact's Formats add
     try:
-        with open_artifact(path) as directory:
+        with open_bundle(path) as (directory, container):
             if directory.is_dir():
-                checked = bundle_check.check_bundle(directory, om_header=header)
-                info = _describe(directory / checked.manifest["model"]["file"], checked.manifest)
-                info["manifest_sha256"] = manifest_sha256(directory)
-                info["files"] = sorted(checked.manifest["files"])
-                info["atc"] = {**(checked.manifest.get("atc") or {}), "command": checked.command}
+                info, own = _describe_bundle(directory, container)
             else:
                 info = _describe(directory, None)
     except ValidateError as e:
         e.stage = "inspect"
         raise
-    info["path"] = str(path)
-    if header is not None:
-        info.update(kind="om-stub", om={**header, "kind": "stub"})
-    elif bundle_zip.is_bundle_archive(path):
+    if container is None and bundle_zip.is_bundle_archive(path):
         info["container"] = "archive"
-    return info
+    info["path"] = str(path)
+    return {**info, **own}
+
+
+def _describe_bundle(directory: Path, container: Container | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    checked = bundle_check.check_bundle(directory, container=container)
+    manifest = checked.manifest
+    info = _describe(directory / manifest["model"]["file"], manifest)
+    info["manifest_sha256"] = manifest_sha256(directory)
+    info["files"] = sorted(manifest["files"])
+    if has_atc(manifest):
+        info["atc"] = {**manifest["atc"], "command": checked.command}
+    own: dict[str, Any] = {}
+    for fmt in bundle_check.artifact_formats(checked):
+        extra = optional(fmt, Format, "describe")
+        own.update(extra(checked) if extra else {})
+    return info, own
 
 
 def _describe(onnx_path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:
@@ -53,7 +65,7 @@ def _describe(onnx_path: Path, manifest: dict[str, Any] | None) -> dict[str, Any
     meta = {p.key: p.value for p in model.metadata_props}
     return {
         "path": str(onnx_path),
-        "kind": manifest["format"] if manifest else "onnx",
+        "kind": manifest["format"] if manifest else PLAIN_ONNX,
         "opset": opset_of(model),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "inputs": describe_values(model.graph.input),

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from ..context import ExportContext
 
 SCHEMA = "cann-export/manifest/1"
-__all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"]
+__all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity", "write_manifest"]
 
 
 def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
@@ -45,6 +45,17 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
     if root is not None:
         manifest["files"] = file_table(root)
     return manifest
+
+
+def write_manifest(ctx: ExportContext, staging: Path) -> dict[str, Any]:
+    """Build the manifest of the bundle staged in ``staging`` (its file table lists every file there, so
+    write it last) and write it as ``manifest.json``: what ``validate`` and ``inspect`` read. Sets and
+    returns ``ctx.manifest``."""
+    from ..fs import atomic
+
+    ctx.manifest = build_manifest(ctx, staging)
+    atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
+    return ctx.manifest
 
 
 _FP32_TOL = ("atol", "rtol", "min_cosine")

@@ -11,13 +11,17 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_STAGE_FAILED, ExportError, ValidateError, WriteError
 from ..fs import atomic, digests
+from ..hooks.contracts import CheckedBundle, ResultInfo
 from .formats import AtcReadyFormat
 from .manifest import build_manifest, dumps
-from .om_stub import extract_stub, read_header, read_stub, write_stub  # noqa: F401 - the module API
+from .om_stub import extract_stub, is_om_file, read_header, read_stub, write_stub  # noqa: F401 - the module API
+
+if TYPE_CHECKING:
+    from ..context import ExportContext
 
 OM_FILE = "model.om"
 ATC_LOG = "atc/atc.log"
@@ -87,7 +91,56 @@ class OmFormat(AtcReadyFormat):
     def targets(self, output: Path) -> list[Path]:
         return [bundle_beside(output), output] if output.suffix == ".om" else super().targets(output)
 
-    def write(self, ctx: Any, staging: Path) -> list[Path]:
+    # ------------------------------------------------ what validate, inspect and the result ask of the om
+
+    def unpack(self, path: Path, directory: Path) -> dict[str, Any] | None:
+        """An om-stub carries its bundle: extract it, return the stub's header (a real om is refused)."""
+        if not is_om_file(path):
+            return None
+        header = read_header(path)
+        extract_stub(path, directory)
+        return header
+
+    def check_artifact(self, checked: CheckedBundle) -> list[str]:
+        """The stub the bundle came in, or the model.om stub it carries, checked like one given directly;
+        its header must name the SoC the validated ATC options do."""
+        diffs: list[str] = []
+        mine = checked.container is not None and checked.container.format == self.name
+        header = checked.container.header if mine else None
+        om = _om_record(checked.manifest)
+        inner = checked.directory / OM_FILE
+        if om.get("kind") == "stub" and om.get("file") == OM_FILE and inner.is_file():
+            try:
+                header = header or read_header(inner)
+            except ValidateError as e:
+                diffs.append(f"{OM_FILE}: {e.message}")
+        if header is not None and checked.options is not None:
+            soc = checked.options.soc_version[:19]
+            if header.get("platform_version") != soc:
+                diffs.append(f"om header platform_version {header.get('platform_version')!r} differs from the "
+                             f"bundle's soc_version {soc!r}")
+        return diffs
+
+    def describe(self, checked: CheckedBundle) -> dict[str, Any]:
+        if checked.container is None or checked.container.format != self.name:
+            return {}
+        header = checked.container.header
+        return {"kind": "om-stub", "om": {**header, "kind": "stub"},
+                "notes": ["om-stub (not a compiled model; `cann-export convert` compiles it) header: "
+                          + ", ".join(f"{k}={v}" for k, v in header.items() if k != "kind")]}
+
+    def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
+        om = _om_record(manifest)
+        if not om:
+            return ResultInfo()
+        extras = {"om": {k: om[k] for k in ("kind", "file", "sha256", "size") if k in om}}
+        if om.get("kind") != "stub":
+            return ResultInfo(extras)
+        return ResultInfo(extras, label="om-stub", notes=[
+            f"  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert {output}` on a "
+            "machine with CANN (or export with --require-atc)"])
+
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = super().write(ctx, staging)
         atc = find_atc()
         if atc is None:
@@ -99,7 +152,7 @@ class OmFormat(AtcReadyFormat):
             return files
         return files + self._compile(ctx, staging, atc)
 
-    def _compile(self, ctx: Any, staging: Path, atc: str) -> list[Path]:
+    def _compile(self, ctx: ExportContext, staging: Path, atc: str) -> list[Path]:
         report = ctx.reports.atc
         args = list(report["command"])
         code, output = run_atc(args, staging, staging / ATC_LOG, atc)
@@ -114,7 +167,7 @@ class OmFormat(AtcReadyFormat):
         report["om"] = {"file": om.name, "kind": "atc", "sha256": digests.sha256_file(om), "size": om.stat().st_size}
         return [om, staging / ATC_LOG]
 
-    def finalize(self, ctx: Any, staging: Path) -> None:
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
         report = ctx.reports.atc
         single = ctx.output_path.suffix == ".om"
         aside = staging / ".cann-tmp-om" / OM_FILE  # left out of the file table and the stub's payload
@@ -138,7 +191,7 @@ class OmFormat(AtcReadyFormat):
         ctx.manifest = build_manifest(ctx, staging)  # now listing model.om too (in the directory form)
         atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
 
-    def commit(self, ctx: Any, staging: Path) -> list[Path]:
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         if ctx.output_path.suffix != ".om":
             return super().commit(ctx, staging)
         target, bundle_dir = ctx.output_path, bundle_beside(ctx.output_path)
@@ -154,16 +207,23 @@ class OmFormat(AtcReadyFormat):
         return sorted(p for p in bundle_dir.rglob("*") if p.is_file()) + placed
 
 
+def _om_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's record of model.om (``atc.om``), or {}."""
+    atc = manifest.get("atc")
+    om = atc.get("om") if isinstance(atc, dict) else None
+    return om if isinstance(om, dict) else {}
+
+
 def bundle_beside(om_path: Path) -> Path:
     """Where ``-o NAME.om`` puts the bundle the om was made from: ``NAME_bundle/`` beside it."""
     return om_path.with_name(f"{om_path.stem}_bundle")
 
 
-def _source(ctx: Any) -> str | None:
+def _source(ctx: ExportContext) -> str | None:
     return ctx.loaded.source_path if ctx.loaded else None
 
 
-def _model_name(ctx: Any) -> str:
+def _model_name(ctx: ExportContext) -> str:
     src = _source(ctx)
     if src:
         return Path(src).stem
@@ -180,7 +240,7 @@ def _default_output(path: Path) -> Path:
     return target
 
 
-def _stage_inputs(bundle: Path, checked: Any, work: Path) -> None:
+def _stage_inputs(bundle: Path, checked: CheckedBundle, work: Path) -> None:
     """The graph and its external data (validated paths, listed in the file table) as symlinks in ``work``:
     ATC only reads them. Nothing else of the bundle reaches ATC; atc/ is rendered into ``work``."""
     from .rederive import external_data_files
@@ -205,9 +265,8 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
     argument, matching an Ascend SoC pattern; ``--model``/``--output`` fixed to the work directory), never a
     command read from the manifest. The ``.om`` is renamed into place and ATC's log kept beside it as
     ``<name>.atc.log``."""
-    from . import om_stub
     from . import rederive as bundle_check
-    from .read import open_artifact
+    from .read import open_bundle
 
     path = Path(artifact)
     if not path.exists():
@@ -215,10 +274,9 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
                             stage="convert")
     if soc_version is not None:
         bundle_check.check_soc(soc_version)
-    header = om_stub.read_header(path) if om_stub.is_om_file(path) else None
-    with open_artifact(path) as bundle:
+    with open_bundle(path) as (bundle, container):
         try:
-            checked = bundle_check.check_bundle(bundle, om_header=header, stage="convert")
+            checked = bundle_check.check_bundle(bundle, container=container, stage="convert")
         except ValidateError as e:
             e.stage = "convert"
             raise

@@ -1,6 +1,6 @@
-"""Reading existing artifacts: atc_ready / om bundles (directories or single-file archives), om-stubs and
-plain .onnx files. Nothing a manifest says is trusted before it is checked: its shape here, its claims in
-``bundle_check``."""
+"""Reading existing artifacts: bundles (directories, single-file archives, or a single file a Format
+unpacks, such as an om-stub) and plain .onnx files. Nothing a manifest says is trusted before it is checked:
+its shape here (the common sections, then the format's own), its claims in ``rederive``."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ValidateError
 from ..fs import digests
 from ..fs.atomic import is_safe_relpath
+from ..hooks.contracts import Container, Format, optional
 from . import single_file as bundle_zip
 
 MODEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.onnx")
@@ -23,17 +24,21 @@ def read_bundle(path: Path) -> dict[str, Any]:
     """The manifest of a bundle directory, after checking that it has the shape this tool writes
     (a malformed manifest is a refusal naming every problem, never a KeyError later on)."""
     if not path.exists():
-        raise ValidateError("bundle not found; pass the directory an atc_ready export wrote", path=path)
+        raise ValidateError("bundle not found; pass the directory a bundle export (e.g. --format atc_ready) wrote",
+                            path=path)
     manifest_path = path / "manifest.json"
     if not path.is_dir() or not manifest_path.is_file():
-        raise ValidateError("not an atc_ready bundle (no manifest.json); pass the directory an atc_ready "
-                            "export wrote", path=path)
+        raise ValidateError("not a cann-export bundle (no manifest.json); pass the directory a bundle export "
+                            "(e.g. --format atc_ready) wrote", path=path)
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
                             path=manifest_path) from e
     problems = manifest_problems(manifest)
+    if not problems:
+        own = optional(format_of(manifest, manifest_path), Format, "manifest_problems")
+        problems = own(manifest) if own else []
     if problems:
         raise ValidateError("manifest.json is malformed: " + "; ".join(problems)
                             + ". The bundle is damaged or was edited; export it again", path=manifest_path)
@@ -49,7 +54,8 @@ def _is_values(value: Any) -> bool:
 
 
 def manifest_problems(manifest: Any) -> list[str]:
-    """Everything about the manifest's shape that differs from what an export writes."""
+    """Everything about the manifest's common shape that differs from what an export writes (a format's
+    own sections are checked by its ``manifest_problems``, see ``read_bundle``)."""
     if not isinstance(manifest, dict):
         return ["not a JSON object"]
     problems = []
@@ -57,36 +63,53 @@ def manifest_problems(manifest: Any) -> list[str]:
         problems.append("schema: missing or not a cann-export manifest schema")
     if not isinstance(manifest.get("format"), str):
         problems.append("format: missing or not a string")
-    model = manifest.get("model")
-    if not isinstance(model, dict):
-        problems.append("model: missing or not an object")
-    else:
-        if not isinstance(model.get("file"), str) or not MODEL_FILE.fullmatch(model["file"]):
-            problems.append(f"model.file: {model.get('file')!r} is not a plain .onnx file name")
-        for key in ("inputs", "outputs"):
-            if not _is_values(model.get(key)):
-                problems.append(f"model.{key}: missing or not a list of named values")
-        ops = model.get("ops")
-        if not isinstance(ops, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in ops.values()):
-            problems.append("model.ops: missing or not an op histogram")
+    problems += _model_problems(manifest.get("model"))
     for key in ("metadata", "provenance"):
         if key in manifest and not isinstance(manifest[key], dict):
             problems.append(f"{key}: not an object")
     if isinstance(manifest.get("metadata"), dict) and not _is_str_map(manifest["metadata"]):
         problems.append("metadata: values must be strings")
-    files = manifest.get("files")
+    problems += _file_table_problems(manifest.get("files"))
+    problems += _parity_problems(manifest.get("parity"))
+    if has_atc(manifest) or manifest.get("atc") is not None and not isinstance(manifest.get("atc"), dict):
+        problems += atc_problems(manifest["atc"])
+    return problems
+
+
+def has_atc(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest holds ATC options (a non-empty ``atc`` section): then they are checked and
+    re-rendered, whatever the format."""
+    return isinstance(manifest.get("atc"), dict) and bool(manifest["atc"])
+
+
+def _model_problems(model: Any) -> list[str]:
+    if not isinstance(model, dict):
+        return ["model: missing or not an object"]
+    problems = []
+    if not isinstance(model.get("file"), str) or not MODEL_FILE.fullmatch(model["file"]):
+        problems.append(f"model.file: {model.get('file')!r} is not a plain .onnx file name")
+    for key in ("inputs", "outputs"):
+        if not _is_values(model.get(key)):
+            problems.append(f"model.{key}: missing or not a list of named values")
+    ops = model.get("ops")
+    if not isinstance(ops, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in ops.values()):
+        problems.append("model.ops: missing or not an op histogram")
+    return problems
+
+
+def _file_table_problems(files: Any) -> list[str]:
     if not isinstance(files, dict):
-        problems.append("files: the file table is missing or not an object")
-    else:
-        for rel, entry in files.items():
-            if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256")) \
-                    or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) \
-                    or entry["size"] < 0:
-                problems.append(f"files[{rel!r}]: not a {{sha256, size}} entry")
-    parity = manifest.get("parity")
+        return ["files: the file table is missing or not an object"]
+    return [f"files[{rel!r}]: not a {{sha256, size}} entry" for rel, entry in files.items()
+            if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256"))
+            or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) or entry["size"] < 0]
+
+
+def _parity_problems(parity: Any) -> list[str]:
     if not isinstance(parity, dict) or not isinstance(parity.get("validated"), bool):
-        problems.append("parity: the parity section is missing or has no 'validated' flag")
-    elif parity["validated"]:
+        return ["parity: the parity section is missing or has no 'validated' flag"]
+    problems = []
+    if parity["validated"]:
         if not isinstance(parity.get("passed"), bool):
             problems.append("parity.passed: missing or not true/false")
         if "tolerance" in parity and not (isinstance(parity["tolerance"], dict) and all(
@@ -97,20 +120,35 @@ def manifest_problems(manifest: Any) -> list[str]:
         if "precision" in parity and not (isinstance(parity["precision"], dict)
                                           and isinstance(parity["precision"].get("mode"), str)):
             problems.append("parity.precision: not an object with a mode")
-    atc = manifest.get("atc")
-    if manifest.get("format") in ("atc_ready", "om") or atc is not None:
-        if not isinstance(atc, dict):
-            problems.append("atc: missing or not an object")
-        else:
-            for key in ("soc_version", "precision_mode"):
-                if not isinstance(atc.get(key), str):
-                    problems.append(f"atc.{key}: missing or not a string")
-            if not isinstance(atc.get("hints", {}), dict):
-                problems.append("atc.hints: not an object")
-            command = atc.get("command")
-            if command is not None and not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
-                problems.append("atc.command: not a list of strings")
     return problems
+
+
+def atc_problems(atc: Any) -> list[str]:
+    """The shape of a manifest's ``atc`` section (the ATC options an export rendered)."""
+    if not isinstance(atc, dict):
+        return ["atc: missing or not an object"]
+    problems = [f"atc.{key}: missing or not a string" for key in ("soc_version", "precision_mode")
+                if not isinstance(atc.get(key), str)]
+    if not isinstance(atc.get("hints", {}), dict):
+        problems.append("atc.hints: not an object")
+    command = atc.get("command")
+    if command is not None and not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
+        problems.append("atc.command: not a list of strings")
+    return problems
+
+
+def format_of(manifest: dict[str, Any], path: Path | None = None) -> Format:
+    """The registered Format the manifest names; a format no loaded plugin registers is a refusal naming
+    it (the plugin that wrote the bundle is missing), never a guess."""
+    from ..hooks.manager import registry
+
+    formats = registry().formats()
+    name = manifest["format"]
+    if name not in formats:
+        raise ValidateError(f"the manifest names format {name!r}, which no loaded plugin registers (known: "
+                            f"{', '.join(sorted(formats))}); install the plugin that provides {name!r} (and allow it "
+                            "in CANN_EXPORT_LOAD_PLUGINS if that is set), then run again", path=path)
+    return formats[name]
 
 
 def verify_files(path: Path, manifest: dict[str, Any]) -> None:
@@ -153,42 +191,45 @@ def manifest_sha256(directory: Path) -> str | None:
     return digests.sha256_file(f) if f.is_file() else None
 
 
-def artifact_kind(path: Path) -> str | None:
-    """What cann-export artifact ``path`` is, by a cheap look: "bundle" (a directory with manifest.json),
-    "archive" (a single-file bundle), "om" (an om file), "onnx", or None for anything else."""
-    from . import om_stub
-
-    path = Path(path)
-    if path.is_dir():
-        return "bundle" if (path / "manifest.json").is_file() else None
-    if om_stub.is_om_file(path):
-        return "om"
-    if bundle_zip.is_bundle_archive(path):
-        return "archive"
-    return "onnx" if path.suffix == ".onnx" and path.is_file() else None
-
-
 @contextlib.contextmanager
-def open_artifact(path: Path) -> Iterator[Path]:
-    """Yield a bundle directory for ``path``: a directory as is; an om-stub or a single-file bundle
-    (``x.pth`` / ``x.zip``) unpacked with bounded reads into a temporary directory (removed afterwards).
-    Any other file is yielded unchanged. Errors name ``path``, not the temporary directory."""
-    from . import om_stub
-
+def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
+    """Yield ``(bundle directory, container)`` for ``path``: a directory as is; a single file a Format's
+    ``unpack`` claims (an om-stub), or a single-file bundle (``x.pth`` / ``x.zip``), unpacked with bounded
+    reads into a temporary directory (removed afterwards). Any other file is yielded unchanged. The container
+    names the Format that unpacked the file and its header. Errors name ``path``, not the temporary directory."""
     path = Path(path)
-    kind = artifact_kind(path)
-    if kind not in ("om", "archive"):
-        yield path
+    if not path.is_file():
+        yield path, None
         return
     with tempfile.TemporaryDirectory(prefix="cann-export-unpacked-") as tmp:
         directory = Path(tmp)
-        if kind == "om":
-            om_stub.extract_stub(path, directory)
-        else:
+        container = _unpack(path, directory)
+        if container is None:
+            if not bundle_zip.is_bundle_archive(path):
+                yield path, None
+                return
             bundle_zip.extract_archive(path, directory)
         try:
-            yield directory
+            yield directory, container
         except ValidateError as e:
             if e.path and e.path.startswith(str(directory)):
                 e.path = str(path) + e.path[len(str(directory)):]
             raise
+
+
+def _unpack(path: Path, directory: Path) -> Container | None:
+    from ..hooks.manager import registry
+
+    for fmt in registry().formats().values():
+        unpack = optional(fmt, Format, "unpack")
+        header = unpack(path, directory) if unpack else None
+        if header is not None:
+            return Container(format=fmt.name, header=header)
+    return None
+
+
+@contextlib.contextmanager
+def open_artifact(path: Path) -> Iterator[Path]:
+    """The bundle directory of ``path`` (see ``open_bundle``), without its container."""
+    with open_bundle(path) as (directory, _):
+        yield directory

@@ -3,20 +3,24 @@
 ``check_bundle`` re-checks the file table, compares the graph (inputs, outputs, op histogram, the metadata
 and provenance stamped into its ``metadata_props``) with the manifest, and re-renders the ATC command and
 cfg files from the manifest's ATC options *after validating them* (hint normalisers, an allowed SoC
-pattern, the file names fixed by this tool); ``rederive_parity`` re-runs parity under the tool's policy.
-Every difference is collected; any difference is a refusal (``BundleMismatchError``, exit 2).
+pattern, the file names fixed by this tool), then asks the Format the manifest names (and the one that
+unpacked its container) what else its artifact holds (``check_artifact``); ``rederive_parity`` re-runs parity
+under the tool's policy. Every difference is collected; any difference is a refusal (``BundleMismatchError``, exit 2).
 """
 from __future__ import annotations
 
 import json
 import re
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError, ValidateError
+from ..hooks.contracts import CheckedBundle, Container, Format, optional
+
+if TYPE_CHECKING:
+    from ..options import Tolerance
 
 SOC_PATTERN = re.compile(r"Ascend\d{3}[A-Za-z0-9_]{0,12}")
 CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg")
@@ -38,18 +42,6 @@ class BundleMismatchError(ValidateError):
         return {**super().to_dict(), "differences": self.differences}
 
 
-@dataclass
-class Checked:
-    directory: Path
-    manifest: dict[str, Any]
-    model: Any = None
-    options: Any = None  # validated ExportOptions (ATC part) for atc_ready / om bundles
-    command: list[str] = field(default_factory=list)
-    keep_nodes: list[str] = field(default_factory=list)
-    module_paths: dict[str, str] = field(default_factory=dict)
-    differences: list[str] = field(default_factory=list)
-
-
 def check_soc(soc: Any) -> str:
     if not isinstance(soc, str) or not SOC_PATTERN.fullmatch(soc):
         raise ValidateError(f"soc_version {soc!r} is not an Ascend SoC name like Ascend310P3 or Ascend910B "
@@ -57,46 +49,54 @@ def check_soc(soc: Any) -> str:
     return soc
 
 
-def check_bundle(directory: Path, *, om_header: dict[str, Any] | None = None, raise_on_difference: bool = True,
-                 stage: str | None = None) -> Checked:
-    """Check a bundle directory against its manifest; see the module docstring."""
-    import onnx
-
+def check_bundle(directory: Path, *, container: Container | None = None, raise_on_difference: bool = True,
+                 stage: str | None = None) -> CheckedBundle:
+    """Check a bundle directory against its manifest; see the module docstring. ``container``: the single
+    file it came from (see ``read.open_bundle``), checked by the Format that unpacked it."""
     from ..capture import module_paths
-    from .read import file_problems, read_bundle
+    from .read import file_problems, has_atc, read_bundle
 
     manifest = read_bundle(directory)
-    checked = Checked(directory=directory, manifest=manifest)
+    checked = CheckedBundle(directory=directory, manifest=manifest, container=container)
     diffs = checked.differences
     diffs.extend(file_problems(directory, manifest))
-    model_path = directory / manifest["model"]["file"]
-    if model_path.is_file() and not model_path.is_symlink():
-        try:
-            checked.model = onnx.load(str(model_path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
-            diffs.append(f"{manifest['model']['file']}: not a readable ONNX model ({type(e).__name__})")
+    checked.model = _load_graph(directory, manifest["model"]["file"], diffs)
     if checked.model is not None:
         checked.module_paths = module_paths.collect(checked.model)
         diffs.extend(graph_differences(checked.model, manifest))
-        if manifest["format"] in ("atc_ready", "om") or isinstance(manifest.get("atc"), dict):
+        if has_atc(manifest):
             _check_atc(checked)
-    om = manifest.get("atc", {}).get("om") if isinstance(manifest.get("atc"), dict) else None
-    inner = directory / "model.om"
-    if isinstance(om, dict) and om.get("kind") == "stub" and om.get("file") == "model.om" and inner.is_file():
-        from . import om_stub
-
-        try:  # the stub an om bundle carries is checked like one given directly
-            om_header = om_header or om_stub.read_header(inner)
-        except ValidateError as e:
-            diffs.append(f"model.om: {e.message}")
-    if om_header is not None and checked.options is not None:
-        soc = checked.options.soc_version[:19]
-        if om_header.get("platform_version") != soc:
-            diffs.append(f"om header platform_version {om_header.get('platform_version')!r} differs from the "
-                         f"bundle's soc_version {soc!r}")
+    for fmt in artifact_formats(checked):
+        check = optional(fmt, Format, "check_artifact")
+        diffs.extend(check(checked) if check else [])
     if diffs and raise_on_difference:
         raise BundleMismatchError(diffs, path=directory, stage=stage)
     return checked
+
+
+def artifact_formats(checked: CheckedBundle) -> list[Format]:
+    """The Formats that know this artifact: the one its manifest names, and the one that unpacked its
+    container (when another)."""
+    from ..hooks.manager import registry
+    from .read import format_of
+
+    found = [format_of(checked.manifest, checked.directory)]
+    if checked.container is not None and checked.container.format != found[0].name:
+        found.append(registry().formats()[checked.container.format])
+    return found
+
+
+def _load_graph(directory: Path, model_file: str, diffs: list[str]) -> Any:
+    import onnx
+
+    model_path = directory / model_file
+    if not model_path.is_file() or model_path.is_symlink():
+        return None
+    try:
+        return onnx.load(str(model_path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+        diffs.append(f"{model_file}: not a readable ONNX model ({type(e).__name__})")
+        return None
 
 
 def external_data_files(model: Any) -> list[str]:
@@ -146,7 +146,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
         if key.startswith("cann_export.") and name not in provenance and name not in ("atc_hints", "quantization"):
             diffs.append(f"provenance.{name}: the graph holds {value!r}, the manifest nothing")
     atc = manifest.get("atc")
-    if isinstance(atc, dict):
+    if isinstance(atc, dict) and atc:
         try:
             stamped_hints = json.loads(props.get("cann_export.atc_hints") or "{}")
         except ValueError:
@@ -167,14 +167,13 @@ def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any
     precision = atc_hints.DEFAULT_PRECISION_MODE if "precision_mode_v2" in hints else atc["precision_mode"]
     if precision not in PRECISION_MODES:
         raise ValidateError(f"atc.precision_mode {precision!r} is not one ATC accepts")
-    opts = ExportOptions(export_format="atc_ready", soc_version=atc["soc_version"], precision_mode=precision,
-                         atc_hints=hints)
+    opts = ExportOptions(soc_version=atc["soc_version"], precision_mode=precision, atc_hints=hints)
     atc_hints.resolve(opts)  # normalises every hint, refuses unknown ones and combinations ATC refuses
     opts.soc_version = check_soc(soc_version or opts.soc_version)
     return opts
 
 
-def render(checked: Checked, target: Path, soc_version: str | None = None) -> dict[str, Any]:
+def render(checked: CheckedBundle, target: Path, soc_version: str | None = None) -> dict[str, Any]:
     """Render atc/ into ``target`` from the validated options; returns the ATC report (command included)."""
     from ..atc.command import render as render_atc
     from ..reports import PrecisionFix, Reports
@@ -189,7 +188,7 @@ def render(checked: Checked, target: Path, soc_version: str | None = None) -> di
     return {**reports.atc, "options": opts}
 
 
-def _check_atc(checked: Checked) -> None:
+def _check_atc(checked: CheckedBundle) -> None:
     manifest, diffs = checked.manifest, checked.differences
     try:
         with tempfile.TemporaryDirectory(prefix="cann-export-render-") as tmp:
@@ -223,69 +222,78 @@ def _check_atc(checked: Checked) -> None:
                      f"{_short(checked.keep_nodes)}")
 
 
-def rederive_parity(checked: Checked, tolerance: Any, explicit: bool) -> tuple[dict[str, Any], list[str]]:
+def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool) -> tuple[dict[str, Any], list[str]]:
     """Parity re-run from the stored inputs and reference outputs under ``tolerance`` (the tool's policy
     unless the user passed values), with the device-precision run the validated ATC options imply; and
     every way the manifest's parity section differs from what was re-derived."""
-    import onnx
-
-    from ..validators.parity import parity_report, with_device_parity
-
-    manifest, directory = checked.manifest, checked.directory
-    recorded = manifest["parity"]
+    recorded = checked.manifest["parity"]
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
-                            "export again with validation to get re-runnable parity", path=directory)
-    from ..inputs.parity_data import read_bundle_parity
-
-    feeds, expected, _ = read_bundle_parity(directory, manifest)
-    model_path = directory / manifest["model"]["file"]
-    report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
-                           quantized="quantization" in manifest)
-    mode = None
-    if checked.options is not None and report.get("outputs"):
-        from ..atc.hints import effective_precision
-
-        mode = effective_precision(checked.options)
-        report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes, feeds, expected,
-                                    tolerance, checked.module_paths)
-    diffs = []
+                            "export again with validation to get re-runnable parity", path=checked.directory)
+    report, mode = _rerun_parity(checked, tolerance)
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
-    comparable = not (explicit and changed)
-    if not comparable:  # the user chose another tolerance: the recorded verdict is not comparable
+    diffs = []
+    if explicit and changed:  # the user chose another tolerance: the recorded verdict is not comparable
         report["recorded_tolerance"] = claimed
-    elif not explicit:
-        for key, value in changed.items():
-            diffs.append(f"parity.tolerance.{key}: the manifest records {value!r}, validate used {used[key]!r} "
-                         f"(the tool policy; pass --{key.replace('_', '-')} to validate under another value)")
-    if comparable:
-        if recorded.get("passed") != report["passed"]:
-            diffs.append(f"parity.passed: the manifest says {recorded.get('passed')}, re-derived {report['passed']}")
-        if "graph_fp32_passed" in recorded and "graph_fp32" in report \
-                and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
-            diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
-                         f"{report['graph_fp32']['passed']}")
-        from .manifest import summarize_parity
-
-        # compare like with like: the manifest stores the summary (fp32 outputs on top, device apart)
-        rederived = summarize_parity(report)
-        got = {o["name"]: o.get("passed") for o in rederived.get("outputs", [])}
-        device_got = {o["name"]: o.get("passed") for o in (rederived.get("device") or {}).get("outputs", [])}
-        for o in ((recorded.get("device") or {}).get("outputs") or []):
-            if isinstance(o, dict) and o.get("name") in device_got and o.get("passed") != device_got[o["name"]]:
-                diffs.append(f"parity.device.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, "
-                             f"re-derived {device_got[o['name']]}")
-        for o in recorded.get("outputs") or []:
-            if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
-                diffs.append(f"parity.outputs[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
-                             f"{got[o['name']]}")
+    else:
+        diffs += [f"parity.tolerance.{key}: the manifest records {value!r}, validate used {used[key]!r} (the tool "
+                  f"policy; pass --{key.replace('_', '-')} to validate under another value)"
+                  for key, value in changed.items()]
+        diffs += _verdict_differences(recorded, report)
     claimed_mode = (recorded.get("precision") or {}).get("mode")
     if mode is not None and claimed_mode is not None and claimed_mode != mode:
         diffs.append(f"parity.precision.mode: the manifest says {claimed_mode!r}, the validated ATC options "
                      f"give {mode!r}")
     return report, diffs
+
+
+def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[str, Any], str | None]:
+    """The parity report re-run from the bundle's stored data, and the device precision mode it used."""
+    import onnx
+
+    from ..inputs.parity_data import read_bundle_parity
+    from ..validators.parity import parity_report, with_device_parity
+
+    manifest, directory = checked.manifest, checked.directory
+    feeds, expected, _ = read_bundle_parity(directory, manifest)
+    model_path = directory / manifest["model"]["file"]
+    report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
+                           quantized="quantization" in manifest)
+    if checked.options is None or not report.get("outputs"):
+        return report, None
+    from ..atc.hints import effective_precision
+
+    mode = effective_precision(checked.options)
+    report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes, feeds, expected,
+                                tolerance, checked.module_paths)
+    return report, mode
+
+
+def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    """The recorded verdicts (overall, fp32 graph, per output, per device output) against the re-derived
+    ones, like with like: the manifest stores the summary (fp32 outputs on top, device apart)."""
+    from .manifest import summarize_parity
+
+    diffs = []
+    if recorded.get("passed") != report["passed"]:
+        diffs.append(f"parity.passed: the manifest says {recorded.get('passed')}, re-derived {report['passed']}")
+    if "graph_fp32_passed" in recorded and "graph_fp32" in report \
+            and recorded["graph_fp32_passed"] != report["graph_fp32"]["passed"]:
+        diffs.append(f"parity.graph_fp32_passed: the manifest says {recorded['graph_fp32_passed']}, re-derived "
+                     f"{report['graph_fp32']['passed']}")
+    rederived = summarize_parity(report)
+    sections = (("parity.device.outputs", (recorded.get("device") or {}).get("outputs"),
+                 (rederived.get("device") or {}).get("outputs", [])),
+                ("parity.outputs", recorded.get("outputs"), rederived.get("outputs", [])))
+    for where, claimed, derived in sections:
+        got = {o["name"]: o.get("passed") for o in derived}
+        for o in claimed or []:
+            if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
+                diffs.append(f"{where}[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
+                             f"{got[o['name']]}")
+    return diffs
 
 
 def _short(value: Any, limit: int = 160) -> str:

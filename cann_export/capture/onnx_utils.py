@@ -105,7 +105,7 @@ def prune_initializers(model: onnx.ModelProto) -> None:
     model.CopyFrom(ir.to_proto(ir_model))
 
 
-def save_model(model: onnx.ModelProto, path: Path, external: bool) -> list[Path]:
+def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> list[Path]:
     """Save a graph; with ``external`` the weights go to ``<name>.data`` beside it."""
     if external:
         data_name = path.name + ".data"

@@ -83,17 +83,27 @@ class _TrainProgress:
 
 
 def _default_output(model: str, export_format: str) -> str:
+    """MODEL's stem, in the current directory: ``STEM_FORMAT`` for a directory format, else the first path
+    the format's ``targets`` makes of ``STEM`` (``m.onnx`` for onnx)."""
+    from pathlib import Path
+
+    from ..hooks.contracts import Format, optional
+    from ..hooks.manager import registry
+
     stem = os.path.splitext(os.path.basename(model.rstrip("/")))[0] or "model"
-    return f"{stem}.onnx" if export_format == "onnx" else f"{stem}_{export_format}"
+    fmt = registry().formats().get(export_format)
+    if fmt is None or fmt.is_directory:  # an unknown format is refused by export, naming the known ones
+        return f"{stem}_{export_format}"
+    targets = optional(fmt, Format, "targets")
+    return str(targets(Path(stem))[0]) if targets else stem
 
 
 def _print_result(result: Any) -> None:
-    om = (result.manifest.get("atc") or {}).get("om") or {}
-    what = "om-stub" if om.get("kind") == "stub" else result.format
-    click.echo(f"wrote {what}: {result.output} ({result.onnx['exporter']} exporter, opset {result.onnx['opset']})")
-    if om.get("kind") == "stub":
-        click.echo("  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert "
-                   f"{result.output}` on a machine with CANN (or export with --require-atc)")
+    info = result.info()
+    click.echo(f"wrote {info.label or result.format}: {result.output} ({result.onnx['exporter']} exporter, "
+               f"opset {result.onnx['opset']})")
+    for note in info.notes:
+        click.echo(note)
     parity = result.parity
     if not parity:
         click.echo("parity: not validated (--no-validate)")
@@ -193,9 +203,8 @@ def inspect_cmd(path: str, as_json: bool) -> None:
                 click.echo(f"  {k} = {v}")
         if info.get("manifest_sha256"):
             click.echo(f"manifest sha256: {info['manifest_sha256']}")
-        if info.get("om"):
-            click.echo("om-stub (not a compiled model; `cann-export convert` compiles it) header: "
-                       + ", ".join(f"{k}={v}" for k, v in info["om"].items() if k != "kind"))
+        for note in info.get("notes") or []:  # what the artifact's Format says of it (its describe)
+            click.echo(note)
         if info.get("parity"):
             p = info["parity"]
             click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "

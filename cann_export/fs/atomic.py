@@ -222,6 +222,7 @@ _RENAMEAT2 = _renameat2()
 
 
 def write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temp name beside it, fsynced, renamed into place."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

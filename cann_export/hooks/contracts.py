@@ -2,13 +2,22 @@
 
 Built-ins satisfy these exactly as third-party plugins must; the core uses nothing else (no name
 comparisons with built-ins, no private methods). ``typing.Protocol`` keeps them structural: a plugin
-needs no base class, only these attributes and methods. ``check(obj, Contract)`` names what is missing.
+needs no base class, only these attributes and methods. ``missing_members(obj, Contract)`` names what is
+missing. Members a plugin may leave out are declared in ``OPTIONAL`` (their signatures in the
+``*Optional`` Protocols below); the core reaches them only through ``optional(obj, Contract, name)``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the contracts name real classes; none of them is imported at run time
+    import onnx
+
+    from ..context import ExportContext, LoadedModel
+    from ..options import ExportOptions
 
 
 @runtime_checkable
@@ -20,17 +29,27 @@ class Loader(Protocol):
 
     def matches(self, path: Path) -> bool: ...
 
-    def load(self, path: Path, options: Any) -> Any: ...  # -> pipeline.LoadedModel
+    def load(self, path: Path, options: ExportOptions) -> LoadedModel: ...
 
 
 @runtime_checkable
 class Pass(Protocol):
-    """A strip/optimize pass, run in ascending ``order``. It implements any of ``apply_module(model, ctx)``
-    (strip stage, torch module), ``apply_graph(onnx_model, ctx)`` (optimize, before onnxsim) and
-    ``apply_final_graph(onnx_model, ctx)`` (after onnxsim); each returns the new model."""
+    """A strip/optimize pass, run in ascending ``order``. It implements at least one of the methods of
+    ``PassOptional`` (each returns the new model)."""
 
     name: str
     order: int
+
+
+class PassOptional(Protocol):
+    def apply_module(self, model: Any, ctx: ExportContext) -> Any:
+        """Strip stage, on the torch module (an ``nn.Module``)."""
+
+    def apply_graph(self, model: onnx.ModelProto, ctx: ExportContext) -> onnx.ModelProto:
+        """Optimize stage, before onnxsim."""
+
+    def apply_final_graph(self, model: onnx.ModelProto, ctx: ExportContext) -> onnx.ModelProto:
+        """Optimize stage, after onnxsim."""
 
 
 PASS_METHODS = ("apply_module", "apply_graph", "apply_final_graph")
@@ -38,14 +57,51 @@ PASS_METHODS = ("apply_module", "apply_graph", "apply_final_graph")
 
 @runtime_checkable
 class Exporter(Protocol):
-    """Captures ONNX (the capture stage); tried in descending ``priority`` until a valid graph comes back."""
+    """Captures ONNX (the capture stage); tried in descending ``priority`` until a valid graph comes back.
+    ``model`` is an ``nn.Module``, an ``ExportedProgram`` or a ``ScriptModule``."""
 
     name: str
     priority: int
 
     def supports(self, model: Any) -> bool: ...
 
-    def export(self, model: Any, ctx: Any) -> Any: ...  # -> onnx.ModelProto
+    def export(self, model: Any, ctx: ExportContext) -> onnx.ModelProto: ...
+
+
+@dataclass
+class Container:
+    """A single file that carried a bundle: the Format whose ``unpack`` opened it, and its own header."""
+
+    format: str
+    header: dict[str, Any]
+
+
+@dataclass
+class CheckedBundle:
+    """A bundle being validated, inspected or converted, as the core re-derived it. A Format's
+    ``check_artifact`` and ``describe`` read it; ``options`` are the ATC options re-validated from the
+    manifest (None when it holds no ``atc`` section), ``command`` the ATC command rendered from them."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    container: Container | None = None
+    model: onnx.ModelProto | None = None
+    options: ExportOptions | None = None
+    command: list[str] = field(default_factory=list)
+    keep_nodes: list[str] = field(default_factory=list)
+    module_paths: dict[str, str] = field(default_factory=dict)
+    differences: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ResultInfo:
+    """What a format adds to an export's result: ``extras`` (keys merged into ``ExportResult.to_dict()``,
+    i.e. ``--json``), ``label`` (what the CLI says it wrote; default the format's name) and ``notes``
+    (lines the CLI prints after that)."""
+
+    extras: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -55,7 +111,8 @@ class Format(Protocol):
 
     What the pipeline does for a format comes from its declarations, never from its name:
     ``atc_opsets`` (the opsets ATC accepts, or None when the artifact is not headed for ATC),
-    ``device_parity`` (run the device-precision emulation), ``lint`` (run the ATC lint)."""
+    ``device_parity`` (run the device-precision emulation), ``lint`` (run the ATC lint). What validate and
+    inspect know of its artifact comes from its optional members (``FormatOptional``)."""
 
     name: str
     description: str
@@ -64,24 +121,50 @@ class Format(Protocol):
     device_parity: bool
     lint: bool
 
-    def write(self, ctx: Any, staging: Path) -> list[Path]: ...
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]: ...
 
-    def finalize(self, ctx: Any, staging: Path) -> None: ...
+    def finalize(self, ctx: ExportContext, staging: Path) -> None: ...
 
-    def commit(self, ctx: Any, staging: Path) -> list[Path]: ...
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]: ...
+
+
+class FormatOptional(Protocol):
+    """What a Format may add; the core does without each one (the default is in each docstring)."""
+
+    def targets(self, output: Path) -> list[Path]:
+        """The paths an export to ``output`` creates (checked before any work). Default: ``[output]``."""
+
+    def unpack(self, path: Path, directory: Path) -> dict[str, Any] | None:
+        """If ``path`` is a single file of this format carrying a bundle, extract the bundle into
+        ``directory`` (bounded reads) and return the file's own header; else None, touching nothing."""
+
+    def manifest_problems(self, manifest: dict[str, Any]) -> list[str]:
+        """The format's own sections of a manifest that differ in shape from what it writes. Default: none."""
+
+    def check_artifact(self, checked: CheckedBundle) -> list[str]:
+        """Every way the bundle's format-specific files (and ``checked.container``) differ from what its
+        manifest claims. Default: none beyond the core's checks (file table, graph, ATC options, parity)."""
+
+    def describe(self, checked: CheckedBundle) -> dict[str, Any]:
+        """Keys ``inspect`` adds to what it shows of a checked bundle (``notes``: lines the CLI prints).
+        Default: none."""
+
+    def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
+        """What an export's result (written to ``output``) says about the artifact beyond the common
+        fields. Default: nothing."""
 
 
 @runtime_checkable
 class Validator(Protocol):
     """Checks an export at ``stage`` ("lint" before writing, "validate" after) for the formats it names
-    (a tuple of names, or "*"). ``check`` returns a report with at least ``{"passed": bool}``; a lint
-    report lists ``findings`` (dicts with ``severity`` and ``message``)."""
+    (a tuple of names, "*", or a predicate on the Format). ``check`` returns a report with at least
+    ``{"passed": bool}``; a lint report lists ``findings`` (dicts with ``severity`` and ``message``)."""
 
     name: str
     stage: str
-    formats: Any  # tuple[str, ...] | "*"
+    formats: tuple[str, ...] | str | Callable[[Format], bool]
 
-    def check(self, ctx: Any) -> dict[str, Any]: ...
+    def check(self, ctx: ExportContext) -> dict[str, Any]: ...
 
 
 @runtime_checkable
@@ -104,8 +187,7 @@ class Backend(Protocol):
 class AtcHint(Protocol):
     """An ATC option a user may pass. ``normalize`` raises ValueError listing the accepted values.
     ``conflicts``: hints ATC refuses alongside it. ``advisory``: kept in the manifest only. Otherwise it is
-    rendered into atc/convert.sh: ``render(value)`` returns the command-line arguments (and may be absent,
-    then ``--name=value`` is passed, lists comma-joined)."""
+    rendered into atc/convert.sh (see ``AtcHintOptional.render``)."""
 
     name: str
     advisory: bool
@@ -123,7 +205,12 @@ class InputProvider(Protocol):
     name: str
     priority: int
 
-    def provide(self, ctx: Any) -> tuple[dict[str, Any], str] | None: ...
+    def provide(self, ctx: ExportContext) -> tuple[dict[str, Any], str] | None: ...
+
+
+class AtcHintOptional(Protocol):
+    def render(self, value: Any) -> list[str]:
+        """The convert.sh arguments for ``value``. Default: ``--name=value``, lists comma-joined."""
 
 
 CONTRACTS: dict[str, type] = {
@@ -132,15 +219,33 @@ CONTRACTS: dict[str, type] = {
     "register_atc_hints": AtcHint, "register_input_providers": InputProvider,
 }
 
+OPTIONAL: dict[type, tuple[str, ...]] = {
+    Pass: PASS_METHODS,
+    Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info"),
+    AtcHint: ("render",),
+}
+"""The members each contract lets a plugin leave out (their signatures: ``PassOptional``,
+``FormatOptional``, ``AtcHintOptional``)."""
+
+
+def optional(obj: Any, contract: type, name: str) -> Callable[..., Any] | None:
+    """``obj``'s optional member ``name`` of ``contract``, or None when it leaves it out. Asking for a
+    member the contract does not declare is a bug in the core (KeyError), never a silent None."""
+    if name not in OPTIONAL.get(contract, ()):
+        raise KeyError(f"{contract.__name__} declares no optional member {name!r}")
+    member = getattr(obj, name, None)
+    return member if callable(member) else None
+
 
 def missing_members(obj: Any, contract: type) -> list[str]:
-    """The attributes and methods of ``contract`` that ``obj`` lacks."""
+    """The attributes and methods of ``contract`` that ``obj`` lacks, and optional members it defines as
+    something other than a method."""
     names = [n for n in getattr(contract, "__annotations__", {})]
     names += [n for n, v in vars(contract).items() if callable(v) and not n.startswith("_")]
     missing = [n for n in dict.fromkeys(names) if not hasattr(obj, n)]
+    extra = OPTIONAL.get(contract, ())
+    missing += [f"{n} (not a method)" for n in extra if hasattr(obj, n) and not callable(getattr(obj, n))]
     if contract is Pass and not any(hasattr(obj, m) for m in PASS_METHODS):
         missing.append(" or ".join(PASS_METHODS))
     return missing
 
-
-RegisterFn = Callable[[Any], None]

@@ -4,13 +4,19 @@ from __future__ import annotations
 import importlib
 import os
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from ..errors import PluginError
 from . import contracts
 from . import specs as hookspecs
+
+if TYPE_CHECKING:
+    import click
+
+    from ..context import ExportContext
+    from ..pipeline.stage import Stage
 
 ENTRY_POINT_GROUP = "cann_export"
 
@@ -60,8 +66,31 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 pm.register(ep.load(), name=ep.name)
                 if ep.dist is not None:
                     _entry_point_dists[ep.name] = (ep.dist.metadata["Name"], ep.dist.version)
+        check_pending(pm)
         _pm = pm
     return _pm
+
+
+def check_pending(pm: pluggy.PluginManager) -> None:
+    """Refuse a hookimpl that implements no hook (a misspelled ``register_formatz`` would otherwise be
+    ignored without a word): a PluginError naming the plugin, the hook and the closest real hook."""
+    import difflib
+
+    hooks = [n for n, f in vars(hookspecs).items() if hasattr(f, "cann_export_spec")]
+    for name, caller in list(vars(pm.hook).items()):
+        if name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if not impl.optionalhook:
+                close = difflib.get_close_matches(name, hooks, n=1)
+                raise PluginError(f"plugin {impl.plugin_name!r} implements {name!r}, which is not a cann_export hook"
+                                  + (f"; did you mean {close[0]!r}?" if close else "")
+                                  + f" (the hooks: {', '.join(sorted(hooks))}). Fix the plugin or leave it out "
+                                  "with CANN_EXPORT_LOAD_PLUGINS")
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"plugin {pm.get_name(e.plugin)!r}: {e}") from e
 
 
 def _collect(hook: Any, hook_name: str) -> dict[str, Any]:
@@ -125,14 +154,14 @@ class Registry:
         found = _collect(self._pm.hook.register_input_providers, "register_input_providers")
         return sorted(found.values(), key=lambda p: -p.priority)
 
-    def run_stage(self, stage: Any, ctx: Any) -> str | None:
+    def run_stage(self, stage: Stage, ctx: ExportContext) -> str | None:
         """One pipeline stage through its plugins' wrappers (the timer) and the default body."""
         return self._pm.hook.run_stage(stage=stage, ctx=ctx)
 
-    def add_commands(self, cli: Any) -> None:
+    def add_commands(self, cli: click.Group) -> None:
         self._pm.hook.register_commands(cli=cli)
 
-    def provenance(self, ctx: Any) -> dict[str, str]:
+    def provenance(self, ctx: ExportContext) -> dict[str, str]:
         """Every plugin's provenance pairs merged (earlier-registered plugins win on a clash)."""
         merged: dict[str, str] = {}
         for part in reversed(self._pm.hook.provenance(ctx=ctx)):
@@ -141,8 +170,11 @@ class Registry:
 
 
 def registry() -> Registry:
-    """The typed facade over the process-wide plugin manager."""
-    return Registry(get_plugin_manager())
+    """The typed facade over the process-wide plugin manager (a plugin registered since it loaded is
+    checked for misspelled hooks here)."""
+    pm = get_plugin_manager()
+    check_pending(pm)
+    return Registry(pm)
 
 
 def describe_plugins() -> list[dict[str, Any]]:

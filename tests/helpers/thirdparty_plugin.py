@@ -1,14 +1,27 @@
-"""A third-party plugin written only against cann_export's public contracts: a format headed for an
-edge ATC toolchain, an exporter, a validator, a loader, a backend and an ATC hint. Nothing here is
-special-cased by the core; the tests check each piece is used exactly as a built-in would be."""
+"""A third-party plugin written only against cann_export's public API (names exported from ``cann_export``,
+nothing deeper; tests/test_plugins.py checks the imports): a format headed for an edge ATC toolchain, a
+bundle format that validate and inspect read back, an exporter, a validator, a loader, a backend and an ATC
+hint. Nothing here is special-cased by the core; the tests check each piece is used exactly as a built-in
+would be."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from cann_export import hookimpl
-from cann_export.fs import atomic
+from cann_export import (
+    CheckedBundle,
+    ExportContext,
+    ExportOptions,
+    LoadedModel,
+    ResultInfo,
+    commit_dir,
+    hookimpl,
+    save_model,
+    write_atomic,
+    write_manifest,
+    write_parity_data,
+)
 
 EVENTS: list[str] = []  # what the plugin's objects were asked to do, in order
 
@@ -23,22 +36,67 @@ class EdgeBundle:
     device_parity = True
     lint = True
 
-    def write(self, ctx: Any, staging: Path) -> list[Path]:
-        from cann_export.capture.onnx_utils import save_model
-
-        files = save_model(ctx.onnx_model, staging / "model.onnx", False)
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
+        files = save_model(ctx.onnx_model, staging / "model.onnx")
         ctx.onnx_path = files[0]
         EVENTS.append("format.write")
         return files
 
-    def finalize(self, ctx: Any, staging: Path) -> None:
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
         ctx.manifest = {"format": self.name, "parity_passed": ctx.reports.parity.passed,
                         "device_precision": (ctx.reports.parity.precision or {}).get("mode")}
-        atomic.write_text(staging / "edge.json", json.dumps(ctx.manifest))
+        write_atomic(staging / "edge.json", json.dumps(ctx.manifest))
 
-    def commit(self, ctx: Any, staging: Path) -> list[Path]:
-        atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
+        commit_dir(staging, ctx.output_path, ctx.options.overwrite)
         return sorted(ctx.output_path.iterdir())
+
+
+class OpsBundle:
+    """A bundle ``validate`` and ``inspect`` read back: model.onnx, ops.txt (the graph's op types in node
+    order), parity data and the manifest. It tells them what its artifact holds through the Format's
+    optional members; the core knows nothing of ops.txt."""
+
+    name = "ops_bundle"
+    description = "directory: model.onnx, ops.txt, parity data and manifest.json"
+    is_directory = True
+    atc_opsets = None
+    device_parity = False
+    lint = False
+
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
+        files = save_model(ctx.onnx_model, staging / "model.onnx")
+        ctx.onnx_path = files[0]
+        write_atomic(staging / "ops.txt", "\n".join(n.op_type for n in ctx.onnx_model.graph.node))
+        files.append(staging / "ops.txt")
+        if ctx.options.validate and ctx.input_sets:
+            files += write_parity_data(ctx, staging / "parity")
+        EVENTS.append("ops_bundle.write")
+        return files
+
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
+        write_manifest(ctx, staging)
+
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
+        commit_dir(staging, ctx.output_path, ctx.options.overwrite)
+        return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
+
+    def manifest_problems(self, manifest: dict[str, Any]) -> list[str]:
+        return [] if "ops.txt" in manifest["files"] else ["files: ops.txt is not in the file table"]
+
+    def check_artifact(self, checked: CheckedBundle) -> list[str]:
+        EVENTS.append("ops_bundle.check_artifact")
+        listed = (checked.directory / "ops.txt").read_text().split("\n")
+        graph = [n.op_type for n in checked.model.graph.node] if checked.model is not None else None
+        return [] if listed == graph else [f"ops.txt: lists {listed}, the graph has {graph}"]
+
+    def describe(self, checked: CheckedBundle) -> dict[str, Any]:
+        count = len((checked.directory / "ops.txt").read_text().split("\n"))
+        return {"ops_listed": count, "notes": [f"ops.txt lists {count} ops"]}
+
+    def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
+        count = sum(manifest["model"]["ops"].values())
+        return ResultInfo({"ops_listed": count}, label="ops bundle", notes=[f"  {output}/ops.txt lists {count} ops"])
 
 
 class PlainTorchScript:
@@ -50,7 +108,7 @@ class PlainTorchScript:
     def supports(self, model: Any) -> bool:
         return True
 
-    def export(self, model: Any, ctx: Any) -> Any:
+    def export(self, model: Any, ctx: ExportContext) -> Any:
         import io
 
         import onnx
@@ -72,7 +130,7 @@ class MaxNodes:
     formats = "*"
     limit = 10_000
 
-    def check(self, ctx: Any) -> dict[str, Any]:
+    def check(self, ctx: ExportContext) -> dict[str, Any]:
         count = len(ctx.onnx_model.graph.node)
         EVENTS.append("validator.check")
         return {"passed": count <= self.limit, "nodes": count,
@@ -89,8 +147,7 @@ class WidthFileLoader:
     def matches(self, path: Path) -> bool:
         return path.suffix == ".mlp"
 
-    def load(self, path: Path, options: Any) -> Any:
-        from cann_export import LoadedModel
+    def load(self, path: Path, options: ExportOptions) -> LoadedModel:
         from helpers.toy_models import make_mlp
 
         EVENTS.append("loader.load")
@@ -131,6 +188,7 @@ class BufferOptimize:
 @hookimpl
 def register_formats(register):
     register(EdgeBundle())
+    register(OpsBundle())
 
 
 @hookimpl
