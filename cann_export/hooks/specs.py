@@ -10,7 +10,7 @@ hookimpl whose name is not a hook here is refused when the plugin loads (``check
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # real classes for the signatures; nothing heavy is imported 
 
     from ..context import ExportContext
     from ..pipeline.stage import Stage
-    from .contracts import AtcHint, Backend, Exporter, Format, Loader, Pass, Validator
+    from .contracts import AtcHint, Backend, Exporter, Format, InputProvider, Loader, Pass, Validator
 
 hookspec = pluggy.HookspecMarker("cann_export")
 hookimpl = pluggy.HookimplMarker("cann_export")
@@ -89,6 +89,6 @@ def run_stage(stage: Stage, ctx: ExportContext) -> str | None:
 
 
 @hookspec
-def register_input_providers(register: Callable[[Any], None]) -> None:
+def register_input_providers(register: Callable[[InputProvider], None]) -> None:
     """Register example-input providers (contracts.InputProvider): ``name``, ``priority`` (tried in descending
     order) and ``provide(ctx) -> (feed dict, source description) | None``. The first that answers wins."""
