@@ -11,7 +11,7 @@ from .atc import hints as atc_hints
 from .context import ExportContext
 from .fs import atomic
 from .hooks import manager as plugins
-from .hooks.contracts import ResultInfo
+from .hooks.contracts import Format, ResultInfo, optional
 from .options import ExportOptions, Tolerance
 from .pipeline.stage import ProgressFn
 
@@ -100,7 +100,8 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
     protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
                                 opts.calibration_data) if p)
     atomic.check_target(output, opts.overwrite, protect)
-    for target in getattr(formats[opts.export_format], "targets", lambda o: [o])(output):
+    targets = optional(formats[opts.export_format], Format, "targets")
+    for target in targets(output) if targets else [output]:
         atomic.check_target(target, opts.overwrite, protect)
     ctx = ExportContext(options=opts, source=model, output_path=output, explicit_inputs=example_inputs)
     ctx.format = formats[opts.export_format]

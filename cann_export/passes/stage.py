@@ -4,18 +4,26 @@ from __future__ import annotations
 from typing import Any
 
 from .. import errors
-from ..capture import large_graph as large_model
-from ..hooks import manager as plugins
+from ..capture import large_graph
 from ..context import ExportContext
+from ..hooks.contracts import Pass, optional
+from ..hooks.manager import registry
+
+
+def _apply(ctx: ExportContext, method: str, model: Any) -> tuple[Any, list[str]]:
+    """Every registered pass that implements ``method`` (apply_module / apply_graph / apply_final_graph), in
+    order, on ``model``; the result and the names of the passes that ran."""
+    ran = []
+    for p in registry().passes():
+        apply = optional(p, Pass, method)
+        if apply is not None:
+            model = apply(model, ctx)
+            ran.append(p.name)
+    return model, ran
 
 
 def strip(ctx: ExportContext) -> str | None:
-    passes = plugins.registry().passes()
-    ran = []
-    for p in passes:
-        if hasattr(p, "apply_module"):
-            ctx.model = p.apply_module(ctx.model, ctx)
-            ran.append(p.name)
+    ctx.model, ran = _apply(ctx, "apply_module", ctx.model)
     ctx.reports.strip.module_passes = ran
     return ", ".join(ran)
 
@@ -24,11 +32,9 @@ def optimize(ctx: ExportContext) -> str | None:
     """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches."""
     from ..capture.onnx_utils import weights_bytes
 
-    for p in plugins.registry().passes():
-        if hasattr(p, "apply_graph"):
-            ctx.onnx_model = p.apply_graph(ctx.onnx_model, ctx)
-    if large_model.state(ctx) is not None:  # the graph's weights are on disk: no copy of them in memory
-        ctx.optimize["onnxsim"] = large_model.optimize_note(ctx.large_graph)
+    ctx.onnx_model, _ = _apply(ctx, "apply_graph", ctx.onnx_model)
+    if large_graph.state(ctx) is not None:  # the graph's weights are on disk: no copy of them in memory
+        ctx.optimize["onnxsim"] = large_graph.optimize_note(ctx.large_graph)
         _final_graph_passes(ctx)
         return "onnxsim skipped (external data)"
     if not ctx.options.simplify:
@@ -49,9 +55,7 @@ def optimize(ctx: ExportContext) -> str | None:
 
 def _final_graph_passes(ctx: ExportContext) -> None:
     """Passes that must see the simplified graph (onnxsim would fold their work away), e.g. Q/DQ lowering."""
-    for p in plugins.registry().passes():
-        if hasattr(p, "apply_final_graph"):
-            ctx.onnx_model = p.apply_final_graph(ctx.onnx_model, ctx)
+    ctx.onnx_model, _ = _apply(ctx, "apply_final_graph", ctx.onnx_model)
 
 
 def _simplify(ctx: ExportContext) -> tuple[str, Any]:
