@@ -6,22 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import errors
+from . import errors, pipeline
 from .atc import hints as atc_hints
-from .capture import large_graph as large_model
 from .context import ExportContext
-from .fs import atomic, digests
+from .fs import atomic
 from .hooks import manager as plugins
 from .options import ExportOptions, Tolerance
-from .bundle import annotate
-from .capture import stage as capture_stage
-from .inputs import stage as prepare_stage
-from .load import stage as load_stage
-from .model_zoo import stage as zoo_stage
-from .passes import stage as passes_stage
-from .validators import stage as validators_stage
-from .pipeline.runner import STAGES, ProgressFn, run_stages
-from .qat import stage as quant_stages
+from .pipeline.stage import ProgressFn
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
 
@@ -86,70 +77,47 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         from .pipeline.timeline import StageTimeline
 
         progress = StageTimeline(trace).wrap(progress)
-    opts = _options(export_format, dict(options))
+    ctx = _context(model, Path(output_path), _options(export_format, dict(options)), example_inputs)
+    pipeline.run(ctx, progress)
+    if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes
+        return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
+                            manifest={"halted": ctx.halted})
+    return _result(ctx)
+
+
+def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:
+    """The options checked against the registries and the output checked replaceable, before any heavy work."""
     formats = plugins.registry().formats()
     opts.check(formats, [e.name for e in plugins.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
-    output = Path(output_path)
     protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
                                 opts.calibration_data) if p)
     atomic.check_target(output, opts.overwrite, protect)
     for target in getattr(formats[opts.export_format], "targets", lambda o: [o])(output):
         atomic.check_target(target, opts.overwrite, protect)
-    ctx = ExportContext(options=opts, source=model, output_path=output)
+    ctx = ExportContext(options=opts, source=model, output_path=output, explicit_inputs=example_inputs)
     ctx.format = formats[opts.export_format]
-    ctx.reports["warnings"] = {"atc_hints": hint_warnings} if hint_warnings else {}
+    ctx.reports.warnings.atc_hints = hint_warnings or None
+    return ctx
 
-    def write(c: ExportContext) -> str:
-        c.staging = atomic.staging_dir(output)
-        c.files = c.format.write(c, c.staging)
-        return f"{len(c.files)} files staged"
 
-    handlers = {
-        "load": load_stage.load,
-        "prepare": lambda c: prepare_stage.prepare(c, example_inputs),
-        "train": quant_stages.train if opts.quantize else None,
-        "strip": passes_stage.strip,
-        "capture": capture_stage.capture,
-        "optimize": passes_stage.optimize,
-        "annotate": annotate.annotate,
-        "lint": lambda c: validators_stage.run_validators(c, "lint"),
-        "write": write,
-        "validate": (lambda c: validators_stage.run_validators(c, "validate")) if opts.validate else None,
-    }
-    try:
-        run_stages(ctx, handlers, progress, only=STAGES[:-1])
-        if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes
-            atomic.discard(ctx.staging)
-            return ExportResult(ok=True, format=opts.export_format, output="", files=[], onnx={}, parity=None,
-                                manifest={"halted": ctx.halted})
-        ctx.format.finalize(ctx, ctx.staging)
-        staged_manifest = ctx.staging / "manifest.json"
-        manifest_digest = digests.sha256_file(staged_manifest) if staged_manifest.is_file() else None
-        files = ctx.format.commit(ctx, ctx.staging)
-    except BaseException:
-        atomic.discard(ctx.staging)
-        raise
-    finally:
-        large_model.cleanup(ctx)  # the capture's work directory beside the output
-    # publish runs on the committed artifact; a failure here leaves the (valid) artifact in place
-    run_stages(ctx, {"publish": zoo_stage.publish} if opts.publish else {}, progress, only=("publish",))
-    parity = ctx.reports.get("parity")
-    final_onnx = getattr(ctx, "final_onnx", None) or (
-        (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
+def _result(ctx: ExportContext) -> ExportResult:
     from .bundle.manifest import summarize_parity
 
+    parity = ctx.reports.parity.to_dict() if ctx.reports.parity is not None else None
+    final_onnx = ctx.final_onnx or (
+        (ctx.output_path / ctx.onnx_path.name) if ctx.format.is_directory else ctx.output_path)
     return ExportResult(
         ok=bool(parity["passed"]) if parity else True,
-        format=opts.export_format,
+        format=ctx.options.export_format,
         output=str(ctx.output_path),
-        files=[str(f) for f in files],
-        onnx={"path": str(final_onnx), "opset": ctx.capture["opset"], "exporter": ctx.capture["exporter"],
-              **({"specialized_to_traced_path": True} if ctx.capture.get("specialized") else {})},
+        files=[str(f) for f in ctx.files],
+        onnx={"path": str(final_onnx), "opset": ctx.capture.opset, "exporter": ctx.capture.exporter,
+              **({"specialized_to_traced_path": True} if ctx.capture.specialized else {})},
         parity=summarize_parity(parity) if parity else None,
         manifest=ctx.manifest,
-        published=ctx.reports.get("publish"),
-        manifest_sha256=manifest_digest,
+        published=ctx.reports.publish,
+        manifest_sha256=ctx.manifest_sha256,
     )
 
 

@@ -48,6 +48,10 @@ class PrepareError(ExportError):
     stage = "prepare"
 
 
+class TrainError(ExportError):
+    stage = "train"
+
+
 class StripError(ExportError):
     stage = "strip"
     exit_code = EXIT_STAGE_FAILED

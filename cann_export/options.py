@@ -1,28 +1,19 @@
 """Export options, their defaults and their validation (done before any heavy work)."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OptionsError
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
-# Inputs whose names say they hold token ids / masks default to int64.
-_INT_NAME = re.compile(r"(^|_)(ids?|mask|indices|positions?|labels?)$")
 
 
 @dataclass(frozen=True)
 class InputSpec:
     name: str
     shape: tuple[int, ...]
-    dtype: str | None = None  # None: float32, or int64 for token ids / masks
-
-    @property
-    def resolved_dtype(self) -> str:
-        if self.dtype:
-            return self.dtype
-        return "int64" if _INT_NAME.search(self.name) else "float32"
+    dtype: str | None = None  # None: the model decides (cann_export.inputs.signature.spec_dtypes)
 
 
 def parse_input_shape(text: str) -> InputSpec:

@@ -149,3 +149,41 @@ def test_the_import_checks_see_a_test_import(tmp_path):
     sample = tmp_path / "bench_x.py"
     sample.write_text("def f():\n    from test_om import fake_atc\n    import tests.helpers.files\n")
     assert [n for n in _imported_names(sample) if _from_tests(n)] == ["test_om", "tests.helpers.files"]
+
+
+def _layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from the core into plugins/ and from plugins/ into cli/."""
+    def plugin(m: str) -> bool:
+        return m == "cann_export.plugins" or m.startswith("cann_export.plugins.")
+
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if (plugin(t) and not plugin(m)) or (plugin(m) and t.startswith("cann_export.cli")))
+
+
+def test_core_never_imports_plugins_and_plugins_never_import_the_cli():
+    """Built-ins are plugins like any other: the core reaches them only through the registry, and a plugin
+    reaches the command line only through the click group it is handed."""
+    graph = _import_graph()
+    assert sum(m.startswith("cann_export.plugins.") for m in graph) >= 10  # the walk found the plugins
+    assert _layer_breaks(graph) == []
+
+
+def test_the_layer_check_catches_both_directions():
+    graph = {"cann_export.api": {"cann_export.plugins.formats"}, "cann_export.plugins.om": {"cann_export.cli.guard"},
+             "cann_export.plugins.formats": {"cann_export.bundle.formats"}}
+    assert _layer_breaks(graph) == ["cann_export.api -> cann_export.plugins.formats",
+                                    "cann_export.plugins.om -> cann_export.cli.guard"]
+
+
+def test_small_modules_and_functions():
+    """No module past 400 lines, no function past 60: past them a module is two concerns."""
+    long_modules, long_functions = [], []
+    for mod, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 400:
+            long_modules.append(f"{mod} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{mod}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long_modules == []
+    assert long_functions == []

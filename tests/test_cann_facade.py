@@ -56,7 +56,7 @@ def test_cli_trace_writes_the_stage_timeline(tmp_path):
     from click.testing import CliRunner
 
     from cann_export.cli.main import cli
-    from cann_export.pipeline.runner import STAGES
+    from cann_export.pipeline.table import STAGES
 
     model = make_mlp().eval()
     path = tmp_path / "mlp.pt2"
@@ -67,7 +67,7 @@ def test_cli_trace_writes_the_stage_timeline(tmp_path):
     assert result.exit_code == 0, result.output
     events = json.loads(trace.read_text())["traceEvents"]
     stages = [e for e in events if e["ph"] == "X"]
-    assert [e["name"] for e in stages] == list(STAGES)
+    assert [e["name"] for e in stages] == [s.name for s in STAGES]  # write twice: staged, then committed
     assert all(e["dur"] >= 0 and e["ts"] > 0 for e in stages)
     assert {e["args"]["status"] for e in stages if e["name"] == "capture"} != {"skipped"}
     for before, after in itertools.pairwise(stages):  # one after another, as they ran

@@ -33,7 +33,7 @@ def test_bare_and_export_subcommand_spellings(tmp_path):
         payload = json.loads(result.stdout)  # exactly one JSON object on stdout
         check_json_schema(payload)
         assert payload["format"] == "onnx" and payload["files"] == [payload["onnx"]["path"]]
-    assert "[5/11] capture" in a.stderr  # progress goes to stderr
+    assert "[5/12] capture" in a.stderr  # progress goes to stderr
 
 
 def test_bert_through_cli_with_example_inputs_and_hints(tmp_path):
@@ -134,7 +134,7 @@ def test_validate_under_a_tighter_explicit_tolerance_fails_with_exit_1(tmp_path)
 def test_plugins_lists_builtins_with_hooks():
     rows = json.loads(invoke(["plugins", "--json"]).stdout)
     by_name = {r["name"]: r for r in rows}
-    assert by_name["cann_export.bundle.formats"]["hooks"] == ["register_formats"]
+    assert by_name["cann_export.plugins.formats"]["hooks"] == ["register_formats"]
     assert all(r["version"] for r in rows)
     assert "register_loaders" in invoke(["plugins"]).stdout
 

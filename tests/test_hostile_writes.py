@@ -174,7 +174,8 @@ def test_symlink_target_refused(tmp_path, model_file):
 _WORKER = r"""
 import json, sys
 from pathlib import Path
-from cann_export import atomic, errors
+from cann_export import errors
+from cann_export.fs import atomic
 target, n, tag = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 ok = clean = 0
 for i in range(n):
@@ -271,7 +272,7 @@ def test_sweep_removes_litter_of_dead_processes_only(tmp_path):
 _KILLED = r"""
 import sys, time
 from pathlib import Path
-from cann_export import atomic
+from cann_export.fs import atomic
 staging = atomic.staging_dir(Path(sys.argv[1]))
 (staging / "model.onnx.data").write_bytes(b"\0" * 4096)
 print(staging, flush=True)

@@ -175,7 +175,7 @@ def aipp_prototxt(blocks: list[dict[str, Any]]) -> str:
 
 
 def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: str = "model") -> list[Path]:
-    """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports["atc"]."""
+    """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports.atc."""
     from ..capture.onnx_utils import describe_values
     from .hints import effective_precision
 
@@ -193,7 +193,8 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
              for arg in hint_args(specs[k], hints[k])]
     report: dict[str, Any] = {"soc_version": opts.soc_version, "precision_mode": effective_precision(ctx.options),
                               "hints": dict(hints), "advisory": {k: hints[k] for k in hints if specs[k].advisory}}
-    keep = list(hints.get("keep_dtype", [])) + list(ctx.reports.get("precision_fix", {}).get("kept", []))
+    fixed = ctx.reports.precision_fix
+    keep = list(hints.get("keep_dtype", [])) + (list(fixed.kept) if fixed is not None else [])
     if keep:
         lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
         files.append(_write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n"))
@@ -212,7 +213,7 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     script = _write(atc_dir / "convert.sh", convert_script(args))
     os.chmod(script, 0o755)
     report["command"] = args
-    ctx.reports["atc"] = report
+    ctx.reports.atc = report
     return [script, *files]
 
 

@@ -192,12 +192,22 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
     hints = dict(hints or {})
     module_paths = module_paths or {}
     table = load_table()
-    ops = table["ops"]
-    known_domains = set(table.get("known_domains", []))
     findings = _Findings()
-
-    version = parse_cann_version(cann_version)
     opset = _graph_opset(model)
+    _check_opset(cann_version, opset, findings)
+    quantized = _check_ops(model, table, module_paths, findings)
+    _check_inputs(model, hints, findings)
+    if quantized:
+        _check_quantized(hints, precision_mode, findings)
+    return {"passed": not any(f["severity"] == "error" for f in findings),
+            "cann_version": str(cann_version),
+            "opset": opset,
+            "table": {"source": table["source"], "cann_version": table["cann_version"]},
+            "findings": list(findings)}
+
+
+def _check_opset(cann_version: str, opset: int | None, findings: _Findings) -> None:
+    version = parse_cann_version(cann_version)
     if version is None:
         findings.add("error", "cann-version", f"CANN version {cann_version!r} does not parse; write it like 8.0, "
                                               "7.0.RC1 or 6.3.RC2")
@@ -211,6 +221,11 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
                          f"{low}..{high} (E19010 'No parser is registered for Op ... ai.onnx::{opset}::...' at "
                          f"conversion); export with --opset {min(max(opset, low), high)} or target a newer CANN")
 
+
+def _check_ops(model: Any, table: dict[str, Any], module_paths: dict[str, str], findings: _Findings) -> bool:
+    """Every node's op against ATC's parser table; returns whether the graph holds Q/DQ."""
+    ops = table["ops"]
+    known_domains = set(table.get("known_domains", []))
     quantized = False
     for node in _nodes(model.graph):
         if node.op_type in QDQ and node.domain in DEFAULT_DOMAINS:
@@ -232,28 +247,22 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
                      "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not list: run "
                      "AMCT's amct_onnx.convert_qat_model on model.onnx to turn them into AscendQuant/AscendDequant "
                      "before atc (see atc/convert.sh)", op_type="QuantizeLinear")
+    return quantized
 
-    _check_inputs(model, hints, findings)
 
-    if quantized:
-        dynamic = [h for h in DYNAMIC_HINTS if h in hints]
-        if dynamic:
-            findings.add("warning", "quant-dynamic-shape",
-                         f"the graph is quantized (QuantizeLinear/DequantizeLinear) and {', '.join(dynamic)} is set: "
-                         "int8 kernels with dynamic shapes are limited on Ascend; prefer static shapes for the "
-                         "quantized model", op_type="QuantizeLinear")
-        precision = hints.get("precision_mode_v2") or hints.get("precision_mode") or precision_mode
-        if precision in HIGH_PRECISION:
-            findings.add("warning", "quant-precision-mode",
-                         f"the graph is quantized but precision mode is {precision}: int8 needs the quantized path, "
-                         "which a high-precision mode keeps from running; use force_fp16 or allow_mix_precision",
-                         op_type="QuantizeLinear")
-
-    return {"passed": not any(f["severity"] == "error" for f in findings),
-            "cann_version": str(cann_version),
-            "opset": opset,
-            "table": {"source": table["source"], "cann_version": table["cann_version"]},
-            "findings": list(findings)}
+def _check_quantized(hints: dict[str, Any], precision_mode: str, findings: _Findings) -> None:
+    dynamic = [h for h in DYNAMIC_HINTS if h in hints]
+    if dynamic:
+        findings.add("warning", "quant-dynamic-shape",
+                     f"the graph is quantized (QuantizeLinear/DequantizeLinear) and {', '.join(dynamic)} is set: "
+                     "int8 kernels with dynamic shapes are limited on Ascend; prefer static shapes for the "
+                     "quantized model", op_type="QuantizeLinear")
+    precision = hints.get("precision_mode_v2") or hints.get("precision_mode") or precision_mode
+    if precision in HIGH_PRECISION:
+        findings.add("warning", "quant-precision-mode",
+                     f"the graph is quantized but precision mode is {precision}: int8 needs the quantized path, "
+                     "which a high-precision mode keeps from running; use force_fp16 or allow_mix_precision",
+                     op_type="QuantizeLinear")
 
 
 class AtcLint:

@@ -16,9 +16,9 @@ def annotate(ctx: ExportContext) -> str | None:
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})
     if ctx.options.atc_hints:
-        props["cann_export.atc.hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
-    if "quantization" in ctx.reports:  # config, calibration digest, per-layer scales and zero points
-        props["cann_export.quantization"] = dumps(ctx.reports["quantization"])
+        props["cann_export.atc_hints"] = dumps(dict(sorted(ctx.options.atc_hints.items())))
+    if ctx.reports.quantization is not None:  # config, calibration digest, per-layer scales and zero points
+        props["cann_export.quantization"] = dumps(ctx.reports.quantization.to_dict())
     set_metadata(ctx.onnx_model, props)
     module_paths.stamp(ctx.onnx_model, ctx.module_paths)
     module_paths.stamp_origins(ctx.onnx_model, ctx.module_origins)

@@ -100,10 +100,10 @@ class AtcReadyFormat:
         return files + _write_training_state(ctx, training, "")
 
     def finalize(self, ctx: Any, staging: Path) -> None:
-        if ctx.reports.get("precision_fix", {}).get("kept"):
+        if ctx.reports.precision_fix is not None and ctx.reports.precision_fix.kept:
             render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
-        if "parity" in ctx.reports:
-            atomic.write_text(staging / "parity.json", dumps(ctx.reports["parity"]))
+        if ctx.reports.parity is not None:
+            atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
         ctx.manifest = build_manifest(ctx, staging)
         atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
 

@@ -2,41 +2,44 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..fs.digests import file_table
+
+if TYPE_CHECKING:
+    from ..context import ExportContext
 
 SCHEMA = "cann-export/manifest/1"
 __all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"]
 
 
-def build_manifest(ctx: Any, root: Path | None) -> dict[str, Any]:
+def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
     from ..capture.onnx_utils import describe_values, op_histogram
 
-    model = ctx.onnx_model
-    parity = ctx.reports.get("parity")
+    model, reports = ctx.onnx_model, ctx.reports
+    parity = reports.parity.to_dict() if reports.parity is not None else None
+    reference = {"reference_device": reports.reference.device} if reports.reference.device is not None else {}
     manifest = {
         "schema": SCHEMA,
         "format": ctx.options.export_format,
         "model": {
             "file": ctx.onnx_path.name if ctx.onnx_path else None,
-            "opset": ctx.capture.get("opset"),
+            "opset": ctx.capture.opset,
             "opset_requested": ctx.options.opset,
-            "exporter": ctx.capture.get("exporter"),
+            "exporter": ctx.capture.exporter,
             "inputs": describe_values(model.graph.input),
             "outputs": describe_values(model.graph.output),
             "ops": op_histogram(model),
         },
         "metadata": dict(ctx.metadata),
         "provenance": dict(ctx.provenance),
-        "atc": dict(ctx.reports.get("atc", {})),
-        "capture": ctx.capture,
+        "atc": dict(reports.atc),
+        "capture": ctx.capture.to_dict(),
         "optimize": ctx.optimize,
-        "parity": {**summarize_parity(parity), **({"reference_device": ctx.reports["reference"]["device"]}
-                                                   if "reference" in ctx.reports else {})},
-        **({"quantization": ctx.reports["quantization"]} if "quantization" in ctx.reports else {}),
-        "lint": {name: r for name, r in ctx.reports.items() if name in ctx.lint_reports},
-        "warnings": dict(ctx.reports.get("warnings", {})),
+        "parity": {**summarize_parity(parity), **reference},
+        **({"quantization": reports.quantization.to_dict()} if reports.quantization is not None else {}),
+        "lint": dict(reports.lint),
+        "warnings": reports.warnings.to_dict(),
         "stage_seconds": dict(ctx.stage_seconds),
     }
     if root is not None:

@@ -91,16 +91,16 @@ class OmFormat(AtcReadyFormat):
         files = super().write(ctx, staging)
         atc = find_atc()
         if atc is None:
-            if getattr(ctx.options, "require_atc", False):
+            if ctx.options.require_atc:
                 raise AtcError(f"--require-atc: `atc` is not on PATH, so no real model.om can be compiled; "
                                f"{INSTALL_HINT}, or drop --require-atc to write an om-stub",
                                path=_source(ctx), stage="write")
-            ctx.reports["atc"].update({"ran": False, "exit_code": None, "om": {"file": OM_FILE, "kind": "stub"}})
+            ctx.reports.atc.update({"ran": False, "exit_code": None, "om": {"file": OM_FILE, "kind": "stub"}})
             return files
         return files + self._compile(ctx, staging, atc)
 
     def _compile(self, ctx: Any, staging: Path, atc: str) -> list[Path]:
-        report = ctx.reports["atc"]
+        report = ctx.reports.atc
         args = list(report["command"])
         code, output = run_atc(args, staging, staging / ATC_LOG, atc)
         report.update({"ran": True, "exit_code": code, "atc": atc, "log": ATC_LOG, "ran_command": args})
@@ -115,7 +115,7 @@ class OmFormat(AtcReadyFormat):
         return [om, staging / ATC_LOG]
 
     def finalize(self, ctx: Any, staging: Path) -> None:
-        report = ctx.reports["atc"]
+        report = ctx.reports.atc
         single = ctx.output_path.suffix == ".om"
         aside = staging / ".cann-tmp-om" / OM_FILE  # left out of the file table and the stub's payload
         if report.get("ran"):
@@ -160,15 +160,14 @@ def bundle_beside(om_path: Path) -> Path:
 
 
 def _source(ctx: Any) -> str | None:
-    return ctx.loaded.source_path if getattr(ctx, "loaded", None) else None
+    return ctx.loaded.source_path if ctx.loaded else None
 
 
 def _model_name(ctx: Any) -> str:
     src = _source(ctx)
     if src:
         return Path(src).stem
-    model = getattr(ctx, "model", None)
-    return type(model).__name__ if model is not None else ctx.output_path.name
+    return type(ctx.model).__name__ if ctx.model is not None else ctx.output_path.name
 
 
 # ---------------------------------------------------------------- convert

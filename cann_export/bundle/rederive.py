@@ -148,7 +148,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     atc = manifest.get("atc")
     if isinstance(atc, dict):
         try:
-            stamped_hints = json.loads(props.get("cann_export.atc.hints") or "{}")
+            stamped_hints = json.loads(props.get("cann_export.atc_hints") or "{}")
         except ValueError:
             stamped_hints = None
         if stamped_hints != json.loads(json.dumps(atc.get("hints") or {}, sort_keys=True, default=str)):
@@ -177,15 +177,16 @@ def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any
 def render(checked: Checked, target: Path, soc_version: str | None = None) -> dict[str, Any]:
     """Render atc/ into ``target`` from the validated options; returns the ATC report (command included)."""
     from ..atc.command import render as render_atc
+    from ..reports import PrecisionFix, Reports
 
     opts = atc_options(checked.manifest, soc_version)
     kept = (checked.manifest.get("parity") or {}).get("fixed_by_keep_dtype") or []
     if not isinstance(kept, list) or not all(isinstance(k, str) for k in kept):
         raise ValidateError("parity.fixed_by_keep_dtype is not a list of node names")
-    ctx = SimpleNamespace(options=opts, onnx_model=checked.model, module_paths=checked.module_paths,
-                          reports={"precision_fix": {"kept": list(kept)}} if kept else {})
+    reports = Reports(precision_fix=PrecisionFix(list(kept)) if kept else None)
+    ctx = SimpleNamespace(options=opts, onnx_model=checked.model, module_paths=checked.module_paths, reports=reports)
     render_atc(ctx, target, model_file=checked.manifest["model"]["file"], output_stem=OUTPUT_STEM)
-    return {**ctx.reports["atc"], "options": opts}
+    return {**reports.atc, "options": opts}
 
 
 def _check_atc(checked: Checked) -> None:

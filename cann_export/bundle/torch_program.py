@@ -12,7 +12,7 @@ MAX_BYTES = 1 << 30  # above this the bundle would carry a second GiB-sized copy
 
 
 def _skip(ctx: Any, why: str) -> list[Path]:
-    ctx.reports.setdefault("warnings", {})["torch_program"] = f"no {PROGRAM_FILE} in the bundle: {why}"
+    ctx.reports.warnings.torch_program = f"no {PROGRAM_FILE} in the bundle: {why}"
     return []
 
 

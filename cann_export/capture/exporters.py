@@ -63,7 +63,7 @@ class DynamoExporter:
             graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
         if asked < native and large_model.state(ctx) is not None:  # weights on disk: no copy to convert in memory
-            ctx.capture_notes = [*getattr(ctx, "capture_notes", []),
+            ctx.capture_notes = [*ctx.capture_notes,
                                  f"dynamo: opset {asked}: not converted down (a graph with external data)"]
         elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
             graph = _down_convert(graph, asked, ctx)
@@ -141,7 +141,7 @@ def _down_convert(graph: Any, opset: int, ctx: Any) -> Any:
         converted = convert(graph, opset)
         _same_outputs(converted, graph, ctx)
     except OpsetConversionError as e:
-        ctx.capture_notes = [*getattr(ctx, "capture_notes", []), f"dynamo: opset {opset}: {e}"]
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamo: opset {opset}: {e}"]
         return graph
     stamp_origins(converted, origins)
     return converted
@@ -164,7 +164,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         after = run(converted)
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
-    reference = getattr(ctx, "reference_outputs", None)
+    reference = ctx.reference_outputs
     if reference and all_pass(after, reference[0], ctx.options.tolerance):  # the usual case: the opset-18 graph is never run
         return
     try:

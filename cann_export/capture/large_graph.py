@@ -65,7 +65,7 @@ def shared_weights_memo(module: Any) -> dict[int, Any]:
 
 def state(ctx: Any) -> LargeGraph | None:
     """The large-graph state of this export, decided once (before capture) from the module's weights."""
-    if hasattr(ctx, "large_graph"):
+    if ctx.large_graph_decided:
         return ctx.large_graph
     from ..fs import atomic
 
@@ -78,12 +78,12 @@ def state(ctx: Any) -> LargeGraph | None:
     large = None
     if ctx.options.external_data != "never" and size > ctx.options.external_data_threshold:
         large = LargeGraph(atomic.staging_dir(ctx.output_path), size)
-    ctx.large_graph = large
+    ctx.large_graph, ctx.large_graph_decided = large, True
     return large
 
 
 def cleanup(ctx: Any) -> None:
-    large = getattr(ctx, "large_graph", None)
+    large = ctx.large_graph
     if large is not None:
         shutil.rmtree(large.workdir, ignore_errors=True)
 
@@ -251,7 +251,7 @@ class sharing:
     for initializers whose bytes in the written data file are the same, byte for byte."""
 
     def __init__(self, ctx: Any) -> None:
-        self.key = str(ctx.onnx_path) if getattr(ctx, "large_graph", None) is not None else None
+        self.key = str(ctx.onnx_path) if ctx.large_graph is not None else None
         self.model = ctx.model
 
     def __enter__(self) -> None:

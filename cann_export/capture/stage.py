@@ -9,70 +9,91 @@ from ..capture import module_paths
 from ..hooks import manager as plugins
 from ..context import ExportContext
 from ..inputs.reference import reference_outputs
+from ..reports import CaptureAttempt, CaptureReport
 
 
 def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    from ..backend.eval_mode import to_eval
-    from ..capture.onnx_utils import check_graph, opset_of
-
     exporters = plugins.registry().exporters()
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
-    attempts: list[dict[str, Any]] = []
+    attempts: list[CaptureAttempt] = []
     chosen = fallback = None
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     for exporter in exporters:
-        if not exporter.supports(ctx.model):
-            attempts.append({"exporter": exporter.name, "error": "does not support this model type"})
+        model = _attempt(exporter, ctx, attempts, traced)
+        if model is None:
             continue
-        ctx.capture_notes = []
-        try:
-            ctx.trace_warnings = []
-            model = exporter.export(ctx.model, ctx)
-            traced[exporter.name] = ctx.trace_warnings
-            large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
-        except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
-            attempts.append({"exporter": exporter.name, "error": f"{type(e).__name__}: {_gist(e, 300)}"})
-            continue
-        finally:
-            to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
-        opset = opset_of(model)
-        attempts.append({"exporter": exporter.name, "opset": opset})
-        if opset == ctx.options.opset:
+        if attempts[-1].opset == ctx.options.opset:
             chosen = (exporter.name, model)
             break
-        why = "; ".join(ctx.capture_notes) or "the exporter wrote another opset"
-        why = " ".join(why.split())
-        attempts[-1]["note"] = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
-        if fallback is None and ctx.options.accepts_opset(opset, ctx.format):
+        if fallback is None and ctx.options.accepts_opset(attempts[-1].opset, ctx.format):
             fallback = (exporter.name, model)
-    if chosen is None and fallback is not None:
-        chosen = fallback
+    chosen = chosen or fallback
     if chosen is None:
-        detail = "; ".join(f"{a['exporter']}: {a.get('error') or a.get('note')}" for a in attempts)
-        if any("opset" in a for a in attempts):
-            raise errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
-                                      f"another ({detail}); pass another --opset, or drop --strict-opset",
-                                      path=ctx.loaded.source_path)
-        raise errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})",
-                                  path=ctx.loaded.source_path)
+        raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
+    return _record(ctx, name, attempts, traced)
+
+
+def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
+             traced: dict[str, list[dict[str, Any]]]) -> Any:
+    """One exporter's try, recorded in ``attempts``: its valid graph, or None."""
+    from ..backend.eval_mode import to_eval
+    from ..capture.onnx_utils import check_graph, opset_of
+
+    if not exporter.supports(ctx.model):
+        attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
+        return None
+    ctx.capture_notes = []
+    try:
+        ctx.trace_warnings = []
+        model = exporter.export(ctx.model, ctx)
+        traced[exporter.name] = ctx.trace_warnings
+        large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
+    except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
+        attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
+        return None
+    finally:
+        to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
+    opset = opset_of(model)
+    attempts.append(CaptureAttempt(exporter.name, opset=opset))
+    if opset != ctx.options.opset:
+        why = " ".join(("; ".join(ctx.capture_notes) or "the exporter wrote another opset").split())
+        attempts[-1].note = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
+    return model
+
+
+def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
+            traced: dict[str, list[dict[str, Any]]]) -> str:
+    """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
+    from ..capture.onnx_utils import opset_of
+
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
-    ctx.capture = {"exporter": name, "opset": opset, "opset_requested": ctx.options.opset, "attempts": attempts}
+    ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
     ctx.trace_warnings = traced.get(name, [])
     if ctx.trace_warnings:
         _specialised(ctx)
     if opset != ctx.options.opset:
-        notes = "; ".join(a["note"] for a in attempts if "note" in a)
-        ctx.capture["warning"] = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
-                                  f"({notes}); pass --strict-opset to refuse any other opset")
+        notes = "; ".join(a.note for a in attempts if a.note is not None)
+        ctx.capture.warning = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
+                               f"({notes}); pass --strict-opset to refuse any other opset")
         return f"{name}, opset {opset} (asked {ctx.options.opset})"
     return f"{name}, opset {opset}"
+
+
+def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.CaptureError:
+    """Why no exporter's graph was kept: each attempt's error, or the opset it wrote instead."""
+    detail = "; ".join(f"{a.exporter}: {a.error or a.note}" for a in attempts)
+    if any(a.opset is not None for a in attempts):
+        return errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
+                                   f"another ({detail}); pass another --opset, or drop --strict-opset",
+                                   path=ctx.loaded.source_path)
+    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
 
 
 def _specialised(ctx: ExportContext) -> None:

@@ -68,7 +68,7 @@ def record(ctx: Any, findings: list[dict[str, Any]]) -> None:
     from ..errors import CaptureError
 
     accepted = bool(ctx.options.accept_trace_specialization)
-    ctx.capture["specialized"] = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
+    ctx.capture.specialized = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
     if not accepted and not ctx.options.validate:
         raise CaptureError(message(findings, None), path=ctx.loaded.source_path if ctx.loaded else None)
 
@@ -90,7 +90,7 @@ def message(findings: list[dict[str, Any]], other: dict[str, Any] | None) -> str
 
 def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None) -> dict[str, Any]:
     """Record the trace specialisation in the parity report; it fails unless accepted."""
-    spec = ctx.capture.get("specialized")
+    spec = ctx.capture.specialized
     if not spec:
         return report
     if other is not None:

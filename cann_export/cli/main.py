@@ -14,9 +14,9 @@ from .options import export_options, to_api_kwargs
 
 
 def _progress(index: int, stage: str, status: str, seconds: float) -> None:
-    from ..pipeline.runner import STAGES
+    from ..pipeline.table import STAGE_NAMES
 
-    click.echo(f"[{index}/{len(STAGES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
+    click.echo(f"[{index}/{len(STAGE_NAMES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -114,10 +114,22 @@ class AtcHint(Protocol):
     def normalize(self, value: Any) -> Any: ...
 
 
+@runtime_checkable
+class InputProvider(Protocol):
+    """Gives the example inputs of the prepare stage: the providers are tried in descending ``priority`` and
+    the first whose ``provide`` answers wins. ``provide`` returns ``({input name: tensor}, where they came
+    from)`` or None when it has nothing for this export; it raises PrepareError for inputs it cannot use."""
+
+    name: str
+    priority: int
+
+    def provide(self, ctx: Any) -> tuple[dict[str, Any], str] | None: ...
+
+
 CONTRACTS: dict[str, type] = {
     "register_loaders": Loader, "register_passes": Pass, "register_exporters": Exporter,
     "register_formats": Format, "register_validators": Validator, "register_backends": Backend,
-    "register_atc_hints": AtcHint,
+    "register_atc_hints": AtcHint, "register_input_providers": InputProvider,
 }
 
 

@@ -28,6 +28,8 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.backends",
     "cann_export.plugins.validators",
     "cann_export.plugins.lint_command",
+    "cann_export.plugins.stages",
+    "cann_export.plugins.inputs",
 )
 
 class _Loaded:
@@ -126,6 +128,15 @@ class Registry:
 
     def atc_hints(self) -> dict[str, contracts.AtcHint]:
         return _collect(self._pm.hook.register_atc_hints, "register_atc_hints")
+
+    def input_providers(self) -> list[contracts.InputProvider]:
+        """Input providers in the order they are tried (descending priority)."""
+        found = _collect(self._pm.hook.register_input_providers, "register_input_providers")
+        return sorted(found.values(), key=lambda p: -p.priority)
+
+    def run_stage(self, stage: Any, ctx: Any) -> str | None:
+        """One pipeline stage through its plugins' wrappers (the timer) and the default body."""
+        return self._pm.hook.run_stage(stage=stage, ctx=ctx)
 
     def add_commands(self, cli: Any) -> None:
         self._pm.hook.register_commands(cli=cli)

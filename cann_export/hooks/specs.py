@@ -9,9 +9,13 @@ these hooks only through ``plugin_manager.registry()``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from ..context import ExportContext
+    from ..pipeline.stage import Stage
 
 hookspec = pluggy.HookspecMarker("cann_export")
 hookimpl = pluggy.HookimplMarker("cann_export")
@@ -70,3 +74,16 @@ def register_backends(register: Callable[[Any], None]) -> None:
     """Register devices models run on (QAT, the parity reference, ``cann.torch``; contracts.Backend): ``name``,
     ``device``, ``description``, ``priority`` and ``auto`` (for ``--backend auto``), ``available() -> (bool,
     reason)`` and ``activate() -> device``."""
+
+
+@hookspec(firstresult=True)
+def run_stage(stage: Stage, ctx: ExportContext) -> str | None:
+    """Run one pipeline stage and return its status. ``wrapper=True`` impls wrap every stage (``result =
+    yield`` is the stage's status; the stage timer, plugins/stages.py, is one); a plain impl that returns a
+    status replaces the stage's body, which is the default ``trylast`` impl (``stage.run(ctx)``)."""
+
+
+@hookspec
+def register_input_providers(register: Callable[[Any], None]) -> None:
+    """Register example-input providers (contracts.InputProvider): ``name``, ``priority`` (tried in descending
+    order) and ``provide(ctx) -> (feed dict, source description) | None``. The first that answers wins."""

@@ -16,7 +16,7 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     from ..backend.placement import pipeline_device, to_device
 
     device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"
-    ctx.reports.setdefault("reference", {})["device"] = device
+    ctx.reports.reference.device = device
     model = to_device(model, device)
     names, outputs = [], []
     with torch.no_grad():

@@ -1,76 +1,28 @@
-"""The prepare stage: eval mode, example inputs and their variants, the fp32 reference."""
+"""The prepare stage: eval mode, example inputs (from the first input provider that answers) and their
+variants, the fp32 reference."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..inputs import tensors as inputs_mod
 from ..context import ExportContext
+from ..hooks import manager as plugins
+from ..inputs import tensors as inputs_mod
+from ..inputs.providers import accepted_names
 from ..inputs.reference import reference_outputs
 
 
-def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
+def prepare(ctx: ExportContext) -> str | None:
     """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
     from ..backend.eval_mode import to_eval
-    from ..inputs.shape_inference import infer_example_input, no_inputs_message
-    from ..inputs.tracking import recorded_inputs
 
-    loaded, opts = ctx.loaded, ctx.options
-    to_eval(ctx.model, loaded.kind)
-    accepted = loaded.extras.get("input_names") or inputs_mod.forward_input_names(ctx.model)
-    if example_inputs is not None:
-        feed, source = _as_named(example_inputs, accepted), "example_inputs"
-    elif opts.example_inputs_file:
-        feed, source = inputs_mod.read_example_inputs(opts.example_inputs_file), str(opts.example_inputs_file)
-    elif opts.input_shapes:
-        feed, source = inputs_mod.tensors_from_specs(opts.input_shapes, ctx.model, opts.seed), "--input-shape"
-    elif loaded.example_inputs:
-        feed, source = dict(loaded.example_inputs), "the archive's example inputs"
-    elif opts.calibration_data:
-        from ..qat.stage import read_calibration
-
-        feed = {k: v[:1] for k, v in read_calibration(opts.calibration_data, accepted).items()}
-        source = f"the first sample of {opts.calibration_data}"
-    elif not isinstance(ctx.source, (str, Path)) and (rec := recorded_inputs(ctx.source)) is not None:
-        args, kwargs = rec
-        feed, source = {**_as_named(tuple(args), accepted), **kwargs}, "the last recorded forward call"
-    elif isinstance(ctx.source, (str, Path)) and (inferred := infer_example_input(ctx.model, accepted,
-                                                                                   opts.seed)) is not None:
-        feed, source = inferred
-        ctx.reports.setdefault("warnings", {})["inputs"] = source
-    else:
-        raise errors.PrepareError(no_inputs_message(accepted), path=loaded.source_path)
-    from ..backend.placement import cpu_copy
-
-    feed = cpu_copy(feed)  # inputs recorded on npu / cuda: capture and the reference start from the CPU
-    inputs_mod.check_input_names(list(feed), accepted, source)
-    if loaded.kind != "module":  # positional graphs need every input, in order
-        missing = [n for n in accepted if n not in feed]
-        if missing:
-            raise errors.PrepareError(f"the model needs inputs {', '.join(missing)} that {source} does not give",
-                                      path=loaded.source_path)
-        feed = {n: feed[n] for n in accepted}
-    else:
-        feed = {n: feed[n] for n in accepted if n in feed} or feed
+    to_eval(ctx.model, ctx.loaded.kind)
+    accepted = accepted_names(ctx)
+    feed, source = example_inputs(ctx, accepted)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
-    vocab = {n: inputs_mod.embedding_vocab(ctx.model, n) for n in feed if "ids" in n.lower()}
-    # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
-    # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
-    quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
-    kinds = ("normal",) if quantized else inputs_mod.FLOAT_DISTRIBUTIONS
-    variants = (inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
-                if opts.validate else [])
-    samples = []
-    if opts.validate and opts.parity_data:
-        from ..inputs.parity_data import read_parity_data
-
-        samples = read_parity_data(opts.parity_data, feed)
-    ctx.input_sets = [feed] + variants + samples
-    ctx.reports.setdefault("reference", {})["input_sets"] = {"example": 1, "random": len(variants),
-                                                              "parity_data": len(samples)}
-    if opts.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train stage)
+    ctx.input_sets = [feed, *_variants(ctx, feed)]
+    if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
         return prepare_quantization(ctx, source, accepted)
@@ -81,19 +33,43 @@ def prepare(ctx: ExportContext, example_inputs: Any = None) -> str | None:
     return f"{len(ctx.input_sets)} input sets from {source}"
 
 
-def _as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
-    import torch
+def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, Any], str]:
+    """The first answer of the input providers (in priority order), on the CPU, checked against the model's
+    inputs and ordered as it takes them; a PrepareError naming the flags to pass when none answers."""
+    from ..backend.placement import cpu_copy
+    from ..inputs.shape_inference import no_inputs_message
 
-    if isinstance(value, (str, Path)):
-        return inputs_mod.read_example_inputs(value)
-    if isinstance(value, dict):
-        return dict(value)
-    if isinstance(value, torch.Tensor):
-        value = (value,)
-    if isinstance(value, (tuple, list)):
-        if len(value) > len(accepted):
-            raise errors.PrepareError(f"{len(value)} example inputs given, but forward takes {len(accepted)} "
-                                      f"({', '.join(accepted)})")
-        return dict(zip(accepted, value))
-    raise errors.PrepareError(f"example_inputs must be a tensor, a tuple of tensors or a dict name -> tensor, "
-                              f"not {type(value).__name__}")
+    answer = next((a for p in plugins.registry().input_providers() if (a := p.provide(ctx)) is not None), None)
+    if answer is None:
+        raise errors.PrepareError(no_inputs_message(accepted), path=ctx.loaded.source_path)
+    feed, source = answer
+    feed = cpu_copy(feed)  # inputs recorded on npu / cuda: capture and the reference start from the CPU
+    inputs_mod.check_input_names(list(feed), accepted, source)
+    if ctx.loaded.kind != "module":  # positional graphs need every input, in order
+        missing = [n for n in accepted if n not in feed]
+        if missing:
+            raise errors.PrepareError(f"the model needs inputs {', '.join(missing)} that {source} does not give",
+                                      path=ctx.loaded.source_path)
+        return {n: feed[n] for n in accepted}, source
+    return {n: feed[n] for n in accepted if n in feed} or feed, source
+
+
+def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seeded random variants and the --parity-data samples, recorded in the reference report."""
+    from ..inputs.signature import feed_embedding_rows
+
+    opts = ctx.options
+    # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
+    # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
+    quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
+    kinds = ("normal",) if quantized else inputs_mod.FLOAT_DISTRIBUTIONS
+    variants, samples = [], []
+    if opts.validate:
+        vocab = feed_embedding_rows(ctx.model, feed)
+        variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
+        if opts.parity_data:
+            from ..inputs.parity_data import read_parity_data
+
+            samples = read_parity_data(opts.parity_data, feed)
+    ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}
+    return variants + samples

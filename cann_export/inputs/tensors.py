@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import LoadError, PrepareError
 from ..options import InputSpec
+from .signature import graph_embedding_rows, spec_dtypes
 
 
 def forward_input_names(model: Any) -> list[str]:
@@ -25,7 +26,7 @@ def forward_input_names(model: Any) -> list[str]:
 def embedding_vocab(model: Any, name: str | None = None) -> int:
     """Upper bound for random token ids: the rows of the Embedding that reads input ``name`` in a
     torch.export graph, else the config's vocab size, else the smallest Embedding table (2 if none)."""
-    rows = _graph_embedding_rows(model).get(name) if name else None
+    rows = graph_embedding_rows(model).get(name) if name else None
     if rows:
         return rows
     config = getattr(model, "config", None)
@@ -38,35 +39,8 @@ def embedding_vocab(model: Any, name: str | None = None) -> int:
     return min(sizes) if sizes else 2
 
 
-def _graph_embedding_rows(model: Any) -> dict[str, int]:
-    """Input name -> rows of the embedding table it indexes, for FX graphs (unlifted .pt2 archives)."""
-    graph = getattr(model, "graph", None)
-    nodes = getattr(graph, "nodes", None)
-    if nodes is None or not hasattr(model, "get_parameter"):
-        return {}
-    rows: dict[str, int] = {}
-    for node in nodes:
-        if node.op != "call_function" or "embedding" not in str(node.target) or len(node.args) < 2:
-            continue
-        weight, index = node.args[0], node.args[1]
-        if getattr(index, "op", None) != "placeholder" or getattr(weight, "op", None) != "get_attr":
-            continue
-        try:
-            table = model.get_parameter(weight.target)
-        except AttributeError:
-            table = getattr(model, str(weight.target), None)
-        if table is not None and table.dim() == 2:
-            rows[str(index.target)] = int(table.shape[0])
-    return rows
-
-
 def _is_mask(name: str) -> bool:
     return "mask" in name.lower()
-
-
-def _is_token_ids(name: str) -> bool:
-    low = name.lower()
-    return low.endswith("ids") and "token_type" not in low and "position" not in low
 
 
 def padded_mask(shape: tuple[int, ...], dtype: Any, gen: Any, where: str = "end") -> Any:
@@ -90,27 +64,27 @@ def padded_mask(shape: tuple[int, ...], dtype: Any, gen: Any, where: str = "end"
 
 
 def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dict[str, Any]:
-    """Build example tensors from shapes: seeded normal floats; token ids across the vocabulary;
-    masks of ones except padding at the end of later batch rows (each row a different length)."""
+    """Build example tensors from shapes, of the dtype the spec or the model gives (inputs.signature):
+    seeded normal floats; an embedding's indices across its rows; 0/1 masks of ones except padding at the
+    end of later batch rows (each row a different length)."""
     import torch
 
+    dtypes, rows = spec_dtypes(model, specs)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, Any] = {}
     for spec in specs:
-        dtype = getattr(torch, spec.resolved_dtype)
+        dtype = getattr(torch, dtypes[spec.name])
         if dtype.is_floating_point:
             out[spec.name] = torch.randn(spec.shape, generator=gen).to(dtype)
-        elif dtype == torch.bool or _is_mask(spec.name):
+        elif dtype == torch.bool or (_is_mask(spec.name) and spec.name not in rows):
             mask = padded_mask(spec.shape, dtype, gen)
             if len(spec.shape) >= 2:
                 mask.view(-1, spec.shape[-1])[0] = 1  # the first row unpadded, the others padded
             else:
                 mask = torch.ones(spec.shape, dtype=dtype)
             out[spec.name] = mask
-        elif "token_type" in spec.name:
-            out[spec.name] = torch.zeros(spec.shape, dtype=dtype)
         else:
-            high = min(embedding_vocab(model, spec.name), 2**31 - 1)
+            high = min(rows.get(spec.name) or embedding_vocab(model, spec.name), 2**31 - 1)
             out[spec.name] = torch.randint(0, high, spec.shape, generator=gen, dtype=torch.int64).to(dtype)
     return out
 
@@ -151,9 +125,9 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
                     distributions: tuple[str, ...] = FLOAT_DISTRIBUTIONS) -> list[dict[str, Any]]:
     """``count`` seeded inputs shaped like ``inputs`` that try to find bugs: floats drawn from
     several distributions around the example's mean and spread (normal, uniform over the example's
-    range, heavy-tailed Laplace, wider normal); ``*mask*`` inputs with padding (zeros at the end, then
-    in the middle, each batch row a different length); ``*ids`` inputs across ``vocab[name]`` (the
-    embedding size, with both ends hit) when known, else inside the example's range; booleans kept."""
+    range, heavy-tailed Laplace, wider normal); ``*mask*`` 0/1 inputs with padding (zeros at the end, then
+    in the middle, each batch row a different length); an embedding's indices across ``vocab[name]`` (its
+    rows, with both ends hit) when known, else inside the example's range; booleans kept."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -165,11 +139,11 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
                 one[name] = t.clone()
             elif t.dtype.is_floating_point:
                 one[name] = _float_variant(t, distributions[k % len(distributions)], gen)
-            elif _is_mask(name) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
+            elif _is_mask(name) and name not in (vocab or {}) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
                 one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")
             elif t.dtype == torch.bool:
                 one[name] = t.clone()
-            elif vocab and vocab.get(name, 0) > 2 and _is_token_ids(name):
+            elif vocab and vocab.get(name, 0) > 2:
                 ids = torch.randint(0, vocab[name], t.shape, generator=gen)
                 flat = ids.view(-1)
                 flat[0], flat[-1] = (vocab[name] - 1, 0) if k % 2 == 0 else (0, vocab[name] - 1)

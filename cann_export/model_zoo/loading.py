@@ -144,8 +144,6 @@ def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path:
 
 def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
             model_kwargs: dict[str, Any] | None, allow_modules: list[str] | tuple[str, ...] | None = None) -> Any:
-    from safetensors.torch import load_model as st_load_model
-
     from .verify import check_dir, check_file
 
     recorded = manifest.get("architecture") or {}
@@ -158,48 +156,15 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
         targets = ", ".join(sorted(manifest.get("artifacts") or {}))
         raise ZooError(f"{name} version {version} holds no PyTorch weights (only exported artifacts: {targets}); "
                        "use framework='onnx'")
-    arch = manifest.get("architecture") or {}
-    needed = ["README.md"] + ([arch["file"]] if arch.get("file") and not model_class else [])
+    needed = ["README.md"] + ([recorded["file"]] if recorded.get("file") and not model_class else [])
     root = store.version_dir(name, version, manifest, [weights["file"], *needed])
     problems = check_dir(root, manifest, needed)
     wfile = weights["file"]
-    entry = manifest["files"][wfile]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(check_file, root / wfile, wfile, entry)
-        module = None
-        arch = ({"kind": "callable", "callable": model_class, "kwargs": dict(model_kwargs or {})} if model_class
-                else manifest.get("architecture") or {})
-        if not problems and arch.get("kind") == "callable" and (root / wfile).is_file():
-            module = _meta_load(root, manifest, arch, root / wfile)
-            if module is not None:
-                wproblem = pending.result()
-                if wproblem:
-                    problems.append(wproblem)
-                    module = None
-                    raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was "
-                                            f"loaded: {wproblem}. Restore the file or publish the model again",
-                                            path=str(root))
-                module.eval()
-                return module
-        if not problems:
-            module = _build(root, name, version, manifest, model_class, model_kwargs)
-        if (root / wfile).is_file():
-            wproblem = pending.result() if module is None else None
-            if module is not None:
-                try:
-                    missing, unexpected = st_load_model(module, str(root / wfile), strict=False)
-                except Exception as e:
-                    wproblem = pending.result()
-                    if not wproblem:
-                        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
-                                       f"({' '.join(str(e).split())[:300]})") from e
-                else:
-                    wproblem = pending.result()
-                    if not wproblem and (missing or unexpected):
-                        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
-                                       f"(missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]})")
-        else:
-            wproblem = pending.result()
+    arch = ({"kind": "callable", "callable": model_class, "kwargs": dict(model_kwargs or {})} if model_class
+            else recorded)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the weights' digest is checked while the module is built
+        pending = pool.submit(check_file, root / wfile, wfile, manifest["files"][wfile])
+        module, wproblem = _fill(root, name, version, manifest, arch, (model_class, model_kwargs), problems, pending)
     if wproblem:
         problems.append(wproblem)
     if problems:
@@ -211,3 +176,32 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
     except NotImplementedError:  # torch.export's unlifted modules are already in inference form
         pass
     return module
+
+
+def _fill(root: Path, name: str, version: str, manifest: dict[str, Any], arch: dict[str, Any],
+          build_args: tuple[str | None, dict[str, Any] | None], problems: list[str], pending: Any) -> tuple[Any, Any]:
+    """The module with its weights, and the weights file's integrity problem (None when it is intact). A module
+    is only ever returned complete; with a problem the caller refuses it whole."""
+    from safetensors.torch import load_model as st_load_model
+
+    wpath = root / manifest["weights"]["file"]
+    if not problems and arch.get("kind") == "callable" and wpath.is_file():
+        module = _meta_load(root, manifest, arch, wpath)  # weights straight into a meta-built module
+        if module is not None:
+            return module, pending.result()
+    module = None if problems else _build(root, name, version, manifest, *build_args)
+    if module is None or not wpath.is_file():
+        return module, pending.result()
+    try:
+        missing, unexpected = st_load_model(module, str(wpath), strict=False)
+    except Exception as e:
+        wproblem = pending.result()
+        if not wproblem:
+            raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
+                           f"({' '.join(str(e).split())[:300]})") from e
+        return module, wproblem
+    wproblem = pending.result()
+    if not wproblem and (missing or unexpected):
+        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
+                       f"(missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]})")
+    return module, wproblem

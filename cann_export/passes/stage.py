@@ -16,7 +16,7 @@ def strip(ctx: ExportContext) -> str | None:
         if hasattr(p, "apply_module"):
             ctx.model = p.apply_module(ctx.model, ctx)
             ran.append(p.name)
-    ctx.reports["strip"] = {"module_passes": ran}
+    ctx.reports.strip.module_passes = ran
     return ", ".join(ran)
 
 

@@ -71,7 +71,7 @@ class ConvBnPass:
 
         if not _is_module(model):
             return model
-        ctx.reports.setdefault("strip", {})["conv_bn_folded_in_module"] = fold_batchnorm(model)
+        ctx.reports.strip.conv_bn_folded_in_module = fold_batchnorm(model)
         return model
 
 

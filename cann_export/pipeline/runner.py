@@ -1,58 +1,54 @@
-"""The ordered export stages and the context object that flows through them."""
+"""``run``: every stage of the table run the same way: through the ``run_stage`` hook (which plugins may
+wrap, and the stage timer does), reported through ``progress`` and wrapped in its stage's error."""
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import errors
+from ..capture import large_graph
 from ..context import ExportContext
-
-STAGES = (
-    "load", "prepare", "train", "strip", "capture", "optimize",
-    "annotate", "lint", "write", "validate", "publish",
-)
-_STAGE_ERRORS = {
-    "load": errors.LoadError, "prepare": errors.PrepareError, "strip": errors.StripError,
-    "capture": errors.CaptureError, "optimize": errors.OptimizeError, "annotate": errors.AnnotateError,
-    "lint": errors.LintError, "write": errors.WriteError, "validate": errors.ValidateError,
-    "publish": errors.PublishError,
-}
-
-ProgressFn = Callable[[int, str, str, float], None]  # (index, stage, status, seconds)
+from ..fs import atomic
+from ..hooks import manager as plugins
+from .stage import ProgressFn, Stage
+from .table import STAGE_NAMES, STAGES
 
 
-def run_stages(ctx: ExportContext, handlers: dict[str, Callable[[ExportContext], str | None]],
-               progress: ProgressFn | None = None, only: tuple[str, ...] = STAGES) -> None:
-    """Run each stage in order; a handler returns a status word ("ok", "skipped", ...) or None for ok.
+def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[Stage, ...] = STAGES) -> None:
+    """Run ``stages`` in order until one fails or one halts the process (``ctx.halted``: a DDP rank other
+    than 0). A failure before the artifact is committed discards its staging, so nothing is left at the
+    output; the capture's work directory beside the output is removed however the run ends."""
+    registry = plugins.registry()
+    try:
+        for stage in stages:
+            if ctx.halted:
+                break
+            run_one(ctx, stage, registry, progress)
+    except BaseException:
+        atomic.discard(ctx.staging)
+        raise
+    finally:
+        large_graph.cleanup(ctx)
 
-    Errors that are not already ``ExportError`` are wrapped in the stage's error with their gist,
-    so the CLI never shows a traceback for them.
-    """
-    for index, stage in enumerate(STAGES, start=1):
-        if stage not in only or ctx.halted:
-            continue
-        handler = handlers.get(stage)
-        started = time.perf_counter()
-        if handler is None:
-            status = "skipped"
-        else:
-            try:
-                status = handler(ctx) or "ok"
-            except errors.ExportError:
-                raise
-            except Exception as e:
-                cls = _STAGE_ERRORS.get(stage, errors.ExportError)
-                raise cls(f"{type(e).__name__}: {_gist(e)}", path=_source_path(ctx), stage=stage) from e
-        seconds = time.perf_counter() - started
-        ctx.stage_seconds[stage] = round(seconds, 4)
-        if progress:
-            progress(index, stage, status, seconds)
+
+def run_one(ctx: ExportContext, stage: Stage, registry: plugins.Registry, progress: ProgressFn | None) -> str:
+    """One stage: "skipped" when its options do not ask for it; else through the ``run_stage`` hook. Errors
+    that are not already an ``ExportError`` are wrapped in the stage's error with their gist, so the CLI
+    never shows a traceback for them."""
+    if stage.enabled(ctx.options):
+        try:
+            status = registry.run_stage(stage, ctx) or "ok"
+        except errors.ExportError:
+            raise
+        except Exception as e:
+            raise stage.error(f"{type(e).__name__}: {errors.gist(e, 600)}", path=_source_path(ctx),
+                              stage=stage.name) from e
+    else:
+        status = "skipped"
+        ctx.stage_seconds[stage.name] = 0.0
+    if progress:
+        progress(STAGE_NAMES.index(stage.name) + 1, stage.name, status, ctx.stage_seconds.get(stage.name, 0.0))
+    return status
 
 
 def _source_path(ctx: ExportContext) -> str | None:
     return ctx.loaded.source_path if ctx.loaded else (str(ctx.source) if isinstance(ctx.source, (str, Path)) else None)
-
-
-def _gist(e: BaseException, limit: int = 600) -> str:
-    return errors.gist(e, limit)

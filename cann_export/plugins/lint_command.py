@@ -46,7 +46,7 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
         raise LintError(f"not a readable ONNX model ({type(e).__name__}); pass an .onnx file or an atc_ready bundle",
                         path=onnx_path) from e
     if not path.is_dir():
-        stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc.hints")
+        stored = {p.key: p.value for p in model.metadata_props}.get("cann_export.atc_hints")
         if stored:
             try:
                 hints = dict(json.loads(stored))

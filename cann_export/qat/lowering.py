@@ -40,9 +40,9 @@ class LowerFakeQuant:
         # a model fake-quantized in place trained with its BatchNorms: fold them into their convs now (the
         # Q/DQ lowering derives per-channel weight scales from the folded weights)
         folded = fold_batchnorm(model.eval(), ctx.example_inputs)
-        report = ctx.reports.setdefault("quantization", {"mode": "qat (prepared in Python)"})
+        report = ctx.reports.quantization_report("qat (prepared in Python)")
         if folded:
-            report["folded_bn_at_export"] = folded
+            report.folded_bn_at_export = folded
         return model
 
     def apply_graph(self, model: Any, ctx: Any) -> Any:
@@ -59,7 +59,7 @@ class LowerFakeQuant:
     def apply_final_graph(self, model: Any, ctx: Any) -> Any:
         if not ctx.quant_table:
             return model
-        if ctx.capture.get("opset", 13) < 13:
+        if ctx.capture.opset < 13:
             raise StripError("per-channel QuantizeLinear/DequantizeLinear need opset >= 13; export with --opset 13..18")
         lowered = insert_qdq(model, ctx.quant_table, ctx.module_paths)
         missing = sorted(set(ctx.quant_table) - set(lowered))
@@ -67,8 +67,7 @@ class LowerFakeQuant:
             raise StripError(f"could not find the ONNX node of quantized layer(s) {', '.join(missing)} to lower; "
                              "export with --no-simplify or --exporter torchscript, or skip these modules in "
                              "quant_config")
-        report = ctx.reports.setdefault("quantization", {})
-        report["layers"] = {p: _summary(ctx.quant_table[p], lowered[p]) for p in sorted(lowered)}
+        ctx.reports.quantization_report().layers = {p: _summary(ctx.quant_table[p], lowered[p]) for p in sorted(lowered)}
         return model
 
 
@@ -167,6 +166,6 @@ class LowerTorchAoFakeQuant:
             raise StripError(f"torch.ao fake quantization cannot be written as ONNX Q/DQ: {e}; use a qconfig with "
                              "an 8-bit range") from e
         if lowered:
-            ctx.reports.setdefault("quantization", {"mode": "qat (torch.ao.quantization prepare_qat)"})
-            ctx.reports["quantization"]["torch_ao"] = torch_ao.summary(model)
+            report = ctx.reports.quantization_report("qat (torch.ao.quantization prepare_qat)")
+            report.torch_ao = torch_ao.summary(model)
         return model

@@ -6,6 +6,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
+from ..reports import QuantizationReport
 
 TRAINABLE_HINT = ("pass a state_dict / checkpoint / .safetensors with --model-class, or an nn.Module in Python; "
                   "TorchScript archives and torch.export programs cannot be trained")
@@ -57,13 +58,13 @@ def prepare_quantization(ctx: ExportContext, source: str, accepted: list[str]) -
     ctx.model = qat.prepare(ctx.teacher, config=config, keep_float_copy=False)
     ctx.calibration_batches = split_batches({n: tensors[n] for n in ctx.input_names}, config.batch_size)
     qat.calibrate(ctx.model, ctx.calibration_batches)
-    ctx.reports["quantization"] = {
-        "mode": opts.quantize, "config": config.to_dict(),
-        "calibration_data": {"path": str(opts.calibration_data), "sha256": sha256_file(Path(opts.calibration_data)),
-                             "samples": int(next(iter(tensors.values())).shape[0])},
-        "quantized_layers": len(qat.qat_state(ctx.model)["quantized"]),
-    }
-    return f"{len(ctx.calibration_batches)} calibration batches, {ctx.reports['quantization']['quantized_layers']} layers"
+    report = ctx.reports.quantization = QuantizationReport(
+        mode=opts.quantize, config=config.to_dict(),
+        calibration_data={"path": str(opts.calibration_data), "sha256": sha256_file(Path(opts.calibration_data)),
+                          "samples": int(next(iter(tensors.values())).shape[0])},
+        quantized_layers=len(qat.qat_state(ctx.model)["quantized"]),
+    )
+    return f"{len(ctx.calibration_batches)} calibration batches, {report.quantized_layers} layers"
 
 
 def train(ctx: ExportContext) -> str | None:
@@ -74,16 +75,16 @@ def train(ctx: ExportContext) -> str | None:
     from .train import ensure_distributed
 
     opts = ctx.options
-    report = ctx.reports.get("quantization")
+    report = ctx.reports.quantization_report()
     status = "calibrated only (--ptq)"
     if opts.quantize == "qat":
         device = pipeline_device(opts.backend)
-        report["device"] = device
+        report.device = device
         student, teacher = to_device(ctx.model, device), to_device(ctx.teacher, device)
         history = qat.finetune(student, teacher, to_device(ctx.calibration_batches, device), opts.qat_steps,
                                opts.qat_lr, qat.parse(opts.quant_config).loss, on_step=opts.train_callback)
         ctx.model, ctx.teacher = to_device(student, "cpu"), to_device(teacher, "cpu")  # capture runs on the CPU
-        report["qat"] = {"steps": opts.qat_steps, "lr": opts.qat_lr,
+        report.qat = {"steps": opts.qat_steps, "lr": opts.qat_lr,
                          "loss_first": history[0] if history else None, "loss_last": history[-1] if history else None}
         status = f"{opts.qat_steps} steps on {device}" + (
             f", loss {history[0]:.4g} -> {history[-1]:.4g}" if history else "")

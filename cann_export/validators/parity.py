@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..reports import ParityReport, PrecisionFix, Reports
+
 
 def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
     """Run every input set through onnxruntime (CPU); returns output names and outputs per set.
@@ -71,17 +73,17 @@ class ParityValidator:
     stage = "validate"
     formats = "*"
 
-    def check(self, ctx: Any) -> dict[str, Any]:
+    def check(self, ctx: Any) -> ParityReport:
         from ..capture.trace_check import apply_verdict
 
         report = self.check_graph(ctx)
-        report["input_sets_from"] = dict(ctx.reports.get("reference", {}).get("input_sets", {}))
+        report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
         other = None
         if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
             feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
             other = parity_report(ctx.onnx_path, feeds, ctx.path_reference_outputs, ctx.options.tolerance,
                                   "the stripped module (the traced one) on sign-flipped / scaled examples")
-        return apply_verdict(report, ctx, other)
+        return ParityReport.from_dict(apply_verdict(report, ctx, other))
 
     def check_graph(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
@@ -96,11 +98,11 @@ class ParityValidator:
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True)
-            ctx.reports.setdefault("quantization", {})["int8_vs_float"] = {
+            ctx.reports.quantization_report().int8_vs_float = {
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
         if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
             return report
-        if getattr(ctx, "large_graph", None) is not None:
+        if ctx.large_graph is not None:
             from ..capture.large_graph import device_parity_note
 
             return device_parity_note(report, ctx)
@@ -108,7 +110,7 @@ class ParityValidator:
 
         from ..atc.hints import effective_precision
 
-        keep = ctx.reports.get("atc", {}).get("keep_dtype", {}).get("nodes", [])
+        keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
         return with_device_parity(report, model, effective_precision(ctx.options), keep, feeds,
                                   ctx.reference_outputs, ctx.options.tolerance, ctx.module_paths,
@@ -117,7 +119,7 @@ class ParityValidator:
 
 def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,
                        tolerance: Any, paths: dict[str, str], fix: bool = False,
-                       reports: dict[str, Any] | None = None) -> dict[str, Any]:
+                       reports: Reports | None = None) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both."""
     from .device_parity import device_report, fix_precision
     from .precision import emulation_for
@@ -130,7 +132,8 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     if fix:
         device, kept = fix_precision(model, mode, keep, *args)
         if reports is not None:
-            reports["precision_fix"] = {**device["precision"]["fix"], "passed": device["passed"]}
+            fixed = device["precision"]["fix"]
+            reports.precision_fix = PrecisionFix(list(fixed["kept"]), bool(fixed["fixed"]), bool(device["passed"]))
         device["fixed_by_keep_dtype"] = kept
     else:
         device = device_report(model, mode, keep, *args)

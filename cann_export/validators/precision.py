@@ -213,6 +213,14 @@ class Emulator:
                         node.output[k] = f"{name}__fp32"
                         nodes.extend(pair(node.output[k], name, "o"))
                         rounded.add(name)
+        return self._assemble(nodes, weights, extra_inits, expose), weights
+
+    def _assemble(self, nodes: list[Any], weights: dict[str, np.ndarray], extra_inits: list[Any],
+                  expose: list[str] | None) -> Any:
+        """The model of ``nodes``: the weights fed as inputs, ``expose`` added to the outputs."""
+        from onnx import helper
+
+        g = self.model.graph
         outputs = list(g.output)
         present = {o.name for o in outputs}
         outputs += [helper.make_tensor_value_info(t, FLOAT, None) for t in expose or [] if t not in present]
@@ -221,7 +229,7 @@ class Emulator:
         graph = helper.make_graph(nodes, g.name or "g", inputs, outputs, list(self.embedded) + extra_inits)
         model = helper.make_model(graph, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
         model.functions.extend(self.model.functions)
-        return model, weights
+        return model
 
     def session(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
                 reference: bool = False) -> Session:

@@ -6,6 +6,7 @@ from typing import Any
 from .. import errors
 from ..hooks import manager as plugins
 from ..context import ExportContext
+from ..reports import ParityReport, ValidatorReport
 
 
 def run_validators(ctx: ExportContext, stage: str) -> str | None:
@@ -19,13 +20,10 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
     failed = []
     for v in validators:
         report = v.check(ctx)
-        ctx.reports[v.name] = report
-        if stage == "lint":
-            ctx.lint_reports.append(v.name)
-        if not report.get("passed", False):
+        if not _record(ctx, stage, v.name, report):
             failed.append(v.name)
     if failed and stage == "lint":
-        findings = [f for name in failed for f in ctx.reports[name].get("findings", [])
+        findings = [f for name in failed for f in ctx.reports.lint[name].get("findings", [])
                     if f.get("severity") == "error"]
         if ctx.options.lint == "error":
             shown = "; ".join(f.get("message", "") for f in findings[:10])
@@ -34,6 +32,15 @@ def run_validators(ctx: ExportContext, stage: str) -> str | None:
                                    "or pass --lint warn to export anyway", path=_source(ctx))
         return f"{len(findings)} lint error(s) reported as warnings (--lint warn)"
     return f"FAILED: {', '.join(failed)}" if failed else "passed"
+
+
+def _record(ctx: ExportContext, stage: str, name: str, report: ParityReport | ValidatorReport) -> bool:
+    """File ``report`` in its typed place (the parity verdict, or the stage's reports by name); did it pass?"""
+    if isinstance(report, ParityReport):
+        ctx.reports.parity = report
+        return report.passed
+    (ctx.reports.lint if stage == "lint" else ctx.reports.validators)[name] = report
+    return bool(report.get("passed", False))
 
 
 def _applies(validator: Any, fmt: Any) -> bool:

@@ -32,8 +32,8 @@ class EdgeBundle:
         return files
 
     def finalize(self, ctx: Any, staging: Path) -> None:
-        ctx.manifest = {"format": self.name, "parity_passed": ctx.reports["parity"]["passed"],
-                        "device_precision": ctx.reports["parity"].get("precision", {}).get("mode")}
+        ctx.manifest = {"format": self.name, "parity_passed": ctx.reports.parity.passed,
+                        "device_precision": (ctx.reports.parity.precision or {}).get("mode")}
         atomic.write_text(staging / "edge.json", json.dumps(ctx.manifest))
 
     def commit(self, ctx: Any, staging: Path) -> list[Path]:

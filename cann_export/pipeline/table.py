@@ -1,0 +1,53 @@
+"""The stage table: every export stage in the order it runs, with its error class and its condition."""
+from __future__ import annotations
+
+from .. import errors
+from ..bundle import annotate
+from ..capture import stage as capture
+from ..inputs import stage as inputs
+from ..load import stage as load
+from ..model_zoo import stage as zoo
+from ..context import ExportContext
+from ..options import ExportOptions
+from ..passes import stage as passes
+from ..qat import stage as qat
+from ..validators import stage as validators
+from . import write
+from .stage import Stage
+
+
+def _lint(ctx: ExportContext) -> str | None:
+    return validators.run_validators(ctx, "lint")
+
+
+def _validate(ctx: ExportContext) -> str | None:
+    return validators.run_validators(ctx, "validate")
+
+
+def _quantizing(options: ExportOptions) -> bool:
+    return bool(options.quantize)
+
+
+def _validating(options: ExportOptions) -> bool:
+    return bool(options.validate)
+
+
+def _publishing(options: ExportOptions) -> bool:
+    return bool(options.publish)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("load", load.load, errors.LoadError),
+    Stage("prepare", inputs.prepare, errors.PrepareError),
+    Stage("train", qat.train, errors.TrainError, _quantizing),
+    Stage("strip", passes.strip, errors.StripError),
+    Stage("capture", capture.capture, errors.CaptureError),
+    Stage("optimize", passes.optimize, errors.OptimizeError),
+    Stage("annotate", annotate.annotate, errors.AnnotateError),
+    Stage("lint", _lint, errors.LintError),
+    Stage("write", write.write, errors.WriteError),
+    Stage("validate", _validate, errors.ValidateError, _validating),
+    Stage("commit", write.commit, errors.WriteError),  # finalize (manifest), then rename into place
+    Stage("publish", zoo.publish, errors.PublishError, _publishing),  # on the committed artifact
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
