@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))  # precision_models, when run from elsewhere
 
 
 def models():
-    from helpers.calibration_models import reduction_overflow
+    from precision_models import reduction_overflow
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)

@@ -104,6 +104,53 @@ def test_cli_help_imports_no_heavy_library():
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 
+def _imported_names(path: Path) -> list[str]:
+    """Every absolute module name ``path`` imports (module-level or inside a function)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def _from_tests(name: str) -> bool:
+    """A module that only tests/ provides: ``tests.*``, the test helpers, conftest or a test module."""
+    top = name.split(".")[0]
+    return top in ("tests", "helpers", "conftest") or top.startswith("test_")
+
+
+def test_benchmarks_never_import_from_tests():
+    """Benchmarks measure the product; what they need lives in benchmarks/ (or the package), not tests/."""
+    found = {str(p.relative_to(ROOT)): [n for n in _imported_names(p) if _from_tests(n)]
+             for p in (ROOT / "benchmarks").rglob("*.py")}
+    assert len(found) >= 6  # the walk found the benchmarks
+    offenders = {path: names for path, names in found.items() if names}
+    assert not offenders, offenders
+    on_path = [str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py")
+               if any(isinstance(n, ast.Constant) and n.value == "tests"
+                      for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
+    assert not on_path, f"these put tests/ on sys.path: {on_path}"
+
+
+def test_test_modules_never_import_each_other():
+    """Shared test code lives in tests/helpers/; a test module imported by another runs its fixtures and
+    module-level code twice and couples unrelated files."""
+    found = {p.name: [n for n in _imported_names(p) if n.split(".")[-1].startswith("test_")
+                      or n.startswith("tests.test_")]
+             for p in (ROOT / "tests").glob("test_*.py")}
+    assert len(found) > 20  # the walk found the tests
+    offenders = {path: names for path, names in found.items() if names}
+    assert not offenders, offenders
+
+
+def test_the_import_checks_see_a_test_import(tmp_path):
+    sample = tmp_path / "bench_x.py"
+    sample.write_text("def f():\n    from test_om import fake_atc\n    import tests.helpers.files\n")
+    assert [n for n in _imported_names(sample) if _from_tests(n)] == ["test_om", "tests.helpers.files"]
+
+
 def _layer_breaks(graph: dict[str, set[str]]) -> list[str]:
     """Imports from the core into plugins/ and from plugins/ into cli/."""
     def plugin(m: str) -> bool:

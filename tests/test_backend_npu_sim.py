@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -275,7 +276,8 @@ def test_resume_across_cpu_and_npu_sim(saved_on, resumed_on, tmp_path):
 
 
 def test_backends_command_lists_availability_with_reasons():
-    out = run("from cann_export.cli.main import main; main()", env={}, check=False)
+    usage = run("import sys; sys.argv = ['cann-export', '--help']\nfrom cann_export.cli.main import main; main()")
+    assert re.search(r"^  backends +List the devices", usage.stdout, re.M), usage.stdout  # discoverable
     proc = subprocess.run([sys.executable, "-m", "cann_export", "backends", "--json"], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -283,7 +285,6 @@ def test_backends_command_lists_availability_with_reasons():
     assert rows["cpu"]["available"] and rows["npu-sim"]["available"]
     assert set(rows) >= {"cpu", "cuda", "npu", "npu-sim"}
     assert not rows["npu"]["available"] and "torch_npu" in rows["npu"]["reason"]
-    del out
 
 
 def test_qat_export_on_npu_sim_equals_cpu(tmp_path):

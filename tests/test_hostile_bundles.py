@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.fake_atc import fake_atc, path_without_atc
 from helpers.toy_models import make_mlp
 from safetensors.numpy import load_file, save_file
-from test_om import fake_atc, path_without_atc
 
 import cann_export
 from cann_export.bundle import om_stub

@@ -11,12 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import crash
 from helpers.zoo_models import write_weights
 
 from cann.model_zoo import list_models, load_model, publish, verify
-
-CLI = [sys.executable, "-m", "cann_export"]
-
 
 TESTS = str(Path(__file__).resolve().parent)
 WIDE = "helpers.zoo_models:Wide"
@@ -63,9 +61,11 @@ def _assert_consistent(zoo: Path) -> None:
 def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=1, n=600)  # > one copy block
-    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), "--json", *_cls(600)],
-                          env=_env(CANN_MODEL_ZOO_FAULT=point), capture_output=True, text=True, timeout=60, check=False)
+    marker = tmp_path / "reached"
+    proc = crash.run(point, marker, ["zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), "--json",
+                                     *_cls(600)], env=_env())
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert crash.reached(marker, point), "the child was killed before it reached the crash point"
     assert list_models(zoo=str(zoo)) == []
     assert _index_rows(zoo) == []
     leftovers = list((zoo / ".tmp").iterdir()) + list((zoo / "models").glob("m/*"))
@@ -81,9 +81,11 @@ def test_sigkill_during_publish_leaves_no_visible_version(tmp_path, point):
 def test_sigkill_after_commit_keeps_a_complete_version(tmp_path):
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=2)
-    proc = subprocess.run([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), *_cls()],
-                          env=_env(CANN_MODEL_ZOO_FAULT="committed"), capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == -signal.SIGKILL
+    marker = tmp_path / "reached"
+    proc = crash.run("committed", marker, ["zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), *_cls()],
+                     env=_env())
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert crash.reached(marker, "committed")
     assert [r["versions"] for r in list_models(zoo=str(zoo))] == [["1"]]
     _assert_consistent(zoo)
     assert publish(model=str(weights), name="m", zoo=str(zoo), **_kw())["existed"]
@@ -93,14 +95,17 @@ def test_external_sigkill_mid_publish(tmp_path):
     """A kill from outside at an arbitrary moment (here: while the manifest is about to be renamed in)."""
     zoo = tmp_path / "zoo"
     weights = write_weights(tmp_path / "w.safetensors", seed=3)
-    proc = subprocess.Popen([*CLI, "zoo", "publish", str(weights), "--name", "m", "--zoo", str(zoo), *_cls()],
-                            env=_env(CANN_MODEL_ZOO_FAULT="manifest:sleep=30"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline and not list((zoo / ".tmp").glob("*/manifest.json")):
+    marker = tmp_path / "reached"
+    proc = subprocess.Popen(crash.command("manifest", marker, ["zoo", "publish", str(weights), "--name", "m",
+                                                               "--zoo", str(zoo), *_cls()], sleep=60),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not crash.reached(marker, "manifest"):
         time.sleep(0.05)
+    assert crash.reached(marker, "manifest"), f"the child never reached the manifest (exit {proc.poll()})"
+    assert list((zoo / ".tmp").glob("*/manifest.json")), "the manifest should be staged, not yet renamed in"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
     assert list_models(zoo=str(zoo)) == [] and _index_rows(zoo) == []
     assert publish(model=str(weights), name="m", zoo=str(zoo), **_kw())["version"] == "1"
     _assert_consistent(zoo)

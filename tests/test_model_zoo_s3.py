@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import crash
 from helpers.toy_models import MLP, make_mlp
 from helpers.zoo_models import write_weights
 
@@ -85,15 +84,18 @@ def test_s3_tampered_blob_is_reported_and_not_loaded(zoo, s3, tmp_path):
 
 
 def test_s3_sigkill_before_manifest_leaves_no_version(zoo, s3, tmp_path):
+    """Killed with every blob uploaded and the manifest not yet created: no version is visible."""
     weights = write_weights(tmp_path / "w.safetensors", 5)
     tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, CANN_EXPORT_LOAD_PLUGINS="", CANN_MODEL_ZOO_FAULT="staged", CANN_MODEL_ZOO=zoo,
+    env = dict(os.environ, CANN_EXPORT_LOAD_PLUGINS="", CANN_MODEL_ZOO=zoo,
                PYTHONPATH=os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
     wide = {"model_class": "helpers.zoo_models:Wide", "model_kwargs": {"width": 64, "depth": 1}}
-    proc = subprocess.run([sys.executable, "-m", "cann_export", "zoo", "publish", str(weights), "--name", "k",
-                           "--model-class", wide["model_class"], "--model-kwargs", '{"width": 64, "depth": 1}'],
-                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    marker = tmp_path / "reached"
+    proc = crash.run("remote-staged", marker, ["zoo", "publish", str(weights), "--name", "k", "--model-class",
+                                               wide["model_class"], "--model-kwargs", '{"width": 64, "depth": 1}'],
+                     env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert crash.reached(marker, "remote-staged")
     assert list_models(zoo=zoo) == []
     rec = publish(model=str(weights), name="k", zoo=zoo, **wide)
     assert (rec["version"], rec["existed"]) == ("1", False)

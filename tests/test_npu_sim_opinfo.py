@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import expecttest  # noqa: F401 - a declared test dependency: torch.testing._internal imports it
 import pytest
-
-pytest.importorskip("expecttest")  # torch.testing._internal imports it
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "opinfo_npu_sim.py"
@@ -55,4 +54,10 @@ def test_opinfo_samples_match_cpu(chunk, tmp_path):
     assert not failed, "npu-sim differs from CPU:\n" + "\n".join(f"{k}: {v}" for k, v in sorted(failed.items()))
     listed_but_passing = [op for op in EXCEPTIONS if results.get(op, {}).get("status") == "ok"]
     assert not listed_but_passing, f"listed as exceptions but they pass now: {listed_but_passing}"
-    assert len(results) > 150  # about a third of op_db's float32 CPU ops
+    # an op counts only when a sample was really compared (an op whose every sample the CPU rejects proves
+    # nothing); about a third of op_db's float32 CPU ops fall in each chunk
+    compared = [op for op, r in results.items() if r["status"] == "ok" and r["compared"] > 0]
+    counts = {status: sum(r["status"] == status for r in results.values())
+              for status in ("ok", "failed", "skipped", "not_compared")}
+    print(f"chunk {chunk}: {counts}; not compared: {sorted(op for op, r in results.items() if r['status'] == 'not_compared')}")
+    assert len(compared) > 150, counts

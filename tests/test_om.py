@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import files
+from helpers.fake_atc import ERROR_LINE, fake_atc, path_without_atc
 from helpers.toy_models import make_mlp
 
 import cann_export
@@ -19,9 +20,6 @@ from cann_export.cli.main import cli
 from cann_export.errors import ValidateError
 from cann_export.hooks.manager import get_plugin_manager
 
-ERROR_LINE = "E19010: No parser is registered for Op Foo"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def plugin_commands():
     get_plugin_manager().hook.register_commands(cli=cli)  # what main() does before running the group
@@ -29,34 +27,6 @@ def plugin_commands():
 
 def invoke(args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def path_without_atc() -> str:
-    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and not (Path(p) / "atc").exists())
-
-
-def fake_atc(directory: Path, argv_file: Path, fail: bool = False) -> Path:
-    """A shell `atc` that records its arguments and writes <--output>.om (or fails like ATC does)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "atc"
-    body = [
-        "#!/bin/sh",
-        f"printf '%s\\n' \"$@\" > '{argv_file}'",
-        'out=model',
-        'for a in "$@"; do case "$a" in --output=*) out="${a#--output=}";; esac; done',
-        'echo "ATC start working now, please wait for a moment."',
-    ]
-    if fail:
-        body += ['echo "ATC run failed, Please check the detail log, Try \'atc --help\' for more information"',
-                 f'echo "{ERROR_LINE}" >&2',
-                 'echo "        Solution: Check the version of the installation package." >&2',
-                 "exit 1"]
-    else:
-        body += ['printf "FAKE-OM %s" "$*" > "$out.om"', 'echo "ATC run success, welcome to the next use."']
-    script.write_text("\n".join(body) + "\n")
-    script.chmod(0o755)
-    return directory
 
 
 @pytest.fixture

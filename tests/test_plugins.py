@@ -1,5 +1,6 @@
 """Each hook, exercised by a test plugin registered and unregistered around the test."""
 import json
+import time
 import types
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_validator_pass_and_provenance_hooks(plugin, tmp_path):
         formats = ("atc_ready",)
 
         def check(self, ctx):
+            time.sleep(0.05)  # the lint stage's timer must include a plugin validator's time
             count = sum(n.op_type == "Gemm" for n in ctx.onnx_model.graph.node)
             return {"passed": count == 0, "gemm_nodes": count}
 
@@ -125,7 +127,7 @@ def test_validator_pass_and_provenance_hooks(plugin, tmp_path):
     assert result.manifest["lint"]["no-gemm"]["gemm_nodes"] == 2
     assert seen["pass"] == "MLP"
     assert result.manifest["provenance"]["ci_job"] == "1234"
-    assert result.manifest["stage_seconds"]["lint"] >= 0
+    assert result.manifest["stage_seconds"]["lint"] >= 0.05
 
 
 def test_custom_loader_and_exporter(plugin, tmp_path):
@@ -281,8 +283,28 @@ def test_plugins_show_their_own_distribution(tmp_path, monkeypatch):
     (dist / "top_level.txt").write_text("cannplug_demo\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("CANN_EXPORT_LOAD_PLUGINS", "demo")
-    monkeypatch.setattr(plugin_manager, "_pm", None)
+    monkeypatch.setattr(plugin_manager._loaded, "pm", None)
     rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).stdout)}
     assert rows["demo"]["distribution"] == "cannplug-demo" and rows["demo"]["version"] == "1.2.3"
     assert rows["demo"]["hooks"] == ["provenance"] and not rows["demo"]["builtin"]
     assert rows["cann_export.plugins.formats"]["distribution"] == "cann-export"
+    assert rows["cann_export.plugins.formats"]["version"] == cann_export.__version__
+
+
+def test_plugins_scan_installed_distributions_at_most_once(plugin, monkeypatch):
+    """``packages_distributions()`` reads every installed distribution's file list: never for our own or
+    entry-point plugins, once for all the others together (it ran once per plugin and made
+    ``cann-export plugins`` take seconds)."""
+    from importlib import metadata
+
+    from cann_export.hooks.manager import describe_plugins
+
+    calls = []
+    real = metadata.packages_distributions
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: calls.append(1) or real())
+    assert all(r["distribution"] == "cann-export" for r in describe_plugins() if r["builtin"])
+    assert calls == []
+    for i in range(3):
+        plugin({"provenance": hookimpl(lambda ctx: {})}, f"foreign-{i}")
+    rows = {r["name"]: r for r in describe_plugins()}
+    assert rows["foreign-0"]["distribution"] is None and calls == [1]

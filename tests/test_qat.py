@@ -184,20 +184,21 @@ def test_qat_on_torchscript_is_refused(digits_files, tmp_path):
 
 @pytest.fixture
 def training_settings():
-    from cann_export.qat import settings
+    from cann_export.qat.session import SESSION
 
-    saved = settings.current()
-    yield settings
-    settings.set_current(saved)
+    saved = SESSION.train
+    yield SESSION
+    SESSION.train = saved
 
 
 def _finetune_losses(steps=6):
     from cann_export import qat
+    from cann_export.qat.train import split_batches
 
     x = digits.split()[0][:128]
     teacher = digits.trained()
     student = qat.prepare(teacher, config={})
-    batches = qat.train.split_batches({"x": x}, 32)
+    batches = split_batches({"x": x}, 32)
     qat.calibrate(student, batches)
     return qat.finetune(student, teacher, batches, steps, 1e-3)
 

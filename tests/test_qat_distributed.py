@@ -21,7 +21,8 @@ def test_ddp_scales_equal_single_process(tmp_path, cli_env):
               "--exporter", "torchscript", "--format", "onnx", "--lint", "off"]
     env = dict(cli_env, OMP_NUM_THREADS="1")
     run([sys.executable, "-m", "cann_export", *common, "-o", str(tmp_path / "single.onnx"), "--json"], env, tmp_path)
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+    # --standalone: a local rendezvous on a free port torchrun picks (a fixed port collides with a parallel run)
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "cann_export", *common, "-o", str(tmp_path / "ddp.onnx")], env, tmp_path)
     outputs = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".onnx")
     assert outputs == ["ddp.onnx", "single.onnx"]  # rank 1 wrote nothing

@@ -49,11 +49,9 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         content.stage(staged, model, model_class=model_class, model_kwargs=model_kwargs,
                       example_inputs=example_inputs, trust_pickle=trust_pickle, artifacts=list(artifacts or []))
         fields = content.write_card(staged, name, metadata, card)
-        from . import faults
         from .files import file_table, manifest_digest
 
         files = file_table(staging, staged.known)
-        faults.point("staged")
         runnable = staged.weights or (staged.architecture or {}).get("kind") == "torch.export"
         kinds = (["pytorch"] if runnable else []) + sorted({a["format"] for a in staged.artifacts.values()})
         manifest: dict[str, Any] = {

@@ -12,8 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import faults
-
 BLOCK = 8 << 20
 STALE_SECONDS = 6 * 3600
 _HOST = socket.gethostname().replace("-", "_")[:40] or "host"
@@ -46,7 +44,6 @@ def copy_hashed(src: Path, dst: Path) -> dict[str, Any]:
     size = 0
     buf = bytearray(BLOCK)
     view = memoryview(buf)
-    first = True
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
         while True:
             n = fin.readinto(buf)
@@ -57,9 +54,6 @@ def copy_hashed(src: Path, dst: Path) -> dict[str, Any]:
             if _START_WRITEBACK is not None:
                 _START_WRITEBACK(fout.fileno(), size, n)
             size += n
-            if first:
-                faults.point("copy")
-                first = False
         os.fsync(fout.fileno())
     return {"sha256": h.hexdigest(), "size": size}
 

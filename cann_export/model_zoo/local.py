@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import faults
 from .clock import utc_now
 from .errors import ZooConflictError, ZooError
 from .files import clean_stale, fsync_dir, new_staging, write_json
@@ -150,11 +149,9 @@ class LocalStore:
             if seal is not None:
                 manifest = seal(manifest)
             manifest_sha = write_json(staging / "manifest.json", manifest)  # the manifest goes last
-            faults.point("manifest")
             final.parent.mkdir(parents=True, exist_ok=True)
             os.rename(staging, final)
             fsync_dir(final.parent)
-            faults.point("renamed")
             files = manifest["files"]
             db.execute("INSERT INTO versions (name, version, seq, digest, path, created_utc, created_by, size, files, "
                        "kinds, targets, metadata, manifest_sha256) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", (
@@ -164,7 +161,6 @@ class LocalStore:
                 json.dumps(manifest["metadata"], default=str), manifest_sha))
             for alias in aliases:
                 self._set_alias(db, name, alias, version, manifest.get("created_by"))
-        faults.point("committed")
         return self._get_row(name, version), False
 
     def _clean_orphans(self, name: str, taken: set[str]) -> list[str]:

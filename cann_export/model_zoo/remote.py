@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import faults
 from .clock import utc_now
 from .errors import ZooConflictError, ZooError, ZooIntegrityError
 from .files import clean_stale, hash_file, manifest_bytes, new_staging
@@ -105,7 +104,6 @@ class RemoteStore:
                 blob = self._p("blobs", "sha256", entry["sha256"])
                 if not self._call(self.fs.exists, blob):
                     self._call(self.fs.put_file, str(staging / rel), blob)
-            faults.point("staged")
             for _ in range(RETRIES):
                 rows = self.versions(name)
                 same = [r for r in rows if r["digest"] == manifest["digest"] and version in (None, r["version"])]
@@ -120,7 +118,6 @@ class RemoteStore:
                 if seal is not None:
                     full = seal(full)
                 if self._create(self._p("models", name, chosen, "manifest.json"), full):
-                    faults.point("committed")
                     for alias in aliases:
                         self.set_alias(name, alias, chosen, manifest.get("created_by"))
                     return _summary(full, self._p("models", name, chosen), manifest_bytes(full)), False

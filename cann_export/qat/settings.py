@@ -55,15 +55,3 @@ def parse(raw: dict[str, Any], base: TrainSettings | None = None) -> TrainSettin
             raise OptionsError(f"compile_model={cm!r}; valid values: False, True, or a torch.compile backend name")
         values["compile_model"] = cm or None
     return TrainSettings(**values)
-
-
-_current = TrainSettings()
-
-
-def current() -> TrainSettings:
-    return _current
-
-
-def set_current(settings: TrainSettings) -> None:
-    global _current
-    _current = settings

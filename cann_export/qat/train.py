@@ -44,7 +44,7 @@ def split_batches(tensors: dict[str, torch.Tensor], batch_size: int,
     with ``dataloader_workers`` worker processes."""
     from torch.utils.data import DataLoader, Dataset
 
-    from .settings import current
+    from .session import current
 
     names = list(tensors)
 
@@ -103,7 +103,7 @@ def distill_loss(student: list[torch.Tensor], teacher: list[torch.Tensor], kind:
 def finetune(student: nn.Module, teacher: nn.Module, batches: list[dict[str, torch.Tensor]], steps: int,
              lr: float, loss: str = "mse", on_step: StepFn | None = None) -> list[float]:
     """Train the fake-quant ``student`` to match the float ``teacher``'s outputs (no labels needed)."""
-    from .settings import current
+    from .session import current
 
     settings = current()
     rank, world = ensure_distributed()

@@ -5,7 +5,10 @@ the first N samples (default 1) run forward on CPU and on npu-sim (same seed, so
 numbers from the shared CPU generator), outputs compared with ``torch.testing.assert_close``; when the op
 supports autograd, the gradient of the summed floating outputs is compared too. One JSON line per event is
 appended to LOG and flushed before the op runs, so a crash (a segfault takes the process with it) is
-attributed to the op that started last. Lines: {"begin": op}, {"op", "status", "detail"}.
+attributed to the op that started last. Lines: {"begin": op}, {"op", "status", "detail", "compared"}.
+
+Status: "ok" (at least one sample compared, all equal), "failed", "skipped" (an input npu-sim does not
+emulate), or "not_compared" (no sample the CPU accepts: nothing was compared, so nothing is claimed).
 """
 from __future__ import annotations
 
@@ -115,7 +118,7 @@ def main() -> None:
 
         for op, full in zip(mine[start:], names[start:]):
             emit(begin=full)
-            status, detail = "ok", ""
+            status, detail, compared = "ok", "", 0
             try:
                 for sample in itertools.islice(op.sample_inputs("cpu", torch.float32,
                                                                 requires_grad=op.supports_autograd), per_op):
@@ -128,11 +131,14 @@ def main() -> None:
                     if cpu[1] is not None:
                         _compare(op.name, [g for g in cpu[1] if g is not None],
                                  [g for g in npu[1] if g is not None])
+                    compared += 1
+                if compared == 0:
+                    status, detail = "not_compared", f"none of the first {per_op} sample(s) runs on the CPU"
             except _Skip as e:
                 status, detail = "skipped", str(e)
             except Exception as e:  # noqa: BLE001 - recorded per op, judged by the test
                 status, detail = "failed", f"{type(e).__name__}: {str(e)[:300]}"
-            emit(op=full, status=status, detail=detail)
+            emit(op=full, status=status, detail=detail, compared=compared)
 
 
 if __name__ == "__main__":

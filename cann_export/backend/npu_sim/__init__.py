@@ -30,10 +30,19 @@ __all__ = ["NAME", "NpuSimError", "from_cpu", "install", "is_installed", "real_t
 
 TESTED_TORCH = ((2, 6), (2, 13))  # first and last minor release npu-sim runs on; others are refused
 ANY_TORCH_ENV = "CANN_EXPORT_NPU_SIM_ANY_TORCH"
-_lock = threading.Lock()
-_installed = False
-_renamed = False  # PrivateUse1 was named npu by us (never undone)
-_libraries: list[Any] = []
+
+
+class _State:
+    """What ``install()`` did in this process (one PrivateUse1 slot per process, so one state)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.installed = False
+        self.renamed = False  # PrivateUse1 was named npu by us (never undone)
+        self.libraries: list[Any] = []  # the operator registrations uninstall() destroys
+
+
+_state = _State()
 
 
 def real_torch_npu_importable() -> tuple[bool, str]:
@@ -48,12 +57,12 @@ def real_torch_npu_importable() -> tuple[bool, str]:
 
 
 def is_installed() -> bool:
-    return _installed
+    return _state.installed
 
 
 def owns_privateuse1() -> bool:
     """Whether PrivateUse1 is named ``npu`` by npu-sim in this process (installed now or before)."""
-    return _renamed and torch._C._get_privateuse1_backend_name() == NAME
+    return _state.renamed and torch._C._get_privateuse1_backend_name() == NAME
 
 
 def torch_version_supported(version: str | None = None) -> tuple[bool, str]:
@@ -76,9 +85,8 @@ def torch_version_supported(version: str | None = None) -> tuple[bool, str]:
 def install() -> None:
     """Make ``npu`` an emulated device in this process (idempotent). Refuses when the PrivateUse1 name
     is already taken (by the real torch_npu or another backend): there is one such slot per process."""
-    global _installed, _renamed
-    with _lock:
-        if _installed:
+    with _state.lock:
+        if _state.installed:
             return
         ok, why = real_torch_npu_importable()
         if ok:
@@ -89,14 +97,14 @@ def install() -> None:
         if not ok:
             raise NpuSimError(why)
         current = torch._C._get_privateuse1_backend_name()
-        if not (_renamed and current == NAME):
+        if not (_state.renamed and current == NAME):
             if current != "privateuseone":
                 raise NpuSimError(f"the PrivateUse1 device is already named {current!r} in this process; "
                                   "npu-sim needs it and cannot share it. Run npu-sim in a fresh process.")
             from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
             _setup_privateuseone_for_python_backend(NAME, backend_module=DeviceModule())
-            _renamed = True
+            _state.renamed = True
         from .. import npu_autocast
         from . import autograd_thread, inductor_guard, kernels, memory
 
@@ -112,27 +120,26 @@ def install() -> None:
         # host-side pinning is asked of the CPU tensor before any npu kernel runs: refuse it there
         pin = torch.library.Library("aten", "IMPL")
         pin.impl("_pin_memory", memory.refuse_pin_memory, "CPU")
-        _libraries.extend([fallback, direct, pin])
+        _state.libraries.extend([fallback, direct, pin])
         memory.install_storage_constructor()
         torch.serialization.register_package(5, memory.serialization_tag, memory.deserialize)
         npu_autocast.install()
         inductor_guard.install()
         autograd_thread.install()
-        _installed = True
+        _state.installed = True
 
 
 def uninstall() -> None:
     """Undo ``install()`` as far as torch allows (see the module docstring for what stays)."""
-    global _installed
-    with _lock:
-        if not _installed:
+    with _state.lock:
+        if not _state.installed:
             return
         from .. import npu_autocast
         from . import autograd_thread, inductor_guard, kernels, memory
 
-        for lib in _libraries:
+        for lib in _state.libraries:
             lib._destroy()
-        _libraries.clear()
+        _state.libraries.clear()
         kernels._infos.clear()
         npu_autocast.uninstall()
         memory.uninstall_storage_constructor()
@@ -143,4 +150,4 @@ def uninstall() -> None:
         from .. import graph_mode
 
         graph_mode.enable_graph_mode(False)
-        _installed = False
+        _state.installed = False

@@ -64,12 +64,19 @@ class _OpInfo:
 
 
 _infos: dict[Any, _OpInfo] = {}
-_tracing = False  # cann.torch.profiler with ProfilerActivity.CANN: one "npu::op" event per kernel
+
+
+class _Tracing:
+    """cann.torch.profiler with ProfilerActivity.CANN: one "npu::op" event per kernel while ``on``."""
+
+    on = False
+
+
+_tracing = _Tracing()
 
 
 def set_tracing(on: bool) -> None:
-    global _tracing
-    _tracing = bool(on)
+    _tracing.on = bool(on)
 
 
 def _traced_call(info: _OpInfo, cargs: list[Any], ckw: dict[str, Any]) -> Any:
@@ -175,7 +182,7 @@ def _run(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             cargs[i] = _device_to_cpu(a)
     ckw = {k: _to_cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
     try:
-        out = _traced_call(info, cargs, ckw) if _tracing else info.call(*cargs, **ckw)
+        out = _traced_call(info, cargs, ckw) if _tracing.on else info.call(*cargs, **ckw)
     except RuntimeError as e:
         if not (info.mutable_kw and "not resizable" in str(e)):
             raise
