@@ -295,7 +295,7 @@ def bench_model(name: str, tmp: Path, env: dict[str, str], args: argparse.Namesp
 
 def bench_help(env: dict[str, str], runs: int, tmp: Path) -> dict:
     walls = []
-    for i in range(runs):
+    for _i in range(runs):
         m = run_measured([*cli_command(), "--help"], env, Path(os.devnull), tmp / "help.stderr", 60)
         if m["rc"] != 0:
             raise SystemExit(f"cann-export --help failed (rc {m['rc']}):\n{tail(tmp / 'help.stderr')}")
@@ -315,7 +315,7 @@ def print_table(results: dict[str, dict], help_result: dict, args: argparse.Name
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
 
     def line(row: tuple) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + " |"
 
     print(f"\ncann-export --format onnx vs raw toolchain (opset {args.opset}, median of {args.repeat})")
     print(line(header))

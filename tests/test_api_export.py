@@ -67,7 +67,7 @@ def test_named_inputs_dict_outputs_and_token_ids(tmp_path, run_ort):
     assert [o["name"] for o in result.parity["outputs"]] == ["hidden", "pooled"]
     names, outs = run_ort(tmp_path / "b" / "model.onnx", feeds)
     ref = model(**feeds)
-    for name, out in zip(names, outs):
+    for name, out in zip(names, outs, strict=False):
         np.testing.assert_allclose(out, ref[name].detach().numpy(), atol=1e-4)
 
 

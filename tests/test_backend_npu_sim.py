@@ -359,7 +359,7 @@ def test_autocast_cast_lists_and_grad_scaler():
     out = json.loads(run(code).stdout.strip().splitlines()[-1])
     assert out["dtypes"] == {"linear": "torch.float16", "softmax": "torch.float32", "loss": "torch.float32"}
     assert out["scale"] == 65536.0
-    for amp, ref in zip(out["amp"], out["fp32"]):
+    for amp, ref in zip(out["amp"], out["fp32"], strict=False):
         assert abs(amp - ref) <= 1e-2 * abs(ref)  # fp16 matmuls, fp32 softmax/loss: close to fp32
     assert out["amp"] != out["fp32"]  # ... and visibly computed in reduced precision
 

@@ -49,7 +49,7 @@ def _fp32(graph, feed):
 
 def _healthy(actual, expected):
     """Device outputs that agree with fp32: finite and cosine >= 0.99 on every output."""
-    for a, b in zip(actual, expected):
+    for a, b in zip(actual, expected, strict=False):
         a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
         if not np.isfinite(a).all():
             return False
@@ -111,7 +111,7 @@ def test_emulation_agrees_with_an_independent_emulation(build, tmp_path):
     for keep in _random_keeps(graph, seed=len(build)):
         ours = emulator.session(keep).run(feed)
         theirs = run_device(graph, feed, keep)
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=False):
             a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
             assert np.array_equal(np.isfinite(a), np.isfinite(b)), keep
             fin = np.isfinite(a)

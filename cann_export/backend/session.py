@@ -52,7 +52,7 @@ class Session:
         if name.startswith("npu") and name != "npu-sim":
             if self.backend is None:
                 self.enable()
-            getattr(torch, "npu").set_device(torch.device(name))
+            torch.npu.set_device(torch.device(name))
         else:
             self.enable(name)
 

@@ -135,7 +135,7 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     for s, feed in enumerate(ctx.input_sets):
         for name, t in feed.items():
             inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
-        for name, arr in zip(ctx.output_names, ctx.reference_outputs[s]):
+        for name, arr in zip(ctx.output_names, ctx.reference_outputs[s], strict=False):
             expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
     order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
              "sets": str(len(ctx.input_sets))}

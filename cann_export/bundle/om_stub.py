@@ -122,7 +122,7 @@ def write_stub(path: str | Path, bundle_dir: str | Path, model_name: str,
 
 
 def _header_dict(values: tuple) -> dict[str, Any]:
-    raw = dict(zip(FIELDS, values))
+    raw = dict(zip(FIELDS, values, strict=False))
     raw.pop("reserved")
     info = dict(raw)
     info["checksum"] = raw["checksum"].rstrip(b"\0").decode("ascii", "replace")

@@ -41,7 +41,7 @@ def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool) -> A
 
     if by_name:
         names = [p for p in inspect.signature(model.forward).parameters][:len(args)]
-        feed = {**dict(zip(names, args)), **kwargs}
+        feed = {**dict(zip(names, args, strict=False)), **kwargs}
         dynamic = {n: ({0: torch.export.Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None)
                    for n, v in feed.items()}
         try:

@@ -171,7 +171,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         before = run(original)
     except Exception as e:
         raise OpsetConversionError(f"the opset-18 graph does not run: {type(e).__name__}: {e}") from e
-    bad = [i for i, (a, b) in enumerate(zip(after, before)) if not compare(a, b, ctx.options.tolerance)["passed"]]
+    bad = [i for i, (a, b) in enumerate(zip(after, before, strict=False)) if not compare(a, b, ctx.options.tolerance)["passed"]]
     if bad:
         raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
 
@@ -248,6 +248,6 @@ def _Positional(model: Any, names: list[str]) -> Any:
             self.model = model
 
         def forward(self, *tensors: Any) -> Any:
-            return self.model(**dict(zip(names, tensors)))
+            return self.model(**dict(zip(names, tensors, strict=False)))
 
     return Positional().train(model.training)  # the exporter restores the wrapper's mode recursively

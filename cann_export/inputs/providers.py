@@ -136,6 +136,6 @@ def as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
         if len(value) > len(accepted):
             raise errors.PrepareError(f"{len(value)} example inputs given, but forward takes {len(accepted)} "
                                       f"({', '.join(accepted)})")
-        return dict(zip(accepted, value))
+        return dict(zip(accepted, value, strict=False))
     raise errors.PrepareError(f"example_inputs must be a tensor, a tuple of tensors or a dict name -> tensor, "
                               f"not {type(value).__name__}")

@@ -42,7 +42,7 @@ class ExportedProgramLoader:
         inputs = None
         if ep.example_inputs is not None:
             args, kwargs = ep.example_inputs
-            inputs = dict(zip(names, args))
+            inputs = dict(zip(names, args, strict=False))
             inputs.update(kwargs or {})
         return LoadedModel(module, "exported_program", example_inputs=inputs, extras={"input_names": names})
 

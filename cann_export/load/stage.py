@@ -18,7 +18,7 @@ def load(ctx: ExportContext) -> str | None:
         names = list(src.graph_signature.user_inputs)
         ex = None
         if src.example_inputs is not None:
-            ex = dict(zip(names, src.example_inputs[0]))
+            ex = dict(zip(names, src.example_inputs[0], strict=False))
             ex.update(src.example_inputs[1] or {})
         ctx.loaded = LoadedModel(src.module(), "exported_program", ex, extras={"input_names": names})
     elif isinstance(src, torch.jit.ScriptModule):

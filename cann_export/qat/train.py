@@ -8,7 +8,8 @@ summation order).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -97,7 +98,7 @@ def distill_loss(student: list[torch.Tensor], teacher: list[torch.Tensor], kind:
     if kind == "kl":  # the first output is taken as logits
         return F.kl_div(F.log_softmax(student[0], -1), F.log_softmax(teacher[0], -1), log_target=True,
                         reduction="batchmean")
-    return sum(F.mse_loss(s, t) for s, t in zip(student, teacher)) / len(student)
+    return sum(F.mse_loss(s, t) for s, t in zip(student, teacher, strict=False)) / len(student)
 
 
 def finetune(student: nn.Module, teacher: nn.Module, batches: list[dict[str, torch.Tensor]], steps: int,

@@ -50,7 +50,7 @@ def _worst_set(actual: list[list[np.ndarray]], expected: list[list[np.ndarray]])
         a, e = np.asarray(a, dtype=np.float64).ravel(), np.asarray(e, dtype=np.float64).ravel()
         return cosine(a, e) if a.shape == e.shape else 0.0
 
-    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp)) for act, exp in zip(actual, expected)]))
+    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False)) for act, exp in zip(actual, expected, strict=False)]))
 
 
 def _chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
@@ -84,7 +84,7 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
     for chunk in _chunks(emulator, order):
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
         emu = emulator.session(keep, expose=chunk).run(feed, chunk)
-        for t, r, e in zip(chunk, ref, emu):
+        for t, r, e in zip(chunk, ref, emu, strict=False):
             verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps)
     diverged = {t for t, v in verdicts.items() if not v["passed"]}
     linked = {t for t in failing if t in diverged}

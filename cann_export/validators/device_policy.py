@@ -128,7 +128,7 @@ def compare_output(name: str, actual: list[np.ndarray], expected: list[np.ndarra
                    epsilon: float) -> dict[str, Any]:
     """One output over every input set: metrics, verdict and (for class scores) top-1/top-5 agreement."""
     per_set = []
-    for a, b in zip(actual, expected):
+    for a, b in zip(actual, expected, strict=False):
         a = np.asarray(a)
         r = judge(a, b, policy, epsilon)
         if a.shape == b.shape and np.issubdtype(b.dtype, np.floating) and is_classifier(name, b.shape):

@@ -35,7 +35,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any
 
 def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> bool:
     """Whether every output passes ``compare`` against its expected one (and the counts agree)."""
-    return len(actual) == len(expected) and all(compare(a, e, tol)["passed"] for a, e in zip(actual, expected))
+    return len(actual) == len(expected) and all(compare(a, e, tol)["passed"] for a, e in zip(actual, expected, strict=False))
 
 
 def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:

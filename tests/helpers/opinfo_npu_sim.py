@@ -80,7 +80,7 @@ def _compare(name, cpu, npu):
     c, n = _leaves(cpu), _leaves(npu)
     if len(c) != len(n):
         raise AssertionError(f"{len(n)} tensors on npu-sim, {len(c)} on CPU")
-    for a, b in zip(c, n):
+    for a, b in zip(c, n, strict=False):
         if b.device.type != "npu" and a.device.type == "cpu":
             raise AssertionError(f"a result is on {b.device}, not npu")
         b = b.detach().cpu()
@@ -116,7 +116,7 @@ def main() -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
-        for op, full in zip(mine[start:], names[start:]):
+        for op, full in zip(mine[start:], names[start:], strict=False):
             emit(begin=full)
             status, detail, compared = "ok", "", 0
             try:

@@ -43,8 +43,8 @@ def values(model, feed: dict, keep: set[str]) -> dict[str, np.ndarray]:
         names = [f"in{k}" for k in range(len(node.input))]
         evaluator = _single(node, names, opsets)
         with np.errstate(all="ignore"):
-            outs = evaluator.run(None, {n: a for n, a in zip(names, args) if a is not None})
-        for name, value in zip(node.output, outs):
+            outs = evaluator.run(None, {n: a for n, a in zip(names, args, strict=False) if a is not None})
+        for name, value in zip(node.output, outs, strict=False):
             env[name] = value if kept else _fp16(value)
     return env
 
@@ -53,7 +53,7 @@ def _single(node, names, opsets):
     """A one-node model whose inputs are ``in0, in1, ...`` (empty optional inputs stay empty)."""
     from onnx import helper
 
-    copy = helper.make_node(node.op_type, [n if i else "" for n, i in zip(names, node.input)],
+    copy = helper.make_node(node.op_type, [n if i else "" for n, i in zip(names, node.input, strict=False)],
                             [f"out{k}" for k in range(len(node.output))], domain=node.domain or None)
     copy.attribute.extend(node.attribute)
     return ReferenceEvaluator(copy, opsets=opsets)

@@ -207,7 +207,7 @@ def _run(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not returns:
         return out
     return tuple(_wrap(v) if hit is None else kwargs[hit[1]] if hit[0] else args[hit[1]]
-                 for v, hit in zip(out, returns))
+                 for v, hit in zip(out, returns, strict=False))
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
