@@ -157,3 +157,19 @@ def test_help_does_not_import_torch(cli_env):
            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'onnx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60, check=False)
     assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(cli_env):
+    """`cann-export plugins | head -0`: the pipe's reader is gone before the first write."""
+    from cann_export.cli.guard import EXIT_BROKEN_PIPE
+
+    code = "import sys; from cann_export.cli.main import main; sys.argv=['cann-export','plugins']\nmain()\n"
+    read, write = os.pipe()
+    os.close(read)  # nobody will ever read what the command prints
+    try:
+        out = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True,
+                             env=cli_env, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert out.returncode == EXIT_BROKEN_PIPE, out.stderr
+    assert out.stderr == ""

@@ -13,6 +13,8 @@ import click
 from ..errors import EXIT_STAGE_FAILED, ExportError, gist
 from ..fs.jsonio import dumps as to_json
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
+
 
 def _emit_error(err: Exception, as_json: bool) -> int:
     if isinstance(err, ExportError):
@@ -35,6 +37,9 @@ def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
     (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first)."""
     try:
         code = fn() or 0
+    except BrokenPipeError:  # `cann-export plugins | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+        code = EXIT_BROKEN_PIPE
     except Exception as e:  # noqa: BLE001 - every error becomes one message and an exit code
         if os.environ.get("CANN_EXPORT_DEBUG"):
             import traceback
