@@ -187,3 +187,26 @@ def test_small_modules_and_functions():
                 long_functions.append(f"{mod}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert long_modules == []
     assert long_functions == []
+
+
+def test_the_capture_stage_stays_mostly_inside_capture():
+    """Following the capture stage's calls (its function and the built-in exporters' export) stays in
+    capture/ for most of the way; the rest is shared plumbing (fs, backend placement, errors, the registry)."""
+    from helpers.callgraph import call_graph, reach
+
+    graph = call_graph()
+    seeds = ["cann_export.capture.stage.capture", "cann_export.capture.exporters.DynamoExporter.export",
+             "cann_export.capture.exporters.TorchScriptExporter.export"]
+    assert all(s in graph for s in seeds)
+    reached = reach(graph, seeds)
+    inside = {q for q in reached if q.startswith("cann_export.capture.")}
+    print(f"capture stage: {len(inside)} of {len(reached)} functions reached live in capture/")
+    assert len(reached) > 40 and len(inside) / len(reached) > 0.55, sorted(reached - inside)
+
+
+def test_the_call_graph_follows_module_and_method_calls():
+    from helpers.callgraph import call_graph
+
+    graph = call_graph()
+    assert "cann_export.capture.onnx_utils.opset_of" in graph["cann_export.capture.stage._record"]
+    assert "cann_export.errors.gist" in graph["cann_export.capture.stage._gist"]
