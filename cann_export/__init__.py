@@ -28,7 +28,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Loader": (".hooks.contracts", "Loader"), "Pass": (".hooks.contracts", "Pass"),
     "Exporter": (".hooks.contracts", "Exporter"), "Format": (".hooks.contracts", "Format"),
     "Validator": (".hooks.contracts", "Validator"), "Backend": (".hooks.contracts", "Backend"),
-    "AtcHint": (".hooks.contracts", "AtcHint"), "CheckedBundle": (".hooks.contracts", "CheckedBundle"),
+    "AtcHint": (".hooks.contracts", "AtcHint"), "InputProvider": (".hooks.contracts", "InputProvider"),
+    "CheckedBundle": (".hooks.contracts", "CheckedBundle"),
     "Container": (".hooks.contracts", "Container"), "ResultInfo": (".hooks.contracts", "ResultInfo"),
     # helpers a format uses to write an artifact the way the built-ins do
     "save_model": (".capture.onnx_utils", "save_model"),
