@@ -217,7 +217,8 @@ def cli_command() -> list[str]:
     found = shutil.which("cann-export")
     if found:
         return [found]
-    return [sys.executable, "-c", "import sys; from cann_export.cli.main import main; sys.argv[0] = 'cann-export'; main()"]
+    return [sys.executable, "-c",
+            "import sys; from cann_export.cli.main import main; sys.argv[0] = 'cann-export'; main()"]
 
 
 def median(values: list[float]) -> float:

@@ -121,7 +121,8 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"size_mb": size_mb, "repeat": args.repeat, "times": times, "medians": med,
                                        "ratios": {"load": med["zoo_load"] / med["raw_load"],
-                                                  "publish": med["zoo_publish"] / med["raw_publish"]}}, indent=2) + "\n")
+                                                  "publish": med["zoo_publish"] / med["raw_publish"]}},
+                                      indent=2) + "\n")
 
 
 if __name__ == "__main__":

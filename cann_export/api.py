@@ -66,7 +66,8 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
     if "input_shapes" in kwargs:
         from .options import InputSpec, parse_input_shape
 
-        kwargs["input_shapes"] = [s if isinstance(s, InputSpec) else parse_input_shape(s) for s in kwargs["input_shapes"]]
+        kwargs["input_shapes"] = [s if isinstance(s, InputSpec) else parse_input_shape(s)
+                                  for s in kwargs["input_shapes"]]
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
 
 

@@ -17,7 +17,8 @@ def export(tmp_path, hints, model=None, **kw):
 
 @pytest.mark.parametrize("hints,a,b", [
     ({"precision_mode": "force_fp32", "precision_mode_v2": "fp16"}, "precision_mode", "precision_mode_v2"),
-    ({"dynamic_batch_size": "1,2,4", "dynamic_image_size": "224,224;448,448"}, "dynamic_batch_size", "dynamic_image_size"),
+    ({"dynamic_batch_size": "1,2,4", "dynamic_image_size": "224,224;448,448"},
+     "dynamic_batch_size", "dynamic_image_size"),
     ({"dynamic_batch_size": "1,2", "dynamic_dims": "1,2;3,4"}, "dynamic_batch_size", "dynamic_dims"),
     ({"dynamic_batch_size": "1,2", "input_shape_range": "x:[1~4,3]"}, "dynamic_batch_size", "input_shape_range"),
     ({"aipp": {"input_format": "RGB888_U8"}, "dynamic_dims": "1,2;3,4"}, "aipp", "dynamic_dims"),

@@ -154,7 +154,8 @@ def test_layer_norm_spelled_out_below_17_and_unconvertible_nodes_named():
     rng = np.random.default_rng(1)
     inits = [numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), n) for n in ("scale", "bias")]
     ln = helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], name="ln", epsilon=1e-5, axis=-1)
-    model = helper.make_model(helper.make_graph([ln], "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(helper.make_graph([ln], "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
     feed = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)}
     converted = convert(model, 13)
     assert "LayerNormalization" not in {n.op_type for n in converted.graph.node}

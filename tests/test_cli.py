@@ -155,7 +155,8 @@ def test_real_subprocess_export_and_exit_codes(tmp_path, cli_env):
 def test_help_does_not_import_torch(cli_env):
     code = "import sys; from cann_export.cli.main import main; sys.argv=['cann-export','--help']\n" \
            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'onnx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60, check=False)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, timeout=60,
+                         check=False)
     assert out.stdout.strip().splitlines()[-1] == "False False"
 
 

@@ -46,7 +46,8 @@ def exported(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", path_without_atc())
         good = cann_export.export(make_mlp(), root / "good", "atc_ready", example_inputs=x,
-                                  metadata={"license": "MIT"}, atc_hints={"fusion_switch": {"ConvToFullyConnectionFusionPass": "off"}})
+                                  metadata={"license": "MIT"},
+                                  atc_hints={"fusion_switch": {"ConvToFullyConnectionFusionPass": "off"}})
         other = cann_export.export(make_mlp(hidden=16), root / "other", "atc_ready", example_inputs=x)
         stub = cann_export.export(make_mlp(), root / "stub", "om", example_inputs=x)
     assert good.ok and other.ok and stub.ok
@@ -136,7 +137,8 @@ def test_a_widened_tolerance_does_not_pass(bundle, tmp_path):
     _fail_the_reference(bundle)
     edit(bundle, lambda m: (m["parity"].update(passed=True), m["parity"]["tolerance"].update(atol=1e9, rtol=1e9,
                                                                                             min_cosine=-1.0)))
-    result = refused(["validate", bundle], "parity.tolerance.atol", "parity.passed: the manifest says True, re-derived False")
+    result = refused(["validate", bundle], "parity.tolerance.atol",
+                     "parity.passed: the manifest says True, re-derived False")
     assert "1000000000.0" in result.stderr
     with pytest.raises(bundle_check.BundleMismatchError) as e:
         cann_export.validate(bundle)

@@ -409,7 +409,8 @@ def test_model_zoo_has_no_import_cycles():
                 else:
                     deps.update(a.name for a in node.names)
             if isinstance(node, ast.ImportFrom) and node.level >= 2:
-                assert not any(a.name.startswith("_") and not a.name.endswith("__") for a in node.names), (mod, node.module)
+                assert not any(a.name.startswith("_") and not a.name.endswith("__")
+                               for a in node.names), (mod, node.module)
     graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
 
     def visit(mod: str, stack: list[str]) -> None:

@@ -49,7 +49,8 @@ def test_large_model_path_writes_external_data_and_passes_parity(tmp_path, expor
 def test_small_models_keep_the_in_memory_path(tmp_path):
     result = cann_export.export(linear_stack(), tmp_path / "m.onnx", "onnx", example_inputs=torch.randn(2, 64))
     assert result.ok and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
-    assert result.manifest["optimize"]["onnxsim"] != "disabled" and "skipped" not in result.manifest["optimize"]["onnxsim"]
+    assert (result.manifest["optimize"]["onnxsim"] != "disabled"
+            and "skipped" not in result.manifest["optimize"]["onnxsim"])
 
 
 def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):

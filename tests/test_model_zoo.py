@@ -53,7 +53,8 @@ def test_module_round_trip_and_idempotent_republish(zoo):
     assert _same(model, loaded, torch.randn(3, 12))
 
     m = show("mlp", zoo=zoo)["manifest"]
-    assert m["architecture"] == {"kind": "callable", "callable": "helpers.toy_models:MLP", "kwargs": {}, "inferred": True}
+    assert m["architecture"] == {"kind": "callable", "callable": "helpers.toy_models:MLP", "kwargs": {},
+                                 "inferred": True}
     assert m["created_by"] == "tester@ci" and m["tools"]["torch"] == torch.__version__
     assert set(m["files"]) == {"README.md", "weights/model.safetensors"}
     assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in m["files"].values())
@@ -180,7 +181,8 @@ def test_tamper_is_detected_and_nothing_loads(zoo):
     with pytest.raises(ZooIntegrityError, match=r"nothing was loaded: weights/model\.safetensors: sha256 mismatch"):
         load_model("m", zoo=zoo)
     report = verify("m", zoo=zoo)
-    assert not report["ok"] and report["versions"][0]["problems"] == ["weights/model.safetensors: sha256 mismatch (file changed)"]
+    assert not report["ok"] and report["versions"][0]["problems"] == [
+        "weights/model.safetensors: sha256 mismatch (file changed)"]
     with pytest.raises(ZooIntegrityError):
         pull("m", __import__("pathlib").Path(zoo).parent / "out", zoo=zoo)
     assert not (__import__("pathlib").Path(zoo).parent / "out").exists()

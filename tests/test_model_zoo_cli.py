@@ -140,7 +140,8 @@ def test_zoo_verify_reports_tampering(tmp_path):
     result = invoke("zoo", "verify", "w", "--zoo", zoo, "--json")
     assert result.exit_code == 1
     report = json.loads(result.stdout)
-    assert report["ok"] is False and "weights/model.safetensors: sha256 mismatch" in report["versions"][0]["problems"][0]
+    assert report["ok"] is False and ("weights/model.safetensors: sha256 mismatch"
+                                      in report["versions"][0]["problems"][0])
     text = invoke("zoo", "verify", "w", "--zoo", zoo)
     assert "DAMAGED" in text.stdout and "weights/model.safetensors" in text.stdout
 

@@ -63,7 +63,8 @@ def test_s3_round_trip_immutability_aliases(zoo, s3, tmp_path):
     keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix.split("/", 1)[1])["Contents"]]
     rel = sorted(k.split("/", 1)[1] for k in keys)
     assert "models/mlp/1/manifest.json" in rel and "models/mlp/aliases/prod/00000002.json" in rel
-    assert sum(k.startswith("blobs/sha256/") for k in rel) == 4  # README + weights per version; the refused publish uploaded nothing
+    # README + weights per version; the refused publish uploaded nothing
+    assert sum(k.startswith("blobs/sha256/") for k in rel) == 4
     out = pull("mlp@prod", tmp_path / "pulled", zoo=zoo)
     assert (tmp_path / "pulled" / "weights" / "model.safetensors").is_file() and out["version"] == "2"
 

@@ -59,5 +59,6 @@ def test_opinfo_samples_match_cpu(chunk, tmp_path):
     compared = [op for op, r in results.items() if r["status"] == "ok" and r["compared"] > 0]
     counts = {status: sum(r["status"] == status for r in results.values())
               for status in ("ok", "failed", "skipped", "not_compared")}
-    print(f"chunk {chunk}: {counts}; not compared: {sorted(op for op, r in results.items() if r['status'] == 'not_compared')}")
+    print(f"chunk {chunk}: {counts}; "
+          f"not compared: {sorted(op for op, r in results.items() if r['status'] == 'not_compared')}")
     assert len(compared) > 150, counts

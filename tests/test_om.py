@@ -276,4 +276,5 @@ def test_atc_error_text_prefers_error_codes():
     text = om.atc_error_text(log)
     assert text.startswith("E19010: No parser is registered for Op [/Foo") and "Solution" in text
     assert "please wait" not in text
-    assert om.atc_error_text("line one\n\nSegmentation fault (core dumped)\n").endswith("Segmentation fault (core dumped)")
+    assert om.atc_error_text("line one\n\nSegmentation fault (core dumped)\n").endswith(
+        "Segmentation fault (core dumped)")

@@ -43,7 +43,8 @@ def test_traced_branch_fails_without_the_option_and_names_the_line(tmp_path, bra
     assert parity["fp32"]["passed"] is True  # the five ordinary input sets all took the traced branch
     assert BRANCH_LINE in parity["reason"] and "--accept-trace-specialization" in parity["reason"]
     spec = parity["trace_specialized"]
-    assert spec["accepted"] is False and spec["warnings"][0]["code"] == "if x.sum() > 0:  # the traced branch for positive examples"
+    assert spec["accepted"] is False and spec["warnings"][0]["code"] == (
+        "if x.sum() > 0:  # the traced branch for positive examples")
     assert spec["warnings"][0]["kind"] == "bool"
     assert spec["other_paths"]["passed"] is False and spec["other_paths"]["outputs"][0]["max_abs"] > 1.0
 

@@ -14,6 +14,9 @@ from cann_export.hooks.manager import get_plugin_manager, registry
 from cann_export.options import ExportOptions
 from cann_export.pipeline.table import STAGE_NAMES, STAGES
 
+# an int32 tensor default in a forward signature: its dtype is what signature_dtype reads
+_INT32_DEFAULT = torch.zeros(2, dtype=torch.int32)
+
 
 @pytest.fixture
 def plugin():
@@ -200,7 +203,7 @@ def test_an_annotated_or_defaulted_parameter_gives_its_dtype():
     from cann_export.inputs.signature import signature_dtype
 
     class Annotated(torch.nn.Module):
-        def forward(self, a: torch.LongTensor, b: "torch.BoolTensor | None" = None, c=torch.zeros(2, dtype=torch.int32),
+        def forward(self, a: torch.LongTensor, b: "torch.BoolTensor | None" = None, c=_INT32_DEFAULT,
                     d: torch.Tensor = None):
             return a
 

@@ -116,7 +116,8 @@ def test_tiny_bert_linear_layers_through_qat(tmp_path):
 
     sys.path.insert(0, str(tmp_path))
     try:
-        result = cann_export.export(str(tmp_path / "bert.safetensors"), tmp_path / "b", model_class="bert_factory:tiny_bert",
+        result = cann_export.export(str(tmp_path / "bert.safetensors"), tmp_path / "b",
+                                    model_class="bert_factory:tiny_bert",
                                     quantize="qat", calibration_data=str(tmp_path / "calib.safetensors"),
                                     qat_steps=5, quant_config={"batch_size": 4, "quantize_types": ["Linear"]})
     finally:

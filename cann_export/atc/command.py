@@ -78,7 +78,8 @@ def _aipp(value: Any) -> list[dict[str, Any]]:
         value = json.loads(value)
     blocks = [value] if isinstance(value, dict) else value
     if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
-        raise ValueError("expected a dict of aipp_op fields, e.g. {'input_format': 'RGB888_U8', 'src_image_size_w': 224}")
+        raise ValueError("expected a dict of aipp_op fields, e.g. "
+                         "{'input_format': 'RGB888_U8', 'src_image_size_w': 224}")
     for block in blocks:
         for key in block:
             if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)):

@@ -84,8 +84,9 @@ class AtcReadyFormat:
         if output.suffix == ".om":
             from ..errors import OptionsError
 
-            raise OptionsError(f"{self.name} writes a directory or a single-file bundle ({', '.join(ARCHIVE_SUFFIXES)}), "
-                               "not an .om; pass --format om for NAME.om", path=output)
+            raise OptionsError(f"{self.name} writes a directory or a single-file bundle "
+                               f"({', '.join(ARCHIVE_SUFFIXES)}), not an .om; pass --format om for NAME.om",
+                               path=output)
         return [output]
 
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:

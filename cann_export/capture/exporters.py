@@ -165,13 +165,15 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
     reference = ctx.reference_outputs
-    if reference and all_pass(after, reference[0], ctx.options.tolerance):  # the usual case: the opset-18 graph is never run
+    # the usual case: the opset-18 graph is never run
+    if reference and all_pass(after, reference[0], ctx.options.tolerance):
         return
     try:
         before = run(original)
     except Exception as e:
         raise OpsetConversionError(f"the opset-18 graph does not run: {type(e).__name__}: {e}") from e
-    bad = [i for i, (a, b) in enumerate(zip(after, before, strict=False)) if not compare(a, b, ctx.options.tolerance)["passed"]]
+    bad = [i for i, (a, b) in enumerate(zip(after, before, strict=False))
+           if not compare(a, b, ctx.options.tolerance)["passed"]]
     if bad:
         raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
 

@@ -34,7 +34,8 @@ def _from_scoped_name(name: str, strip_prefix: str | None) -> str | None:
         segments = segments[1:]
     parts: list[str] = []
     for seg in segments:  # a Sequential's child is scoped "stem/stem.0": the child repeats its parent's name
-        if parts and seg.startswith(parts[-1].rsplit(".", 1)[-1] + ".") and "." not in parts[-1] or parts and seg.startswith(parts[-1] + "."):
+        if (parts and seg.startswith(parts[-1].rsplit(".", 1)[-1] + ".") and "." not in parts[-1]
+                or parts and seg.startswith(parts[-1] + ".")):
             parts[-1] = seg
         else:
             parts.append(seg)

@@ -146,7 +146,8 @@ class _Converter:
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def fail(self, n: onnx.NodeProto, why: str) -> OpsetConversionError:
-        return OpsetConversionError(f"{n.op_type} node {n.name or n.output[0]!r} has no opset-{self.target} form: {why}")
+        return OpsetConversionError(f"{n.op_type} node {n.name or n.output[0]!r} "
+                                    f"has no opset-{self.target} form: {why}")
 
     def const(self, n: onnx.NodeProto, index: int) -> list[int] | None:
         """The constant integer list at input ``index`` (None when the input is absent)."""

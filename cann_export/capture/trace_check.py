@@ -94,7 +94,8 @@ def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None
     if not spec:
         return report
     if other is not None:
-        other = {"input_sets": other.get("input_sets"), "passed": other.get("passed"), "reference": other.get("reference"),
+        other = {"input_sets": other.get("input_sets"), "passed": other.get("passed"),
+                 "reference": other.get("reference"),
                  "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine", "passed") if k in o}
                              for o in other.get("outputs", [])]}
     report["trace_specialized"] = {"accepted": spec["accepted"], "warnings": spec["warnings"],

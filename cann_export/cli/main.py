@@ -30,10 +30,12 @@ def cli() -> None:
 
 @cli.command("export")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("-o", "--output", type=click.Path(path_type=str), help="Output path (default: MODEL's stem + format suffix, in the current directory).")
+@click.option("-o", "--output", type=click.Path(path_type=str),
+              help="Output path (default: MODEL's stem + format suffix, in the current directory).")
 @export_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
-@click.option("--trace", type=click.Path(path_type=str), default=None, help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
+@click.option("--trace", type=click.Path(path_type=str), default=None,
+              help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> None:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
@@ -116,7 +118,8 @@ def _print_result(result: Any) -> None:
     if parity.get("device"):
         sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
     for title, section in sections:
-        tol = ", ".join(f"{k}={v:g}" for k, v in (section.get("tolerance") or {}).items() if isinstance(v, (int, float)))
+        tol = ", ".join(f"{k}={v:g}" for k, v in (section.get("tolerance") or {}).items()
+                        if isinstance(v, (int, float)))
         click.echo(f"  {title}" + (f" [{tol}]" if tol else ""))
         for o in section["outputs"]:
             mark = "ok  " if o["passed"] else "FAIL"
@@ -128,7 +131,8 @@ def _print_result(result: Any) -> None:
         spec = parity["trace_specialized"]
         from ..capture.trace_check import where
 
-        click.echo(f"traced graph, specialised to the example's path ({'accepted' if spec['accepted'] else 'not accepted'}): "
+        click.echo("traced graph, specialised to the example's path "
+                   f"({'accepted' if spec['accepted'] else 'not accepted'}): "
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
     if parity.get("fixed_by_keep_dtype"):
         click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
@@ -147,10 +151,14 @@ def _num(value: Any, spec: str = ".3g") -> str:
 
 @cli.command("validate")
 @click.argument("bundle", type=click.Path(path_type=str))
-@click.option("--atol", type=float, default=None, help="Validate under this absolute tolerance instead of the tool's policy.")
-@click.option("--rtol", type=float, default=None, help="Validate under this relative tolerance instead of the tool's policy.")
-@click.option("--min-cosine", type=float, default=None, help="Validate under this minimum cosine instead of the tool's policy.")
-@click.option("--expect-sha256", default=None, metavar="HEX", help="Refuse unless manifest.json has this sha256 (pin a bundle).")
+@click.option("--atol", type=float, default=None,
+              help="Validate under this absolute tolerance instead of the tool's policy.")
+@click.option("--rtol", type=float, default=None,
+              help="Validate under this relative tolerance instead of the tool's policy.")
+@click.option("--min-cosine", type=float, default=None,
+              help="Validate under this minimum cosine instead of the tool's policy.")
+@click.option("--expect-sha256", default=None, metavar="HEX",
+              help="Refuse unless manifest.json has this sha256 (pin a bundle).")
 @click.option("--json", "as_json", is_flag=True)
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
                  expect_sha256: str | None, as_json: bool) -> None:
@@ -172,7 +180,8 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
             click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
                        f"{report['manifest_sha256']})")
             for o in summary["outputs"]:
-                click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} {'ok' if o['passed'] else 'FAIL'}")
+                click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
+                           f"{'ok' if o['passed'] else 'FAIL'}")
         return 0 if report["passed"] else EXIT_PARITY_FAILED
 
     return body()

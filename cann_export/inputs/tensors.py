@@ -35,7 +35,8 @@ def embedding_vocab(model: Any, name: str | None = None) -> int:
         return vocab
     import torch
 
-    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)] if isinstance(model, torch.nn.Module) else []
+    sizes = ([m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+             if isinstance(model, torch.nn.Module) else [])
     return min(sizes) if sizes else 2
 
 
@@ -139,7 +140,8 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
                 one[name] = t.clone()
             elif t.dtype.is_floating_point:
                 one[name] = _float_variant(t, distributions[k % len(distributions)], gen)
-            elif _is_mask(name) and name not in (vocab or {}) and t.dim() >= 1 and int(t.min()) >= 0 and int(t.max()) <= 1:
+            elif (_is_mask(name) and name not in (vocab or {}) and t.dim() >= 1
+                  and int(t.min()) >= 0 and int(t.max()) <= 1):
                 one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")
             elif t.dtype == torch.bool:
                 one[name] = t.clone()

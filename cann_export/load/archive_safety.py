@@ -37,11 +37,16 @@ _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 _NO_FORCE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _LEGACY_27 = ("serialized_state_dict.pt", "serialized_constants.pt", "serialized_example_inputs.pt",
               "serialized_state_dict.json", "serialized_constants.json")
-_SAFE_OPERATOR = frozenset(["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "inv", "getitem", "lshift", "rshift", "matmul", "truth"])
+_SAFE_OPERATOR = frozenset(["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
+                            "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "inv",
+                            "getitem", "lshift", "rshift", "matmul", "truth"])
 _SAFE_TORCH_CALLABLES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum",
                          "sym_sqrt", "_sym_sqrt", "sym_fresh_size", "_check", "_check_is_size",
                          "sym_constrain_range", "sym_constrain_range_for_size", "_assert", "_assert_async")
-_SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True", "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise", "ITE", "Abs", "floor", "ceiling", "sqrt", "Max", "Min", "Add", "Mul", "Pow", "Mod"])
+_SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True",
+                          "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan",
+                          "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise",
+                          "ITE", "Abs", "floor", "ceiling", "sqrt", "Max", "Min", "Add", "Mul", "Pow", "Mod"])
 # torch writes expressions in sympy's srepr form: Mul(Integer(2), Symbol('s77', positive=True, integer=True))
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
                     r"|(?P<str>'[A-Za-z_][A-Za-z0-9_]*'|\"[A-Za-z_][A-Za-z0-9_]*\"|'[-+0-9.eE]+'|\"[-+0-9.eE]+\")"
@@ -153,9 +158,11 @@ def _target_problem(target: str) -> str | None:
             return None  # torch keeps the unresolved string
         obj = getattr(obj, part)
     if module is math:
-        return None if type(obj).__name__ == "builtin_function_or_method" else f"node target {target!r} is not a math function"
+        return (None if type(obj).__name__ == "builtin_function_or_method"
+                else f"node target {target!r} is not a math function")
     if module is operator:
-        return None if len(parts) == 1 and parts[0] in _SAFE_OPERATOR else f"node target {target!r} is not an arithmetic operator"
+        return (None if len(parts) == 1 and parts[0] in _SAFE_OPERATOR
+                else f"node target {target!r} is not an arithmetic operator")
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
         return None
     if any(obj is getattr(torch, n, None) for n in _SAFE_TORCH_CALLABLES):

@@ -149,7 +149,8 @@ def read_member(archive: CheckedZip, name: str) -> bytes:
                 parts.append(chunk)
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as e:
         raise ArchiveError(f"archive member {_shown(name)} cannot be read ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:160]}); the file is truncated or corrupt", path=archive.path) from e
+                           f"{' '.join(str(e).split())[:160]}); the file is truncated or corrupt",
+                           path=archive.path) from e
     return b"".join(parts)
 
 

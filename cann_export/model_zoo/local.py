@@ -200,7 +200,8 @@ class LocalStore:
         return [_row(r) for r in self._rows("SELECT * FROM versions WHERE name=? ORDER BY seq", (name,))]
 
     def aliases(self, name: str) -> dict[str, str]:
-        return {r["alias"]: r["version"] for r in self._rows("SELECT * FROM aliases WHERE name=? ORDER BY alias", (name,))}
+        return {r["alias"]: r["version"]
+                for r in self._rows("SELECT * FROM aliases WHERE name=? ORDER BY alias", (name,))}
 
     def alias_history(self, name: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows("SELECT alias, version, previous, time_utc, who FROM alias_log "

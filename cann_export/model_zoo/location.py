@@ -49,7 +49,8 @@ def parse(zoo: str | os.PathLike | None) -> tuple[str, str, dict[str, Any]]:
     root = (parts.netloc + parts.path).rstrip("/")
     if protocol in ("s3", "s3a"):
         protocol = "s3"
-        endpoint = options.pop("endpoint_url", None) or os.environ.get(ENV_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = (options.pop("endpoint_url", None) or os.environ.get(ENV_ENDPOINT)
+                    or os.environ.get("AWS_ENDPOINT_URL"))
         if endpoint:
             options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
         if not parts.netloc:

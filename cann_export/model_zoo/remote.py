@@ -97,7 +97,8 @@ class RemoteStore:
                     existing = self._read_json(self._p("models", name, version, "manifest.json"))
                 except FileNotFoundError:
                     existing = None
-                if existing is not None and (not isinstance(existing, dict) or existing.get("digest") != manifest["digest"]):
+                if existing is not None and (not isinstance(existing, dict)
+                                             or existing.get("digest") != manifest["digest"]):
                     raise ZooConflictError(f"{name} version {version} already exists with different contents; "
                                            "versions are immutable: publish under a new version (or omit --version)")
             for rel, entry in sorted(manifest["files"].items()):

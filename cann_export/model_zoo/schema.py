@@ -74,7 +74,8 @@ def check_manifest(manifest: Any, where: str, expected: str | None = None, name:
     if actual != manifest["digest"] or (expected is not None and expected != actual):
         raise ZooIntegrityError(f"{where}: manifest.json was changed after publish (digest mismatch); nothing was "
                                 "loaded. Restore the version or publish it again")
-    if (name is not None and manifest.get("name") != name) or (version is not None and manifest.get("version") != version):
+    if ((name is not None and manifest.get("name") != name)
+            or (version is not None and manifest.get("version") != version)):
         raise _refuse(where, f"says it is {str(manifest.get('name'))[:80]} version {str(manifest.get('version'))[:80]}")
     _check_sections(manifest, where)
     return manifest

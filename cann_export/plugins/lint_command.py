@@ -65,7 +65,8 @@ def _print_report(path: str, report: dict[str, Any]) -> None:
         click.echo(f"{f['severity']}: [{f['rule']}] {f['message']}")
     verdict = "passed" if report["passed"] else "FAILED"
     click.echo(f"{path}: ATC lint {verdict} for CANN {report['cann_version']} (opset {report['opset']}; "
-               f"{len(errors_)} error(s), {len(warnings_)} warning(s); op table: CANN {report['table']['cann_version']})")
+               f"{len(errors_)} error(s), {len(warnings_)} warning(s); "
+               f"op table: CANN {report['table']['cann_version']})")
 
 
 @hookimpl

@@ -18,7 +18,8 @@ def register_commands(cli):
 
     @cli.command("convert")
     @click.argument("artifact", type=click.Path(path_type=str))
-    @click.option("--soc-version", default=None, help="ATC --soc_version (default: the one the bundle was exported for).")
+    @click.option("--soc-version", default=None,
+                  help="ATC --soc_version (default: the one the bundle was exported for).")
     @click.option("-o", "--output", type=click.Path(path_type=str), default=None,
                   help="The .om to write (default: beside the input, <name>.om).")
     @click.option("--overwrite", is_flag=True, help="Replace an existing output.")

@@ -39,12 +39,15 @@ def publish_command(click: Any) -> Any:
     @click.argument("path", type=click.Path(path_type=str))
     @click.option("--name", required=True, help="Model name (letters, digits, '.', '_', '-').")
     @click.option("--version", "version", default=None, help="Explicit version (default: the next number).")
-    @click.option("--metadata", multiple=True, help="KEY=VALUE (license, task, base_model, metrics, tags go to the card); repeatable.")
+    @click.option("--metadata", multiple=True,
+                  help="KEY=VALUE (license, task, base_model, metrics, tags go to the card); repeatable.")
     @click.option("--alias", "aliases", multiple=True, help="Point this alias at the published version; repeatable.")
     @click.option("--model-class", default=None, help="pkg.module:Callable that rebuilds the module from the weights.")
     @click.option("--model-kwargs", default=None, help="JSON object of keyword arguments for --model-class.")
-    @click.option("--card", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None, help="A README.md to use as the model card body.")
-    @click.option("--artifact", "artifacts", multiple=True, help="An extra exported bundle / .onnx to store with the weights.")
+    @click.option("--card", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
+                  help="A README.md to use as the model card body.")
+    @click.option("--artifact", "artifacts", multiple=True,
+                  help="An extra exported bundle / .onnx to store with the weights.")
     @click.option("--trust-pickle", is_flag=True, help="Accept a pickled nn.Module (converted to safetensors).")
     @click.option("--sign", "sign", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
                   help="Sign the version with this ed25519 private key (PEM; `cann-export zoo keygen`).")
@@ -66,7 +69,8 @@ def publish_command(click: Any) -> Any:
                 _echo_json({"ok": True, **record})
             else:
                 state = "already published (identical contents)" if record["existed"] else "published"
-                click.echo(f"{record['name']} version {record['version']} {state}{' (signed)' if record['signed'] else ''}: "
+                click.echo(f"{record['name']} version {record['version']} "
+                           f"{state}{' (signed)' if record['signed'] else ''}: "
                            f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
             return 0
 
@@ -152,7 +156,8 @@ def pull_command(click: Any) -> Any:
     @click.argument("ref")
     @click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Directory to write.")
     @click.option("--target", default=None, help="Only the artifact for this soc_version or target key.")
-    @click.option("--overwrite", is_flag=True, help="Replace an existing output (only a directory an earlier pull wrote).")
+    @click.option("--overwrite", is_flag=True,
+                  help="Replace an existing output (only a directory an earlier pull wrote).")
     @_common
     def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> None:
         """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""

@@ -67,7 +67,8 @@ class LowerFakeQuant:
             raise StripError(f"could not find the ONNX node of quantized layer(s) {', '.join(missing)} to lower; "
                              "export with --no-simplify or --exporter torchscript, or skip these modules in "
                              "quant_config")
-        ctx.reports.quantization_report().layers = {p: _summary(ctx.quant_table[p], lowered[p]) for p in sorted(lowered)}
+        ctx.reports.quantization_report().layers = {p: _summary(ctx.quant_table[p], lowered[p])
+                                                    for p in sorted(lowered)}
         return model
 
 
@@ -104,7 +105,8 @@ def insert_qdq(model: Any, table: dict[str, dict[str, Any]], paths: dict[str, st
         graph.initializer.extend([numpy_helper.from_array(np.array(q["act_scale"], np.float32), s_name),
                                   numpy_helper.from_array(np.array(q["act_zero_point"], np.int8), z_name)])
         x = node.input[0]
-        new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name], [f"{tag}_act_q"], name=f"{tag}_act_quant"))
+        new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name], [f"{tag}_act_q"],
+                                          name=f"{tag}_act_quant"))
         new_nodes.append(helper.make_node("DequantizeLinear", [f"{tag}_act_q", s_name, z_name], [f"{tag}_act_dq"],
                                           name=f"{tag}_act_dequant"))
         node.input[0] = f"{tag}_act_dq"

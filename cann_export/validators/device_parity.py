@@ -50,7 +50,8 @@ def _worst_set(actual: list[list[np.ndarray]], expected: list[list[np.ndarray]])
         a, e = np.asarray(a, dtype=np.float64).ravel(), np.asarray(e, dtype=np.float64).ravel()
         return cosine(a, e) if a.shape == e.shape else 0.0
 
-    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False)) for act, exp in zip(actual, expected, strict=False)]))
+    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False))
+                          for act, exp in zip(actual, expected, strict=False)]))
 
 
 def _chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:

@@ -35,7 +35,8 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any
 
 def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> bool:
     """Whether every output passes ``compare`` against its expected one (and the counts agree)."""
-    return len(actual) == len(expected) and all(compare(a, e, tol)["passed"] for a, e in zip(actual, expected, strict=False))
+    return len(actual) == len(expected) and all(compare(a, e, tol)["passed"]
+                                                for a, e in zip(actual, expected, strict=False))
 
 
 def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
@@ -89,7 +90,8 @@ def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def compare_quantized(actual: np.ndarray, expected: np.ndarray, bits: int = 8, min_cosine: float = 0.999) -> dict[str, Any]:
+def compare_quantized(actual: np.ndarray, expected: np.ndarray, bits: int = 8,
+                      min_cosine: float = 0.999) -> dict[str, Any]:
     """A Q/DQ graph against the fake-quant model: max abs error within one quantization step of the
     output (its range / (2**bits - 1)) and cosine >= ``min_cosine``."""
     if actual.shape != expected.shape:

@@ -11,7 +11,8 @@ from typing import Any
 from ..reports import ParityReport, PrecisionFix, Reports
 
 
-def run_onnx(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
+def run_onnx(path: Path, input_sets: list[dict[str, Any]],
+             quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
     """Run every input set through onnxruntime (CPU); returns output names and outputs per set.
 
     A Q/DQ graph runs with basic optimisations only: onnxruntime's extended level fuses Q/DQ into u8s8
@@ -139,7 +140,8 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         device = device_report(model, mode, keep, *args)
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
-                  device={"passed": device["passed"], "tolerance": device.get("tolerance"), "outputs": device["outputs"]},
+                  device={"passed": device["passed"], "tolerance": device.get("tolerance"),
+                          "outputs": device["outputs"]},
                   passed=bool(graph["passed"] and device["passed"]))
     for key in ("first_divergence", "fixed_by_keep_dtype"):
         if key in device:
