@@ -75,8 +75,8 @@ def round_trip(name, path, feed, call):
     err = float(np.abs(got.cpu().numpy() - ref).max())
     with torch.no_grad():  # and back: .cpu() retargets the program's baked-in devices too
         back = call(loaded.cpu(), feed)
-    assert back.device.type == "cpu" and torch.allclose(back, got.cpu(), atol=1e-5), \
-float((back - got.cpu()).abs().max())
+    drift = float((back - got.cpu()).abs().max())
+    assert back.device.type == "cpu" and torch.allclose(back, got.cpu(), atol=1e-5), drift
     return {"version": info["version"], "err": err, "step": one_step(ref), "shape": list(ref.shape)}
 """
 

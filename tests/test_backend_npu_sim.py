@@ -149,8 +149,8 @@ OPS = ENABLE + textwrap.dedent("""
         # a block of its own (mmap'd): reading past the old size would fault, not read a neighbour
         "resize_ grow big": lambda a, b, i, m: (lambda t: t.resize_(1 << 20)[:1 << 16])(
             torch.ones(1 << 16, device=a.device)),
-        "view after swap": lambda a, b, i, m: (lambda v: (setattr(a, "data", b * 0), torch.randn(64), v)[2])(\
-a.view(20)),
+        "view after swap": lambda a, b, i, m: (lambda v: (setattr(a, "data", b * 0), torch.randn(64), v)[2])(
+            a.view(20)),
         "in-place views": lambda a, b, i, m: (a.view(-1).add_(1), a.t_(), a.unsqueeze_(0))[2],
     }
     torch.manual_seed(0)

@@ -2,9 +2,8 @@
 
 While it is on, every outermost module called is compiled in place (``module.compile(backend=...)``) and
 runs compiled from then on; modules called inside it are traced with it. Turning it off puts every module
-it compiled back to eager. The backend: ``aot_eager`` on npu-sim (inductor has no code generator for it), \
-torchair's NPU backend
-on a real Ascend device when torchair imports, else torch.compile's default.
+it compiled back to eager. The backend: ``aot_eager`` on npu-sim (inductor has no code generator for it),
+torchair's NPU backend on a real Ascend device when torchair imports, else torch.compile's default.
 """
 from __future__ import annotations
 
