@@ -10,7 +10,7 @@ from . import errors, pipeline
 from .atc import hints as atc_hints
 from .context import ExportContext
 from .fs import atomic
-from .hooks import manager as plugins
+from .hooks import manager
 from .hooks.contracts import Format, ResultInfo, optional
 from .options import ExportOptions, Tolerance
 from .pipeline.stage import ProgressFn
@@ -47,7 +47,7 @@ class ExportResult:
         ``--json`` keys, the label the CLI prints and notes."""
         from .hooks.contracts import Format, optional
 
-        fmt = plugins.registry().formats().get(self.format)
+        fmt = manager.registry().formats().get(self.format)
         result_info = optional(fmt, Format, "result_info") if fmt is not None else None
         return result_info(self.manifest, Path(self.output)) if result_info else ResultInfo()
 
@@ -95,8 +95,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
 def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:
     """The options checked against the registries and the output checked replaceable, before any heavy work."""
-    formats = plugins.registry().formats()
-    opts.check(formats, [e.name for e in plugins.registry().exporters()])
+    formats = manager.registry().formats()
+    opts.check(formats, [e.name for e in manager.registry().exporters()])
     hint_warnings = atc_hints.resolve(opts)
     protect = tuple(p for p in (model if isinstance(model, (str, Path)) else None, opts.example_inputs_file,
                                 opts.calibration_data) if p)
@@ -141,7 +141,7 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     replace it explicitly), never under the tolerance the manifest records. Any difference between what the
     manifest claims and what was re-derived raises ``BundleMismatchError`` (exit 2) listing each one;
     ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised."""
-    from .bundle import rederive as bundle_check
+    from .bundle import rederive
     from .bundle.read import manifest_sha256, open_bundle
     from .fs import digests
 
@@ -159,12 +159,12 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         if expect_sha256 is not None and digest != expect_sha256.lower():
             raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
                                        "this is not the bundle that was pinned", path=path)
-        checked = bundle_check.check_bundle(directory, container=container, raise_on_difference=False)
+        checked = rederive.check_bundle(directory, container=container, raise_on_difference=False)
         try:
-            report, parity_diffs = bundle_check.rederive_parity(checked, tol, explicit)
+            report, parity_diffs = rederive.rederive_parity(checked, tol, explicit)
         except errors.ExportError as e:
             if checked.differences:  # the parity data is unusable because the bundle was changed
-                raise bundle_check.BundleMismatchError(checked.differences, path=path) from e
+                raise rederive.BundleMismatchError(checked.differences, path=path) from e
             raise
         except Exception as e:
             if not checked.differences:
@@ -172,7 +172,7 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
             report, parity_diffs = {}, []
         differences = checked.differences + parity_diffs
         if differences:
-            raise bundle_check.BundleMismatchError(differences, path=path)
+            raise rederive.BundleMismatchError(differences, path=path)
     report["bundle"] = str(bundle)
     report["manifest_sha256"] = digest
     return report

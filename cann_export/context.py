@@ -1,15 +1,185 @@
-"""The context that flows through the export stages, and what a loader returns."""
+"""The context that flows through the export stages, what a loader returns, and what the stages report.
+
+The reports are typed records; each has ``to_dict()``: the exact JSON that manifest.json, parity.json and
+``--json`` hold (fields in declared order, unset ones left out)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .options import ExportOptions
-from .reports import CaptureReport, Reports
 
 if TYPE_CHECKING:
     from .capture.large_graph import LargeGraph
+
+# What a Validator.check returns: "passed", usually "findings", and the validator's own keys.
+ValidatorReport = dict[str, Any]
+
+
+def compact(record: Any) -> dict[str, Any]:
+    """``record``'s fields in declared order, None left out, nested records as their ``to_dict()``."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            value = [v.to_dict() if hasattr(v, "to_dict") else v for v in value]
+        elif hasattr(value, "to_dict"):
+            value = value.to_dict()
+        out[f.name] = value
+    return out
+
+
+@dataclass(slots=True)
+class CaptureAttempt:
+    """One exporter's try: the opset of the valid graph it wrote, or why it failed."""
+
+    exporter: str
+    opset: int | None = None  # the opset the exporter wrote (its graph passed the check)
+    error: str | None = None  # why there is no graph ("does not support this model type", the exception)
+    note: str | None = None  # why the graph missed the requested opset
+
+    def to_dict(self) -> dict[str, Any]:
+        return compact(self)
+
+
+@dataclass(slots=True)
+class CaptureReport:
+    """The capture stage's outcome: which exporter wrote the graph, at what opset, and every attempt."""
+
+    exporter: str
+    opset: int
+    opset_requested: int
+    attempts: list[CaptureAttempt] = field(default_factory=list)
+    specialized: dict[str, Any] | None = None  # a traced graph that warned: {traced_path_only, accepted, warnings}
+    warning: str | None = None  # another opset than requested was written (no --strict-opset)
+
+    def to_dict(self) -> dict[str, Any]:
+        return compact(self)
+
+
+@dataclass(slots=True)
+class DeviceParity:
+    """The emulated device-precision run of a parity report (atc_ready / om), judged apart from fp32."""
+
+    passed: bool
+    tolerance: dict[str, Any] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "tolerance": self.tolerance, "outputs": self.outputs}
+
+
+@dataclass(slots=True)
+class ParityReport:
+    """The parity verdict of the written graph (parity.json). The nested levels stay plain JSON data."""
+
+    reference: str
+    runtime: str
+    input_sets: int
+    tolerance: dict[str, Any]
+    outputs: list[dict[str, Any]]  # per output: name, shape, max_abs, max_rel, cosine, passed, ...
+    passed: bool = False
+    reason: str | None = None
+    precision: dict[str, Any] | None = None  # the device precision mode emulated (and --fix-precision's rounds)
+    graph_fp32: dict[str, Any] | None = None  # the fp32 verdict when a device run replaced ``outputs``
+    device: DeviceParity | None = None
+    first_divergence: dict[str, Any] | None = None  # the node where device precision breaks
+    fixed_by_keep_dtype: list[str] | None = None
+    input_sets_from: dict[str, int] | None = None  # example / random / parity_data counts
+    trace_specialized: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParityReport:
+        """From the dict the parity builders assemble; an unknown top-level key is a TypeError."""
+        values = dict(data)
+        if isinstance(values.get("device"), dict):
+            values["device"] = DeviceParity(**values["device"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return compact(self)
+
+
+@dataclass(slots=True)
+class Warnings:
+    """Things the user should know that did not stop the export (manifest.json's "warnings")."""
+
+    atc_hints: list[str] | None = None  # from resolving --atc-hint
+    inputs: str | None = None  # example inputs inferred from the first layer
+    torch_program: str | None = None  # why the bundle has no torch/program.pt2
+
+    def to_dict(self) -> dict[str, Any]:
+        return compact(self)
+
+
+@dataclass(slots=True)
+class ReferenceReport:
+    """The PyTorch reference: where it ran and how many input sets of each kind it ran on."""
+
+    device: str | None = None
+    input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
+
+
+@dataclass(slots=True)
+class StripReport:
+    """The strip stage: the module passes that ran and the Conv-BN pairs folded in the module."""
+
+    module_passes: list[str] = field(default_factory=list)
+    conv_bn_folded_in_module: Any = None
+
+
+@dataclass(slots=True)
+class QuantizationReport:
+    """--qat / --ptq, or a model quantized in Python (manifest.json's and the graph's "quantization")."""
+
+    mode: str | None = None
+    config: dict[str, Any] | None = None
+    calibration_data: dict[str, Any] | None = None  # path, sha256, samples
+    quantized_layers: int | None = None
+    device: str | None = None  # where QAT fine-tuned
+    qat: dict[str, Any] | None = None  # steps, lr, first and last loss
+    folded_bn_at_export: Any = None
+    torch_ao: dict[str, Any] | None = None  # a torch.ao prepare_qat model's fake quantizers
+    layers: dict[str, dict[str, Any]] | None = None  # module path -> the Q/DQ it was lowered to
+    int8_vs_float: dict[str, Any] | None = None  # the accuracy cost of int8, apart from parity
+
+    def to_dict(self) -> dict[str, Any]:
+        return compact(self)
+
+
+@dataclass(slots=True)
+class PrecisionFix:
+    """What --fix-precision kept in fp32 (keep_dtype.cfg) and whether device parity then passed."""
+
+    kept: list[str] = field(default_factory=list)
+    fixed: bool = False
+    passed: bool | None = None
+
+
+@dataclass(slots=True)
+class Reports:
+    """Every report of an export, one typed field each."""
+
+    warnings: Warnings = field(default_factory=Warnings)
+    reference: ReferenceReport = field(default_factory=ReferenceReport)
+    strip: StripReport = field(default_factory=StripReport)
+    quantization: QuantizationReport | None = None
+    atc: dict[str, Any] = field(default_factory=dict)  # ATC options, command and the om (manifest.json's "atc")
+    precision_fix: PrecisionFix | None = None
+    parity: ParityReport | None = None
+    lint: dict[str, ValidatorReport] = field(default_factory=dict)  # lint-stage validators, by name
+    validators: dict[str, ValidatorReport] = field(default_factory=dict)  # other validate-stage validators
+    publish: dict[str, Any] | None = None  # the model zoo record (--publish)
+
+    def quantization_report(self, mode: str | None = None) -> QuantizationReport:
+        """The quantization report, started with ``mode`` when there is none yet."""
+        if self.quantization is None:
+            self.quantization = QuantizationReport(mode=mode)
+        return self.quantization
 
 
 @dataclass(slots=True)

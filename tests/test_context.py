@@ -13,7 +13,7 @@ from cann_export import hookimpl
 from cann_export.context import ExportContext
 from cann_export.hooks.manager import get_plugin_manager
 from cann_export.options import ExportOptions
-from cann_export.reports import CaptureAttempt, CaptureReport, ParityReport, Reports
+from cann_export.context import CaptureAttempt, CaptureReport, ParityReport, Reports
 
 
 def test_an_undeclared_context_field_cannot_be_set():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OptionsError
-from ..hooks import manager as plugin_manager
+from ..hooks import manager
 
 DEFAULT_PRECISION_MODE = "force_fp16"
 
@@ -12,7 +12,7 @@ DEFAULT_PRECISION_MODE = "force_fp16"
 def resolve(options: Any) -> list[str]:
     """Normalise ``options.atc_hints`` in place; return warnings. Raises OptionsError naming both
     options of a refused combination, or listing the known hints for an unknown one."""
-    specs = plugin_manager.registry().atc_hints()
+    specs = manager.registry().atc_hints()
     hints = dict(options.atc_hints or {})
     unknown = sorted(k for k in hints if k not in specs)
     if unknown:

@@ -8,9 +8,9 @@ pipeline's ``auto`` may pick it; ``resolve("auto")`` picks the highest-priority 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,16 @@
 """The annotate stage: metadata, provenance, ATC hints and module paths into the graph's metadata_props."""
 from __future__ import annotations
 
-
 from ..capture import module_paths
-from ..hooks import manager as plugins
 from ..context import ExportContext
+from ..hooks import manager
 
 
 def annotate(ctx: ExportContext) -> str | None:
     from ..capture.onnx_utils import set_metadata
     from ..fs.jsonio import dumps
 
-    ctx.provenance = plugins.registry().provenance(ctx)
+    ctx.provenance = manager.registry().provenance(ctx)
     ctx.metadata = {str(k): str(v) for k, v in ctx.options.metadata.items()}
     props = dict(ctx.metadata)
     props.update({f"cann_export.{k}": v for k, v in ctx.provenance.items()})

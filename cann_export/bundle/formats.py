@@ -22,11 +22,11 @@ def _external(ctx: ExportContext) -> bool:
 
 
 def _save(ctx: ExportContext, path: Path) -> list[Path]:
-    from ..capture import large_graph as large_model
+    from ..capture import large_graph
     from ..capture.onnx_utils import save_model
 
-    if large_model.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
-        return large_model.save(ctx.onnx_model, path, ctx)
+    if large_graph.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
+        return large_graph.save(ctx.onnx_model, path, ctx)
     return save_model(ctx.onnx_model, path, _external(ctx))
 
 

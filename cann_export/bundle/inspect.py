@@ -8,8 +8,7 @@ from typing import Any
 
 from ..errors import ValidateError
 from ..hooks.contracts import Container, Format, optional
-from . import rederive as bundle_check
-from . import single_file as bundle_zip
+from . import rederive, single_file
 from .read import has_atc, manifest_sha256, open_bundle
 
 PLAIN_ONNX = "onnx"  # the kind of a plain .onnx file (no manifest, so no format)
@@ -31,14 +30,14 @@ def describe(path: Path) -> dict[str, Any]:
     except ValidateError as e:
         e.stage = "inspect"
         raise
-    if container is None and bundle_zip.is_bundle_archive(path):
+    if container is None and single_file.is_bundle_archive(path):
         info["container"] = "archive"
     info["path"] = str(path)
     return {**info, **own}
 
 
 def _describe_bundle(directory: Path, container: Container | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    checked = bundle_check.check_bundle(directory, container=container)
+    checked = rederive.check_bundle(directory, container=container)
     manifest = checked.manifest
     info = _describe(directory / manifest["model"]["file"], manifest)
     info["manifest_sha256"] = manifest_sha256(directory)
@@ -46,7 +45,7 @@ def _describe_bundle(directory: Path, container: Container | None) -> tuple[dict
     if has_atc(manifest):
         info["atc"] = {**manifest["atc"], "command": checked.command}
     own: dict[str, Any] = {}
-    for fmt in bundle_check.artifact_formats(checked):
+    for fmt in rederive.artifact_formats(checked):
         extra = optional(fmt, Format, "describe")
         own.update(extra(checked) if extra else {})
     return info, own

@@ -265,7 +265,7 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
     argument, matching an Ascend SoC pattern; ``--model``/``--output`` fixed to the work directory), never a
     command read from the manifest. The ``.om`` is renamed into place and ATC's log kept beside it as
     ``<name>.atc.log``."""
-    from . import rederive as bundle_check
+    from . import rederive
     from .read import open_bundle
 
     path = Path(artifact)
@@ -273,10 +273,10 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
         raise ValidateError("not found; pass an atc_ready/om bundle directory or an om-stub", path=path,
                             stage="convert")
     if soc_version is not None:
-        bundle_check.check_soc(soc_version)
+        rederive.check_soc(soc_version)
     with open_bundle(path) as (bundle, container):
         try:
-            checked = bundle_check.check_bundle(bundle, container=container, stage="convert")
+            checked = rederive.check_bundle(bundle, container=container, stage="convert")
         except ValidateError as e:
             e.stage = "convert"
             raise
@@ -292,14 +292,14 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
         work = atomic.staging_dir(out)
         try:
             _stage_inputs(bundle, checked, work)
-            args = bundle_check.render(checked, work, soc_version)["command"]
+            args = rederive.render(checked, work, soc_version)["command"]
             soc = checked.options.soc_version if soc_version is None else soc_version
             code, text = run_atc(args, work, work / "atc.log", atc)
             os.replace(work / "atc.log", log_target)
             if code != 0:
                 raise AtcError(f"ATC failed (exit {code}): {atc_error_text(text)}. Full log: {log_target}",
                                path=path, stage="convert")
-            om = work / f"{bundle_check.OUTPUT_STEM}.om"
+            om = work / f"{rederive.OUTPUT_STEM}.om"
             if not om.is_file():
                 raise AtcError(f"ATC exited 0 but wrote no {om.name}; see {log_target}", path=path, stage="convert")
             digest, size = digests.sha256_file(om), om.stat().st_size

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ValidateError, WriteError
 from ..fs import digests
-from . import single_file as bundle_zip
+from . import single_file
 
 MAGIC = 0x444F4D49
 HEAD_SIZE = 256
@@ -93,12 +93,12 @@ def write_stub(path: str | Path, bundle_dir: str | Path, model_name: str,
     """Write an om-stub at ``path`` holding every file under ``bundle_dir`` (``path`` and ``exclude``
     left out); the zip is written in place after the header, and the file is renamed into place when whole."""
     path, bundle_dir = Path(path), Path(bundle_dir)
-    files = bundle_zip.bundle_files(bundle_dir, (path, *exclude))
+    files = single_file.bundle_files(bundle_dir, (path, *exclude))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.stub.tmp")
     try:
         with open(tmp, "w+b") as out:
             out.write(b"\0" * HEAD_SIZE)
-            bundle_zip.write_zip(out, bundle_dir, files)
+            single_file.write_zip(out, bundle_dir, files)
             length = out.tell() - HEAD_SIZE
             if length > _MAX_LENGTH:
                 raise WriteError(f"the bundle is {length} bytes zipped, past the 4 GiB an om header's length "
@@ -202,7 +202,7 @@ def extract_stub(path: str | Path, dest_dir: str | Path) -> dict[str, Any]:
     info = read_header(path)
     try:
         with zipfile.ZipFile(path) as zf:
-            bundle_zip.extract(zf, info["length"], dest_dir, path, "om-stub payload")
+            single_file.extract(zf, info["length"], dest_dir, path, "om-stub payload")
     except zipfile.BadZipFile as e:
         raise ValidateError(f"om-stub payload is not a readable bundle ({e}); the file is damaged",
                             path=path) from e

@@ -15,7 +15,7 @@ from ..errors import ValidateError
 from ..fs import digests
 from ..fs.atomic import is_safe_relpath
 from ..hooks.contracts import Container, Format, optional
-from . import single_file as bundle_zip
+from . import single_file
 
 MODEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.onnx")
 
@@ -205,10 +205,10 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
         directory = Path(tmp)
         container = _unpack(path, directory)
         if container is None:
-            if not bundle_zip.is_bundle_archive(path):
+            if not single_file.is_bundle_archive(path):
                 yield path, None
                 return
-            bundle_zip.extract_archive(path, directory)
+            single_file.extract_archive(path, directory)
         try:
             yield directory, container
         except ValidateError as e:

@@ -176,7 +176,7 @@ def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any
 def render(checked: CheckedBundle, target: Path, soc_version: str | None = None) -> dict[str, Any]:
     """Render atc/ into ``target`` from the validated options; returns the ATC report (command included)."""
     from ..atc.command import render as render_atc
-    from ..reports import PrecisionFix, Reports
+    from ..context import PrecisionFix, Reports
 
     opts = atc_options(checked.manifest, soc_version)
     kept = (checked.manifest.get("parity") or {}).get("fixed_by_keep_dtype") or []

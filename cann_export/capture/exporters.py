@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import large_graph as large_model
+from . import large_graph
 from .module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
@@ -62,7 +62,7 @@ class DynamoExporter:
         with quiet_export():
             graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
-        if asked < native and large_model.state(ctx) is not None:  # weights on disk: no copy to convert in memory
+        if asked < native and large_graph.state(ctx) is not None:  # weights on disk: no copy to convert in memory
             ctx.capture_notes = [*ctx.capture_notes,
                                  f"dynamo: opset {asked}: not converted down (a graph with external data)"]
         elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
@@ -76,8 +76,8 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
-    if large_model.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        return large_model.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
+    if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
+        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
                                         ctx)
     try:
         program = torch.export.export(model, args, kwargs=kwargs, strict=False)
@@ -100,7 +100,7 @@ def _optimized(program: Any, ctx: Any) -> Any:
     folds = remember_folds(program.model.graph)
     program.optimize()
     restore_folds(program.model.graph, folds)
-    return large_model.dynamo_graph(program, ctx)
+    return large_graph.dynamo_graph(program, ctx)
 
 
 def contiguous_before_views(program: Any) -> int:
@@ -210,7 +210,7 @@ class TorchScriptExporter:
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
                 do_constant_folding=True,
             )
-            graph = large_model.load_captured(path, ctx)
+            graph = large_graph.load_captured(path, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from .trace_check import tracer_findings
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 from typing import Any
 
 from .. import errors
-from ..capture import large_graph as large_model
-from ..capture import module_paths
-from ..hooks import manager as plugins
 from ..context import ExportContext
+from ..hooks import manager
 from ..inputs.reference import reference_outputs
-from ..reports import CaptureAttempt, CaptureReport
+from ..context import CaptureAttempt, CaptureReport
+from . import large_graph, module_paths
 
 
 def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    exporters = plugins.registry().exporters()
+    exporters = manager.registry().exporters()
     if ctx.options.exporter != "auto":
         exporters = [e for e in exporters if e.name == ctx.options.exporter]
     attempts: list[CaptureAttempt] = []
@@ -42,7 +41,7 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
              traced: dict[str, list[dict[str, Any]]]) -> Any:
     """One exporter's try, recorded in ``attempts``: its valid graph, or None."""
     from ..backend.eval_mode import to_eval
-    from ..capture.onnx_utils import check_graph, opset_of
+    from .onnx_utils import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
         attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
@@ -52,7 +51,7 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         ctx.trace_warnings = []
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
-        large_model.check(model, ctx) if large_model.state(ctx) else check_graph(model)
+        large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
@@ -69,7 +68,7 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
 def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
             traced: dict[str, list[dict[str, Any]]]) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
-    from ..capture.onnx_utils import opset_of
+    from .onnx_utils import opset_of
 
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
@@ -99,7 +98,7 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
 def _specialised(ctx: ExportContext) -> None:
     """A traced graph that warned: record it, and the reference on inputs that may take other paths
     (from the stripped module, which is what was traced)."""
-    from ..capture import trace_check
+    from . import trace_check
 
     trace_check.record(ctx, ctx.trace_warnings)
     if ctx.options.validate and not ctx.quant_table:

@@ -5,7 +5,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
-from . import tensors as inputs_mod
+from .tensors import flatten_outputs
 
 
 def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
@@ -29,7 +29,7 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
                     f"{errors.gist(e)}. Check the input names, shapes and dtypes "
                     f"(forward takes {', '.join(accepted) or 'unknown parameters'})",
                     path=ctx.loaded.source_path) from e
-            names, tensors = inputs_mod.flatten_outputs(out)
+            names, tensors = flatten_outputs(out)
             if not tensors:
                 raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
             outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)

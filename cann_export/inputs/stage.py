@@ -6,10 +6,10 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
-from ..hooks import manager as plugins
-from ..inputs import tensors as inputs_mod
-from ..inputs.providers import accepted_names
-from ..inputs.reference import reference_outputs
+from ..hooks import manager
+from . import tensors
+from .providers import accepted_names
+from .reference import reference_outputs
 
 
 def prepare(ctx: ExportContext) -> str | None:
@@ -37,14 +37,14 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
     """The first answer of the input providers (in priority order), on the CPU, checked against the model's
     inputs and ordered as it takes them; a PrepareError naming the flags to pass when none answers."""
     from ..backend.placement import cpu_copy
-    from ..inputs.shape_inference import no_inputs_message
+    from .shape_inference import no_inputs_message
 
-    answer = next((a for p in plugins.registry().input_providers() if (a := p.provide(ctx)) is not None), None)
+    answer = next((a for p in manager.registry().input_providers() if (a := p.provide(ctx)) is not None), None)
     if answer is None:
         raise errors.PrepareError(no_inputs_message(accepted), path=ctx.loaded.source_path)
     feed, source = answer
     feed = cpu_copy(feed)  # inputs recorded on npu / cuda: capture and the reference start from the CPU
-    inputs_mod.check_input_names(list(feed), accepted, source)
+    tensors.check_input_names(list(feed), accepted, source)
     if ctx.loaded.kind != "module":  # positional graphs need every input, in order
         missing = [n for n in accepted if n not in feed]
         if missing:
@@ -56,19 +56,19 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
 
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
     """The seeded random variants and the --parity-data samples, recorded in the reference report."""
-    from ..inputs.signature import feed_embedding_rows
+    from .signature import feed_embedding_rows
 
     opts = ctx.options
     # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
     # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
     quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
-    kinds = ("normal",) if quantized else inputs_mod.FLOAT_DISTRIBUTIONS
+    kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples = [], []
     if opts.validate:
         vocab = feed_embedding_rows(ctx.model, feed)
-        variants = inputs_mod.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
+        variants = tensors.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
         if opts.parity_data:
-            from ..inputs.parity_data import read_parity_data
+            from .parity_data import read_parity_data
 
             samples = read_parity_data(opts.parity_data, feed)
     ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}

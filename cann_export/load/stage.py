@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..capture import large_graph as large_model
-from ..hooks import manager as plugins
+from ..capture import large_graph
 from ..context import ExportContext, LoadedModel
+from ..hooks import manager
 
 
 def load(ctx: ExportContext) -> str | None:
@@ -26,7 +26,7 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.nn.Module):
         ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
     elif isinstance(src, (str, Path)):
-        ctx.loaded = load_path(Path(src), ctx.options, plugins.registry().loaders())
+        ctx.loaded = load_path(Path(src), ctx.options, manager.registry().loaders())
     else:
         raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
                                "or the path of a model file")
@@ -42,7 +42,7 @@ def _private_copy(module: Any, share_weights: bool = False) -> Any:
     from ..backend.placement import cpu_copy
 
     try:
-        return cpu_copy(module, large_model.shared_weights_memo(module) if share_weights else None)
+        return cpu_copy(module, large_graph.shared_weights_memo(module) if share_weights else None)
     except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "

@@ -1,14 +1,13 @@
 """The publish stage: the committed artifact into the model zoo."""
 from __future__ import annotations
 
-
 from .. import errors
 from ..context import ExportContext
 
 
 def publish(ctx: ExportContext) -> str | None:
     """Publish the committed artifact to the model zoo (refused when parity failed)."""
-    from ..model_zoo import publish as zoo_publish
+    from . import publish as zoo_publish
 
     parity = ctx.reports.parity
     if parity is not None and not parity.passed:

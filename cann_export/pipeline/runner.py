@@ -8,7 +8,7 @@ from .. import errors
 from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
-from ..hooks import manager as plugins
+from ..hooks import manager
 from .stage import ProgressFn, Stage
 from .table import STAGE_NAMES, STAGES
 
@@ -17,7 +17,7 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
     """Run ``stages`` in order until one fails or one halts the process (``ctx.halted``: a DDP rank other
     than 0). A failure before the artifact is committed discards its staging, so nothing is left at the
     output; the capture's work directory beside the output is removed however the run ends."""
-    registry = plugins.registry()
+    registry = manager.registry()
     try:
         for stage in stages:
             if ctx.halted:
@@ -30,7 +30,7 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
         large_graph.cleanup(ctx)
 
 
-def run_one(ctx: ExportContext, stage: Stage, registry: plugins.Registry, progress: ProgressFn | None) -> str:
+def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progress: ProgressFn | None) -> str:
     """One stage: "skipped" when its options do not ask for it; else through the ``run_stage`` hook. Errors
     that are not already an ``ExportError`` are wrapped in the stage's error with their gist, so the CLI
     never shows a traceback for them."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 from .. import errors
 from ..bundle import annotate
 from ..capture import stage as capture
+from ..context import ExportContext
 from ..inputs import stage as inputs
 from ..load import stage as load
 from ..model_zoo import stage as zoo
-from ..context import ExportContext
 from ..options import ExportOptions
 from ..passes import stage as passes
 from ..qat import stage as qat

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import click
 

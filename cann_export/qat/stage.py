@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
-from ..reports import QuantizationReport
+from ..context import QuantizationReport
 
 TRAINABLE_HINT = ("pass a state_dict / checkpoint / .safetensors with --model-class, or an nn.Module in Python; "
                   "TorchScript archives and torch.export programs cannot be trained")

@@ -8,8 +8,8 @@ summation order).
 from __future__ import annotations
 
 import os
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..reports import ParityReport, PrecisionFix, Reports
+from ..context import ParityReport, PrecisionFix, Reports
 
 
 def run_onnx(path: Path, input_sets: list[dict[str, Any]],

@@ -4,15 +4,15 @@ from __future__ import annotations
 from typing import Any
 
 from .. import errors
-from ..hooks import manager as plugins
 from ..context import ExportContext
-from ..reports import ParityReport, ValidatorReport
+from ..hooks import manager
+from ..context import ParityReport, ValidatorReport
 
 
 def run_validators(ctx: ExportContext, stage: str) -> str | None:
     """Run the validators of ``stage``. A failed lint raises (unless ``--lint warn``/``off``); a failed
     parity is recorded and reported through the result instead."""
-    validators = [v for v in plugins.registry().validators() if v.stage == stage and _applies(v, ctx.format)]
+    validators = [v for v in manager.registry().validators() if v.stage == stage and _applies(v, ctx.format)]
     if stage == "lint" and ctx.options.lint == "off":
         validators = []
     if not validators:
