@@ -88,10 +88,10 @@ def test_a_misspelled_hookimpl_in_an_entry_point_plugin_fails_at_load(tmp_path, 
     (dist / "entry_points.txt").write_text("[cann_export]\ntypo = cannplug_typo\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("CANN_EXPORT_LOAD_PLUGINS", "typo")
-    monkeypatch.setattr(manager, "_pm", None)
+    monkeypatch.setattr(manager._loaded, "pm", None)
     with pytest.raises(errors.PluginError, match="'typo' implements 'provenence'.*'provenance'"):
         manager.get_plugin_manager()
-    assert manager._pm is None  # nothing half-loaded is kept
+    assert manager._loaded.pm is None  # nothing half-loaded is kept
     res = CliRunner().invoke(cli, ["plugins"])
     assert res.exit_code == 2 and "error: [plugins]" in res.stderr and "provenence" in res.stderr
     assert "Traceback" not in res.output
