@@ -19,6 +19,27 @@ def cli_env(monkeypatch):
 
 
 @pytest.fixture
+def plugin():
+    """Register a plugin made of hookimpls (``{"hook_name": fn}``) for one test; unregistered after it."""
+    import types
+
+    from cann_export.hooks.manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    registered = []
+
+    def register(namespace: dict, name: str):
+        module = types.SimpleNamespace(**namespace)
+        pm.register(module, name=name)
+        registered.append(module)
+        return module
+
+    yield register
+    for module in registered:
+        pm.unregister(module)
+
+
+@pytest.fixture
 def run_ort():
     """Run an ONNX file in onnxruntime with named numpy/torch inputs."""
     import numpy as np

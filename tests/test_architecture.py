@@ -5,19 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.callgraph import modules
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cann_export", "cann")
 
 
 def _modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join(parts)] = path
-    return found
+    return modules(PACKAGES)
 
 
 def _import_graph() -> dict[str, set[str]]:

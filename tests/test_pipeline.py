@@ -1,6 +1,5 @@
 """The stage table and its hooks: a plugin wraps or replaces a stage, a third-party format's failure is a
 [write] error, example inputs come from registered providers, and dtypes from the model, not from names."""
-import types
 from pathlib import Path
 
 import pytest
@@ -10,28 +9,12 @@ from helpers.toy_models import make_mlp
 
 import cann_export
 from cann_export import errors, hookimpl
-from cann_export.hooks.manager import get_plugin_manager, registry
+from cann_export.hooks.manager import registry
 from cann_export.options import ExportOptions
 from cann_export.pipeline.table import STAGE_NAMES, STAGES
 
 # an int32 tensor default in a forward signature: its dtype is what signature_dtype reads
 _INT32_DEFAULT = torch.zeros(2, dtype=torch.int32)
-
-
-@pytest.fixture
-def plugin():
-    pm = get_plugin_manager()
-    registered = []
-
-    def register(namespace: dict, name: str):
-        module = types.SimpleNamespace(**namespace)
-        pm.register(module, name=name)
-        registered.append(module)
-        return module
-
-    yield register
-    for module in registered:
-        pm.unregister(module)
 
 
 def test_the_table_numbers_twelve_stages_and_commit_comes_after_validate():

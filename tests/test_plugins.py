@@ -1,7 +1,6 @@
 """Each hook, exercised by a test plugin registered and unregistered around the test."""
 import json
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,6 @@ from helpers.toy_models import make_mlp
 import cann_export
 from cann_export import errors, hookimpl
 from cann_export.hooks.manager import get_plugin_manager, registry
-
-
-@pytest.fixture
-def plugin():
-    pm = get_plugin_manager()
-    registered = []
-
-    def register(namespace: dict, name: str):
-        module = types.SimpleNamespace(**namespace)
-        pm.register(module, name=name)
-        registered.append(module)
-        return module
-
-    yield register
-    for module in registered:
-        pm.unregister(module)
 
 
 class TextFormat:
