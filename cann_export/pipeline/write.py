@@ -1,4 +1,4 @@
-"""The write stage: the format stages its files (before validate), then finalizes and commits them (after)."""
+"""The write and commit stages: the format stages its files (before validate), then finalizes and commits them."""
 from __future__ import annotations
 
 from ..context import ExportContext
