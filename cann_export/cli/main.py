@@ -36,28 +36,25 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
-def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> None:
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
-    def body() -> int:
-        from .. import api
+    from .. import api
 
-        kwargs = to_api_kwargs(values)
-        export_format = kwargs.pop("export_format")
-        out = output or _default_output(model, export_format)
-        with _TrainProgress() as train_progress:  # closed however the export ends
-            result = api.export(model, out, export_format, progress=_progress, trace=trace,
-                                train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
-        if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
-            click.echo(result.manifest["halted"], err=True)
-            return 0
-        if as_json:
-            click.echo(to_json(result.to_dict()))
-        else:
-            _print_result(result)
-        return 0 if result.ok else EXIT_PARITY_FAILED
-
-    return body()
+    kwargs = to_api_kwargs(values)
+    export_format = kwargs.pop("export_format")
+    out = output or _default_output(model, export_format)
+    with _TrainProgress() as train_progress:  # closed however the export ends
+        result = api.export(model, out, export_format, progress=_progress, trace=trace,
+                            train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+    if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
+        click.echo(result.manifest["halted"], err=True)
+        return 0
+    if as_json:
+        click.echo(to_json(result.to_dict()))
+    else:
+        _print_result(result)
+    return 0 if result.ok else EXIT_PARITY_FAILED
 
 
 class _TrainProgress:
@@ -161,89 +158,80 @@ def _num(value: Any, spec: str = ".3g") -> str:
               help="Refuse unless manifest.json has this sha256 (pin a bundle).")
 @click.option("--json", "as_json", is_flag=True)
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
-                 expect_sha256: str | None, as_json: bool) -> None:
+                 expect_sha256: str | None, as_json: bool) -> int:
     """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
 
     Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
     bundle differs from its manifest (each difference is listed) or is malformed."""
 
-    def body() -> int:
-        from .. import api
-        from ..bundle.manifest import summarize_parity
+    from .. import api
+    from ..bundle.manifest import summarize_parity
 
-        report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
-        summary = summarize_parity(report)
-        if as_json:
-            click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
-                                "parity": summary}))
-        else:
-            click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
-                       f"{report['manifest_sha256']})")
-            for o in summary["outputs"]:
-                click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
-                           f"{'ok' if o['passed'] else 'FAIL'}")
-        return 0 if report["passed"] else EXIT_PARITY_FAILED
-
-    return body()
+    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
+    summary = summarize_parity(report)
+    if as_json:
+        click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
+                            "parity": summary}))
+    else:
+        click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
+                   f"{report['manifest_sha256']})")
+        for o in summary["outputs"]:
+            click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
+                       f"{'ok' if o['passed'] else 'FAIL'}")
+    return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 
 @cli.command("inspect")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True)
-def inspect_cmd(path: str, as_json: bool) -> None:
+def inspect_cmd(path: str, as_json: bool) -> int:
     """Show what a bundle or an .onnx file holds."""
 
-    def body() -> int:
-        from .. import api
+    from .. import api
 
-        info = api.inspect(path)
-        if as_json:
-            click.echo(to_json(info))
-            return 0
-        click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
-        for title in ("inputs", "outputs"):
-            click.echo(f"{title}:")
-            for v in info[title]:
-                click.echo(f"  {v['name']}: {v['dtype']}{v['shape']}")
-        click.echo("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
-        if info["metadata"]:
-            click.echo("metadata:")
-            for k, v in info["metadata"].items():
-                click.echo(f"  {k} = {v}")
-        if info.get("manifest_sha256"):
-            click.echo(f"manifest sha256: {info['manifest_sha256']}")
-        for note in info.get("notes") or []:  # what the artifact's Format says of it (its describe)
-            click.echo(note)
-        if info.get("parity"):
-            p = info["parity"]
-            click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "
-                       f"{'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
-                       + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
-            if p.get("first_divergence"):
-                click.echo(f"  {p['first_divergence']['message']}")
+    info = api.inspect(path)
+    if as_json:
+        click.echo(to_json(info))
         return 0
-
-    return body()
+    click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
+    for title in ("inputs", "outputs"):
+        click.echo(f"{title}:")
+        for v in info[title]:
+            click.echo(f"  {v['name']}: {v['dtype']}{v['shape']}")
+    click.echo("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
+    if info["metadata"]:
+        click.echo("metadata:")
+        for k, v in info["metadata"].items():
+            click.echo(f"  {k} = {v}")
+    if info.get("manifest_sha256"):
+        click.echo(f"manifest sha256: {info['manifest_sha256']}")
+    for note in info.get("notes") or []:  # what the artifact's Format says of it (its describe)
+        click.echo(note)
+    if info.get("parity"):
+        p = info["parity"]
+        click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "
+                   f"{'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
+                   + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
+        if p.get("first_divergence"):
+            click.echo(f"  {p['first_divergence']['message']}")
+    return 0
 
 
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True)
-def plugins_cmd(as_json: bool) -> None:
+def plugins_cmd(as_json: bool) -> int:
     """List the plugins with their versions and hooks."""
 
-    def body() -> int:
-        from ..hooks.manager import describe_plugins
+    from ..hooks.manager import describe_plugins
 
-        rows = describe_plugins()
-        if as_json:
-            click.echo(to_json(rows))
-        else:
-            for row in rows:
-                kind = "built-in" if row["builtin"] else "third-party"
-                click.echo(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}")
-        return 0
-
-    return body()
+    rows = describe_plugins()
+    if as_json:
+        click.echo(to_json(rows))
+    else:
+        for row in rows:
+            kind = "built-in" if row["builtin"] else "third-party"
+            click.echo(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}")
+    return 0
 
 
 def _register_plugin_commands() -> None:

@@ -79,29 +79,26 @@ def register_commands(cli):
     @click.option("--atc-hint", "atc_hints", multiple=True,
                   help="KEY=VALUE ATC option to lint with (added to the bundle's hints); repeatable.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-    def lint_cmd(path: str, cann_version: str, atc_hints: tuple[str, ...], as_json: bool) -> None:
+    def lint_cmd(path: str, cann_version: str, atc_hints: tuple[str, ...], as_json: bool) -> int:
         """Check an .onnx file or an atc_ready bundle against what ATC accepts (no CANN install needed)."""
-        def body() -> int:
-            from ..errors import LintError
-            from ..options import parse_key_values
+        from ..errors import LintError
+        from ..options import parse_key_values
 
-            if parse_cann_version(cann_version) is None:
-                raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
-            from ..bundle.read import open_artifact
-            from ..errors import ValidateError
+        if parse_cann_version(cann_version) is None:
+            raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
+        from ..bundle.read import open_artifact
+        from ..errors import ValidateError
 
-            try:
-                with open_artifact(Path(path)) as artifact:  # a stub or single-file bundle is unpacked (bounded) first
-                    model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
-            except ValidateError as e:
-                raise LintError(e.message, path=e.path) from e
-            report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
-            if as_json:
-                from ..fs.jsonio import dumps
+        try:
+            with open_artifact(Path(path)) as artifact:  # a stub or single-file bundle is unpacked (bounded) first
+                model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
+        except ValidateError as e:
+            raise LintError(e.message, path=e.path) from e
+        report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
+        if as_json:
+            from ..fs.jsonio import dumps
 
-                click.echo(dumps({"ok": report["passed"], "path": path, **report}))
-            else:
-                _print_report(path, report)
-            return 0 if report["passed"] else 1
-
-        return body()
+            click.echo(dumps({"ok": report["passed"], "path": path, **report}))
+        else:
+            _print_report(path, report)
+        return 0 if report["passed"] else 1

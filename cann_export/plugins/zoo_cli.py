@@ -54,27 +54,24 @@ def publish_command(click: Any) -> Any:
     @_common
     def publish_cmd(path: str, name: str, version: str | None, metadata: tuple[str, ...], aliases: tuple[str, ...],
                     model_class: str | None, model_kwargs: str | None, card: str | None, artifacts: tuple[str, ...],
-                    trust_pickle: bool, sign: str | None, zoo: str | None, as_json: bool) -> None:
+                    trust_pickle: bool, sign: str | None, zoo: str | None, as_json: bool) -> int:
         """Publish PATH (weights/checkpoint file, .pt2, or an exported bundle / .onnx / om-stub)."""
 
-        def body() -> int:
-            from ..model_zoo import api
-            from ..options import parse_key_values
+        from ..model_zoo import api
+        from ..options import parse_key_values
 
-            record = api.publish(model=path, name=name, version=version,
-                                 metadata=parse_key_values(metadata, "--metadata"), card=card, zoo=zoo,
-                                 alias=list(aliases), model_class=model_class, model_kwargs=_kwargs(model_kwargs),
-                                 trust_pickle=trust_pickle, artifacts=list(artifacts), sign=sign)
-            if as_json:
-                _echo_json({"ok": True, **record})
-            else:
-                state = "already published (identical contents)" if record["existed"] else "published"
-                click.echo(f"{record['name']} version {record['version']} "
-                           f"{state}{' (signed)' if record['signed'] else ''}: "
-                           f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
-            return 0
-
-        return body()
+        record = api.publish(model=path, name=name, version=version,
+                             metadata=parse_key_values(metadata, "--metadata"), card=card, zoo=zoo,
+                             alias=list(aliases), model_class=model_class, model_kwargs=_kwargs(model_kwargs),
+                             trust_pickle=trust_pickle, artifacts=list(artifacts), sign=sign)
+        if as_json:
+            _echo_json({"ok": True, **record})
+        else:
+            state = "already published (identical contents)" if record["existed"] else "published"
+            click.echo(f"{record['name']} version {record['version']} "
+                       f"{state}{' (signed)' if record['signed'] else ''}: "
+                       f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
+        return 0
 
     return publish_cmd
 
@@ -82,25 +79,22 @@ def publish_command(click: Any) -> Any:
 def list_command(click: Any) -> Any:
     @click.command("list")
     @_common
-    def list_cmd(zoo: str | None, as_json: bool) -> None:
+    def list_cmd(zoo: str | None, as_json: bool) -> int:
         """List the models with their versions and aliases."""
 
-        def body() -> int:
-            from ..model_zoo import api
+        from ..model_zoo import api
 
-            rows = api.list_models(zoo=zoo)
-            if as_json:
-                _echo_json({"ok": True, "models": rows})
-                return 0
-            if not rows:
-                click.echo("the model zoo is empty")
-            for r in rows:
-                aliases = " ".join(f"{a}->{v}" for a, v in r["aliases"].items())
-                click.echo(f"{r['name']}  latest {r['latest']}  versions {','.join(r['versions'])}"
-                           f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
+        rows = api.list_models(zoo=zoo)
+        if as_json:
+            _echo_json({"ok": True, "models": rows})
             return 0
-
-        return body()
+        if not rows:
+            click.echo("the model zoo is empty")
+        for r in rows:
+            aliases = " ".join(f"{a}->{v}" for a, v in r["aliases"].items())
+            click.echo(f"{r['name']}  latest {r['latest']}  versions {','.join(r['versions'])}"
+                       f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
+        return 0
 
     return list_cmd
 
@@ -133,20 +127,17 @@ def show_command(click: Any) -> Any:
     @click.command("show")
     @click.argument("ref")
     @_common
-    def show_cmd(ref: str, zoo: str | None, as_json: bool) -> None:
+    def show_cmd(ref: str, zoo: str | None, as_json: bool) -> int:
         """Show NAME[@VERSION|@ALIAS]: versions, aliases and their history, the manifest and its sha256."""
 
-        def body() -> int:
-            from ..model_zoo import api
+        from ..model_zoo import api
 
-            info = api.show(ref, zoo=zoo)
-            if as_json:
-                _echo_json({"ok": True, **info})
-            else:
-                _print_show(click, info)
-            return 0
-
-        return body()
+        info = api.show(ref, zoo=zoo)
+        if as_json:
+            _echo_json({"ok": True, **info})
+        else:
+            _print_show(click, info)
+        return 0
 
     return show_cmd
 
@@ -159,21 +150,18 @@ def pull_command(click: Any) -> Any:
     @click.option("--overwrite", is_flag=True,
                   help="Replace an existing output (only a directory an earlier pull wrote).")
     @_common
-    def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> None:
+    def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> int:
         """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""
 
-        def body() -> int:
-            from ..model_zoo import api
+        from ..model_zoo import api
 
-            result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo)
-            if as_json:
-                _echo_json(result)
-            else:
-                click.echo(f"pulled {result['name']} version {result['version']} to {result['output']} "
-                           f"({len(result['files'])} files, verified; manifest sha256 {result['manifest_sha256']})")
-            return 0
-
-        return body()
+        result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo)
+        if as_json:
+            _echo_json(result)
+        else:
+            click.echo(f"pulled {result['name']} version {result['version']} to {result['output']} "
+                       f"({len(result['files'])} files, verified; manifest sha256 {result['manifest_sha256']})")
+        return 0
 
     return pull_cmd
 
@@ -184,20 +172,17 @@ def alias_command(click: Any) -> Any:
     @click.argument("alias")
     @click.argument("version")
     @_common
-    def alias_cmd(name: str, alias: str, version: str, zoo: str | None, as_json: bool) -> None:
+    def alias_cmd(name: str, alias: str, version: str, zoo: str | None, as_json: bool) -> int:
         """Point ALIAS of NAME at VERSION (logged with time and the previous target)."""
 
-        def body() -> int:
-            from ..model_zoo import api
+        from ..model_zoo import api
 
-            result = api.set_alias(name, alias, version, zoo=zoo)
-            if as_json:
-                _echo_json({"ok": True, **result})
-            else:
-                click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
-            return 0
-
-        return body()
+        result = api.set_alias(name, alias, version, zoo=zoo)
+        if as_json:
+            _echo_json({"ok": True, **result})
+        else:
+            click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
+        return 0
 
     return alias_cmd
 
@@ -208,29 +193,26 @@ def verify_command(click: Any) -> Any:
     @click.option("--key", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
                   help="Also require a valid signature by this ed25519 public key (PEM).")
     @_common
-    def verify_cmd(ref: str, key: str | None, zoo: str | None, as_json: bool) -> None:
+    def verify_cmd(ref: str, key: str | None, zoo: str | None, as_json: bool) -> int:
         """Check the sha256 of every file of NAME (all versions) or NAME@VERSION, and with --key its signature."""
 
-        def body() -> int:
-            from ..errors import EXIT_PARITY_FAILED
-            from ..model_zoo import api
+        from ..errors import EXIT_PARITY_FAILED
+        from ..model_zoo import api
 
-            report = api.verify(ref, zoo=zoo, key=key)
-            if as_json:
-                _echo_json(report)
-            else:
-                for v in report["versions"]:
-                    signed = f", signed by {v['signed_by']}" if v.get("signed_by") else ""
-                    click.echo(f"{report['name']} version {v['version']}: "
-                               f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files{signed})")
-                    for p in v["problems"]:
-                        click.echo(f"  {p}")
-            if not report["ok"]:
-                click.echo(f"error: [zoo] {report['name']}: integrity check failed; restore the files or publish "
-                           "again", err=True)
-            return 0 if report["ok"] else EXIT_PARITY_FAILED
-
-        return body()
+        report = api.verify(ref, zoo=zoo, key=key)
+        if as_json:
+            _echo_json(report)
+        else:
+            for v in report["versions"]:
+                signed = f", signed by {v['signed_by']}" if v.get("signed_by") else ""
+                click.echo(f"{report['name']} version {v['version']}: "
+                           f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files{signed})")
+                for p in v["problems"]:
+                    click.echo(f"  {p}")
+        if not report["ok"]:
+            click.echo(f"error: [zoo] {report['name']}: integrity check failed; restore the files or publish "
+                       "again", err=True)
+        return 0 if report["ok"] else EXIT_PARITY_FAILED
 
     return verify_cmd
 
@@ -241,21 +223,18 @@ def keygen_command(click: Any) -> Any:
                   help="Private key file to write (PEM, mode 0600); the public key goes to OUT.pub.")
     @click.option("--overwrite", is_flag=True, help="Replace existing key files.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-    def keygen_cmd(out: str, overwrite: bool, as_json: bool) -> None:
+    def keygen_cmd(out: str, overwrite: bool, as_json: bool) -> int:
         """Make an ed25519 key pair for `zoo publish --sign` and `zoo verify --key`."""
 
-        def body() -> int:
-            from ..model_zoo.signing import keygen
+        from ..model_zoo.signing import keygen
 
-            result = keygen(out, overwrite=overwrite)
-            if as_json:
-                _echo_json({"ok": True, **result})
-            else:
-                click.echo(f"wrote {result['private_key']} (keep it secret) and {result['public_key']} "
-                           f"(key id {result['key_id']})")
-            return 0
-
-        return body()
+        result = keygen(out, overwrite=overwrite)
+        if as_json:
+            _echo_json({"ok": True, **result})
+        else:
+            click.echo(f"wrote {result['private_key']} (keep it secret) and {result['public_key']} "
+                       f"(key id {result['key_id']})")
+        return 0
 
     return keygen_cmd
 
@@ -263,23 +242,20 @@ def keygen_command(click: Any) -> Any:
 def gc_command(click: Any) -> Any:
     @click.command("gc")
     @_common
-    def gc_cmd(zoo: str | None, as_json: bool) -> None:
+    def gc_cmd(zoo: str | None, as_json: bool) -> int:
         """Remove stale staging left by killed processes: the zoo's staging directories, killed commits and
         partial downloads of processes that are gone."""
 
-        def body() -> int:
-            from ..model_zoo import api
+        from ..model_zoo import api
 
-            result = api.gc(zoo=zoo)
-            if as_json:
-                _echo_json(result)
-            else:
-                click.echo(f"{result['zoo']}: removed {len(result['removed'])} stale entries")
-                for entry in result["removed"]:
-                    click.echo(f"  {entry}")
-            return 0
-
-        return body()
+        result = api.gc(zoo=zoo)
+        if as_json:
+            _echo_json(result)
+        else:
+            click.echo(f"{result['zoo']}: removed {len(result['removed'])} stale entries")
+            for entry in result["removed"]:
+                click.echo(f"  {entry}")
+        return 0
 
     return gc_cmd
 
