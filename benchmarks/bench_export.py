@@ -165,7 +165,7 @@ with open(report_path, "w") as f:
                "opset": [o.version for o in simplified.opset_import if o.domain in ("", "ai.onnx")]}, f)
 '''
 
-STAGE_LINE = re.compile(r"^\[(\d+)/11\] (\S+) \.\.\. (.*) \(([\d.]+)s\)\s*$")
+STAGE_LINE = re.compile(r"^\[(\d+)/\d+\] (\S+) \.\.\. (.*) \(([\d.]+)s\)\s*$")
 
 
 # --- measurement ---------------------------------------------------------------------------------
