@@ -174,3 +174,53 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(cli_env):
         os.close(write)
     assert out.returncode == EXIT_BROKEN_PIPE, out.stderr
     assert out.stderr == ""
+
+
+def test_every_plugin_command_is_guarded_and_clicks_own_errors_stay_clicks(plugin):
+    """A plugin's commands, in nested groups too, run under the guard: a cann-export error is one message
+    and its exit code, a returned code is the exit code, ``--json`` (whatever its parameter is called) gives
+    the JSON error; click's own usage errors and ``ctx.exit`` keep click's behaviour."""
+    import click
+
+    from cann_export import hookimpl
+    from cann_export.cli.main import _register_plugin_commands
+    from cann_export.errors import ValidateError
+
+    @hookimpl
+    def register_commands(cli):
+        outer = click.Group("house")
+        inner = click.Group("deep")
+
+        @inner.command("fail")
+        @click.option("--json", "machine", is_flag=True)
+        def fail(machine):
+            raise ValidateError("the house rules refuse it", path="x.onnx")
+
+        @inner.command("code")
+        def code():
+            return 3
+
+        @inner.command("usage")
+        def usage():
+            raise click.UsageError("say which house")
+
+        @inner.command("leave")
+        @click.pass_context
+        def leave(ctx):
+            ctx.exit(4)
+
+        outer.add_command(inner)
+        cli.add_command(outer)
+
+    plugin({"register_commands": register_commands}, "house-commands")
+    _register_plugin_commands()
+    runner = CliRunner()
+    failed = runner.invoke(cli, ["house", "deep", "fail"])
+    assert failed.exit_code == ValidateError.exit_code and "the house rules refuse it" in failed.stderr
+    assert "Traceback" not in failed.output and "internal" not in failed.stderr
+    as_json = runner.invoke(cli, ["house", "deep", "fail", "--json"])
+    assert json.loads(as_json.stdout)["error"]["message"].endswith("the house rules refuse it")
+    assert runner.invoke(cli, ["house", "deep", "code"]).exit_code == 3
+    usage = runner.invoke(cli, ["house", "deep", "usage"])
+    assert usage.exit_code == 2 and "say which house" in usage.stderr and "internal" not in usage.stderr
+    assert runner.invoke(cli, ["house", "deep", "leave"]).exit_code == 4

@@ -192,3 +192,31 @@ def test_an_annotated_or_defaulted_parameter_gives_its_dtype():
 
     model = Annotated()
     assert [signature_dtype(model, n) for n in "abcd"] == ["int64", "bool", "int32", None]
+
+
+class Derived(torch.nn.Module):
+    """Token inputs reach their embeddings through a slice and a cast; position ids computed from them
+    index another table (they must not be taken for the input's own); a BatchNorm runs in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.words = torch.nn.Embedding(40, 8)
+        self.positions = torch.nn.Embedding(99, 8)
+        self.bn = torch.nn.BatchNorm1d(3)
+
+    def forward(self, ids, tokens, x):
+        positions = ids.ne(0).int().cumsum(1)
+        return (self.positions(positions).sum() + self.words(ids[:, 1:]).sum() + self.words(tokens.long()).sum()
+                + self.bn(x).sum())
+
+
+def test_an_input_reaching_its_embedding_through_a_slice_or_a_cast_is_found_without_side_effects():
+    from cann_export.inputs.signature import spec_dtypes
+    from cann_export.options import InputSpec
+
+    model = Derived().train()
+    running, rng = model.bn.running_mean.clone(), torch.random.get_rng_state()
+    dtypes, rows = spec_dtypes(model, [InputSpec("ids", (2, 6)), InputSpec("tokens", (2, 6)), InputSpec("x", (4, 3))])
+    assert dtypes == {"ids": "int64", "tokens": "int64", "x": "float32"} and rows == {"ids": 40, "tokens": 40}
+    assert torch.equal(model.bn.running_mean, running) and torch.equal(torch.random.get_rng_state(), rng)
+    assert model.training and model.bn.training

@@ -37,6 +37,8 @@ def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
     (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first)."""
     try:
         code = fn() or 0
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise  # click's own usage errors and ctx.exit(): click reports them and picks the exit code
     except BrokenPipeError:  # `cann-export plugins | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
         code = EXIT_BROKEN_PIPE
@@ -47,22 +49,32 @@ def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
             click.echo("".join(traceback.format_exception(e)), err=True, nl=False)
         code = _emit_error(e, as_json)
     except KeyboardInterrupt:
-        click.echo("interrupted; nothing was written", err=True)
+        click.echo("interrupted (an artifact is only ever renamed into place whole: nothing partial is left)",
+                   err=True)
         code = 130
     sys.exit(code)
 
 
-def guarded(callback: Callable[..., Any]) -> Callable[..., Any]:
-    """A command callback run under ``run_guarded``; its ``as_json`` parameter picks the error's form."""
-    if getattr(callback, "_cann_guarded", False):
-        return callback
+def guard(cmd: click.Command) -> None:
+    """Run ``cmd``'s callback under ``run_guarded`` (once); its ``--json`` flag, whatever the parameter is
+    called, picks the error's form. A group's commands are guarded too, at any depth."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            guard(sub)
+        if not isinstance(cmd, GuardedGroup):  # so commands added to it later are guarded as well
+            cmd.__class__ = type("Guarded" + type(cmd).__name__, (GuardedGroup, type(cmd)), {})
+        return  # a group's own callback runs before its subcommand: never exit there
+    if cmd.callback is None or getattr(cmd.callback, "_cann_guarded", False):
+        return
+    callback = cmd.callback
+    as_json = next((p.name for p in cmd.params if "--json" in getattr(p, "opts", ())), None)
 
     @functools.wraps(callback)
     def run(*args: Any, **kwargs: Any) -> None:
-        run_guarded(bool(kwargs.get("as_json")), lambda: callback(*args, **kwargs))
+        run_guarded(bool(as_json and kwargs.get(as_json)), lambda: callback(*args, **kwargs))
 
     run._cann_guarded = True  # type: ignore[attr-defined]
-    return run
+    cmd.callback = run
 
 
 class GuardedGroup(click.Group):
@@ -72,14 +84,7 @@ class GuardedGroup(click.Group):
     group_class = type
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        if isinstance(cmd, click.Group):
-            for sub in cmd.commands.values():
-                if not isinstance(sub, click.Group) and sub.callback is not None:
-                    sub.callback = guarded(sub.callback)
-            if not isinstance(cmd, GuardedGroup):
-                cmd.__class__ = type("Guarded" + type(cmd).__name__, (GuardedGroup, type(cmd)), {})
-        elif cmd.callback is not None:
-            cmd.callback = guarded(cmd.callback)
+        guard(cmd)
         super().add_command(cmd, name)
 
 

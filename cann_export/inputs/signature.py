@@ -3,6 +3,7 @@ inputs index an embedding table (and how many rows it has). Read off the model (
 graph, or one probing call with hooks on its ``nn.Embedding`` layers), never off an input's name."""
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from typing import Any
@@ -62,8 +63,10 @@ def embedding_rows(model: Any, shapes: dict[str, tuple[int, ...]], dtypes: dict[
     graph = graph_embedding_rows(model)
     if graph or not isinstance(model, torch.nn.Module) or not candidates:
         return {n: r for n, r in graph.items() if n in candidates}
+    gen = torch.Generator().manual_seed(0)  # the global RNG is the user's
     feed = {n: (torch.zeros(shapes[n], dtype=torch.int64) if d and d != "bool" else
-                torch.zeros(shapes[n], dtype=torch.bool) if d else torch.randn(shapes[n])) for n, d in dtypes.items()}
+                torch.zeros(shapes[n], dtype=torch.bool) if d else torch.randn(shapes[n], generator=gen))
+            for n, d in dtypes.items()}
     rows: dict[str, int] = {}
     for _ in range(len(candidates)):
         found = _probe(model, feed, [n for n in candidates if n not in rows])
@@ -91,33 +94,73 @@ def feed_embedding_rows(model: Any, feed: dict[str, Any]) -> dict[str, int]:
 
 
 def _probe(model: Any, feed: dict[str, Any], wanted: list[str]) -> tuple[str, int] | None:
-    """Call ``model(**feed)`` until an nn.Embedding reads one of ``wanted`` (the same tensor, or a view of
-    it): (that name, the table's rows); None when the call ends (or fails) without that happening."""
+    """Call ``model(**feed)`` until an embedding lookup reads one of ``wanted``, or the same values reached
+    through a view, a slice, a copy or a dtype cast (``ids[:, 1:].long()``): (that name, the table's rows);
+    None when the call ends (or fails) without that happening. The call runs without gradients and leaves
+    the global RNG as it found it, in inference mode (no BatchNorm statistics move), the modes restored."""
     import torch
 
     if not wanted:
         return None
-    by_ptr = {feed[n].data_ptr(): n for n in wanted}
-
-    def pre(module: Any, args: tuple) -> None:
-        index = args[0] if args else None
-        if isinstance(index, torch.Tensor) and index.data_ptr() in by_ptr:
-            raise _Found(by_ptr[index.data_ptr()], int(module.num_embeddings))
-
-    handles = [m.register_forward_pre_hook(pre) for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    if not handles:
-        return None
+    modes = {m: m.training for m in model.modules()}
     try:
-        with torch.no_grad():
+        try:
+            model.eval()
+        except NotImplementedError:  # an exported graph's module: its mode is in the graph
+            pass
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), _follow_inputs_mode()({n: feed[n] for n in wanted}):
             model(**feed)
     except _Found as found:
         return found.args[0], found.args[1]
     except Exception:  # noqa: BLE001 - a probe that cannot run says nothing; the export reports the real error
         return None
     finally:
-        for handle in handles:
-            handle.remove()
+        for m, training in modes.items():
+            m.training = training
     return None
+
+
+# Tensor methods whose result holds the values they were given (maybe fewer, reshaped or in another dtype):
+# what they return is still the input an embedding may read. Anything computed from it is not.
+_SAME_VALUES = frozenset({"long", "int", "short", "to", "type", "clone", "contiguous", "detach", "__getitem__",
+                          "view", "reshape", "flatten", "squeeze", "unsqueeze", "expand", "narrow", "select",
+                          "t", "transpose", "permute", "repeat"})
+
+
+@functools.cache
+def _follow_inputs_mode() -> type:
+    """A TorchFunctionMode that knows which tensors hold which input's values and stops at the first
+    embedding lookup indexed by one (built on first use, so torch is imported only then)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    lookups = (torch.nn.functional.embedding, torch.nn.functional.embedding_bag)
+
+    class FollowInputs(TorchFunctionMode):
+        def __init__(self, inputs: dict[str, Any]) -> None:
+            super().__init__()
+            self.origin = {id(t): n for n, t in inputs.items()}
+            self.alive = list(inputs.values())  # an id stays its tensor's while the tensor lives
+
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func in lookups:
+                index = args[0] if args else kwargs.get("input")
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                if id(index) in self.origin and weight is not None:
+                    raise _Found(self.origin[id(index)], int(weight.shape[0]))
+            out = func(*args, **kwargs)
+            sources = [a for a in tree_flatten((args, kwargs))[0]
+                       if isinstance(a, torch.Tensor) and id(a) in self.origin]
+            if len({self.origin[id(a)] for a in sources}) == 1 and getattr(func, "__name__", "") in _SAME_VALUES:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and id(t) not in self.origin:
+                        self.origin[id(t)] = self.origin[id(sources[0])]
+                        self.alive.append(t)
+            return out
+
+    return FollowInputs
 
 
 def graph_embedding_rows(model: Any) -> dict[str, int]:

@@ -27,7 +27,9 @@ def prepare(ctx: ExportContext) -> str | None:
 
         return prepare_quantization(ctx, source, accepted)
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
-    float_model = (getattr(ctx.model, "_cann_qat", None) or {}).get("float_model")
+    from ..qat.wrapping import prepared_state
+
+    float_model = (prepared_state(ctx.model) or {}).get("float_model")
     if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
         _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
     return f"{len(ctx.input_sets)} input sets from {source}"
@@ -56,12 +58,13 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
 
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
     """The seeded random variants and the --parity-data samples, recorded in the reference report."""
+    from ..qat.wrapping import prepared_state
     from .signature import feed_embedding_rows
 
     opts = ctx.options
     # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
     # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
-    quantized = bool(opts.quantize or getattr(ctx.model, "_cann_qat", None))
+    quantized = bool(opts.quantize or prepared_state(ctx.model))
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples = [], []
     if opts.validate:

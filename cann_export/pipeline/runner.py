@@ -10,7 +10,7 @@ from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
 from .stage import ProgressFn, Stage
-from .table import STAGE_NAMES, STAGES
+from .table import STAGES
 
 
 def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[Stage, ...] = STAGES) -> None:
@@ -19,10 +19,11 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
     output; the capture's work directory beside the output is removed however the run ends."""
     registry = manager.registry()
     try:
-        for stage in stages:
-            if ctx.halted:
+        for index, stage in enumerate(stages, start=1):
+            if ctx.halted:  # this process writes nothing: what a stage staged is not left behind
+                atomic.discard(ctx.staging)
                 break
-            run_one(ctx, stage, registry, progress)
+            run_one(ctx, stage, registry, progress, index)
     except BaseException:
         atomic.discard(ctx.staging)
         raise
@@ -30,7 +31,8 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
         large_graph.cleanup(ctx)
 
 
-def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progress: ProgressFn | None) -> str:
+def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progress: ProgressFn | None,
+            index: int) -> str:
     """One stage: "skipped" when its options do not ask for it; else through the ``run_stage`` hook. Errors
     that are not already an ``ExportError`` are wrapped in the stage's error with their gist, so the CLI
     never shows a traceback for them."""
@@ -46,7 +48,7 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
         status = "skipped"
         ctx.stage_seconds[stage.name] = 0.0
     if progress:
-        progress(STAGE_NAMES.index(stage.name) + 1, stage.name, status, ctx.stage_seconds.get(stage.name, 0.0))
+        progress(index, stage.name, status, ctx.stage_seconds.get(stage.name, 0.0))
     return status
 
 

@@ -186,6 +186,12 @@ def prepare_in_place(model: nn.Module, config: dict[str, Any] | QuantConfig | No
     return wrapped
 
 
+def prepared_state(model: Any) -> dict[str, Any] | None:
+    """What ``prepare()`` recorded on ``model`` (config, float model, folded BatchNorms), or None when it was
+    not prepared here."""
+    return getattr(model, STATE_ATTR, None)
+
+
 def qat_state(model: Any) -> dict[str, Any] | None:
     state = getattr(model, STATE_ATTR, None)
     if state is None and isinstance(model, nn.Module) and quant_layers(model):
