@@ -11,7 +11,10 @@ strings go through ``sympy.sympify`` (``eval``) and node targets are resolved by
 
 ``check_export_archive`` walks exactly those members (mirroring torch's record naming) and refuses, naming
 the member, any pickle that torch's weights-only unpickler rejects, any object constant, any symbolic
-expression that is not plain arithmetic over symbols, and any node target that is not an operator.
+expression that is not plain arithmetic over symbols, any node target that is not an operator or is one that
+does file, IO, process or network work (``aten::from_file``, ``aten::save``, ... by name), any non-empty
+``guards_code`` (torch/export/_unlift.py exec()s it) or unknown model field, and any AOTInductor member or
+shared object (torch extracts and dlopen()s them). The zip layout itself is checked by archives.open_checked.
 ``load_exported_program`` then loads with every ``torch.load`` forced to weights-only
 (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with torch's logging and warnings silenced, so the fallback to full
 unpickling can never run even if the walk missed a member. ``trust_pickle`` skips both.
@@ -52,6 +55,24 @@ _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-
                     r"|(?P<str>'[A-Za-z_][A-Za-z0-9_]*'|\"[A-Za-z_][A-Za-z0-9_]*\"|'[-+0-9.eE]+'|\"[-+0-9.eE]+\")"
                     r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^=]))")
 _SYMBOL = re.compile(r"^[a-z]+\d+$")
+# The top-level fields of models/<m>.json that torch 2.13's torch.export.save writes (schema.ExportedProgram).
+# guards_code is exec()'d by torch/export/_unlift.py when the module is built: it must be empty, and so must
+# any field this version does not know (a later torch may run it).
+_MODEL_FIELDS = frozenset(["graph_module", "opset_version", "range_constraints", "schema_version", "verifiers",
+                           "torch_version", "guards_code"])
+_MUST_BE_EMPTY = frozenset(["guards_code"])
+# Operators that read or write files, print, or talk to other processes / the network, refused by name
+# (ns::op; "ns::*" for a whole namespace). Higher-order operators that run code the graph does not hold.
+_IO_OPS = frozenset(["aten::from_file", "aten::save", "aten::_print", "aten::warn", "prim::Print",
+                     "prim::rpc_async", "prim::rpc_remote", "prim::rpc_sync", "debugprims::*", "c10d::*",
+                     "_c10d_functional::*", "c10d_functional::*", "_c10d_functional_autograd::*", "symm_mem::*",
+                     "_dtensor::*"])
+_CODE_HOPS = frozenset(["print", "aoti_call_delegate", "inductor_compiled_code", "inline_asm_elementwise",
+                        "invoke_leaf_function", "flat_apply", "executorch_call_delegate"])
+_IO_NAME = re.compile(r"from_file|_file$|^(save|load)(_|$)")
+# native code torch.export.load extracts and dlopen()s (AOTInductor), or any shared object
+_AOTI_DIR = "data/aotinductor/"
+_NATIVE = re.compile(r"\.(so|dylib|dll|pyd)(\.\d+)*$", re.IGNORECASE)
 
 
 def _why_pickle_refused(data: bytes) -> str | None:
@@ -163,11 +184,45 @@ def _target_problem(target: str) -> str | None:
     if module is operator:
         return (None if len(parts) == 1 and parts[0] in _SAFE_OPERATOR
                 else f"node target {target!r} is not an arithmetic operator")
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
-        return None
+    if isinstance(obj, torch._ops.HigherOrderOperator):
+        name = str(getattr(obj, "__name__", "") or getattr(obj, "_name", ""))
+        return (f"node target {target!r} is the higher-order operator {name!r}, which runs code the graph does "
+                "not hold" if name in _CODE_HOPS else None)
+    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return _io_op_problem(target, obj)
     if any(obj is getattr(torch, n, None) for n in _SAFE_TORCH_CALLABLES):
         return None
     return f"node target {target!r} resolves to {type(obj).__name__} {getattr(obj, '__name__', '')!s}, not an operator"
+
+
+def _io_op_problem(target: str, op: Any) -> str | None:
+    """An operator that does file, IO, process or network work (by its schema's qualified name)."""
+    schema = getattr(op, "_schema", None)
+    qualified = str(getattr(schema, "name", "") or getattr(op, "_qualified_op_name", ""))
+    namespace, _, name = qualified.partition("::")
+    if qualified in _IO_OPS or f"{namespace}::*" in _IO_OPS or (
+            namespace in ("aten", "prims", "prim") and _IO_NAME.search(name)):
+        return (f"node target {target!r} is {qualified}, an operator that reads or writes files or talks to "
+                "other processes, which an exported model has no business running")
+    return None
+
+
+def _model_fields_problem(root: Any) -> str | None:
+    """Only the fields a plain torch.export.save writes; guards_code (exec()'d by torch) and unknown fields
+    must be empty."""
+    if not isinstance(root, dict):
+        return None
+    for key, value in root.items():
+        if value in (None, "", [], {}):
+            continue
+        if key in _MUST_BE_EMPTY:
+            shown = " ".join(str(value).split())[:80]
+            return (f"field {key!r} holds Python source ({shown!r}...) that torch.export.load would exec() when "
+                    "the module is built; torch.export.save writes it empty")
+        if key not in _MODEL_FIELDS:
+            return (f"field {str(key)[:40]!r} is not one torch.export.save writes (known: "
+                    f"{', '.join(sorted(_MODEL_FIELDS))}) and is not empty")
+    return None
 
 
 def _graph_problem(data: bytes) -> str | None:
@@ -175,6 +230,8 @@ def _graph_problem(data: bytes) -> str | None:
         root = json.loads(data)
     except (ValueError, RecursionError):
         return None  # torch.export.load fails on it before evaluating anything
+    if why := _model_fields_problem(root):
+        return why
     stack = [root]
     while stack:
         item = stack.pop()
@@ -257,6 +314,13 @@ def check_export_archive(path: Path | str, trust_pickle: bool) -> None:
     with open_checked(path) as archive, quiet_torch():
         if trust_pickle:
             return
+        for member in archive.names:
+            if member.startswith(_AOTI_DIR) or f"/{_AOTI_DIR}" in member or _NATIVE.search(member):
+                raise LoadError(
+                    f"refused to load: torch.export archive member {member!r} is native code (AOTInductor or a "
+                    "shared object) that torch.export.load would extract and dlopen(), running it. Export the "
+                    "model without AOTInductor packaging, or pass --trust-pickle (trust_pickle=True) only for "
+                    "archives you trust", path=path)
         seen: set[str] = set()
         for member, use in risky_members(archive):
             if member in seen:

@@ -7,7 +7,12 @@ om-stub payloads): every member's name and size is checked before any byte of it
 - a member whose declared size is above the cap (``CANN_EXPORT_MAX_MEMBER_BYTES``, default 64 GiB) or
   whose declared total exceeds what the archive's size can hold (``EXPANSION`` times the archive plus
   ``SLACK_BYTES``: torch stores members uncompressed, so a 3 MB archive declaring 3 GiB is a bomb);
-- members whose data would lie outside the file.
+- members whose data would lie outside the file;
+- any layout on which two zip readers could disagree (Python's zipfile tolerates a prefix by shifting every
+  offset, torch's miniz does not; zipfile truncates names at NUL, miniz does not): the members, central
+  directory and end record must tile the file exactly, from a first local header at offset 0 to an end
+  record that is the file's last byte, each local header where the central directory says and naming the
+  same member (``layout_problem``).
 ``read_member`` then reads at most the declared size (the actual bytes are counted while streaming).
 """
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +115,10 @@ def open_checked(path: Path | str | bytes, *, cap: int | None = None, label: str
                 raise ArchiveError(f"refused: archive member {_shown(name)} has {why}; a genuine torch archive "
                                    "only holds relative names. Re-create the file with torch.save / "
                                    "torch.export.save", path=path)
+            if "\x00" in info.orig_filename:
+                raise ArchiveError(f"refused: archive member {_shown(info.orig_filename)} has a NUL byte in its "
+                                   "name; zip readers disagree on where the name ends. Re-create the file with "
+                                   "torch.save / torch.export.save", path=path)
             if name in infos:
                 raise ArchiveError(f"refused: archive member {_shown(name)} appears twice; readers disagree on "
                                    "which copy counts. Re-create the file", path=path)
@@ -121,6 +131,10 @@ def open_checked(path: Path | str | bytes, *, cap: int | None = None, label: str
                                    "(truncated or crafted archive)", path=path)
             total += info.file_size
             infos[name] = info
+        if why := layout_problem(zf, size):
+            raise ArchiveError(f"refused: {why}; another zip reader (torch's) could see different members than "
+                               "the ones checked here. Re-create the file with torch.save / torch.export.save "
+                               "(a genuine archive starts at its first member and ends at its directory)", path=path)
         limit = EXPANSION * size + SLACK_BYTES
         if total > limit:
             biggest = max(infos.values(), key=lambda i: i.file_size)
@@ -131,6 +145,67 @@ def open_checked(path: Path | str | bytes, *, cap: int | None = None, label: str
         zf.close()
         raise
     return CheckedZip(path, zf, infos)
+
+
+_LOCAL = struct.Struct("<4s5H3I2H")  # local file header: signature ... name length, extra length
+_DESCRIPTOR_SIZES = (12, 16, 20, 24)  # data descriptor after a member written with flag bit 3 (zip64: 20, 24)
+
+
+def layout_problem(zf: zipfile.ZipFile, size: int) -> str | None:
+    """Why the archive's bytes are not exactly its members, central directory and end record, or None.
+
+    zipfile shifts every offset by the bytes found before the central directory it expected ("concat"),
+    so data prepended to an archive (a second archive, M + Z) is invisible to it but not to miniz."""
+    fp = zf.fp
+    if fp is None:
+        return "the archive cannot be re-read"
+    try:
+        endrec = zipfile._EndRecData(fp)  # the record zipfile used (zip64 fields already merged in)
+    except (OSError, struct.error) as e:
+        return f"its end record cannot be read ({type(e).__name__})"
+    if not endrec:
+        return "it has no end-of-central-directory record"
+    recorded_cd, cd_size = endrec[zipfile._ECD_OFFSET], endrec[zipfile._ECD_SIZE]
+    location, comment = endrec[zipfile._ECD_LOCATION], endrec[zipfile._ECD_COMMENT]
+    if zf.start_dir != recorded_cd:
+        return (f"{zf.start_dir - recorded_cd} bytes precede the archive its directory describes (offsets are "
+                "shifted: data, or another archive, was prepended)")
+    if location + 22 + len(comment) != size:
+        return f"{size - location - 22 - len(comment)} bytes follow the end-of-central-directory record"
+    cd_end = recorded_cd + cd_size
+    if cd_end != location:
+        fp.seek(cd_end)
+        if cd_end > location or fp.read(4) != b"PK\x06\x06":  # only the zip64 end records may sit between
+            return "its central directory does not end where the end record begins"
+    pos, previous = 0, None
+    for info in sorted(zf.infolist(), key=lambda i: i.header_offset):
+        start = info.header_offset
+        if start < pos:
+            return (f"archive member {_shown(info.orig_filename)} overlaps "
+                    f"{_shown(previous.orig_filename) if previous else 'the start of the file'}")
+        gap = start - pos
+        if gap and not (previous is not None and previous.flag_bits & 0x08 and gap in _DESCRIPTOR_SIZES):
+            return (f"{gap} bytes before archive member {_shown(info.orig_filename)} (offset {start}) belong to no "
+                    "member" if previous else f"its first member starts at offset {start}, not 0: data was prepended")
+        fp.seek(start)
+        head = fp.read(_LOCAL.size)
+        if len(head) < _LOCAL.size or _LOCAL.unpack(head)[0] != b"PK\x03\x04":
+            return f"archive member {_shown(info.orig_filename)} has no local header at offset {start}"
+        fields = _LOCAL.unpack(head)
+        name_len, extra_len = fields[-2], fields[-1]
+        raw = fp.read(name_len)
+        local = raw.decode("utf-8" if fields[2] & 0x800 else "cp437", errors="replace")
+        if local != info.orig_filename:
+            return (f"archive member {_shown(info.orig_filename)} is named {_shown(local)} in its local header "
+                    "(readers disagree on its name)")
+        pos = start + _LOCAL.size + name_len + extra_len + info.compress_size
+        previous = info
+    gap = recorded_cd - pos
+    if gap < 0:
+        return "the central directory overlaps the last member"
+    if gap and not (previous is not None and previous.flag_bits & 0x08 and gap in _DESCRIPTOR_SIZES):
+        return f"{gap} bytes between the last member and the central directory belong to no member"
+    return None
 
 
 def read_member(archive: CheckedZip, name: str) -> bytes:
