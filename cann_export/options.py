@@ -1,6 +1,9 @@
 """Export options, their defaults and their validation (done before any heavy work)."""
 from __future__ import annotations
 
+import difflib
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +48,36 @@ EXTERNAL_DATA = ("auto", "always", "never")
 LINT_MODES = ("error", "warn", "off")
 
 
+# The shape of an ATC --soc_version: bundle.rederive checks a manifest's soc_version against the same pattern,
+# so an export never writes a bundle its own validate refuses.
+SOC_PATTERN = re.compile(r"Ascend\d{3}[A-Za-z0-9_]{0,12}")
+# SoC names ATC releases accept, used to suggest the closest one for a mistyped --soc-version (not exhaustive:
+# any name of SOC_PATTERN's shape is passed on, so a newer SoC needs no release of this tool).
+KNOWN_SOCS = (
+    "Ascend310", "Ascend310B1", "Ascend310B2", "Ascend310B3", "Ascend310B4", "Ascend310P1", "Ascend310P3",
+    "Ascend610", "Ascend910", "Ascend910A", "Ascend910B", "Ascend910B1", "Ascend910B2", "Ascend910B3",
+    "Ascend910B4", "Ascend910ProA", "Ascend910ProB", "Ascend910PremiumA", "Ascend910_9391", "Ascend910_9392",
+    "Ascend910_9381", "Ascend910_9382", "Ascend910_9372", "Ascend910_9362",
+)
+# metadata keys under this prefix are the tool's own provenance (cann_export.tool, cann_export.atc_hints, ...)
+RESERVED_METADATA_PREFIX = "cann_export."
+
+
+def check_soc_version(value: Any, flag: str = "--soc-version") -> str:
+    """``value`` when it is an Ascend SoC name (``SOC_PATTERN``), else an OptionsError suggesting the closest
+    known SoC."""
+    if isinstance(value, str) and SOC_PATTERN.fullmatch(value):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    word = text.split()[0] if text.split() else text
+    lowered = {soc.lower(): soc for soc in KNOWN_SOCS}
+    close = difflib.get_close_matches(word.lower(), lowered, n=1, cutoff=0.4)
+    hint = f"did you mean {lowered[close[0]]}? " if close else ""
+    raise OptionsError(f"{flag} {value!r} is not an Ascend SoC name (pattern {SOC_PATTERN.pattern}, e.g. Ascend310P3 "
+                       f"or Ascend910B); {hint}pass the name ATC knows for the target chip, one word with no spaces "
+                       f"or options (known: {', '.join(KNOWN_SOCS)})")
+
+
 @dataclass
 class Tolerance:
     """Parity policy: an output passes when every element satisfies |a-b| <= atol + rtol*|ref|
@@ -64,6 +97,20 @@ class Tolerance:
         return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine,
                 "device_min_cosine": self.device_min_cosine, "device_fail_cosine": self.device_fail_cosine,
                 "device_atol": self.device_atol}
+
+    def check(self) -> None:
+        """Refuse a tolerance parity could not honour: nan/inf or negative atol/rtol, a cosine outside [-1, 1]."""
+        for name in ("atol", "rtol", "device_atol"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value) or value < 0:
+                raise OptionsError(f"{_tolerance_flag(name)} {value!r} is not a finite number >= 0 (nan, inf and "
+                                   f"negative tolerances would pass or fail every output); pass e.g. "
+                                   f"{_tolerance_flag(name)} {getattr(Tolerance, name)}")
+        for name in ("min_cosine", "device_min_cosine", "device_fail_cosine"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -1.0 <= value <= 1.0:  # nan fails the comparison too
+                raise OptionsError(f"{_tolerance_flag(name)} {value!r} is not a cosine similarity between -1 and 1; "
+                                   f"pass e.g. {_tolerance_flag(name)} {getattr(Tolerance, name)}")
 
     def device_policy(self) -> dict[str, float]:
         return {"min_cosine": self.device_min_cosine, "fail_cosine": self.device_fail_cosine,
@@ -159,9 +206,38 @@ class ExportOptions:
             raise OptionsError("include_optimizer_state=True needs optimizer=<the torch.optim optimizer>")
         if self.input_shapes and self.example_inputs_file:
             raise OptionsError("pass either --input-shape or --example-inputs, not both")
-        tol = self.tolerance
-        if tol.atol < 0 or tol.rtol < 0 or not (-1.0 <= tol.min_cosine <= 1.0):
-            raise OptionsError("tolerances must be atol >= 0, rtol >= 0 and -1 <= min_cosine <= 1")
+        check_soc_version(self.soc_version)
+        check_input_names(self.input_shapes)
+        check_metadata(self.metadata)
+        self.tolerance.check()
+
+
+def _tolerance_flag(name: str) -> str:
+    """The CLI flag of a Tolerance field (atol, rtol, min_cosine), else its API name (tolerance.device_atol)."""
+    return f"--{name.replace('_', '-')}" if not name.startswith("device_") else f"tolerance.{name}"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_input_names(specs: list[InputSpec]) -> None:
+    """Each --input-shape names a different input (a second one would silently replace the first)."""
+    seen: set[str] = set()
+    for spec in specs:
+        name = spec.name if isinstance(spec, InputSpec) else str(spec)
+        if name in seen:
+            raise OptionsError(f"--input-shape names input {name!r} twice; pass one --input-shape per input")
+        seen.add(name)
+
+
+def check_metadata(metadata: dict[str, Any]) -> None:
+    """--metadata keys under ``cann_export.`` are the tool's provenance: a user value would overwrite it."""
+    reserved = sorted(k for k in metadata if str(k).startswith(RESERVED_METADATA_PREFIX))
+    if reserved:
+        raise OptionsError(f"--metadata key {reserved[0]!r} is reserved: keys starting with "
+                           f"{RESERVED_METADATA_PREFIX!r} hold cann-export's own provenance; rename it "
+                           f"(e.g. {reserved[0][len(RESERVED_METADATA_PREFIX):] or 'my_key'!r})")
 
 
 def _is_version(text: str) -> bool:

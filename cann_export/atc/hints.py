@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OptionsError
+from ..options import check_soc_version
 from ..hooks import manager
 
 DEFAULT_PRECISION_MODE = "force_fp16"
@@ -33,7 +34,7 @@ def resolve(options: Any) -> list[str]:
     if "precision_mode" in hints:
         options.precision_mode = hints["precision_mode"]
     if "soc_version" in hints:
-        options.soc_version = hints["soc_version"]
+        options.soc_version = check_soc_version(hints["soc_version"], "--atc-hint soc_version")
     options.atc_hints = hints
     warnings = []
     if hints.get("keep_dtype") and effective_precision(options) in ("must_keep_origin_dtype", "origin"):

@@ -19,6 +19,13 @@ from . import single_file
 
 MODEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.onnx")
 
+# Bounds on what a manifest may hold, checked before anything in it touches the disk or the parser's stack
+# (an export writes far less: a few KiB of JSON nested about 6 deep, paths well under 100 characters).
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+MAX_PATH_CHARS = 1024  # a file-table path, whole
+MAX_NAME_BYTES = 255  # one component of it, in UTF-8 (the NAME_MAX of common file systems)
+
 
 def read_bundle(path: Path) -> dict[str, Any]:
     """The manifest of a bundle directory, after checking that it has the shape this tool writes
@@ -30,19 +37,73 @@ def read_bundle(path: Path) -> dict[str, Any]:
     if not path.is_dir() or not manifest_path.is_file():
         raise ValidateError("not a cann-export bundle (no manifest.json); pass the directory a bundle export "
                             "(e.g. --format atc_ready) wrote", path=path)
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
-                            path=manifest_path) from e
+    manifest = load_manifest_file(manifest_path)
     problems = manifest_problems(manifest)
     if not problems:
         own = optional(format_of(manifest, manifest_path), Format, "manifest_problems")
         problems = own(manifest) if own else []
     if problems:
-        raise ValidateError("manifest.json is malformed: " + "; ".join(problems)
+        shown = problems[:20] + ([f"... {len(problems) - 20} more"] if len(problems) > 20 else [])
+        raise ValidateError("manifest.json is malformed: " + "; ".join(shown)
                             + ". The bundle is damaged or was edited; export it again", path=manifest_path)
     return manifest
+
+
+def load_manifest_file(manifest_path: Path) -> Any:
+    """Parse ``manifest.json`` within bounds: at most ``MAX_MANIFEST_BYTES`` (read no further), JSON nested at
+    most ``MAX_JSON_DEPTH`` deep; a file past either is a clean refusal, never a MemoryError or RecursionError."""
+    try:
+        with open(manifest_path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise ValidateError(f"cannot read manifest.json ({e.strerror or e}); check the bundle's permissions",
+                            path=manifest_path) from e
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValidateError(f"manifest.json is larger than {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB (an export writes "
+                            "a few KiB); the bundle is damaged or was edited, export it again", path=manifest_path)
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
+                            path=manifest_path) from e
+    except RecursionError as e:
+        manifest = e
+    if isinstance(manifest, RecursionError) or json_depth(manifest) > MAX_JSON_DEPTH:
+        raise ValidateError(f"manifest.json nests deeper than {MAX_JSON_DEPTH} levels (an export writes under 10); "
+                            "the bundle is damaged or was edited, export it again", path=manifest_path)
+    return manifest
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def path_bound_problem(rel: str) -> str | None:
+    """Why ``rel`` is too long to be a path in a bundle (None: it is not)."""
+    if len(rel) > MAX_PATH_CHARS:
+        return f"a path of {len(rel)} characters (at most {MAX_PATH_CHARS}; refused)"
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in rel.split("/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        return f"a path component of {longest} bytes (at most {MAX_NAME_BYTES}; refused)"
+    return None
+
+
+def _shown(rel: str, limit: int = 80) -> str:
+    return repr(rel) if len(rel) <= limit else repr(rel[:limit]) + f"... ({len(rel)} characters)"
 
 
 def _is_str_map(value: Any) -> bool:
@@ -86,8 +147,11 @@ def _model_problems(model: Any) -> list[str]:
     if not isinstance(model, dict):
         return ["model: missing or not an object"]
     problems = []
-    if not isinstance(model.get("file"), str) or not MODEL_FILE.fullmatch(model["file"]):
-        problems.append(f"model.file: {model.get('file')!r} is not a plain .onnx file name")
+    file = model.get("file")
+    if not isinstance(file, str) or len(file.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES \
+            or not MODEL_FILE.fullmatch(file):
+        shown = _shown(file) if isinstance(file, str) else repr(file)
+        problems.append(f"model.file: {shown} is not a plain .onnx file name of at most {MAX_NAME_BYTES} bytes")
     for key in ("inputs", "outputs"):
         if not _is_values(model.get(key)):
             problems.append(f"model.{key}: missing or not a list of named values")
@@ -100,9 +164,11 @@ def _model_problems(model: Any) -> list[str]:
 def _file_table_problems(files: Any) -> list[str]:
     if not isinstance(files, dict):
         return ["files: the file table is missing or not an object"]
-    return [f"files[{rel!r}]: not a {{sha256, size}} entry" for rel, entry in files.items()
-            if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256"))
-            or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) or entry["size"] < 0]
+    problems = [f"files[{_shown(rel)}]: {bound}" for rel in files if (bound := path_bound_problem(rel))]
+    return problems + [
+        f"files[{_shown(rel)}]: not a {{sha256, size}} entry" for rel, entry in files.items()
+        if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256"))
+        or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) or entry["size"] < 0]
 
 
 def _parity_problems(parity: Any) -> list[str]:
@@ -168,7 +234,12 @@ def file_problems(path: Path, manifest: dict[str, Any]) -> list[str]:
     root = path.resolve()
     for rel, entry in files.items():
         if not isinstance(rel, str) or not is_safe_relpath(rel):
-            problems.append(f"{rel!r}: not a path inside the bundle (refused)")
+            problems.append(f"{_shown(rel) if isinstance(rel, str) else repr(rel)}: not a path inside the bundle "
+                            "(refused)")
+            continue
+        bound = path_bound_problem(rel)
+        if bound:
+            problems.append(f"{_shown(rel)}: {bound}")
             continue
         if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256")):
             problems.append(f"{rel}: malformed file-table entry")

@@ -16,13 +16,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from .. import options as _options
 from ..errors import ExportError, ValidateError
 from ..hooks.contracts import CheckedBundle, Container, Format, optional
 
 if TYPE_CHECKING:
     from ..options import Tolerance
 
-SOC_PATTERN = re.compile(r"Ascend\d{3}[A-Za-z0-9_]{0,12}")
+SOC_PATTERN = _options.SOC_PATTERN  # the pattern an export checks --soc-version against
 CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg")
 OUTPUT_STEM = "model"
 _DOTTED = re.compile(r".*\..*")

@@ -57,6 +57,7 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
         raise errors.LoadError("model file not found; check the path", path=path)
     if path.is_dir():
         raise errors.LoadError("is a directory; pass a model file (.pt2, .pt, .pth, .safetensors)", path=path)
+    check_regular_file(path, "model file")
     for loader in sorted(loaders.values(), key=lambda x: -x.priority):
         if loader.matches(path):
             loaded = loader.load(path, options)
@@ -64,6 +65,25 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
             loaded.source_sha256 = sha256_file(path)
             return loaded
     raise errors.LoadError("no loader understands this file", path=path)
+
+
+def check_regular_file(path: Path, what: str) -> None:
+    """Refuse ``path`` unless it is a regular file (a link to one is fine), before any byte is read: a device
+    (/dev/zero reads forever), a FIFO (blocks until a writer comes) or a socket is never a model."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise errors.LoadError(f"cannot stat the {what} ({e.strerror or e}); check the path", path=path) from e
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "not a regular file")
+    raise errors.LoadError(f"the {what} is {kind}, not a regular file; nothing was read. Save the model to a "
+                           "file (.pt2, .pt, .pth, .safetensors) and pass that path", path=path)
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:
