@@ -2,9 +2,7 @@
 the graph JSON, zip bombs and escaping names. Each must be refused cleanly (exit 2, the member named, no
 traceback), run nothing (the payload would create a marker file) and leave nothing at the output path.
 And the other direction: healthy archives, whose raw tensor bytes may start with 0x80, load untrusted."""
-import io
 import json
-import pickle
 import struct
 import zipfile
 from pathlib import Path
@@ -13,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import files
-from helpers.files import Evil
+from helpers.files import evil_bytes
 
 from cann_export.cli.main import _register_plugin_commands, cli
 from cann_export.errors import LoadError
@@ -36,15 +34,6 @@ def rewrite(src: Path, dst: Path, replace: dict[str, bytes], add: dict[str, byte
         for name, data in (add or {}).items():
             zout.writestr(zipfile.ZipInfo(name.replace("{root}", root)), data)
     return dst
-
-
-def evil_bytes(marker: Path, how: str) -> bytes:
-    payload = {"x": Evil(marker)}
-    if how.startswith("protocol"):
-        return pickle.dumps(payload, protocol=int(how[-1]))
-    buf = io.BytesIO()
-    torch.save(payload, buf, _use_new_zipfile_serialization=(how == "torch.save zip"))
-    return buf.getvalue()
 
 
 def weights_config(pt2: Path, mark_first: bool = True) -> tuple[bytes, str]:

@@ -128,7 +128,7 @@ def test_io_operators_are_refused_by_name(tmp_path, target):
 
 
 def evil_sample_inputs(tmp: Path, marker: Path) -> Path:
-    from test_hostile_loaders import evil_bytes
+    from helpers.files import evil_bytes
 
     return rewrite(files.pt2(tmp), tmp / "m.pt2", {"sample_inputs/model.pt": evil_bytes(marker, "protocol2")})
 

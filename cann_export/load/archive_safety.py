@@ -35,41 +35,12 @@ from typing import Any
 
 from ..errors import LoadError
 from .archives import ArchiveError, CheckedZip, open_checked
+from .program_graph import graph_problem
 
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 _NO_FORCE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _LEGACY_27 = ("serialized_state_dict.pt", "serialized_constants.pt", "serialized_example_inputs.pt",
               "serialized_state_dict.json", "serialized_constants.json")
-_SAFE_OPERATOR = frozenset(["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
-                            "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "inv",
-                            "getitem", "lshift", "rshift", "matmul", "truth"])
-_SAFE_TORCH_CALLABLES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum",
-                         "sym_sqrt", "_sym_sqrt", "sym_fresh_size", "_check", "_check_is_size",
-                         "sym_constrain_range", "sym_constrain_range_for_size", "_assert", "_assert_async")
-_SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True",
-                          "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan",
-                          "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise",
-                          "ITE", "Abs", "floor", "ceiling", "sqrt", "Max", "Min", "Add", "Mul", "Pow", "Mod"])
-# torch writes expressions in sympy's srepr form: Mul(Integer(2), Symbol('s77', positive=True, integer=True))
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-                    r"|(?P<str>'[A-Za-z_][A-Za-z0-9_]*'|\"[A-Za-z_][A-Za-z0-9_]*\"|'[-+0-9.eE]+'|\"[-+0-9.eE]+\")"
-                    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^=]))")
-_SYMBOL = re.compile(r"^[a-z]+\d+$")
-# The top-level fields of models/<m>.json that torch 2.13's torch.export.save writes (schema.ExportedProgram).
-# guards_code is exec()'d by torch/export/_unlift.py when the module is built: it must be empty, and so must
-# any field this version does not know (a later torch may run it).
-_MODEL_FIELDS = frozenset(["graph_module", "opset_version", "range_constraints", "schema_version", "verifiers",
-                           "torch_version", "guards_code"])
-_MUST_BE_EMPTY = frozenset(["guards_code"])
-# Operators that read or write files, print, or talk to other processes / the network, refused by name
-# (ns::op; "ns::*" for a whole namespace). Higher-order operators that run code the graph does not hold.
-_IO_OPS = frozenset(["aten::from_file", "aten::save", "aten::_print", "aten::warn", "prim::Print",
-                     "prim::rpc_async", "prim::rpc_remote", "prim::rpc_sync", "debugprims::*", "c10d::*",
-                     "_c10d_functional::*", "c10d_functional::*", "_c10d_functional_autograd::*", "symm_mem::*",
-                     "_dtensor::*"])
-_CODE_HOPS = frozenset(["print", "aoti_call_delegate", "inductor_compiled_code", "inline_asm_elementwise",
-                        "invoke_leaf_function", "flat_apply", "executorch_call_delegate"])
-_IO_NAME = re.compile(r"from_file|_file$|^(save|load)(_|$)")
 # native code torch.export.load extracts and dlopen()s (AOTInductor), or any shared object
 _AOTI_DIR = "data/aotinductor/"
 _NATIVE = re.compile(r"\.(so|dylib|dll|pyd)(\.\d+)*$", re.IGNORECASE)
@@ -137,115 +108,6 @@ def _pickletools_globals(stream: io.BytesIO) -> set[str]:
     except Exception:  # noqa: BLE001 - stop at the first byte that is not an opcode
         stream.seek(len(stream.getbuffer()))
     return found
-
-
-def _sym_problem(expr: str) -> str | None:
-    import torch.utils._sympy.functions as sympy_functions
-    from sympy.core.assumptions import _assume_defined  # keyword names: Symbol('s0', positive=True)
-
-    allowed = _SYMPY_NAMES | set(getattr(sympy_functions, "__all__", ())) | set(_assume_defined)
-    pos = 0
-    while pos < len(expr):
-        m = _TOKEN.match(expr, pos)
-        if not m or m.end() == pos:
-            if expr[pos:].strip() == "":
-                break
-            return f"symbolic expression {expr[:80]!r} holds {expr[pos:pos + 20]!r}, which is not arithmetic"
-        name = m.group("name")
-        if name and name not in allowed and not _SYMBOL.match(name):
-            return f"symbolic expression {expr[:80]!r} names {name!r}, which is neither a symbol nor a sympy function"
-        pos = m.end()
-    return None
-
-
-def _target_problem(target: str) -> str | None:
-    """torch resolves a node target by getattr from torch / operator / math (deserialize_operator)."""
-    import math
-    import operator
-
-    import torch
-
-    if target.startswith("_operator"):
-        module, parts = operator, target.split(".")[1:]
-    elif target.startswith("torch"):
-        module, parts = torch, target.split(".")[1:]
-    elif target.startswith("math"):
-        module, parts = math, target.split(".")[1:]
-    else:
-        return None  # kept as a string ('#' extension operators resolve through torch's registry)
-    obj: Any = module
-    for part in parts:
-        if not hasattr(obj, part):
-            return None  # torch keeps the unresolved string
-        obj = getattr(obj, part)
-    if module is math:
-        return (None if type(obj).__name__ == "builtin_function_or_method"
-                else f"node target {target!r} is not a math function")
-    if module is operator:
-        return (None if len(parts) == 1 and parts[0] in _SAFE_OPERATOR
-                else f"node target {target!r} is not an arithmetic operator")
-    if isinstance(obj, torch._ops.HigherOrderOperator):
-        name = str(getattr(obj, "__name__", "") or getattr(obj, "_name", ""))
-        return (f"node target {target!r} is the higher-order operator {name!r}, which runs code the graph does "
-                "not hold" if name in _CODE_HOPS else None)
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return _io_op_problem(target, obj)
-    if any(obj is getattr(torch, n, None) for n in _SAFE_TORCH_CALLABLES):
-        return None
-    return f"node target {target!r} resolves to {type(obj).__name__} {getattr(obj, '__name__', '')!s}, not an operator"
-
-
-def _io_op_problem(target: str, op: Any) -> str | None:
-    """An operator that does file, IO, process or network work (by its schema's qualified name)."""
-    schema = getattr(op, "_schema", None)
-    qualified = str(getattr(schema, "name", "") or getattr(op, "_qualified_op_name", ""))
-    namespace, _, name = qualified.partition("::")
-    if qualified in _IO_OPS or f"{namespace}::*" in _IO_OPS or (
-            namespace in ("aten", "prims", "prim") and _IO_NAME.search(name)):
-        return (f"node target {target!r} is {qualified}, an operator that reads or writes files or talks to "
-                "other processes, which an exported model has no business running")
-    return None
-
-
-def _model_fields_problem(root: Any) -> str | None:
-    """Only the fields a plain torch.export.save writes; guards_code (exec()'d by torch) and unknown fields
-    must be empty."""
-    if not isinstance(root, dict):
-        return None
-    for key, value in root.items():
-        if value in (None, "", [], {}):
-            continue
-        if key in _MUST_BE_EMPTY:
-            shown = " ".join(str(value).split())[:80]
-            return (f"field {key!r} holds Python source ({shown!r}...) that torch.export.load would exec() when "
-                    "the module is built; torch.export.save writes it empty")
-        if key not in _MODEL_FIELDS:
-            return (f"field {str(key)[:40]!r} is not one torch.export.save writes (known: "
-                    f"{', '.join(sorted(_MODEL_FIELDS))}) and is not empty")
-    return None
-
-
-def _graph_problem(data: bytes) -> str | None:
-    try:
-        root = json.loads(data)
-    except (ValueError, RecursionError):
-        return None  # torch.export.load fails on it before evaluating anything
-    if why := _model_fields_problem(root):
-        return why
-    stack = [root]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            expr = item.get("expr_str")
-            if isinstance(expr, str) and (why := _sym_problem(expr)):
-                return why
-            target = item.get("target")
-            if isinstance(target, str) and (why := _target_problem(target)):  # only Node has "target"
-                return why
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None
 
 
 def _records(archive: CheckedZip) -> dict[str, str]:
@@ -329,7 +191,7 @@ def check_export_archive(path: Path | str, trust_pickle: bool) -> None:
             if use == "object":
                 why = "a Python object constant, which torch restores with full unpickling"
             elif use == "graph":
-                why = _graph_problem(archive.read(member))
+                why = graph_problem(archive.read(member))
             else:
                 data = archive.read(member)
                 why = _nested_zip_problem(data, member) or (_why_pickle_refused(data) if data else None)

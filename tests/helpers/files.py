@@ -1,6 +1,7 @@
 """Model files of every supported kind, written into a test's tmp_path."""
 from __future__ import annotations
 
+import io
 import os
 import pickle
 from pathlib import Path
@@ -63,6 +64,16 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def evil_bytes(marker: Path, how: str) -> bytes:
+    """A pickle whose loading creates ``marker``: ``protocolN`` (plain pickle) or a torch.save file."""
+    payload = {"x": Evil(marker)}
+    if how.startswith("protocol"):
+        return pickle.dumps(payload, protocol=int(how[-1]))
+    buf = io.BytesIO()
+    torch.save(payload, buf, _use_new_zipfile_serialization=(how == "torch.save zip"))
+    return buf.getvalue()
 
 
 def malicious_pickle(tmp: Path, marker: Path, zipped: bool) -> Path:
