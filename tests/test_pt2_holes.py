@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import files
+from helpers.files import evil_bytes, rewrite
 
 from cann_export.cli.main import _register_plugin_commands, cli
 from cann_export.errors import LoadError
@@ -19,21 +20,6 @@ from cann_export.load.archive_safety import check_export_archive
 from cann_export.load.archives import ArchiveError, open_checked
 
 _register_plugin_commands()
-
-
-def rewrite(src: Path, dst: Path, replace: dict[str, bytes] | None = None, add: dict[str, bytes] | None = None) -> Path:
-    """Copy a zip, replacing members whose name ends with a key of ``replace`` and appending ``add``."""
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
-        root = zin.namelist()[0].split("/")[0]
-        for item in zin.infolist():
-            data = zin.read(item.filename)
-            for suffix, new in (replace or {}).items():
-                if item.filename.endswith(suffix):
-                    data = new
-            zout.writestr(item, data)
-        for name, data in (add or {}).items():
-            zout.writestr(zipfile.ZipInfo(name.replace("{root}", root)), data)
-    return dst
 
 
 def edit_model(pt2: Path, edit) -> dict[str, bytes]:
@@ -128,7 +114,6 @@ def test_io_operators_are_refused_by_name(tmp_path, target):
 
 
 def evil_sample_inputs(tmp: Path, marker: Path) -> Path:
-    from helpers.files import evil_bytes
 
     return rewrite(files.pt2(tmp), tmp / "m.pt2", {"sample_inputs/model.pt": evil_bytes(marker, "protocol2")})
 

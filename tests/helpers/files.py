@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -64,6 +65,22 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def rewrite(src: Path, dst: Path, replace: dict[str, bytes] | None = None, add: dict[str, bytes] | None = None) -> Path:
+    """Copy a zip, replacing members whose name ends with a key of ``replace`` and appending ``add``
+    (``{root}`` in an added name is the archive's top directory)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        root = zin.namelist()[0].split("/")[0]
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            for suffix, new in (replace or {}).items():
+                if item.filename.endswith(suffix):
+                    data = new
+            zout.writestr(item, data)
+        for name, data in (add or {}).items():
+            zout.writestr(zipfile.ZipInfo(name.replace("{root}", root)), data)
+    return dst
 
 
 def evil_bytes(marker: Path, how: str) -> bytes:
