@@ -1,23 +1,21 @@
 """What a torch.export archive would make torch execute, decided from the archive's layout, not its bytes.
 
-torch.export.load (torch/export/pt2_archive/_package.py, torch/_export/serde/serialize.py) unpickles:
-sample inputs (``data/sample_inputs/<m>.pt``, weights-only first, then a *full* unpickling fallback),
-legacy weight / constant files (``data/weights/<m>.pt``, ``data/constants/<m>.pt``), weights and tensor
-constants marked ``use_pickle`` in their JSON config (``torch.load(weights_only=False)``), torchbind objects
-(``custom_obj_*``) and opaque objects (``opaque_obj_*``, plain ``pickle.loads``); the torch 2.7 layout
-(a top-level ``version`` member) unpickles ``serialized_*.pt``. The graph JSON is code too: symbolic shape
-strings go through ``sympy.sympify`` (``eval``) and node targets are resolved by attribute lookup from
-``torch`` / ``operator`` / ``math``.
+torch.export.load never sees the user's file: ``load_exported_program`` re-packs it (load/repack.py: only
+the members on torch.export.save's allow-list, load/allowlist.py, so legacy weight files, torch 2.7
+``serialized_*.pt`` pickles, torchbind / opaque object constants and AOTInductor shared objects are refused by
+name), checks the copy and hands that copy to torch. In the copy torch.export.load (torch/export/pt2_archive/
+_package.py) unpickles sample inputs (``data/sample_inputs/<m>.pt``, weights-only first, then a *full*
+unpickling fallback) and weights and tensor constants marked ``use_pickle`` in their JSON config
+(``torch.load(weights_only=False)``). The graph JSON is code too: symbolic shape strings go through
+``sympy.sympify`` (``eval``), node targets are resolved by attribute lookup from ``torch`` / ``operator`` /
+``math`` and ``guards_code`` is exec()'d (load/program_graph.py).
 
 ``check_export_archive`` walks exactly those members (mirroring torch's record naming) and refuses, naming
-the member, any pickle that torch's weights-only unpickler rejects, any object constant, any symbolic
-expression that is not plain arithmetic over symbols, any node target that is not an operator or is one that
-does file, IO, process or network work (``aten::from_file``, ``aten::save``, ... by name), any non-empty
-``guards_code`` (torch/export/_unlift.py exec()s it) or unknown model field, and any AOTInductor member or
-shared object (torch extracts and dlopen()s them). The zip layout itself is checked by archives.open_checked.
-``load_exported_program`` then loads with every ``torch.load`` forced to weights-only
-(``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with torch's logging and warnings silenced, so the fallback to full
-unpickling can never run even if the walk missed a member. ``trust_pickle`` skips both.
+the member, any pickle that torch's weights-only unpickler rejects and any graph ``program_graph`` refuses.
+The load then runs with every ``torch.load`` forced to weights-only (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with
+torch's logging and warnings silenced, so the fallback to full unpickling can never run even if the walk
+missed a member. ``trust_pickle`` skips all of it but the bounds of the zip layout (archives.open_checked):
+torch then loads the user's file itself.
 """
 from __future__ import annotations
 
@@ -28,22 +26,19 @@ import os
 import posixpath
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import LoadError
+from .allowlist import PT2
 from .archives import ArchiveError, CheckedZip, open_checked
 from .program_graph import graph_problem
+from .repack import Canonical, canonical_copy
 
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 _NO_FORCE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-_LEGACY_27 = ("serialized_state_dict.pt", "serialized_constants.pt", "serialized_example_inputs.pt",
-              "serialized_state_dict.json", "serialized_constants.json")
-# native code torch.export.load extracts and dlopen()s (AOTInductor), or any shared object
-_AOTI_DIR = "data/aotinductor/"
-_NATIVE = re.compile(r"\.(so|dylib|dll|pyd)(\.\d+)*$", re.IGNORECASE)
 
 
 def _why_pickle_refused(data: bytes) -> str | None:
@@ -129,8 +124,8 @@ def _config(archive: CheckedZip, member: str) -> dict[str, Any]:
 
 
 def risky_members(archive: CheckedZip) -> Iterator[tuple[str, str]]:
-    """(zip member, how torch would use it) for every member torch.export.load would unpickle or evaluate:
-    'pickle', 'object' (torchbind / plain pickle.loads) or 'graph'."""
+    """(zip member, how torch would use it) for every member torch.export.load would unpickle ('pickle') or
+    evaluate ('graph'); the allow-list has already refused every other kind of member."""
     from torch.export.pt2_archive import constants as c
 
     records = _records(archive)
@@ -142,58 +137,38 @@ def risky_members(archive: CheckedZip) -> Iterator[tuple[str, str]]:
         yield records[rec], "graph"
         if (sample := c.SAMPLE_INPUTS_FILENAME_FORMAT.format(model)) in records:
             yield records[sample], "pickle"
-        for legacy, cfg_name, directory in (
-                (f"{c.WEIGHTS_DIR}{model}.pt", c.WEIGHTS_CONFIG_FILENAME_FORMAT.format(model), c.WEIGHTS_DIR),
-                (f"{c.CONSTANTS_DIR}{model}.pt", c.CONSTANTS_CONFIG_FILENAME_FORMAT.format(model), c.CONSTANTS_DIR)):
-            if legacy in records:
-                yield records[legacy], "pickle"
-                continue
+        for cfg_name, directory in ((c.WEIGHTS_CONFIG_FILENAME_FORMAT.format(model), c.WEIGHTS_DIR),
+                                    (c.CONSTANTS_CONFIG_FILENAME_FORMAT.format(model), c.CONSTANTS_DIR)):
             if cfg_name not in records:
                 continue
             for payload in _config(archive, records[cfg_name]).values():
-                path_name = str(payload.get("path_name", ""))
-                member = records.get(posixpath.join(directory, path_name))
-                if member is None:
-                    continue
-                if directory == c.CONSTANTS_DIR and path_name.startswith((c.CUSTOM_OBJ_FILENAME_PREFIX,
-                                                                           c.OPAQUE_OBJ_FILENAME_PREFIX)):
-                    yield member, "object"
-                elif payload.get("use_pickle") and (directory == c.WEIGHTS_DIR
-                                                    or path_name.startswith(c.TENSOR_CONSTANT_FILENAME_PREFIX)):
+                member = records.get(posixpath.join(directory, str(payload.get("path_name", ""))))
+                if member is not None and payload.get("use_pickle"):
                     yield member, "pickle"
-    if "version" in archive.infos:  # torch 2.7 layout, tried when the current one fails
-        for name in _LEGACY_27:
-            if name in archive.infos:
-                yield name, "pickle"
-        if "serialized_exported_program.json" in archive.infos:
-            yield "serialized_exported_program.json", "graph"
 
 
-def check_export_archive(path: Path | str, trust_pickle: bool) -> None:
-    """Refuse a .pt2 that would make torch.export.load run anything beyond weights-only unpickling; the
-    archive's directory is bounds-checked (archives.open_checked) even when ``trust_pickle`` is set."""
+def check_export_archive(path: Path | str, trust_pickle: bool, canonical: Canonical | None = None) -> None:
+    """Refuse a .pt2 that would make torch.export.load run anything beyond weights-only unpickling: its
+    re-packed copy (``canonical``, or one made here) is what is checked. With ``trust_pickle`` only the
+    archive's directory is bounds-checked (archives.open_checked)."""
     path = Path(path)
-    with open_checked(path) as archive, quiet_torch():
-        if trust_pickle:
-            return
-        for member in archive.names:
-            if member.startswith(_AOTI_DIR) or f"/{_AOTI_DIR}" in member or _NATIVE.search(member):
-                raise LoadError(
-                    f"refused to load: torch.export archive member {member!r} is native code (AOTInductor or a "
-                    "shared object) that torch.export.load would extract and dlopen(), running it. Export the "
-                    "model without AOTInductor packaging, or pass --trust-pickle (trust_pickle=True) only for "
-                    "archives you trust", path=path)
+    if trust_pickle:
+        open_checked(path).close()
+        return
+    if canonical is None:
+        with canonical_copy(path, PT2) as canon:
+            check_export_archive(path, trust_pickle, canon)
+        return
+    with canonical.checked() as archive, quiet_torch():
         seen: set[str] = set()
         for member, use in risky_members(archive):
             if member in seen:
                 continue
             seen.add(member)
-            if use == "object":
-                why = "a Python object constant, which torch restores with full unpickling"
-            elif use == "graph":
-                why = graph_problem(archive.read(member))
+            data = archive.read(member)
+            if use == "graph":
+                why = graph_problem(data)
             else:
-                data = archive.read(member)
                 why = _nested_zip_problem(data, member) or (_why_pickle_refused(data) if data else None)
             if why:
                 raise LoadError(
@@ -275,31 +250,39 @@ def import_output_module(error: BaseException) -> bool:
 
 
 def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
-    """check_export_archive, then torch.export.load with weights-only forced (unless trusted) and quiet;
-    any failure is a LoadError naming the file."""
+    """torch.export.load of the checked, re-packed copy with weights-only forced and torch quiet (trusted:
+    of the bounds-checked file itself); any failure is a LoadError naming the file."""
+    path = Path(path)
+    if trust_pickle:
+        open_checked(path).close()
+        return _torch_load(path, lambda: str(path), trust_pickle)
+    with canonical_copy(path, PT2) as canon:
+        check_export_archive(path, trust_pickle, canon)
+        return _torch_load(path, canon.view, trust_pickle)
+
+
+def _torch_load(path: Path, source: Callable[[], Any], trust_pickle: bool) -> Any:
     import torch
 
-    path = Path(path)
-    check_export_archive(path, trust_pickle)
     failure: Exception
     for _ in range(_MAX_OUTPUT_MODULES + 1):
         try:
             with quiet_torch():
                 if trust_pickle:
-                    return torch.export.load(str(path))
+                    return torch.export.load(source())
                 with weights_only_unpickling():
-                    return torch.export.load(str(path))
+                    return torch.export.load(source())
         except Exception as e:
             failure = e
         # outside the except block, so the real cause is not chained to torch's generic error
-        cause = _logged_cause(path, trust_pickle) if "warnings above" in str(failure) else failure
+        cause = _logged_cause(source, trust_pickle) if "warnings above" in str(failure) else failure
         if not import_output_module(cause):
             break
     raise LoadError("torch.export.load failed: the archive may be truncated, crafted, or written by an "
                     "incompatible torch version", path=path) from cause  # the CLI shows the cause
 
 
-def _logged_cause(path: Path, trust_pickle: bool) -> BaseException:
+def _logged_cause(source: Callable[[], Any], trust_pickle: bool) -> BaseException:
     """torch.export.load logs the real error and raises a generic one ("check the warnings above"); the
     warnings are silenced, so the current-layout loader is run again to get the real error."""
     from torch.export.pt2_archive._package import load_pt2
@@ -307,10 +290,10 @@ def _logged_cause(path: Path, trust_pickle: bool) -> BaseException:
     try:
         with quiet_torch():
             if trust_pickle:
-                load_pt2(str(path))
+                load_pt2(source())
             else:
                 with weights_only_unpickling():
-                    load_pt2(str(path))
+                    load_pt2(source())
     except Exception as inner:  # noqa: BLE001 - whatever torch raised is the answer
         return inner
     return RuntimeError("torch.export.load could not deserialize the archive")

@@ -13,7 +13,9 @@ om-stub payloads): every member's name and size is checked before any byte of it
   directory and end record must tile the file exactly, from a first local header at offset 0 to an end
   record that is the file's last byte, each local header where the central directory says and naming the
   same member (``layout_problem``).
-``read_member`` then reads at most the declared size (the actual bytes are counted while streaming).
+``stream_member`` / ``read_member`` then read at most the declared size (the actual bytes are counted while
+streaming); a member whose bytes are parsed in memory (JSON, pickles) must also declare at most
+``max_inspected_bytes()`` (``CANN_EXPORT_MAX_INSPECTED_BYTES``, default 256 MiB), refused before reading.
 """
 from __future__ import annotations
 
@@ -22,12 +24,15 @@ import os
 import re
 import struct
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import LoadError
 
 DEFAULT_MAX_MEMBER_BYTES = 64 << 30
+DEFAULT_MAX_INSPECTED_BYTES = 256 << 20
 EXPANSION = 16  # declared uncompressed total <= EXPANSION * archive size + SLACK_BYTES
 SLACK_BYTES = 64 << 20
 _CHUNK = 1 << 20
@@ -38,12 +43,21 @@ class ArchiveError(LoadError):
     """An archive refused before its members were read (unsafe name, bomb, malformed directory)."""
 
 
-def max_member_bytes() -> int:
-    raw = os.environ.get("CANN_EXPORT_MAX_MEMBER_BYTES", "")
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
     try:
-        return int(raw) if raw.strip() else DEFAULT_MAX_MEMBER_BYTES
+        return int(raw) if raw.strip() else default
     except ValueError as e:
-        raise ArchiveError(f"CANN_EXPORT_MAX_MEMBER_BYTES={raw[:40]!r} is not a whole number of bytes") from e
+        raise ArchiveError(f"{name}={raw[:40]!r} is not a whole number of bytes") from e
+
+
+def max_member_bytes() -> int:
+    return _env_bytes("CANN_EXPORT_MAX_MEMBER_BYTES", DEFAULT_MAX_MEMBER_BYTES)
+
+
+def max_inspected_bytes() -> int:
+    """The cap on a member read into memory to be parsed (JSON, pickles, TorchScript code)."""
+    return _env_bytes("CANN_EXPORT_MAX_INSPECTED_BYTES", DEFAULT_MAX_INSPECTED_BYTES)
 
 
 def unsafe_name(name: str) -> str | None:
@@ -88,13 +102,16 @@ class CheckedZip:
         self.close()
 
 
-def open_checked(path: Path | str | bytes, *, cap: int | None = None, label: str | None = None) -> CheckedZip:
-    """Open ``path`` (or in-memory bytes, named ``label`` in errors) as a zip archive and check every
-    entry's name and declared size (nothing is read)."""
+def open_checked(path: Path | str | bytes | BinaryIO, *, cap: int | None = None,
+                 label: str | None = None) -> CheckedZip:
+    """Open ``path`` (or in-memory bytes or a seekable binary file, named ``label`` in errors) as a zip archive
+    and check every entry's name and declared size (nothing is read)."""
     cap = max_member_bytes() if cap is None else cap
-    source: Path | io.BytesIO
+    source: Path | BinaryIO
     if isinstance(path, (bytes, bytearray)):
         source, size, path = io.BytesIO(path), len(path), Path(label or "<in-memory zip>")
+    elif hasattr(path, "seek"):
+        source, size, path = path, path.seek(0, os.SEEK_END), Path(label or "<zip>")
     else:
         path = Path(path)
         source = path
@@ -208,24 +225,48 @@ def layout_problem(zf: zipfile.ZipFile, size: int) -> str | None:
     return None
 
 
-def read_member(archive: CheckedZip, name: str) -> bytes:
-    """The bytes of one member, never more than its declared size."""
+def data_offset(archive: CheckedZip, info: zipfile.ZipInfo) -> int:
+    """Where a member's (stored or compressed) bytes start: after its local header, as every reader reads it."""
+    fp = archive.zf.fp
+    fp.seek(info.header_offset)
+    fields = _LOCAL.unpack(fp.read(_LOCAL.size))
+    return info.header_offset + _LOCAL.size + fields[-2] + fields[-1]
+
+
+def stream_member(archive: CheckedZip, name: str, write: Callable[[bytes], object], *,
+                  cap: int | None = None) -> int:
+    """Pass one member's bytes to ``write`` chunk by chunk, refusing it before reading when it declares more
+    than ``cap``, and as soon as it yields more than it declares (or, at its end, fewer); returns the count."""
     info = archive.infos.get(name)
     if info is None:
         raise ArchiveError(f"the archive has no member {_shown(name)}", path=archive.path)
-    parts, got = [], 0
+    if cap is not None and info.file_size > cap:
+        raise ArchiveError(f"refused: archive member {_shown(name)} declares {info.file_size} bytes, above the "
+                           f"{cap} that are read into memory to be checked (raise CANN_EXPORT_MAX_INSPECTED_BYTES "
+                           "if it is genuine)", path=archive.path)
+    got = 0
     try:
         with archive.zf.open(info) as f:
             while chunk := f.read(min(_CHUNK, info.file_size - got + 1)):
                 got += len(chunk)
                 if got > info.file_size:
                     raise ArchiveError(f"refused: archive member {_shown(name)} holds more than the {info.file_size} "
-                                       "bytes it declares", path=archive.path)
-                parts.append(chunk)
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as e:
+                                       "bytes it declares (a zip bomb or a corrupt directory)", path=archive.path)
+                write(chunk)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
         raise ArchiveError(f"archive member {_shown(name)} cannot be read ({type(e).__name__}: "
                            f"{' '.join(str(e).split())[:160]}); the file is truncated or corrupt",
                            path=archive.path) from e
+    if got != info.file_size:
+        raise ArchiveError(f"refused: archive member {_shown(name)} holds {got} bytes, not the {info.file_size} it "
+                           "declares; the file is truncated or corrupt", path=archive.path)
+    return got
+
+
+def read_member(archive: CheckedZip, name: str, *, cap: int | None = None) -> bytes:
+    """The bytes of one member, never more than its declared size (nor ``cap``)."""
+    parts: list[bytes] = []
+    stream_member(archive, name, parts.append, cap=cap)
     return b"".join(parts)
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from ..context import LoadedModel
 from ..errors import LoadError
+from .allowlist import TORCH_SAVE, TORCHSCRIPT
 from .archive_safety import check_export_archive, load_exported_program, unsafe_globals
 from .archives import open_checked, zip_names
+from .repack import Canonical, canonical_copy
 
 _CHECKPOINT_KEYS = ("model", "state_dict", "model_state_dict", "module", "weights")
 
@@ -58,12 +61,19 @@ class TorchScriptLoader:
     def load(self, path: Path, options: Any) -> LoadedModel:
         import torch
 
-        open_checked(path).close()  # names and sizes bounded; torch.jit's C++ unpickler imports no Python
-        try:
-            module = torch.jit.load(str(path), map_location="cpu")
-        except Exception as e:
-            raise LoadError(f"torch.jit.load failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                            "the TorchScript archive is corrupt or from an incompatible torch", path=path) from e
+        # torch.jit's C++ unpickler imports no Python; torch reads a re-packed copy of the allowed members
+        with ExitStack() as stack:
+            if options.trust_pickle:
+                open_checked(path).close()
+                target = path
+            else:
+                target = stack.enter_context(canonical_copy(path, TORCHSCRIPT)).copy_to_staging(".pt")
+            try:
+                module = torch.jit.load(str(target), map_location="cpu")
+            except Exception as e:
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise LoadError(f"torch.jit.load failed ({type(e).__name__}: {first}); the TorchScript archive is "
+                                "corrupt or from an incompatible torch", path=path) from e
         return LoadedModel(module, "torchscript")
 
 
@@ -94,8 +104,6 @@ class TorchSaveLoader:
         return True
 
     def load(self, path: Path, options: Any) -> LoadedModel:
-        import pickle
-
         import torch
 
         names = _zip_names(path)
@@ -104,13 +112,29 @@ class TorchSaveLoader:
                 "this zip file is not a torch archive (no data.pkl, no torch.export or TorchScript layout); "
                 "pass a .pt2 from torch.export.save, a TorchScript .pt, a state_dict .pth or .safetensors weights",
                 path=path)
-        if names is not None:
-            open_checked(path).close()
         trust = bool(options.trust_pickle)
+        with ExitStack() as stack:
+            canon = None
+            if names is not None and not trust:  # torch reads a re-packed copy of the allowed members
+                canon = stack.enter_context(canonical_copy(path, TORCH_SAVE))
+            elif names is not None:
+                open_checked(path).close()
+            obj = self._unpickle(path, names, canon, trust)
+        if isinstance(obj, torch.nn.Module):
+            return LoadedModel(obj, "module", extras={"pickled_module": True})
+        state, extras = split_checkpoint(obj, path)
+        return LoadedModel(build_from_state_dict(state, options, path), "module", extras=extras)
+
+    @staticmethod
+    def _unpickle(path: Path, names: list[str] | None, canon: Canonical | None, trust: bool) -> Any:
+        import pickle
+
+        import torch
+
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=not trust)
+            return torch.load(canon.view() if canon else str(path), map_location="cpu", weights_only=not trust)
         except pickle.UnpicklingError as e:
-            found = pickle_globals(path, names)
+            found = pickle_globals(path, names, canon)
             if found is None:  # not a pickle stream at all
                 raise LoadError(f"not a readable PyTorch file ({' '.join(str(e).split())[-120:]}); pass a .pt2, "
                                 "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights",
@@ -126,27 +150,26 @@ class TorchSaveLoader:
             raise LoadError(
                 f"not a readable PyTorch file ({type(e).__name__}: {' '.join(str(e).split())[:200]}); pass a .pt2, "
                 "a TorchScript .pt, a state_dict/checkpoint .pth or .safetensors weights", path=path) from e
-        if isinstance(obj, torch.nn.Module):
-            return LoadedModel(obj, "module", extras={"pickled_module": True})
-        state, extras = split_checkpoint(obj, path)
-        return LoadedModel(build_from_state_dict(state, options, path), "module", extras=extras)
 
 
-def pickle_globals(path: Path, zip_names: list[str] | None = None) -> list[str] | None:
-    """The globals a torch.save file references beyond what weights-only loading allows (listed statically
-    by torch, nothing is imported or run); None when the file is not a pickle stream at all."""
+def pickle_globals(path: Path, zip_names: list[str] | None = None,
+                   canonical: Canonical | None = None) -> list[str] | None:
+    """The globals a torch.save file (or its re-packed ``canonical`` copy) references beyond what weights-only
+    loading allows (listed statically by torch, nothing is imported or run); None when the file is not a
+    pickle stream at all."""
     import pickletools
 
     path = Path(path)
     try:
         if zip_names is not None:
-            with open_checked(path) as z:
-                data = z.read(next(n for n in zip_names if n.endswith("/data.pkl")))
+            with canonical.checked() if canonical else open_checked(path) as z:
+                data = z.read(next(n for n in z.names if n.endswith("/data.pkl")))
             for _ in pickletools.genops(data):
                 pass
             import torch
 
-            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+            source = canonical.view() if canonical else str(path)
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(source))
         with path.open("rb") as f:
             head = f.read(64 << 20)
         next(pickletools.genops(head))  # the first opcode decodes: a pickle stream
