@@ -254,9 +254,10 @@ def stream_member(archive: CheckedZip, name: str, write: Callable[[bytes], objec
                                        "bytes it declares (a zip bomb or a corrupt directory)", path=archive.path)
                 write(chunk)
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
-        raise ArchiveError(f"archive member {_shown(name)} cannot be read ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:160]}); the file is truncated or corrupt",
-                           path=archive.path) from e
+        # zipfile inflates no more than the declared size, then checks the CRC: a bomb declared small ends here
+        raise ArchiveError(f"refused: archive member {_shown(name)} cannot be read as declared "
+                           f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); the file is truncated, corrupt "
+                           "or crafted", path=archive.path) from e
     if got != info.file_size:
         raise ArchiveError(f"refused: archive member {_shown(name)} holds {got} bytes, not the {info.file_size} it "
                            "declares; the file is truncated or corrupt", path=archive.path)

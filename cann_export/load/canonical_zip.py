@@ -22,6 +22,7 @@ _END64 = struct.Struct("<4sQ2H2I4Q")
 _LOCATOR = struct.Struct("<4sIQI")
 ALIGNMENT = 64  # torch's kFieldAlignment
 ZIP64_LIMIT = 0xFFFFFFFF  # a size or offset at or above this is written in a zip64 field
+_FFFF, _FFFFFFFF = 0xFFFF, 0xFFFFFFFF  # the values that tell a reader to look in the zip64 field
 _DOS_DATE = (1 << 5) | 1  # 1980-01-01: a fixed date, so the layout depends only on the members
 _COPY_CHUNK = 64 << 20
 
@@ -82,7 +83,7 @@ def _local_header(m: Member, start: int) -> tuple[bytes, bool]:
     zip64 = struct.pack("<2H2Q", 1, 16, m.size, m.size) if big else b""
     pad = (-(start + _LOCAL.size + len(raw) + len(zip64) + 4)) % ALIGNMENT
     extra = zip64 + b"FB" + struct.pack("<H", pad) + bytes(pad)
-    size32 = ZIP64_LIMIT if big else m.size
+    size32 = _FFFFFFFF if big else m.size
     head = _LOCAL.pack(b"PK\x03\x04", 45 if big else 20, flag, 0, 0, _DOS_DATE, m.crc, size32, size32, len(raw),
                        len(extra))
     return head + raw + extra, big
@@ -91,19 +92,18 @@ def _local_header(m: Member, start: int) -> tuple[bytes, bool]:
 def _central_entry(m: Member, start: int, big: bool) -> bytes:
     raw, flag = _encoded(m.name)
     extra = struct.pack("<2H3Q", 1, 24, m.size, m.size, start) if big else b""
-    size32, offset32 = (ZIP64_LIMIT, ZIP64_LIMIT) if big else (m.size, start)
+    size32, offset32 = (_FFFFFFFF, _FFFFFFFF) if big else (m.size, start)
     version = 45 if big else 20
     return _CENTRAL.pack(b"PK\x01\x02", version, 0, version, 0, flag, 0, 0, _DOS_DATE, m.crc, size32, size32,
                          len(raw), len(extra), 0, 0, 0, 0, offset32) + raw + extra
 
 
 def _end_records(count: int, cd_start: int, cd_size: int, end64_at: int) -> bytes:
-    if count < 0xFFFF and cd_start < ZIP64_LIMIT and cd_size < ZIP64_LIMIT:
+    if count < _FFFF and cd_start < ZIP64_LIMIT and cd_size < ZIP64_LIMIT:
         return _END.pack(b"PK\x05\x06", 0, 0, count, count, cd_size, cd_start, 0)
     end64 = _END64.pack(b"PK\x06\x06", _END64.size - 12, 45, 45, 0, 0, count, count, cd_size, cd_start)
     locator = _LOCATOR.pack(b"PK\x06\x07", 0, end64_at, 1)
-    return end64 + locator + _END.pack(b"PK\x05\x06", 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
-                                       min(cd_size, ZIP64_LIMIT), min(cd_start, ZIP64_LIMIT), 0)
+    return end64 + locator + _END.pack(b"PK\x05\x06", 0, 0, _FFFF, _FFFF, _FFFFFFFF, _FFFFFFFF, 0)
 
 
 class SegmentView(io.RawIOBase):

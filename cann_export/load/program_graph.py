@@ -2,8 +2,13 @@
 
 torch builds code from it when it loads: symbolic shape strings go through ``sympy.sympify`` (``eval``), node
 targets are resolved by attribute lookup from ``torch`` / ``operator`` / ``math``, and ``guards_code`` is
-``exec()``'d (torch/export/_unlift.py). ``graph_problem`` allows plain arithmetic over symbols, operators that
-do no file, IO, process or network work, and only the fields a plain ``torch.export.save`` writes.
+``exec()``'d (torch/export/_unlift.py). ``graph_problem`` allows plain arithmetic over symbols, only the fields a
+plain ``torch.export.save`` writes, and node targets from an allow-list: operators of side-effect-free namespaces
+(``torch.ops.aten`` / ``prims`` / ``higher_order`` / quantization, learned from the programs real models export),
+``_operator`` arithmetic, ``math`` functions and torch's symbolic-shape helpers. Inside those namespaces, operators
+that do file, IO, process or network work (``aten::from_file``, ``aten::save``, ...) and higher-order operators
+that run code the graph does not hold are refused by name; any other target (another namespace, an extension
+operator, an arbitrary ``torch`` attribute) is refused naming it.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ _SAFE_OPERATOR = frozenset(["add", "sub", "mul", "truediv", "floordiv", "mod", "
 _SAFE_TORCH_CALLABLES = ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum",
                          "sym_sqrt", "_sym_sqrt", "sym_fresh_size", "_check", "_check_is_size",
                          "sym_constrain_range", "sym_constrain_range_for_size", "_assert", "_assert_async")
+_SAFE_TORCH_TARGETS = frozenset(f"torch.{n}" for n in _SAFE_TORCH_CALLABLES)
 _SYMPY_NAMES = frozenset(["Integer", "Rational", "Float", "Symbol", "oo", "zoo", "nan", "true", "false", "True",
                           "False", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan",
                           "LessThan", "GreaterThan", "Unequality", "Equality", "And", "Or", "Not", "Xor", "Piecewise",
@@ -41,6 +47,8 @@ _IO_OPS = frozenset(["aten::from_file", "aten::save", "aten::_print", "aten::war
 _CODE_HOPS = frozenset(["print", "aoti_call_delegate", "inductor_compiled_code", "inline_asm_elementwise",
                         "invoke_leaf_function", "flat_apply", "executorch_call_delegate"])
 _IO_NAME = re.compile(r"from_file|_file$|^(save|load)(_|$)")
+# torch.ops namespaces whose operators compute on tensors and nothing else
+OP_NAMESPACES = frozenset(["aten", "prims", "higher_order", "quantized_decomposed", "quantized", "torchao"])
 
 
 def _sym_problem(expr: str) -> str | None:
@@ -63,40 +71,45 @@ def _sym_problem(expr: str) -> str | None:
 
 
 def _target_problem(target: str) -> str | None:
-    """torch resolves a node target by getattr from torch / operator / math (deserialize_operator)."""
+    """torch resolves a node target by getattr from torch / operator / math (deserialize_operator); only
+    allow-listed forms are resolved here, and nothing outside OP_NAMESPACES is ever looked up."""
     import math
-    import operator
 
-    import torch
-
-    if target.startswith("_operator"):
-        module, parts = operator, target.split(".")[1:]
-    elif target.startswith("torch"):
-        module, parts = torch, target.split(".")[1:]
-    elif target.startswith("math"):
-        module, parts = math, target.split(".")[1:]
-    else:
-        return None  # kept as a string ('#' extension operators resolve through torch's registry)
-    obj: Any = module
-    for part in parts:
-        if not hasattr(obj, part):
-            return None  # torch keeps the unresolved string
-        obj = getattr(obj, part)
-    if module is math:
+    if target.startswith("_operator."):
+        name = target[len("_operator."):]
+        return None if name in _SAFE_OPERATOR else f"node target {target!r} is not an arithmetic operator"
+    if target.startswith("math."):
+        obj = getattr(math, target[len("math."):], None)
         return (None if type(obj).__name__ == "builtin_function_or_method"
                 else f"node target {target!r} is not a math function")
-    if module is operator:
-        return (None if len(parts) == 1 and parts[0] in _SAFE_OPERATOR
-                else f"node target {target!r} is not an arithmetic operator")
+    if target in _SAFE_TORCH_TARGETS:
+        return None
+    parts = target.split(".")
+    if parts[:2] != ["torch", "ops"] or len(parts) < 4:
+        return (f"node target {target[:120]!r} is neither an operator of an allowed namespace "
+                f"(torch.ops.{{{', '.join(sorted(OP_NAMESPACES))}}}) nor arithmetic")
+    if parts[2] not in OP_NAMESPACES:
+        return (f"node target {target[:120]!r} is an operator of the namespace {parts[2]!r}, which is not one "
+                f"known to be free of side effects ({', '.join(sorted(OP_NAMESPACES))})")
+    return _op_problem(target, parts)
+
+
+def _op_problem(target: str, parts: list[str]) -> str | None:
+    import torch
+
+    obj: Any = torch.ops
+    try:
+        for part in parts[2:]:
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None  # no such operator here: torch.export.load fails on it, running nothing
     if isinstance(obj, torch._ops.HigherOrderOperator):
         name = str(getattr(obj, "__name__", "") or getattr(obj, "_name", ""))
         return (f"node target {target!r} is the higher-order operator {name!r}, which runs code the graph does "
                 "not hold" if name in _CODE_HOPS else None)
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return _io_op_problem(target, obj)
-    if any(obj is getattr(torch, n, None) for n in _SAFE_TORCH_CALLABLES):
-        return None
-    return f"node target {target!r} resolves to {type(obj).__name__} {getattr(obj, '__name__', '')!s}, not an operator"
+    return f"node target {target!r} resolves to {type(obj).__name__}, not an operator"
 
 
 def _io_op_problem(target: str, op: Any) -> str | None:

@@ -44,6 +44,7 @@ class Canonical:
         self._spill = -1
         self._segments: list = []
         self.size = 0
+        self._stamp: tuple[int, ...] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -79,6 +80,19 @@ class Canonical:
     def hold(self, fd: int) -> int:
         self._fds.append(fd)
         return fd
+
+    def stamp(self, fd: int) -> tuple[int, ...]:
+        st = os.fstat(fd)
+        return st.st_size, st.st_mtime_ns, st.st_nlink, st.st_ctime_ns
+
+    def ensure_unchanged(self) -> None:
+        """Refuse what was loaded if the checked file was written to meanwhile (its raw payloads are read
+        from that file while torch loads; a path replaced by another file changes nothing, the descriptor
+        still reads the checked one; unlinking it moves its change time with its link count)."""
+        now, then = self.stamp(self._fds[0]), self._stamp
+        if then is not None and (now[:2] != then[:2] or (now[2] == then[2] and now != then)):
+            raise LoadError("refused: the model file was modified while it was being loaded, so what torch read "
+                            "may not be what was checked; load it again once nothing writes to it", path=self.source)
 
     def spill(self, archive: CheckedZip, name: str, cap: int | None = None) -> tuple[int, int]:
         """Inflate a member into the spill file, counted; (descriptor, offset) of its bytes there."""
@@ -125,6 +139,7 @@ def canonical_copy(path: Path | str, kind: str) -> Iterator[Canonical]:
         raise
     try:
         yield canon
+        canon.ensure_unchanged()
     finally:
         canon.close()
 
@@ -134,6 +149,7 @@ def _fill(canon: Canonical, archive: CheckedZip) -> None:
     root = allowlist.root_of(names)
     records = {name: name[len(root) + 1:] for name in names}
     fd = canon.hold(os.dup(archive.zf.fp.fileno()))  # the very file checked, whatever its path names later
+    canon._stamp = canon.stamp(fd)
     configs = {rec: _inspected(canon, archive, name) for name, rec in records.items() if allowlist.is_config(kind, rec)}
     pickled = allowlist.pickled_payloads(configs)
     for name, rec in records.items():
