@@ -7,9 +7,18 @@ with validation on (parity from onnxruntime on the written file), and reports it
 (``getrusage(RUSAGE_SELF).ru_maxrss``, which counts the model the caller holds). The figure of merit is
 peak RSS / weight bytes (target <= 2.0). Results go to ``benchmarks/results/large.json``.
 
+``--load`` instead measures the load stage of a saved .pt2 of that model (depth 18: 1.21 GB) and the canonical
+re-pack's share of it (load/repack.py: torch reads a fresh archive of the allow-listed members, never the
+user's file; the target is <= 10% added). A child saves the .pt2 once, then for ``--runs`` rounds (median
+reported) times: the load stage (``load.stage.load_path``: re-pack, checks, torch.export.load of the copy,
+``ep.module()``, the file's sha256), the re-pack alone, and torch.export.load of the copy against
+torch.export.load of the user's file. Added = re-pack + (copy load - file load). Results go to
+``benchmarks/results/large_load.json``.
+
 Usage::
 
     python benchmarks/bench_large.py [--depth 18 --depth 36] [--format onnx] [--exporter auto]
+    python benchmarks/bench_large.py --load [--depth 18] [--runs 3]
 """
 from __future__ import annotations
 
@@ -49,9 +58,89 @@ print(json.dumps({"depth": depth, "width": width, "format": fmt, "weights_bytes"
 """
 
 
-def run_case(depth: int, width: int, fmt: str, exporter: str) -> dict:
+LOAD_CHILD = r"""
+import json, statistics, sys, time
+from pathlib import Path
+import torch
+from cann_export.hooks import manager
+from cann_export.load.allowlist import PT2
+from cann_export.load.repack import canonical_copy
+from cann_export.load.stage import load_path
+from cann_export.options import ExportOptions
+
+depth, width, runs, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+torch.manual_seed(0)
+with torch.no_grad():
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+torch.export.save(torch.export.export(model, (torch.randn(1, width),)), str(path))
+del model
+loaders = manager.registry().loaders()
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def repack_only():
+    with canonical_copy(path, PT2):
+        pass
+
+
+def copy_load():
+    with canonical_copy(path, PT2) as canon:
+        t0 = time.perf_counter()
+        torch.export.load(canon.view())
+        return time.perf_counter() - t0
+
+
+rows = {"stage_s": [], "repack_s": [], "file_load_s": [], "copy_load_s": []}
+timed(lambda: torch.export.load(str(path)))  # warm the page cache
+for _ in range(runs):
+    rows["stage_s"].append(timed(lambda: load_path(path, ExportOptions(), loaders))[0])
+    rows["repack_s"].append(timed(repack_only)[0])
+    rows["file_load_s"].append(timed(lambda: torch.export.load(str(path)))[0])
+    rows["copy_load_s"].append(copy_load())
+med = {k: statistics.median(v) for k, v in rows.items()}
+added = med["repack_s"] + max(0.0, med["copy_load_s"] - med["file_load_s"])
+print(json.dumps({"depth": depth, "width": width, "pt2_bytes": path.stat().st_size, "runs": runs, **med,
+                  "added_s": added, "added_share": added / med["stage_s"], "samples": rows}))
+"""
+
+
+def _child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_load_case(depth: int, width: int, runs: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-large-load-") as tmp:
+        proc = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(depth), str(width), str(runs),
+                               str(Path(tmp) / "model.pt2")], env=_child_env(), capture_output=True, text=True,
+                              check=False)
+    if proc.returncode != 0:
+        return {"depth": depth, "width": width, "error": proc.stderr.strip().splitlines()[-3:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main_load(args: argparse.Namespace) -> None:
+    rows = [run_load_case(d, args.width, args.runs) for d in (args.depth or [18])]
+    print(f"{'pt2 GB':>7} {'stage s':>8} {'re-pack s':>9} {'file load s':>11} {'copy load s':>11} {'added':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"depth {r['depth']}: FAILED {' | '.join(r['error'])}")
+            continue
+        print(f"{r['pt2_bytes'] / 1e9:>7.2f} {r['stage_s']:>8.2f} {r['repack_s']:>9.3f} {r['file_load_s']:>11.2f} "
+              f"{r['copy_load_s']:>11.2f} {r['added_share']:>6.1%}")
+    out = args.results.with_name("large_load.json") if args.results.name == "large.json" else args.results
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def run_case(depth: int, width: int, fmt: str, exporter: str) -> dict:
+    env = _child_env()
     with tempfile.TemporaryDirectory(prefix="bench-large-") as tmp:
         out = Path(tmp) / ("model.onnx" if fmt == "onnx" else "bundle")
         proc = subprocess.run([sys.executable, "-c", CHILD, str(depth), str(width), fmt, exporter, str(out)],
@@ -68,7 +157,12 @@ def main() -> None:
     ap.add_argument("--format", default="atc_ready")
     ap.add_argument("--exporter", default="auto")
     ap.add_argument("--results", type=Path, default=HERE / "results" / "large.json")
+    ap.add_argument("--load", action="store_true", help="time the load stage of a saved .pt2 and the re-pack's share")
+    ap.add_argument("--runs", type=int, default=3, help="rounds per --load case (the median is reported)")
     args = ap.parse_args()
+    if args.load:
+        main_load(args)
+        return
     rows = [run_case(d, args.width, args.format, args.exporter) for d in (args.depth or [18, 36])]
     print(f"{'weights GB':>10} {'peak RSS GB':>11} {'peak/weights':>12} {'wall s':>7}  exporter   parity")
     for r in rows:
