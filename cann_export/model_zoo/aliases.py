@@ -16,10 +16,16 @@ SCHEMA = "cann-export/zoo-alias/1"
 Recorder = Callable[[str, str, str, int], dict[str, Any]]
 
 
-def recorder(name: str, signer: Any = None) -> Recorder:
-    """The function a store calls, inside its alias move, with (alias, version, manifest_sha256, sequence)."""
+def recorder(name: str, signer: Any = None, store_url: str | None = None) -> Recorder:
+    """The function a store calls, inside its alias move, with (alias, version, manifest_sha256, the store's
+    next sequence). A signed record's sequence also passes the newest this machine's trusted state accepted
+    for the alias (``store_url``), so a store whose log was cut back never makes the signer reuse a number."""
 
     def make(alias: str, version: str, manifest_sha: str, sequence: int) -> dict[str, Any]:
+        if signer is not None and store_url is not None:
+            from .trust import seen_sequence, trust_path
+
+            sequence = max(sequence, seen_sequence(trust_path(), store_url, f"{name}@{alias}") + 1)
         record = {"schema": SCHEMA, "name": name, "alias": alias, "version": version,
                   "manifest_sha256": manifest_sha, "sequence": sequence, "time_utc": utc_now()}
         return signer.sign_record(record) if signer is not None else record
@@ -56,8 +62,8 @@ def verify_alias(store: Any, name: str, alias: str, version: str, manifest_sha: 
     move = f"Move it again with the key: `cann-export zoo alias {name} {alias} VERSION --sign KEY`"
     record = store.alias_record(name, alias)
     if not isinstance(record, dict):
-        raise _refuse(where, f"-> version {version} has no alias record (moved before aliases were signed, or the "
-                             "record was removed)", move)
+        raise _refuse(f"{where} -> version {version}", "there is no alias record (the alias was moved before "
+                      "aliases were signed, or the record was removed)", move)
     kid = check_record(record, public, f"{where} (alias record)")
     if record.get("schema") != SCHEMA or (record.get("name"), record.get("alias")) != (name, alias):
         raise _refuse(where, f"the signed alias record is for {str(record.get('name'))[:80]}@"

@@ -64,7 +64,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         manifest["digest"] = manifest_digest(manifest)
         manifest.update({"created_utc": utc_now(), "created_by": who(), "source": staged.source,
                          "tools": _tool_versions(staged.tools)})
-        row, existed = store.commit(name, version, staging, manifest, aliases, seal, recorder(name, seal))
+        row, existed = store.commit(name, version, staging, manifest, aliases, seal, recorder(name, seal, store.url))
     except BaseException:
         store.discard(staging)
         raise
@@ -156,7 +156,7 @@ def _move_alias(store: Any, name: str, alias: str, manifest: dict[str, Any], man
     from .aliases import check_signer, recorder
 
     check_signer(manifest, signer, alias)
-    return store.set_alias(name, alias, manifest["version"], who(), recorder(name, signer), manifest_sha)
+    return store.set_alias(name, alias, manifest["version"], who(), recorder(name, signer, store.url), manifest_sha)
 
 
 def verify(name: str, version: str | None = None, zoo: Any = None, key: Any = None,

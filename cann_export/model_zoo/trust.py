@@ -83,3 +83,10 @@ def accept(path: Path, url: str, record: dict[str, Any], key_id: str) -> dict[st
                               "time_utc": record.get("time_utc")}
             atomic.write_text(path, json.dumps(state, indent=2, sort_keys=True) + "\n")
     return {"trust_state": str(path), "previously_seen": seen.get("sequence")}
+
+
+def seen_sequence(path: Path, url: str, where: str) -> int:
+    """The highest sequence accepted for ``where`` (NAME@ALIAS) in zoo ``url``; 0 when none."""
+    entry = _read(path)["zoos"].get(url, {}).get(where)
+    seq = entry.get("sequence") if isinstance(entry, dict) else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
