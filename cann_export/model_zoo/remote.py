@@ -2,11 +2,12 @@
 
     PREFIX/blobs/sha256/HEX                        every file, content-addressed (uploaded first)
     PREFIX/models/NAME/VERSION/manifest.json       the commit: created last, write-once (If-None-Match: *)
-    PREFIX/models/NAME/aliases/ALIAS/SEQ.json      alias moves: a write-once log; the highest SEQ is current
+    PREFIX/models/NAME/aliases/ALIAS/SEQ.json      alias moves: a write-once log; the highest SEQ is current,
+                                                   each entry carrying its (signed) alias record (aliases.py)
 
 S3 has no rename, so blobs are content-addressed rather than staged under temp names: a killed publish
-leaves at most complete blobs that no manifest names (harmless, reused by the next publish of the same
-bytes) and never a manifest. Fetched blobs are verified and cached locally."""
+leaves at most complete blobs that no manifest names (reused by the next publish of the same bytes once
+they hash right) and never a manifest. Fetched blobs are hashed while they stream and cached locally."""
 from __future__ import annotations
 
 import hashlib
