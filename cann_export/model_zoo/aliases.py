@@ -21,11 +21,15 @@ def recorder(name: str, signer: Any = None, store_url: str | None = None) -> Rec
     next sequence). A signed record's sequence also passes the newest this machine's trusted state accepted
     for the alias (``store_url``), so a store whose log was cut back never makes the signer reuse a number."""
 
-    def make(alias: str, version: str, manifest_sha: str, sequence: int) -> dict[str, Any]:
-        if signer is not None and store_url is not None:
-            from .trust import seen_sequence, trust_path
+    from .trust import seen_sequence, trust_path
 
-            sequence = max(sequence, seen_sequence(trust_path(), store_url, f"{name}@{alias}") + 1)
+    state = trust_path() if signer is not None and store_url is not None else None
+    if state is not None:
+        seen_sequence(state, store_url, "")  # a damaged state file is reported now, not inside a store's commit
+
+    def make(alias: str, version: str, manifest_sha: str, sequence: int) -> dict[str, Any]:
+        if state is not None:
+            sequence = max(sequence, seen_sequence(state, store_url, f"{name}@{alias}") + 1)
         record = {"schema": SCHEMA, "name": name, "alias": alias, "version": version,
                   "manifest_sha256": manifest_sha, "sequence": sequence, "time_utc": utc_now()}
         return signer.sign_record(record) if signer is not None else record
