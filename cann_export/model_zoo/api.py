@@ -42,6 +42,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         from .signing import sealer
 
         seal = sealer(sign)
+    from .aliases import recorder
     store = open_store(zoo)
     staging = store.staging()
     try:
@@ -63,17 +64,16 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         manifest["digest"] = manifest_digest(manifest)
         manifest.update({"created_utc": utc_now(), "created_by": who(), "source": staged.source,
                          "tools": _tool_versions(staged.tools)})
-        row, existed = store.commit(name, version, staging, manifest, aliases, seal)
+        row, existed = store.commit(name, version, staging, manifest, aliases, seal, recorder(name, seal, store.url))
     except BaseException:
         store.discard(staging)
         raise
-    if existed and aliases:
-        for a in aliases:
-            store.set_alias(name, a, row["version"], who())
     stored, manifest_sha = store.read_manifest(row["name"], row["version"])
     if existed and seal is not None and not isinstance(stored.get("signature"), dict):
         raise ZooError(f"{name} version {row['version']} already exists with identical contents but unsigned; "
                        "versions are immutable, so it cannot be signed now: publish under a new version")
+    for a in aliases if existed else []:
+        _move_alias(store, name, a, stored, manifest_sha, seal)
     return {"name": row["name"], "version": row["version"], "digest": row["digest"],
             "manifest_sha256": manifest_sha, "signed": isinstance(stored.get("signature"), dict), "existed": existed,
             "zoo": store.url, "path": _where(store, row), "files": row["files"], "size": row["size"],
@@ -125,41 +125,70 @@ def show(name: str, version: str | None = None, zoo: Any = None) -> dict[str, An
     name, ref = parse_ref(name, version)
     chosen, rows = resolve(store, name, ref)
     manifest, manifest_sha = store.read_manifest(name, chosen)
+    from .aliases import describe
+
+    records = describe(store, name)
     return {"name": name, "version": chosen, "manifest_sha256": manifest_sha, "versions": rows,
-            "aliases": store.aliases(name), "alias_history": store.alias_history(name), "manifest": manifest}
+            "aliases": store.aliases(name), "alias_records": records,
+            "aliases_signed": all(r["signed"] for r in records.values()) if records else None,
+            "alias_history": store.alias_history(name), "manifest": manifest}
 
 
-def set_alias(name: str, alias: str, version: str | int, zoo: Any = None) -> dict[str, Any]:
-    """Point ``alias`` at ``version`` (the only thing that ever moves); the move is logged."""
+def set_alias(name: str, alias: str, version: str | int, zoo: Any = None, sign: Any = None) -> dict[str, Any]:
+    """Point ``alias`` at ``version`` (the only thing that ever moves); the move is logged with a record
+    {name, alias, version, manifest_sha256, sequence, time_utc}. ``sign``: the ed25519 private key (as for
+    publish), required when the version is signed; it signs the record."""
     store = open_store(zoo)
     check_name(name)
     alias = check_alias(alias)
     resolved, _ = resolve(store, name, str(version))
-    return store.set_alias(name, alias, resolved, who())
+    manifest, manifest_sha = store.read_manifest(name, resolved)
+    signer = None
+    if sign is not None:
+        from .signing import sealer
+
+        signer = sealer(sign)
+    return _move_alias(store, name, alias, manifest, manifest_sha, signer)
 
 
-def verify(name: str, version: str | None = None, zoo: Any = None, key: Any = None) -> dict[str, Any]:
+def _move_alias(store: Any, name: str, alias: str, manifest: dict[str, Any], manifest_sha: str,
+                signer: Any) -> dict[str, Any]:
+    from .aliases import check_signer, recorder
+
+    check_signer(manifest, signer, alias)
+    return store.set_alias(name, alias, manifest["version"], who(), recorder(name, signer, store.url), manifest_sha)
+
+
+def verify(name: str, version: str | None = None, zoo: Any = None, key: Any = None,
+           trust_state: Any = None) -> dict[str, Any]:
     """Check the sha256 and size of every stored file of one version (or all versions) of ``name``; with
-    ``key`` (an ed25519 public key) also that each version is signed by it."""
+    ``key`` (an ed25519 public key) also that each version is signed by it, and for ``name@alias`` that the
+    alias record is signed, matches and is not a rollback (aliases.verify_alias)."""
+    from .resolve import resolve_ref
+
     store = open_store(zoo)
     name, ref = parse_ref(name, version)
-    chosen, rows = resolve(store, name, ref)
+    chosen, rows, alias = resolve_ref(store, name, ref)
     wanted = [r["version"] for r in rows] if ref is None else [chosen]
     results = []
     for v in wanted:
-        manifest_sha, signed_by = None, None
+        manifest_sha, signed_by, alias_check = None, None, None
         try:
             manifest, manifest_sha = store.read_manifest(name, v)
             count = len(manifest.get("files") or {})
             if key is not None:
+                from .aliases import verify_alias
                 from .signing import check
 
                 signed_by = check(manifest, key, f"{name} version {v}")
+                if alias is not None:
+                    alias_check = verify_alias(store, name, alias, v, manifest_sha, key, trust_state)
             problems = store.read_problems(name, v, manifest, None)
         except ZooError as e:
             problems, count = [e.message], 0
         results.append({"version": v, "ok": not problems, "files": count, "problems": problems,
-                        "manifest_sha256": manifest_sha, **({"signed_by": signed_by} if key is not None else {})})
+                        "manifest_sha256": manifest_sha, **({"signed_by": signed_by} if key is not None else {}),
+                        **({"alias": alias_check} if alias_check else {})})
     return {"ok": all(r["ok"] for r in results), "name": name, "zoo": store.url, "versions": results}
 
 
@@ -174,22 +203,22 @@ def gc(zoo: Any = None) -> dict[str, Any]:
 
 def load_model(name: str, version: str | int | None = None, framework: str = "pytorch", target: str | None = None,
                *, zoo: Any = None, model_class: str | None = None, model_kwargs: dict[str, Any] | None = None,
-               allow_modules: list[str] | tuple[str, ...] | None = None, verify_signature: Any = None) -> Any:
+               allow_modules: list[str] | tuple[str, ...] | None = None, verify_signature: Any = None,
+               trust_state: str | os.PathLike | None = None) -> Any:
     """``framework="pytorch"``: the module, from the stored torch.export program (loaded weights-only) or
     rebuilt from ``model_class`` with verified weights. A callable architecture recorded in the manifest is
     imported only when its module is allowed (``allow_modules=`` or CANN_MODEL_ZOO_ALLOW_MODULES); the
     manifest alone never names code to run. ``framework="onnx"``: the path of the verified ONNX file or
     bundle for ``target`` (a soc_version or a target key). ``version`` is a version, an alias or None (the
     latest); ``name@ref`` works too. ``verify_signature``: an ed25519 public key the version must be signed
-    with (unsigned or otherwise signed versions are refused)."""
+    with (unsigned or otherwise signed versions are refused); ``name@alias`` then also needs a signed alias
+    record that matches and is not older than the newest this client saw (kept in ``trust_state``, default
+    $CANN_MODEL_ZOO_TRUST or ~/.cache/cann-export/zoo-trust.json)."""
+    from .aliases import resolve_checked
+
     store = open_store(zoo)
     name, ref = parse_ref(name, version)
-    chosen, _ = resolve(store, name, ref)
-    manifest = store.manifest(name, chosen)
-    if verify_signature is not None:
-        from .signing import check
-
-        check(manifest, verify_signature, f"{name} version {chosen}")
+    chosen, manifest, _, _ = resolve_checked(store, name, ref, verify_signature, trust_state)
     if framework == "onnx":
         key = pick_target(name, chosen, manifest, target, required=True)
         art = manifest["artifacts"][key]

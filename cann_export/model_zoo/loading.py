@@ -3,16 +3,15 @@ or a callable architecture the consumer chose plus verified safetensors weights.
 
 A manifest is data written by whoever can write to the store, so the callable it records is imported
 only when the consumer passes ``model_class=`` or allows its module (``allow_modules=`` /
-CANN_MODEL_ZOO_ALLOW_MODULES); never from the manifest alone. The weights file is hashed on a second
-thread while safetensors reads it; the module is returned only when every digest matched."""
+CANN_MODEL_ZOO_ALLOW_MODULES); never from the manifest alone. Every file a load reads is a private copy
+verified while it was copied (resolve.private_copy), so the bytes loaded are the bytes hashed."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError, ZooIntegrityError
+from .errors import ZooError
 
 ENV_ALLOW = "CANN_MODEL_ZOO_ALLOW_MODULES"
 
@@ -56,17 +55,13 @@ def _load_program(path: Path, name: str, version: str) -> Any:
 
 
 def load_program(store: Any, name: str, version: str, manifest: dict[str, Any]) -> Any:
-    """The verified torch.export program of a version, as a runnable module (``ExportedProgram.module()``)."""
-    from .verify import check_dir
+    """The verified torch.export program of a version, as a runnable module (``ExportedProgram.module()``):
+    a private copy hashed while it is copied, then the CLI's checked weights-only loader on that copy."""
+    from .resolve import private_copy
 
     rel = manifest["architecture"]["file"]
-    root = store.version_dir(name, version, manifest, [rel])
-    problems = check_dir(root, manifest, [rel])
-    if problems:
-        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
-                                + "; ".join(problems) + ". Restore the file or publish the model again",
-                                path=str(root))
-    return _load_program(root / rel, name, version)
+    with private_copy(store, name, version, manifest, [rel]) as root:
+        return _load_program(root / rel, name, version)
 
 
 def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
@@ -144,7 +139,9 @@ def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path:
 
 def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model_class: str | None,
             model_kwargs: dict[str, Any] | None, allow_modules: list[str] | tuple[str, ...] | None = None) -> Any:
-    from .verify import check_dir, check_file
+    """The module of a version. Every file it reads (weights, program) is first copied to a private
+    directory, hashed while streaming and compared with the manifest; the loaders only open those copies."""
+    from .resolve import private_copy
 
     recorded = manifest.get("architecture") or {}
     if not model_class and recorded.get("kind") == "torch.export":
@@ -157,20 +154,10 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
         raise ZooError(f"{name} version {version} holds no PyTorch weights (only exported artifacts: {targets}); "
                        "use framework='onnx'")
     needed = ["README.md"] + ([recorded["file"]] if recorded.get("file") and not model_class else [])
-    root = store.version_dir(name, version, manifest, [weights["file"], *needed])
-    problems = check_dir(root, manifest, needed)
-    wfile = weights["file"]
     arch = ({"kind": "callable", "callable": model_class, "kwargs": dict(model_kwargs or {})} if model_class
             else recorded)
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the weights' digest is checked while the module is built
-        pending = pool.submit(check_file, root / wfile, wfile, manifest["files"][wfile])
-        module, wproblem = _fill(root, name, version, manifest, arch, (model_class, model_kwargs), problems, pending)
-    if wproblem:
-        problems.append(wproblem)
-    if problems:
-        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
-                                + "; ".join(problems) + ". Restore the file or publish the model again",
-                                path=str(root))
+    with private_copy(store, name, version, manifest, [weights["file"], *needed]) as root:
+        module = _fill(root, name, version, manifest, arch, (model_class, model_kwargs))
     try:
         module.eval()
     except NotImplementedError:  # torch.export's unlifted modules are already in inference form
@@ -179,29 +166,22 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
 
 
 def _fill(root: Path, name: str, version: str, manifest: dict[str, Any], arch: dict[str, Any],
-          build_args: tuple[str | None, dict[str, Any] | None], problems: list[str], pending: Any) -> tuple[Any, Any]:
-    """The module with its weights, and the weights file's integrity problem (None when it is intact). A module
-    is only ever returned complete; with a problem the caller refuses it whole."""
+          build_args: tuple[str | None, dict[str, Any] | None]) -> Any:
+    """The module with its weights (from the verified copies under ``root``)."""
     from safetensors.torch import load_model as st_load_model
 
     wpath = root / manifest["weights"]["file"]
-    if not problems and arch.get("kind") == "callable" and wpath.is_file():
+    if arch.get("kind") == "callable":
         module = _meta_load(root, manifest, arch, wpath)  # weights straight into a meta-built module
         if module is not None:
-            return module, pending.result()
-    module = None if problems else _build(root, name, version, manifest, *build_args)
-    if module is None or not wpath.is_file():
-        return module, pending.result()
+            return module
+    module = _build(root, name, version, manifest, *build_args)
     try:
         missing, unexpected = st_load_model(module, str(wpath), strict=False)
     except Exception as e:
-        wproblem = pending.result()
-        if not wproblem:
-            raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
-                           f"({' '.join(str(e).split())[:300]})") from e
-        return module, wproblem
-    wproblem = pending.result()
-    if not wproblem and (missing or unexpected):
+        raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
+                       f"({' '.join(str(e).split())[:300]})") from e
+    if missing or unexpected:
         raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
                        f"(missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]})")
-    return module, wproblem
+    return module

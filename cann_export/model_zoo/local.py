@@ -33,12 +33,14 @@ CREATE TABLE IF NOT EXISTS versions (
     files INTEGER NOT NULL, kinds TEXT NOT NULL, targets TEXT NOT NULL, metadata TEXT NOT NULL,
     manifest_sha256 TEXT, UNIQUE (name, version), UNIQUE (name, seq));
 CREATE TABLE IF NOT EXISTS aliases (
-    name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL, updated_utc TEXT NOT NULL,
+    name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL, updated_utc TEXT NOT NULL, record TEXT,
     PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES versions (name, version));
 CREATE TABLE IF NOT EXISTS alias_log (
     id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, alias TEXT NOT NULL, version TEXT NOT NULL,
-    previous TEXT, time_utc TEXT NOT NULL, who TEXT);
+    previous TEXT, time_utc TEXT NOT NULL, who TEXT, sequence INTEGER, record TEXT);
 """
+ADDED_COLUMNS = {"versions": ("manifest_sha256 TEXT",), "aliases": ("record TEXT",),  # indexes written before
+                 "alias_log": ("sequence INTEGER", "record TEXT")}                 # these columns existed"""
 BUSY_MS = 60_000
 RETRIES = 20
 
@@ -71,6 +73,7 @@ class LocalStore:
         self.models = self.root / "models"
         self.tmp = self.root / ".tmp"
         self._db: sqlite3.Connection | None = None
+        self._raw: dict[tuple[str, str], bytes] = {}  # manifest bytes as read (pull writes exactly these)
 
     # ----------------------------------------------------------------------------------- index
     def _connect(self, create: bool) -> sqlite3.Connection | None:
@@ -92,9 +95,11 @@ class LocalStore:
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
-            columns = {r["name"] for r in db.execute("PRAGMA table_info(versions)")}
-            if "manifest_sha256" not in columns:  # an index written before the column existed
-                db.execute("ALTER TABLE versions ADD COLUMN manifest_sha256 TEXT")
+            for table, added in ADDED_COLUMNS.items():
+                columns = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
+                for column in added:
+                    if column.split()[0] not in columns:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
         _retrying(prepare, "the model zoo index is unusable", index)
         self._db = db
@@ -125,10 +130,10 @@ class LocalStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
-               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-               ) -> tuple[dict[str, Any], bool]:
+               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+               record: Callable[..., dict[str, Any]] | None = None) -> tuple[dict[str, Any], bool]:
         """Make the staged version visible; returns (row, existed). ``seal`` (signing) sees the final manifest
-        (name and version chosen) just before it is written."""
+        (name and version chosen) just before it is written; ``record`` makes the aliases' records."""
         digest = manifest["digest"]
         with self._write() as db:
             rows = db.execute("SELECT * FROM versions WHERE name=? ORDER BY seq", (name,)).fetchall()
@@ -160,7 +165,7 @@ class LocalStore:
                 json.dumps(manifest["kinds"]), json.dumps(sorted(manifest["artifacts"])),
                 json.dumps(manifest["metadata"], default=str), manifest_sha))
             for alias in aliases:
-                self._set_alias(db, name, alias, version, manifest.get("created_by"))
+                self._set_alias(db, name, alias, version, manifest.get("created_by"), record, manifest_sha)
         return self._get_row(name, version), False
 
     def _clean_orphans(self, name: str, taken: set[str]) -> list[str]:
@@ -204,7 +209,7 @@ class LocalStore:
                 for r in self._rows("SELECT * FROM aliases WHERE name=? ORDER BY alias", (name,))}
 
     def alias_history(self, name: str) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._rows("SELECT alias, version, previous, time_utc, who FROM alias_log "
+        return [dict(r) for r in self._rows("SELECT alias, version, previous, time_utc, who, sequence FROM alias_log "
                                             "WHERE name=? ORDER BY id", (name,))]
 
     def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
@@ -228,7 +233,13 @@ class LocalStore:
                                     "published: its sha256 differs from the index); nothing was loaded. Restore the "
                                     "version or publish it again",
                                     path=str(path))
-        return check_manifest(manifest, where, rows[0]["digest"] if rows else None, name, version), sha
+        checked = check_manifest(manifest, where, rows[0]["digest"] if rows else None, name, version)
+        self._raw[(name, version)] = raw
+        return checked, sha
+
+    def raw_manifest(self, name: str, version: str) -> bytes:
+        """The bytes ``read_manifest`` checked for this version."""
+        return self._raw[(name, version)]
 
     def manifest(self, name: str, version: str) -> dict[str, Any]:
         return self.read_manifest(name, version)[0]
@@ -242,22 +253,59 @@ class LocalStore:
         return check_dir(self.models / name / version, manifest, only)
 
     # ----------------------------------------------------------------------------------- aliases
-    def set_alias(self, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
+    def set_alias(self, name: str, alias: str, version: str, who: str | None,
+                  record: Callable[..., dict[str, Any]] | None = None, manifest_sha: str | None = None
+                  ) -> dict[str, Any]:
         with self._write() as db:
             if not db.execute("SELECT 1 FROM versions WHERE name=? AND version=?", (name, version)).fetchone():
                 raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them")
-            return self._set_alias(db, name, alias, version, who)
+            return self._set_alias(db, name, alias, version, who, record, manifest_sha)
 
     @staticmethod
-    def _set_alias(db: sqlite3.Connection, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
+    def _set_alias(db: sqlite3.Connection, name: str, alias: str, version: str, who: str | None,
+                   record: Callable[..., dict[str, Any]] | None, manifest_sha: str | None) -> dict[str, Any]:
+        """Move the alias and log the move; the record (signed or not) carries the next sequence number."""
         row = db.execute("SELECT version FROM aliases WHERE name=? AND alias=?", (name, alias)).fetchone()
         previous = row["version"] if row else None
+        top = db.execute("SELECT MAX(COALESCE(sequence, 0)) FROM alias_log WHERE name=? AND alias=?",
+                         (name, alias)).fetchone()[0]
+        sequence = (top or 0) + 1
+        if manifest_sha is None:
+            manifest_sha = db.execute("SELECT manifest_sha256 FROM versions WHERE name=? AND version=?",
+                                      (name, version)).fetchone()[0]
+        made = record(alias, version, manifest_sha, sequence) if record is not None else None
+        sequence = made["sequence"] if made is not None else sequence  # the signer may number it higher
+        body = json.dumps(made) if made is not None else None
         now = utc_now()
-        db.execute("INSERT INTO aliases VALUES (?,?,?,?) ON CONFLICT (name, alias) DO UPDATE SET "
-                   "version=excluded.version, updated_utc=excluded.updated_utc", (name, alias, version, now))
-        db.execute("INSERT INTO alias_log (name, alias, version, previous, time_utc, who) VALUES (?,?,?,?,?,?)",
-                   (name, alias, version, previous, now, who))
-        return {"name": name, "alias": alias, "version": version, "previous": previous, "time_utc": now}
+        db.execute("INSERT INTO aliases (name, alias, version, updated_utc, record) VALUES (?,?,?,?,?) "
+                   "ON CONFLICT (name, alias) DO UPDATE SET "
+                   "version=excluded.version, updated_utc=excluded.updated_utc, record=excluded.record",
+                   (name, alias, version, now, body))
+        db.execute("INSERT INTO alias_log (name, alias, version, previous, time_utc, who, sequence, record) "
+                   "VALUES (?,?,?,?,?,?,?,?)", (name, alias, version, previous, now, who, sequence, body))
+        return {"name": name, "alias": alias, "version": version, "previous": previous, "time_utc": now,
+                "sequence": sequence, "signed": body is not None and '"signature"' in body}
+
+    def alias_record(self, name: str, alias: str) -> dict[str, Any] | None:
+        """The current record of ``name@alias`` (None when unset or moved before records existed)."""
+        rows = self._rows("SELECT record FROM aliases WHERE name=? AND alias=?", (name, alias))
+        return _record(rows[0]["record"]) if rows else None
+
+    def alias_records(self, name: str, alias: str) -> list[dict[str, Any]]:
+        """Every record in the alias log of ``name@alias``, oldest first."""
+        rows = self._rows("SELECT record FROM alias_log WHERE name=? AND alias=? ORDER BY id", (name, alias))
+        return [r for r in (_record(row["record"]) for row in rows) if r is not None]
+
+
+def _record(body: Any) -> dict[str, Any] | None:
+    """A stored alias record (JSON text); None when absent, malformed records included (then refused)."""
+    if not isinstance(body, str) or len(body) > 65536:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _row(r: sqlite3.Row) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ZooError
-from .resolve import open_store, parse_ref, pick_target, resolve, verified_dir
+from .resolve import copy_verified, open_store, parse_ref, pick_target
 
 
 def _is_pulled_bundle(out: Path) -> str | None:
@@ -57,35 +57,33 @@ def _check_output(given_path: Path, overwrite: bool, store: Any, given: Any) -> 
 
 
 def pull(ref: str, output: str | os.PathLike, version: str | None = None, target: str | None = None,
-         overwrite: bool = False, zoo: Any = None) -> dict[str, Any]:
-    """Copy a verified version (only ``target``'s artifact when given) into ``output``, atomically."""
-    import shutil
-
+         overwrite: bool = False, zoo: Any = None, verify_signature: Any = None,
+         trust_state: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Copy a verified version (only ``target``'s artifact when given) into ``output``, atomically.
+    ``verify_signature``: an ed25519 public key the version (and an alias's record) must be signed with;
+    ``trust_state``: the client's trusted alias state (see trust.py)."""
     from ..fs import atomic
+    from .aliases import resolve_checked
     from .verify import selected
 
     store = open_store(zoo)
     name, ref_v = parse_ref(ref, version)
-    chosen, _ = resolve(store, name, ref_v)
-    manifest, manifest_sha = store.read_manifest(name, chosen)
+    chosen, manifest, manifest_sha, alias = resolve_checked(store, name, ref_v, verify_signature, trust_state)
     only, key = None, None
     if target is not None:
         key = pick_target(name, chosen, manifest, target, required=True)
         only = [p for p in manifest["files"] if not p.startswith("artifacts/")] + [manifest["artifacts"][key]["path"]]
     out = Path(os.path.abspath(output))
     _check_output(out, overwrite, store, output)
-    root = verified_dir(store, name, chosen, manifest, only)
     staging = atomic.staging_dir(out)
-    try:
-        for rel in selected(manifest, only):
-            dst = staging / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / rel, dst)
-        shutil.copyfile(root / "manifest.json", staging / "manifest.json")
+    try:  # each file hashed while it is copied: what lands in the output is what was checked
+        copy_verified(store, name, chosen, manifest, only, staging)
+        (staging / "manifest.json").write_bytes(store.raw_manifest(name, chosen))
         atomic.commit_dir(staging, out, overwrite)
     except BaseException:
         atomic.discard(staging)
         raise
     files = sorted(selected(manifest, only))
     return {"ok": True, "name": name, "version": chosen, "digest": manifest["digest"],
-            "manifest_sha256": manifest_sha, "output": str(out), "files": files, "target": key}
+            "manifest_sha256": manifest_sha, "output": str(out), "files": files, "target": key,
+            **({"alias": alias} if alias else {})}

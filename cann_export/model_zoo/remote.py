@@ -2,11 +2,12 @@
 
     PREFIX/blobs/sha256/HEX                        every file, content-addressed (uploaded first)
     PREFIX/models/NAME/VERSION/manifest.json       the commit: created last, write-once (If-None-Match: *)
-    PREFIX/models/NAME/aliases/ALIAS/SEQ.json      alias moves: a write-once log; the highest SEQ is current
+    PREFIX/models/NAME/aliases/ALIAS/SEQ.json      alias moves: a write-once log; the highest SEQ is current,
+                                                   each entry carrying its (signed) alias record (aliases.py)
 
 S3 has no rename, so blobs are content-addressed rather than staged under temp names: a killed publish
-leaves at most complete blobs that no manifest names (harmless, reused by the next publish of the same
-bytes) and never a manifest. Fetched blobs are verified and cached locally."""
+leaves at most complete blobs that no manifest names (reused by the next publish of the same bytes once
+they hash right) and never a manifest. Fetched blobs are hashed while they stream and cached locally."""
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ from typing import Any
 
 from .clock import utc_now
 from .errors import ZooConflictError, ZooError, ZooIntegrityError
-from .files import clean_stale, hash_file, manifest_bytes, new_staging
+from .files import clean_stale, manifest_bytes, new_staging
 from .location import remote_cache_dir
 from .names import check_name, check_version, is_sha256
 
@@ -89,8 +90,8 @@ class RemoteStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def commit(self, name: str, version: str | None, staging: Path, manifest: dict[str, Any],
-               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-               ) -> tuple[dict[str, Any], bool]:
+               aliases: list[str], seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+               record: Callable[..., dict[str, Any]] | None = None) -> tuple[dict[str, Any], bool]:
         try:
             if version is not None:  # refuse a taken version before uploading anything
                 try:
@@ -102,9 +103,7 @@ class RemoteStore:
                     raise ZooConflictError(f"{name} version {version} already exists with different contents; "
                                            "versions are immutable: publish under a new version (or omit --version)")
             for rel, entry in sorted(manifest["files"].items()):
-                blob = self._p("blobs", "sha256", entry["sha256"])
-                if not self._call(self.fs.exists, blob):
-                    self._call(self.fs.put_file, str(staging / rel), blob)
+                self._upload_blob(staging / rel, rel, entry)
             for _ in range(RETRIES):
                 rows = self.versions(name)
                 same = [r for r in rows if r["digest"] == manifest["digest"] and version in (None, r["version"])]
@@ -119,13 +118,29 @@ class RemoteStore:
                 if seal is not None:
                     full = seal(full)
                 if self._create(self._p("models", name, chosen, "manifest.json"), full):
+                    sha = hashlib.sha256(manifest_bytes(full)).hexdigest()
                     for alias in aliases:
-                        self.set_alias(name, alias, chosen, manifest.get("created_by"))
+                        self.set_alias(name, alias, chosen, manifest.get("created_by"), record, sha)
                     return _summary(full, self._p("models", name, chosen), manifest_bytes(full)), False
             raise ZooError(f"could not allocate a version of {name} after {RETRIES} attempts (heavy concurrent "
                            "publishing); retry")
         finally:
             self.discard(staging)
+
+    def _upload_blob(self, local: Path, rel: str, entry: dict[str, Any]) -> None:
+        """Upload a content-addressed blob, or reuse the one stored under its digest only after streaming it
+        through sha256 (bounded by the size): a planted blob with the right name and other bytes is replaced."""
+        from .blobs import stream_problem
+
+        blob = self._p("blobs", "sha256", entry["sha256"])
+        if self._call(self.fs.exists, blob):
+            try:
+                with self._call(self.fs.open, blob, "rb", block_size=8 << 20) as src:
+                    if stream_problem(src, rel, entry) is None:
+                        return
+            except FileNotFoundError:
+                pass
+        self._call(self.fs.put_file, str(local), blob)
 
     # ------------------------------------------------------------------------------------ read
     def names(self) -> list[str]:
@@ -199,17 +214,52 @@ class RemoteStore:
             entries.append(self._read_json(path))
         return sorted(entries, key=lambda e: (e["time_utc"], e["alias"]))
 
-    def set_alias(self, name: str, alias: str, version: str, who: str | None) -> dict[str, Any]:
-        if not self._call(self.fs.exists, self._p("models", name, version, "manifest.json")):
-            raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them")
+    def set_alias(self, name: str, alias: str, version: str, who: str | None,
+                  record: Callable[..., dict[str, Any]] | None = None, manifest_sha: str | None = None
+                  ) -> dict[str, Any]:
+        path = self._p("models", name, version, "manifest.json")
+        try:
+            raw = self._call(self.fs.cat_file, path)
+        except FileNotFoundError as e:
+            raise ZooError(f"{name} has no version {version}; `cann-export zoo show {name}` lists them") from e
+        manifest_sha = manifest_sha or hashlib.sha256(raw).hexdigest()
         for _ in range(RETRIES):
             hist = self._history(name, alias)
-            previous = self._read_json(hist[-1][1])["version"] if hist else None
+            last = self._read_json(hist[-1][1]) if hist else {}
             seq = (hist[-1][0] + 1) if hist else 1
-            entry = {"alias": alias, "version": version, "previous": previous, "time_utc": utc_now(), "who": who}
+            last_seq = (last.get("record") or {}).get("sequence") if isinstance(last, dict) else None
+            record_seq = max(seq, last_seq + 1) if isinstance(last_seq, int) else seq  # past the last record too
+            made = record(alias, version, manifest_sha, record_seq) if record is not None else None
+            entry = {"alias": alias, "version": version, "previous": last.get("version") if hist else None,
+                     "time_utc": utc_now(), "who": who, "record": made}
             if self._create(self._p("models", name, "aliases", alias, f"{seq:08d}.json"), entry):
-                return {"name": name, **{k: entry[k] for k in ("alias", "version", "previous", "time_utc")}}
+                return {"name": name, **{k: entry[k] for k in ("alias", "version", "previous", "time_utc")},
+                        "sequence": made["sequence"] if made else seq, "signed": bool(made and "signature" in made)}
         raise ZooError(f"could not move alias {alias} of {name} (concurrent moves); retry")
+
+    def alias_record(self, name: str, alias: str) -> dict[str, Any] | None:
+        """The record in the highest-numbered entry of the alias log (the current one)."""
+        hist = self._history(name, alias)
+        entry = self._read_json(hist[-1][1]) if hist else None
+        return entry.get("record") if isinstance(entry, dict) and isinstance(entry.get("record"), dict) else None
+
+    def alias_records(self, name: str, alias: str) -> list[dict[str, Any]]:
+        """Every record in the alias log, oldest first (fetched concurrently)."""
+        paths = [p for _, p in self._history(name, alias)]
+        bodies = self._call(self.fs.cat, paths) if paths else {}
+        out = []
+        for path in paths:
+            try:
+                entry = json.loads(bodies[path]) if path in bodies else None
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("record"), dict):
+                out.append(entry["record"])
+        return out
+
+    def raw_manifest(self, name: str, version: str) -> bytes:
+        """The bytes ``read_manifest`` checked for this version."""
+        return self._raw[(name, version)]
 
     # ------------------------------------------------------------------------------- fetch/verify
     def _blob(self, entry: dict[str, Any]) -> Path:
@@ -221,16 +271,15 @@ class RemoteStore:
         if cached.is_file():
             return cached
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.part")
-        try:
-            self._call(self.fs.get_file, self._p("blobs", "sha256", digest), str(tmp))
+        from .blobs import copy_checked
+
+        try:  # hashed while it streams, bounded by the recorded size; renamed into the cache only when it matched
+            with self._call(self.fs.open, self._p("blobs", "sha256", digest), "rb", block_size=8 << 20) as src:
+                copy_checked(src, cached, f"blob {digest[:12]}", entry)
         except FileNotFoundError as e:
             raise ZooIntegrityError(f"blob {digest} is missing from {self.url}") from e
-        got = hash_file(tmp)
-        if got["sha256"] != digest:
-            tmp.unlink(missing_ok=True)
-            raise ZooIntegrityError(f"blob {digest} downloaded from {self.url} has sha256 {got['sha256']}")
-        os.replace(tmp, cached)
+        except ZooIntegrityError as e:
+            raise ZooIntegrityError(f"{e.message} (downloaded from {self.url})") from e
         return cached
 
     def version_dir(self, name: str, version: str, manifest: dict[str, Any], only: list[str] | None = None) -> Path:
@@ -283,18 +332,18 @@ class RemoteStore:
         """Check the stored blobs themselves: each exists remotely and hashes to its name."""
         from .verify import selected
 
+        from .blobs import stream_problem
+
         problems = []
         for rel, entry in sorted(selected(manifest, only).items()):
             blob = self._p("blobs", "sha256", entry["sha256"])
             try:
-                data = self._call(self.fs.cat_file, blob)
+                with self._call(self.fs.open, blob, "rb", block_size=8 << 20) as src:
+                    problem = stream_problem(src, rel, entry)
             except FileNotFoundError:
-                problems.append(f"{rel}: missing (blob {entry['sha256'][:12]})")
-                continue
-            import hashlib
-
-            if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-                problems.append(f"{rel}: sha256 mismatch (blob {entry['sha256'][:12]} changed)")
+                problem = f"{rel}: missing (blob {entry['sha256'][:12]})"
+            if problem:
+                problems.append(problem.replace("(file changed)", f"(blob {entry['sha256'][:12]} changed)"))
         return problems
 
 

@@ -2,6 +2,8 @@
 artifact picked, and a version's files verified before anything reads them."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +29,25 @@ def open_store(zoo: Any = None) -> Any:
 
 
 def resolve(store: Any, name: str, ref: str | None) -> tuple[str, list[dict[str, Any]]]:
+    chosen, rows, _ = resolve_ref(store, name, ref)
+    return chosen, rows
+
+
+def resolve_ref(store: Any, name: str, ref: str | None) -> tuple[str, list[dict[str, Any]], str | None]:
+    """(version, the name's version rows, the alias ``ref`` named or None)."""
     rows = store.versions(check_name(name))
     if not rows:
         known = store.names()
         hint = f"; models here: {', '.join(known[:20])}" if known else "; the zoo is empty"
         raise ZooError(f"no model named {name!r} in the zoo at {store.url}{hint}")
     if ref is None or ref == LATEST:
-        return rows[-1]["version"], rows
+        return rows[-1]["version"], rows, None
     ref = str(ref)
     if any(r["version"] == ref for r in rows):
-        return ref, rows
+        return ref, rows, None
     aliases = store.aliases(name)
     if ref in aliases:
-        return aliases[ref], rows
+        return aliases[ref], rows, ref
     raise ZooError(f"{name} has no version or alias {ref!r}; versions: {', '.join(r['version'] for r in rows)}"
                    + (f"; aliases: {', '.join(f'{a}->{v}' for a, v in aliases.items())}" if aliases else ""))
 
@@ -89,7 +97,44 @@ def verified_dir(store: Any, name: str, version: str, manifest: dict[str, Any], 
         root = store.version_dir(name, version, manifest, only)
         problems = check_dir(root, manifest, only)
     if problems:
-        raise ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
-                                + "; ".join(problems) + ". Restore the file or publish the model again",
-                                path=str(root))
+        raise _refused(name, version, problems, root)
     return root
+
+
+def _refused(name: str, version: str, problems: list[str], where: Any) -> ZooIntegrityError:
+    return ZooIntegrityError(f"{name} version {version} failed its integrity check, nothing was loaded: "
+                             + "; ".join(problems) + ". Restore the file or publish the model again", path=str(where))
+
+
+def copy_verified(store: Any, name: str, version: str, manifest: dict[str, Any], only: list[str] | None,
+                  dest: Path) -> None:
+    """Copy the version's files (those under ``only``) into ``dest``, each hashed while it streams (bounded by
+    its recorded size) and renamed into place only when it matches the manifest; raises naming the files.
+    A remote store's damaged cache is fetched again once from the blobs."""
+    from .blobs import copy_tree_checked
+    from .verify import selected
+
+    files = selected(manifest, only)
+    root = store.version_dir(name, version, manifest, only)
+    problems = copy_tree_checked(root, files, dest)
+    if problems and store.remote:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+        store.forget_blobs(manifest, problems)
+        root = store.version_dir(name, version, manifest, only)
+        problems = copy_tree_checked(root, files, dest)
+    if problems:
+        raise _refused(name, version, problems, root)
+
+
+@contextmanager
+def private_copy(store: Any, name: str, version: str, manifest: dict[str, Any],
+                 only: list[str] | None) -> Iterator[Path]:
+    """A private temporary directory (under $TMPDIR, mode 0700) holding verified copies of the files a load
+    reads: whoever can write the store cannot change them between the check and the load."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cann-zoo-load-") as tmp:
+        copy_verified(store, name, version, manifest, only, Path(tmp))
+        yield Path(tmp)

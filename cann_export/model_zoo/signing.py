@@ -102,37 +102,69 @@ def keygen(out: str | os.PathLike, overwrite: bool = False) -> dict[str, str]:
     return {"private_key": str(private_path), "public_key": str(public_path), "key_id": key_id(key.public_key())}
 
 
-def sealer(source: Any) -> Any:
-    """A function the store calls on the final manifest (name and version chosen) to add the signature."""
-    key = load_private(source)
-    kid = key_id(key.public_key())
+def _signature(key: Any, data: bytes) -> dict[str, str]:
+    return {"alg": "ed25519", "key_id": key_id(key.public_key()), "schema": SCHEMA,
+            "value": base64.b64encode(key.sign(data)).decode()}
 
-    def seal(manifest: dict[str, Any]) -> dict[str, Any]:
-        sig = key.sign(payload(manifest["name"], manifest["version"], manifest["digest"]))
-        return {**manifest, "signature": {"alg": "ed25519", "key_id": kid, "schema": SCHEMA,
-                                          "value": base64.b64encode(sig).decode()}}
 
-    return seal
+class Signer:
+    """The zoo's signing key: seals a final manifest (name and version chosen; the store calls it just
+    before writing) and signs alias records."""
+
+    def __init__(self, source: Any):
+        self.key = load_private(source)
+        self.key_id = key_id(self.key.public_key())
+        self.public = self.key.public_key()
+
+    def __call__(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        data = payload(manifest["name"], manifest["version"], manifest["digest"])
+        return {**manifest, "signature": _signature(self.key, data)}
+
+    def sign_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "signature": _signature(self.key, record_payload(record))}
+
+
+def sealer(source: Any) -> Signer:
+    """The Signer for an ed25519 private key (PEM path, bytes or key object)."""
+    return Signer(source)
+
+
+def record_payload(record: dict[str, Any]) -> bytes:
+    """The signed bytes of an alias record: every field but the signature, canonical JSON."""
+    return json.dumps({k: v for k, v in record.items() if k != "signature"}, sort_keys=True,
+                      separators=(",", ":"), default=str).encode()
+
+
+def _verify(public: Any, kid: str, sig: Any, data: bytes, where: str, unsigned: str, what: str) -> str:
+    from cryptography.exceptions import InvalidSignature
+
+    if not isinstance(sig, dict) or not sig.get("value"):
+        raise ZooIntegrityError(f"{where} is not signed and a signature by key {kid} is required; nothing was "
+                                f"loaded. {unsigned}")
+    if sig.get("alg") != "ed25519" or sig.get("key_id") != kid:
+        raise ZooIntegrityError(f"{where} is signed by key {str(sig.get('key_id'))[:32]}, not by the required key "
+                                f"{kid}; nothing was loaded. Re-sign it with the right key")
+    try:
+        public.verify(base64.b64decode(str(sig["value"]), validate=True), data)
+    except (InvalidSignature, ValueError) as e:
+        raise ZooIntegrityError(f"{where}: the signature does not match the {what} (edited after signing, or "
+                                f"moved to another name/version); nothing was loaded") from e
+    return kid
 
 
 def check(manifest: dict[str, Any], public_source: Any, where: str) -> str:
     """Raise unless ``manifest`` (already digest-checked) carries a valid signature by ``public_source``;
     returns the key id."""
-    from cryptography.exceptions import InvalidSignature
-
     public = load_public(public_source)
-    kid = key_id(public)
-    sig = manifest.get("signature")
-    if not isinstance(sig, dict) or not sig.get("value"):
-        raise ZooIntegrityError(f"{where} is not signed and a signature by key {kid} is required; nothing was "
-                                "loaded. Publish it with --sign (sign=) using that key")
-    if sig.get("alg") != "ed25519" or sig.get("key_id") != kid:
-        raise ZooIntegrityError(f"{where} is signed by key {str(sig.get('key_id'))[:32]}, not by the required key "
-                                f"{kid}; nothing was loaded. Re-publish it signed with the right key")
-    try:
-        raw = base64.b64decode(str(sig["value"]), validate=True)
-        public.verify(raw, payload(manifest["name"], manifest["version"], manifest["digest"]))
-    except (InvalidSignature, ValueError) as e:
-        raise ZooIntegrityError(f"{where}: the signature does not match the manifest (edited after signing, or "
-                                f"moved to another name/version); nothing was loaded") from e
-    return kid
+    return _verify(public, key_id(public), manifest.get("signature"),
+                   payload(str(manifest["name"]), str(manifest["version"]), str(manifest["digest"])), where,
+                   "Publish it with --sign (sign=) using that key", "manifest")
+
+
+def check_record(record: dict[str, Any], public_source: Any, where: str) -> str:
+    """Raise unless the alias ``record`` carries a valid signature by ``public_source``; returns the key id."""
+    public = load_public(public_source)
+    name, alias = record.get("name"), record.get("alias")
+    return _verify(public, key_id(public), record.get("signature"), record_payload(record), where,
+                   f"Move the alias again with the key: `cann-export zoo alias {name} {alias} VERSION --sign KEY`",
+                   "alias record")

@@ -107,8 +107,11 @@ def _print_show(click: Any, info: dict[str, Any]) -> None:
     if isinstance(m.get("signature"), dict):
         click.echo(f"signed: ed25519 key {m['signature'].get('key_id')}")
     click.echo("versions: " + ", ".join(v["version"] for v in info["versions"]))
+    records = info.get("alias_records") or {}
     for a, v in info["aliases"].items():
-        click.echo(f"alias {a} -> {v}")
+        r = records.get(a) or {}
+        how = f"signed by key {r['key_id']}" if r.get("signed") else "unsigned"
+        click.echo(f"alias {a} -> {v} ({how}, sequence {r.get('sequence') or '-'})")
     for h in info["alias_history"]:
         click.echo(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}")
     if m.get("card"):
@@ -149,13 +152,16 @@ def pull_command(click: Any) -> Any:
     @click.option("--target", default=None, help="Only the artifact for this soc_version or target key.")
     @click.option("--overwrite", is_flag=True,
                   help="Replace an existing output (only a directory an earlier pull wrote).")
+    @click.option("--key", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
+                  help="Require a valid signature by this ed25519 public key (PEM), and a signed alias record.")
     @_common
-    def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, zoo: str | None, as_json: bool) -> int:
+    def pull_cmd(ref: str, output: str, target: str | None, overwrite: bool, key: str | None, zoo: str | None,
+                 as_json: bool) -> int:
         """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""
 
         from ..model_zoo import api
 
-        result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo)
+        result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo, verify_signature=key)
         if as_json:
             _echo_json(result)
         else:
@@ -171,17 +177,20 @@ def alias_command(click: Any) -> Any:
     @click.argument("name")
     @click.argument("alias")
     @click.argument("version")
+    @click.option("--sign", "sign", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
+                  help="Sign the alias record with this ed25519 private key (required when VERSION is signed).")
     @_common
-    def alias_cmd(name: str, alias: str, version: str, zoo: str | None, as_json: bool) -> int:
-        """Point ALIAS of NAME at VERSION (logged with time and the previous target)."""
+    def alias_cmd(name: str, alias: str, version: str, sign: str | None, zoo: str | None, as_json: bool) -> int:
+        """Point ALIAS of NAME at VERSION (logged with time, the previous target and a sequence number)."""
 
         from ..model_zoo import api
 
-        result = api.set_alias(name, alias, version, zoo=zoo)
+        result = api.set_alias(name, alias, version, zoo=zoo, sign=sign)
         if as_json:
             _echo_json({"ok": True, **result})
         else:
-            click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'})")
+            click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'}; sequence "
+                       f"{result['sequence']}, {'signed' if result['signed'] else 'unsigned'})")
         return 0
 
     return alias_cmd
