@@ -8,6 +8,7 @@ attacker would) and asserts a refusal naming the member and the difference, exit
 payload's marker file was never created."""
 import json
 import math
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.deadline import deadline
 from helpers.fake_atc import path_without_atc
 from helpers.files import evil_bytes, rewrite
 from helpers.toy_models import TwoInputs
@@ -190,6 +192,16 @@ def test_an_entry_outside_the_file_table_is_refused(archive, tmp_path, name):
     every_command_refuses(tampered, repr(name), "file table does not list", str(tampered))
     with pytest.raises(cann_export.errors.ValidateError, match="does not list"):
         cann_export.validate(tampered)
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_inspect_and_lint_refuse_what_is_not_a_regular_file(tmp_path, kind):
+    path = Path("/dev/zero") if kind == "character device" else tmp_path / "m.onnx"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    with deadline():  # inspect used to open a FIFO (blocked) and read /dev/zero (without end)
+        for command in ("inspect", "lint", "validate"):
+            refused([command, path], str(path), kind)
 
 
 # ------------------------------------------------------------------ validate's tolerance flags

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ValidateError
 from ..fs import digests
 from ..fs.atomic import is_safe_relpath
+from ..fs.regular import check_regular_file
 from ..hooks.contracts import Container, Format, optional
 from . import single_file
 
@@ -269,6 +270,9 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
     reads into a temporary directory (removed afterwards). Any other file is yielded unchanged. The container
     names the Format that unpacked the file and its header. Errors name ``path``, not the temporary directory."""
     path = Path(path)
+    if path.exists() and not path.is_dir():  # a FIFO would block inspect's read, /dev/zero never end it
+        check_regular_file(path, "artifact", "Pass a bundle directory, a single-file bundle, an om-stub or an "
+                           ".onnx file", ValidateError)
     if not path.is_file():
         yield path, None
         return

@@ -23,7 +23,7 @@ def check_regular_file(path: Path | str, what: str, hint: str, error: type[Expor
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError as e:
-        raise error(f"the {what} was not found; {hint}", path=str(path)) from e
+        raise error(f"the {what} was not found. {hint}", path=str(path)) from e
     except OSError as e:
         raise error(f"cannot stat the {what} ({e.strerror or e}); check the path", path=str(path)) from e
     if not stat.S_ISREG(mode):

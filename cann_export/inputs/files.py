@@ -13,16 +13,16 @@ from ..errors import ExportError, OptionsError, PrepareError
 from ..fs.regular import check_regular_file
 
 HINTS = {
-    "--example-inputs": "pass a .safetensors file of tensors named after the forward parameters",
-    "example_inputs": "pass a .safetensors file of tensors named after the forward parameters",
-    "--parity-data": "pass a .safetensors or .npz file of input samples named after the forward parameters",
-    "--calibration-data": "pass a .safetensors file of input batches named after the forward parameters",
+    "--example-inputs": "Pass a .safetensors file of tensors named after the forward parameters",
+    "example_inputs": "Pass a .safetensors file of tensors named after the forward parameters",
+    "--parity-data": "Pass a .safetensors or .npz file of input samples named after the forward parameters",
+    "--calibration-data": "Pass a .safetensors file of input batches named after the forward parameters",
 }
 
 
 def check_input_file(path: str | Path, flag: str, error: type[ExportError] = OptionsError) -> Path:
     """``path`` when it is a regular file, else ``error`` naming ``flag`` and the file (nothing is opened)."""
-    check_regular_file(path, f"{flag} file", HINTS.get(flag, "pass a regular file"), error)
+    check_regular_file(path, f"{flag} file", HINTS.get(flag, "Pass a regular file"), error)
     return Path(path)
 
 
