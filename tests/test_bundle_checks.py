@@ -22,7 +22,7 @@ from helpers.files import evil_bytes, rewrite
 from helpers.toy_models import TwoInputs
 
 import cann_export
-from cann_export.bundle import rederive, single_file
+from cann_export.bundle import om_stub, rederive, single_file
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
 from cann_export.fs import digests
@@ -192,6 +192,15 @@ def test_an_entry_outside_the_file_table_is_refused(archive, tmp_path, name):
     every_command_refuses(tampered, repr(name), "file table does not list", str(tampered))
     with pytest.raises(cann_export.errors.ValidateError, match="does not list"):
         cann_export.validate(tampered)
+
+
+def test_an_om_stub_payload_entry_outside_the_file_table_is_refused(bundle, tmp_path):
+    clean, tampered = tmp_path / "clean.om", tmp_path / "tampered.om"
+    om_stub.write_stub(clean, bundle, "model")
+    assert invoke(["validate", clean]).exit_code == 0
+    (bundle / "extra.py").write_text("print('hi')")
+    om_stub.write_stub(tampered, bundle, "model")
+    every_command_refuses(tampered, "om-stub payload holds 'extra.py'", "file table does not list")
 
 
 @pytest.mark.parametrize("kind", ["FIFO", "character device"])
