@@ -56,10 +56,7 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
     tol = kwargs.pop("tolerance", None) or Tolerance()
     if isinstance(tol, dict):
         tol = Tolerance(**tol)
-    for key in ("atol", "rtol", "min_cosine"):
-        if kwargs.get(key) is not None:
-            tol = dataclasses.replace(tol, **{key: float(kwargs.pop(key))})
-        kwargs.pop(key, None)
+    tol = tol.with_values(**{key: kwargs.pop(key, None) for key in ("atol", "rtol", "min_cosine")})
     unknown = sorted(set(kwargs) - _OPTION_FIELDS)
     if unknown:
         raise errors.OptionsError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_FIELDS))}")
@@ -146,11 +143,11 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     from .fs import digests
 
     explicit = tolerance is not None or any(v is not None for v in tolerance_values.values())
-    tol = tolerance or Tolerance()
     unknown = sorted(set(tolerance_values) - {"atol", "rtol", "min_cosine"})
     if unknown:
         raise errors.OptionsError(f"unknown tolerance option(s) {', '.join(unknown)}; known: atol, rtol, min_cosine")
-    tol = dataclasses.replace(tol, **{k: float(v) for k, v in tolerance_values.items() if v is not None})
+    tol = (tolerance or Tolerance()).with_values(**tolerance_values)
+    tol.check()  # the checks and messages export's tolerance gets (finite, >= 0, a cosine in [-1, 1])
     if expect_sha256 is not None and not digests.is_sha256(expect_sha256.lower()):
         raise errors.OptionsError(f"--expect-sha256 {expect_sha256!r} is not 64 hex digits")
     path = Path(bundle)

@@ -112,6 +112,17 @@ class Tolerance:
                 raise OptionsError(f"{_tolerance_flag(name)} {value!r} is not a cosine similarity between -1 and 1; "
                                    f"pass e.g. {_tolerance_flag(name)} {getattr(Tolerance, name)}")
 
+    def with_values(self, **values: Any) -> Tolerance:
+        """A copy with the given fields replaced (None: kept); numbers become floats, anything else is kept
+        as given so ``check`` names it. What export's and validate's --atol / --rtol / --min-cosine go through."""
+        import dataclasses
+
+        unknown = sorted(set(values) - set(self.to_dict()))
+        if unknown:
+            raise OptionsError(f"unknown tolerance option(s) {', '.join(unknown)}; known: {', '.join(self.to_dict())}")
+        return dataclasses.replace(self, **{k: float(v) if _is_real(v) else v for k, v in values.items()
+                                            if v is not None})
+
     def device_policy(self) -> dict[str, float]:
         return {"min_cosine": self.device_min_cosine, "fail_cosine": self.device_fail_cosine,
                 "atol": self.device_atol}
@@ -210,6 +221,17 @@ class ExportOptions:
         check_input_names(self.input_shapes)
         check_metadata(self.metadata)
         self.tolerance.check()
+        self.check_input_files()
+
+    def check_input_files(self) -> None:
+        """--example-inputs, --parity-data and --calibration-data name regular files (no device, FIFO,
+        socket or directory), refused by stat alone before the model is loaded."""
+        from .inputs.files import check_input_file
+
+        for flag, path in (("--example-inputs", self.example_inputs_file), ("--parity-data", self.parity_data),
+                           ("--calibration-data", self.calibration_data)):
+            if path:
+                check_input_file(path, flag)
 
 
 def _tolerance_flag(name: str) -> str:

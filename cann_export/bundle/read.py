@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ValidateError
 from ..fs import digests
 from ..fs.atomic import is_safe_relpath
+from ..fs.regular import check_regular_file
 from ..hooks.contracts import Container, Format, optional
 from . import single_file
 
@@ -269,6 +270,9 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
     reads into a temporary directory (removed afterwards). Any other file is yielded unchanged. The container
     names the Format that unpacked the file and its header. Errors name ``path``, not the temporary directory."""
     path = Path(path)
+    if path.exists() and not path.is_dir():  # a FIFO would block inspect's read, /dev/zero never end it
+        check_regular_file(path, "artifact", "Pass a bundle directory, a single-file bundle, an om-stub or an "
+                           ".onnx file", ValidateError)
     if not path.is_file():
         yield path, None
         return
@@ -280,12 +284,33 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
                 yield path, None
                 return
             single_file.extract_archive(path, directory)
+        unlisted = unlisted_entries(directory)
+        if unlisted:
+            shown = ", ".join(_shown(rel) for rel in unlisted[:10]) + (f" (+{len(unlisted) - 10} more)"
+                                                                       if len(unlisted) > 10 else "")
+            raise ValidateError(f"the {'om-stub payload' if container else 'single-file bundle'} holds {shown}, "
+                                "which its manifest's file table does not list; an export lists every file it "
+                                "writes, so the file was added or edited: refusing it. Export it again", path=path)
         try:
             yield directory, container
         except ValidateError as e:
             if e.path and e.path.startswith(str(directory)):
                 e.path = str(path) + e.path[len(str(directory)):]
             raise
+
+
+def unlisted_entries(directory: Path) -> list[str]:
+    """The files of an unpacked bundle that its manifest's file table does not list (manifest.json aside).
+    A manifest that cannot be read or has no file table lists nothing here: ``read_bundle`` names why."""
+    try:
+        manifest = load_manifest_file(directory / "manifest.json")
+    except ValidateError:
+        return []
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return []
+    found = (p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*")) if not p.is_dir())
+    return [rel for rel in found if rel != "manifest.json" and rel not in files]
 
 
 def _unpack(path: Path, directory: Path) -> Container | None:

@@ -1,7 +1,8 @@
 """Re-deriving what a bundle's manifest claims, instead of reading it back.
 
-``check_bundle`` re-checks the file table, compares the graph (inputs, outputs, op histogram, the metadata
-and provenance stamped into its ``metadata_props``) with the manifest, and re-renders the ATC command and
+``check_bundle`` re-checks the file table and the torch program (``program_check``), compares the graph
+(inputs, outputs, op histogram, the metadata and provenance stamped into its ``metadata_props``) with the
+manifest, and re-renders the ATC command and
 cfg files from the manifest's ATC options *after validating them* (hint normalisers, an allowed SoC
 pattern, the file names fixed by this tool), then asks the Format the manifest names (and the one that
 unpacked its container) what else its artifact holds (``check_artifact``); ``rederive_parity`` re-runs parity
@@ -55,12 +56,14 @@ def check_bundle(directory: Path, *, container: Container | None = None, raise_o
     """Check a bundle directory against its manifest; see the module docstring. ``container``: the single
     file it came from (see ``read.open_bundle``), checked by the Format that unpacked it."""
     from ..capture import module_paths
+    from .program_check import program_differences
     from .read import file_problems, has_atc, read_bundle
 
     manifest = read_bundle(directory)
     checked = CheckedBundle(directory=directory, manifest=manifest, container=container)
     diffs = checked.differences
     diffs.extend(file_problems(directory, manifest))
+    diffs.extend(program_differences(directory, manifest))  # torch/program.pt2: checked, never loaded
     checked.model = _load_graph(directory, manifest["model"]["file"], diffs)
     if checked.model is not None:
         checked.module_paths = module_paths.collect(checked.model)

@@ -75,6 +75,10 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad():
             warnings.simplefilter("ignore")
             program = _export(model, args, kwargs, loaded.kind == "module")
+        # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that
+        # torch.export.load exec()s; the .pt2 checker refuses any (validate checks this file with it). Loading
+        # derives the same input checks from the graph's symbols and range constraints, so none is lost.
+        program._guards_code = []
         target.parent.mkdir(parents=True, exist_ok=True)
         torch.export.save(program, str(target))
     except Exception as e:  # noqa: BLE001 - torch.export's many failure types: the bundle is still complete

@@ -23,17 +23,15 @@ _LAYOUT = ("name the tensors after the forward's inputs, each with a leading sam
 
 
 def read_tensors(path: Path) -> dict[str, Any]:
-    """Named tensors of a .safetensors or .npz file (``allow_pickle=False``)."""
+    """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files)."""
     import torch
 
-    if not path.is_file():
-        raise PrepareError(f"parity data not found; pass a .safetensors or .npz file ({_LAYOUT})", path=path)
-    try:
-        if path.suffix == ".npz":
-            import numpy as np
+    from .files import check_input_file, read_npz
 
-            with np.load(path, allow_pickle=False) as data:
-                return {k: torch.from_numpy(np.array(data[k])) for k in data.files}
+    check_input_file(path, "--parity-data", PrepareError)
+    if path.suffix == ".npz":
+        return {k: torch.from_numpy(v) for k, v in read_npz(path).items()}
+    try:
         from safetensors.torch import load_file
 
         return dict(load_file(str(path)))

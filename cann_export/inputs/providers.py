@@ -127,7 +127,7 @@ def as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
     import torch
 
     if isinstance(value, (str, Path)):
-        return tensors.read_example_inputs(value)
+        return tensors.read_example_inputs(value, "example_inputs")
     if isinstance(value, dict):
         return dict(value)
     if isinstance(value, torch.Tensor):

@@ -90,11 +90,11 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
     return out
 
 
-def read_example_inputs(path: str | Path) -> dict[str, Any]:
-    """Load named tensors from a safetensors file (no pickle)."""
-    path = Path(path)
-    if not path.is_file():
-        raise LoadError("example-inputs file not found; pass a .safetensors file of named tensors", path=path)
+def read_example_inputs(path: str | Path, flag: str = "--example-inputs") -> dict[str, Any]:
+    """Load named tensors from a safetensors file (a regular file, see inputs.files; no pickle)."""
+    from .files import check_input_file
+
+    path = check_input_file(path, flag, LoadError)
     try:
         from safetensors.torch import load_file
 
@@ -106,7 +106,7 @@ def read_example_inputs(path: str | Path) -> dict[str, Any]:
             path=path,
         ) from e
     if not tensors:
-        raise LoadError("the example-inputs file holds no tensors", path=path)
+        raise LoadError(f"the {flag} file holds no tensors", path=path)
     return dict(tensors)
 
 

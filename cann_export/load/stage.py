@@ -68,22 +68,11 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
 
 
 def check_regular_file(path: Path, what: str) -> None:
-    """Refuse ``path`` unless it is a regular file (a link to one is fine), before any byte is read: a device
-    (/dev/zero reads forever), a FIFO (blocks until a writer comes) or a socket is never a model."""
-    import os
-    import stat
+    """Refuse ``path`` unless it is a regular file (a link to one is fine), before any byte is read
+    (fs.regular: a device, a FIFO or a socket is never a model)."""
+    from ..fs.regular import check_regular_file as check
 
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise errors.LoadError(f"cannot stat the {what} ({e.strerror or e}); check the path", path=path) from e
-    if stat.S_ISREG(mode):
-        return
-    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "not a regular file")
-    raise errors.LoadError(f"the {what} is {kind}, not a regular file; nothing was read. Save the model to a "
-                           "file (.pt2, .pt, .pth, .safetensors) and pass that path", path=path)
+    check(path, what, "Save the model to a file (.pt2, .pt, .pth, .safetensors) and pass that path")
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:

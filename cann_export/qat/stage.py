@@ -17,7 +17,7 @@ def read_calibration(path: str | Path, accepted: list[str]) -> dict[str, Any]:
     from ..inputs.tensors import read_example_inputs
 
     try:
-        tensors = read_example_inputs(path)
+        tensors = read_example_inputs(path, "--calibration-data")
     except errors.LoadError as e:
         raise errors.PrepareError(f"calibration data: {e.message}", path=path) from e
     unknown = [n for n in tensors if accepted and n not in accepted]
