@@ -31,6 +31,7 @@ class ExportResult:
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     published: dict[str, Any] | None = None  # the model zoo record when --publish was given
     manifest_sha256: str | None = None  # of the manifest.json written (pin it with validate --expect-sha256)
+    sandbox: dict[str, Any] | None = None  # the load sandbox the stages before commit ran in, or why none
 
     def to_dict(self) -> dict[str, Any]:
         parity = self.parity or {"passed": None, "validated": False, "outputs": []}
@@ -40,6 +41,8 @@ class ExportResult:
             out["published"] = self.published
         if self.manifest_sha256 is not None:
             out["manifest_sha256"] = self.manifest_sha256
+        if self.sandbox is not None:
+            out["sandbox"] = self.sandbox
         return {**out, **self.info().extras}
 
     def info(self) -> ResultInfo:
@@ -124,6 +127,7 @@ def _result(ctx: ExportContext) -> ExportResult:
         manifest=ctx.manifest,
         published=ctx.reports.publish,
         manifest_sha256=ctx.manifest_sha256,
+        sandbox=ctx.reports.sandbox,
     )
 
 

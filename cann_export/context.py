@@ -174,6 +174,7 @@ class Reports:
     lint: dict[str, ValidatorReport] = field(default_factory=dict)  # lint-stage validators, by name
     validators: dict[str, ValidatorReport] = field(default_factory=dict)  # other validate-stage validators
     publish: dict[str, Any] | None = None  # the model zoo record (--publish)
+    sandbox: dict[str, Any] | None = None  # the load sandbox that ran the stages before commit, or why none
 
     def quantization_report(self, mode: str | None = None) -> QuantizationReport:
         """The quantization report, started with ``mode`` when there is none yet."""
@@ -239,3 +240,5 @@ class ExportContext:
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples
     path_reference_outputs: list[list[Any]] = field(default_factory=list)  # the stripped module's on those
     halted: str | None = None  # set by a stage when this process must not go on (e.g. DDP rank != 0)
+    finalized: bool = False  # the format's finalize ran (in the load sandbox): commit only moves it into place
+    sandbox_dir: Path | None = None  # the directory the load sandbox wrote in, removed after the export

@@ -46,6 +46,7 @@ ATC_OPSETS = range(11, 19)  # ATC accepts ONNX opset 11..18
 ONNX_OPSETS = range(7, 24)
 EXTERNAL_DATA = ("auto", "always", "never")
 LINT_MODES = ("error", "warn", "off")
+SANDBOX_MODES = ("auto", "require", "off")
 
 
 # The shape of an ATC --soc_version: bundle.rederive checks a manifest's soc_version against the same pattern,
@@ -146,6 +147,7 @@ class ExportOptions:
     model_class: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     trust_pickle: bool = False
+    sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
     example_inputs_file: str | None = None
     external_data: str = "auto"
@@ -207,6 +209,8 @@ class ExportOptions:
                                "after the model's forward parameters)")
         if self.qat_steps < 0 or self.qat_lr <= 0:
             raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
+        if self.sandbox not in SANDBOX_MODES:
+            raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):

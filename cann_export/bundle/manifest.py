@@ -39,6 +39,7 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
         "parity": {**summarize_parity(parity), **reference},
         **({"quantization": reports.quantization.to_dict()} if reports.quantization is not None else {}),
         "lint": dict(reports.lint),
+        **({"sandbox": dict(reports.sandbox)} if reports.sandbox is not None else {}),
         "warnings": reports.warnings.to_dict(),
         "stage_seconds": dict(ctx.stage_seconds),
     }

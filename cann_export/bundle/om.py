@@ -140,6 +140,10 @@ class OmFormat(AtcReadyFormat):
             f"  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert {output}` on a "
             "machine with CANN (or export with --require-atc)"])
 
+    def runs_programs(self, options: Any) -> str | None:
+        atc = find_atc()
+        return f"--format om runs ATC ({atc}), which the load sandbox would stop" if atc else None
+
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = super().write(ctx, staging)
         atc = find_atc()

@@ -241,6 +241,9 @@ def _register_plugin_commands() -> None:
 
 
 def main() -> None:
+    from ..sandbox.child import note_process_start
+
+    note_process_start()
     if not os.environ.get("CANN_EXPORT_DEBUG"):
         import warnings
 

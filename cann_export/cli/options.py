@@ -63,6 +63,9 @@ def flags() -> dict[str, Flag]:
         "model_kwargs": Flag("JSON object of keyword arguments for --model-class.", parse=opts_mod.parse_model_kwargs),
         "trust_pickle": Flag("Allow unpickling a whole nn.Module (runs code from the file: only for files you "
                              "trust)."),
+        "sandbox": Flag("", variants=(("--require-sandbox", "require", "Fail when the model file cannot load in the "
+                                                                       "sandbox (Landlock + seccomp); for CI."),
+                                      ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
         "example_inputs_file": Flag("safetensors file of inputs named after the forward parameters.",

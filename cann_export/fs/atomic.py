@@ -61,13 +61,25 @@ def _alive(pid: int, start: int) -> bool:
     return not (start and actual and actual != start)  # a reused pid started at another time
 
 
+_STAGING_ROOT: list[Path] = []  # set in a sandboxed child: every staging directory is made inside it
+
+
+def stage_inside(root: Path) -> None:
+    """From now on, make every staging directory inside ``root`` (a directory beside the output, the only
+    place a sandboxed child may write); for this process's lifetime."""
+    _STAGING_ROOT[:] = [Path(root)]
+
+
 def staging_dir(target: Path) -> Path:
     """A fresh hidden directory beside ``target`` (same filesystem, so renames are atomic); stale staging
-    of dead processes beside it is swept first."""
+    of dead processes beside it is swept first. In a sandboxed child: inside its staging root instead."""
     target = Path(target)
     parent = target.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(parent)
+    if _STAGING_ROOT:
+        parent = _STAGING_ROOT[0]
+    else:
+        parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(parent)
     staging = parent / f".{target.resolve().name}.cann-tmp-{_owner_tag()}"
     umask = os.umask(0)
     os.umask(umask)

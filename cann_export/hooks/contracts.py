@@ -149,6 +149,10 @@ class FormatOptional(Protocol):
         """Keys ``inspect`` adds to what it shows of a checked bundle (``notes``: lines the CLI prints).
         Default: none."""
 
+    def runs_programs(self, options: ExportOptions) -> str | None:
+        """Why this export runs an outside program (e.g. ATC), which the load sandbox would stop: the export
+        then runs unconfined and says so. Default: None (it runs none)."""
+
     def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
         """What an export's result (written to ``output``) says about the artifact beyond the common
         fields. Default: nothing."""
@@ -221,7 +225,8 @@ CONTRACTS: dict[str, type] = {
 
 OPTIONAL: dict[type, tuple[str, ...]] = {
     Pass: PASS_METHODS,
-    Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info"),
+    Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info",
+             "runs_programs"),
     AtcHint: ("render",),
 }
 """The members each contract lets a plugin leave out (their signatures: ``PassOptional``,

@@ -9,6 +9,7 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
+from . import confined
 from .stage import ProgressFn, Stage
 from .table import STAGES
 
@@ -19,7 +20,11 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
     output; the capture's work directory beside the output is removed however the run ends."""
     registry = manager.registry()
     try:
-        for index, stage in enumerate(stages, start=1):
+        ctx.reports.sandbox = confined.plan(ctx)
+        start = 0
+        if ctx.reports.sandbox["kind"] != "none":
+            start = confined.run_confined(ctx, stages, progress, run_one)
+        for index, stage in enumerate(stages[start:], start=start + 1):
             if ctx.halted:  # this process writes nothing: what a stage staged is not left behind
                 atomic.discard(ctx.staging)
                 break
@@ -29,6 +34,7 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
         raise
     finally:
         large_graph.cleanup(ctx)
+        confined.cleanup(ctx)
 
 
 def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progress: ProgressFn | None,

@@ -14,7 +14,8 @@ def write(ctx: ExportContext) -> str:
 
 def commit(ctx: ExportContext) -> str:
     """The format finalizes the staged artifact (its manifest records the verdict), then moves it into place."""
-    ctx.format.finalize(ctx, ctx.staging)
+    if not ctx.finalized:  # a sandboxed export finalized in its child
+        ctx.format.finalize(ctx, ctx.staging)
     staged_manifest = ctx.staging / "manifest.json"
     ctx.manifest_sha256 = digests.sha256_file(staged_manifest) if staged_manifest.is_file() else None
     ctx.files = ctx.format.commit(ctx, ctx.staging)
