@@ -67,6 +67,47 @@ def test_guards_code_is_refused(tmp_path):
     assert not marker.exists() and not list((tmp_path / "zoo").rglob("*.pt2"))
 
 
+class TwoInputs(torch.nn.Module):
+    def forward(self, ids, mask):
+        return ids * mask
+
+
+def test_shape_guards_torch_writes_for_shared_dynamic_dims_load(tmp_path):
+    """torch.export.save writes guards_code for inputs sharing a dynamic dimension: plain shape checks pass."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(TwoInputs(), (torch.ones(2, 8), torch.ones(2, 8)),
+                             dynamic_shapes={"ids": {0: batch}, "mask": {0: batch}})
+    path = tmp_path / "dyn.pt2"
+    torch.export.save(ep, str(path))
+    with zipfile.ZipFile(path) as z:
+        written = json.loads(z.read(next(n for n in z.namelist() if n.endswith("models/model.json"))))
+    assert written["guards_code"], "torch no longer writes shape guards: this test lost its premise"
+    result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o"), "--format", "onnx"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("guard", [
+    "__import__('os').getcwd() == 0",  # a call of anything but size()/stride()
+    "L['x'].size()[0] == len('a')",
+    "L['x'].numpy() == 1",
+    "L['x\"'].size()[0] == 2",  # a key that could leave the message string torch embeds the guard in
+    "L['x'].size()[0] == 2\nimport os",
+    "(lambda: 1)() == 1",
+    "L['x'].size()[0] == 'a'",
+    "L['x'].size()[0] == 2.5",
+    "L['x'].size()[0]",  # not a condition
+    "L.x.size()[0] == 2",
+    "M['x'].size()[0] == 2",
+    "[c for c in ()] == []",
+])
+def test_guards_beyond_shape_checks_are_refused(tmp_path, guard):
+    good = files.pt2(tmp_path)
+    path = rewrite(good, tmp_path / "g.pt2", edit_model(good, lambda m: m.update(
+        guards_code=["L['x'].size()[0] == 2", guard])))
+    with pytest.raises(LoadError, match="guards_code"):
+        check_export_archive(path, trust_pickle=False)
+
+
 def test_unknown_model_fields_must_be_empty(tmp_path):
     good = files.pt2(tmp_path)
     busy = rewrite(good, tmp_path / "busy.pt2", edit_model(good, lambda m: m.update(future_code=["x"])))

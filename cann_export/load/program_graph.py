@@ -16,6 +16,8 @@ import json
 import re
 from typing import Any
 
+from .guards import guards_problem
+
 _SAFE_OPERATOR = frozenset(["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
                             "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "inv",
                             "getitem", "lshift", "rshift", "matmul", "truth"])
@@ -33,8 +35,8 @@ _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<name>[A-
                     r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%()<>,&|~^=]))")
 _SYMBOL = re.compile(r"^[a-z]+\d+$")
 # The top-level fields of models/<m>.json that torch 2.13's torch.export.save writes (schema.ExportedProgram).
-# guards_code is exec()'d by torch/export/_unlift.py when the module is built: it must be empty, and so must
-# any field this version does not know (a later torch may run it).
+# guards_code is exec()'d by torch/export/_unlift.py when the module is built: it must hold plain shape checks
+# only (guards.py); any field this version does not know must be empty (a later torch may run it).
 _MODEL_FIELDS = frozenset(["graph_module", "opset_version", "range_constraints", "schema_version", "verifiers",
                            "torch_version", "guards_code"])
 _MUST_BE_EMPTY = frozenset(["guards_code"])
@@ -125,17 +127,18 @@ def _io_op_problem(target: str, op: Any) -> str | None:
 
 
 def _model_fields_problem(root: Any) -> str | None:
-    """Only the fields a plain torch.export.save writes; guards_code (exec()'d by torch) and unknown fields
-    must be empty."""
+    """Only the fields a plain torch.export.save writes; guards_code (exec()'d by torch) holds shape checks
+    only, and unknown fields are empty."""
     if not isinstance(root, dict):
         return None
     for key, value in root.items():
         if value in (None, "", [], {}):
             continue
         if key in _MUST_BE_EMPTY:
-            shown = " ".join(str(value).split())[:80]
-            return (f"field {key!r} holds Python source ({shown!r}...) that torch.export.load would exec() when "
-                    "the module is built; torch.export.save writes it empty")
+            if (why := guards_problem(value)) is None:
+                continue  # plain shape checks, as torch.export.save writes for shared dynamic dimensions
+            return (f"field {key!r} holds Python source that torch.export.load would exec() when the module is "
+                    f"built, and {why}")
         if key not in _MODEL_FIELDS:
             return (f"field {str(key)[:40]!r} is not one torch.export.save writes (known: "
                     f"{', '.join(sorted(_MODEL_FIELDS))}) and is not empty")
