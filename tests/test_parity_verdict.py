@@ -215,8 +215,8 @@ def test_debug_prints_the_whole_chain_of_an_export_error(tmp_path):
     plain = invoke(args, env={"CANN_EXPORT_DEBUG": ""})
     assert plain.exit_code == 2 and "Traceback" not in plain.stderr
     error = loads_strict(plain.stdout)["error"]
-    assert error["stage"] == "prepare" and "cannot read parity data" in error["message"]
+    assert error["stage"] == "prepare" and "--parity-data: not a readable zip archive" in error["message"]
     debug = invoke(args, env={"CANN_EXPORT_DEBUG": "1"})
     assert debug.exit_code == 2
     assert "Traceback" in debug.stderr and "The above exception was the direct cause" in debug.stderr
-    assert "PrepareError" in debug.stderr and "cannot read parity data" in debug.stderr.splitlines()[-1]
+    assert "PrepareError" in debug.stderr and "not a readable zip archive" in debug.stderr.splitlines()[-1]

@@ -202,7 +202,8 @@ def test_third_party_pieces_are_used_like_builtins(thirdparty, tmp_path):
     (tmp_path / "m.mlp").write_text("16")
     out = tmp_path / "edge"
     res = CliRunner().invoke(cli, [str(tmp_path / "m.mlp"), "--format", "edge_bundle", "--exporter", "plain-ts",
-                                   "--input-shape", "x:2,12", "--opset", "17", "-o", str(out), "--json"])
+                                   "--input-shape", "x:2,12", "--opset", "17", "-o", str(out), "--json",
+                                   "--no-sandbox"])  # the plugin's event log lives in this process
     assert res.exit_code == 0, res.output
     body = json.loads(res.stdout)
     assert body["onnx"]["exporter"] == "plain-ts" and body["ok"]

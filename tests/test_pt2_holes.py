@@ -128,6 +128,51 @@ def test_native_code_members_are_refused(tmp_path, member):
     check_export_archive(path, trust_pickle=True)  # the user's call
 
 
+_CONSTRUCTOR = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void run_at_load(void) {
+  const char *m = getenv("CANN_TEST_MARKER");
+  if (m) { FILE *f = fopen(m, "w"); if (f) { fputs("native code ran", f); fclose(f); } }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def real_shared_object(tmp_path_factory):
+    """A real ELF shared object whose constructor writes $CANN_TEST_MARKER the moment it is dlopen()ed."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a real shared object")
+    tmp = tmp_path_factory.mktemp("so")
+    (tmp / "p.c").write_text(_CONSTRUCTOR)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp / "model.so"), str(tmp / "p.c")], check=True)
+    return tmp / "model.so"
+
+
+def test_a_real_aotinductor_shared_object_is_refused_unloaded(tmp_path, real_shared_object, monkeypatch):
+    import subprocess
+    import sys
+
+    premise = tmp_path / "premise"
+    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(real_shared_object)!r})"], check=True,
+                   env={"CANN_TEST_MARKER": str(premise), "PATH": ""})
+    assert premise.read_text() == "native code ran"  # dlopen() alone runs it
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("CANN_TEST_MARKER", str(marker))
+    so = real_shared_object.read_bytes()
+    path = rewrite(files.pt2(tmp_path), tmp_path / "aoti.pt2", add={
+        "{root}/data/aotinductor/model/model.so": so,
+        "{root}/data/aotinductor/model/model_metadata.json": b'{"AOTI_DEVICE_KEY": "cpu"}'})
+    err = refused(path, tmp_path / "o", "data/aotinductor/model/", marker)
+    assert "dlopen" in err
+    err = refused(path, tmp_path / "o", "data/aotinductor/model/", marker, "--format", "onnx", "--no-sandbox")
+    assert not marker.exists()
+
+
 def test_from_file_node_target_is_refused(tmp_path):
     marker = tmp_path / "pwned"
     good = files.pt2(tmp_path)

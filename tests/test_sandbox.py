@@ -145,3 +145,35 @@ def test_an_in_memory_model_is_not_sandboxed(tmp_path):
 
     result = api.export(make_mlp().eval(), tmp_path / "out", "onnx", example_inputs=torch.randn(2, 12))
     assert result.sandbox["kind"] == "none" and "in-memory" in result.sandbox["reason"]
+
+
+def test_what_a_compromised_child_sends_cannot_move_the_commit(tmp_path):
+    """The child's outcome is data: a staging directory outside its own, or an output name its format does not
+    declare, is refused before anything is renamed."""
+    from cann_export.api import _context
+    from cann_export.options import ExportOptions
+    from cann_export.pipeline import confined
+    from cann_export.sandbox import child
+
+    ctx = _context(str(tmp_path / "m.pt2"), tmp_path / "out", ExportOptions(export_format="onnx"), None)
+    box = tmp_path / ".box"
+    (box / "staged").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    for data in ({"staging": str(tmp_path / "elsewhere")}, {"staging": str(box / "staged" / ".." / ".." / "x")},
+                 {"staging": str(box / "staged"), "output_name": ".bashrc"},
+                 {"staging": str(box / "staged"), "capture": {"exporter": "x", "bogus": 1}}):
+        with pytest.raises(child.ChildFailed):
+            confined._apply(ctx, data, box)
+    confined._apply(ctx, {"staging": str(box / "staged"), "output_name": "out.onnx"}, box)
+    assert ctx.output_path == tmp_path / "out.onnx" and ctx.staging == box / "staged"
+
+
+def test_errors_cross_back_with_their_class_exit_code_and_cause():
+    from cann_export.sandbox import child
+
+    err = child.rebuild({"mro": ["AtcError", "WriteError", "ExportError"], "message": "atc failed", "path": "m",
+                         "stage": "write", "exit_code": errors.EXIT_STAGE_FAILED, "cause": ["ValueError", "bad"]})
+    assert type(err) is errors.WriteError and err.exit_code == errors.EXIT_STAGE_FAILED
+    assert err.to_dict()["cause"] == "ValueError: bad"
+    odd = child.rebuild({"mro": ["os.system"], "type": "__import__('os')", "message": "x"})
+    assert type(odd).__name__ == "ChildError"  # a name that is not an identifier is never used

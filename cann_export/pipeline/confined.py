@@ -26,9 +26,10 @@ def _unconfinable(ctx: ExportContext) -> str | None:
     """Why this export from a file cannot run confined, or None."""
     if ctx.options.sandbox == "off":
         return "turned off (sandbox='off' / --no-sandbox)"
-    if "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_available() \
-            and sys.modules["torch.distributed"].is_initialized():
-        return "torch.distributed is initialised (its process group needs sockets)"
+    dist = sys.modules.get("torch.distributed")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 or (dist is not None and dist.is_available()
+                                                          and dist.is_initialized()):
+        return "a distributed run (torchrun / WORLD_SIZE > 1): its process group needs sockets"
     runs = optional(ctx.format, Format, "runs_programs")
     return runs(ctx.options) if runs else None
 
@@ -113,7 +114,7 @@ def _outcome(ctx: ExportContext) -> dict[str, Any]:
     """What the caller's process needs of the child's context, as JSON."""
     parity = ctx.reports.parity
     return {"halted": ctx.halted, "finalized": ctx.finalized,
-            "staging": str(ctx.staging) if ctx.staging else None,
+            "staging": str(ctx.staging) if ctx.staging else None, "output_name": ctx.output_path.name,
             "onnx_name": ctx.onnx_path.name if ctx.onnx_path else None,
             "final_onnx": str(ctx.final_onnx) if ctx.final_onnx else None,
             "manifest": ctx.manifest, "parity": parity.to_dict() if parity is not None else None,
@@ -131,6 +132,8 @@ def _apply(ctx: ExportContext, data: dict[str, Any], box: Path) -> None:
             if path.parent != box or path.is_symlink() or not path.is_dir():
                 raise child.ChildFailed("the sandboxed child named a staging directory outside its own")
             ctx.staging = path
+        if data.get("output_name") not in (None, ctx.output_path.name):  # the format added its suffix
+            ctx.output_path = _declared_target(ctx, str(data["output_name"]))
         if data.get("onnx_name"):
             ctx.onnx_path = (ctx.staging or box) / Path(str(data["onnx_name"])).name
         ctx.final_onnx = str(data["final_onnx"]) if data.get("final_onnx") else None
@@ -147,6 +150,16 @@ def _apply(ctx: ExportContext, data: dict[str, Any], box: Path) -> None:
         ctx.halted = str(data["halted"]) if data.get("halted") else None
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise child.ChildFailed(f"the sandboxed child sent an outcome that does not fit ({type(e).__name__})") from e
+
+
+def _declared_target(ctx: ExportContext, name: str) -> Path:
+    """The output the child's format chose, when it is one of the format's declared targets of the output
+    the user asked for (checked replaceable before any work); the child never picks where a rename goes."""
+    targets = optional(ctx.format, Format, "targets")
+    for target in targets(ctx.output_path) if targets else []:
+        if Path(target).name == name and Path(target).parent == ctx.output_path.parent:
+            return Path(target)
+    raise child.ChildFailed(f"the sandboxed child named an output {name[:80]!r} its format does not declare")
 
 
 def cleanup(ctx: ExportContext) -> None:

@@ -17,11 +17,14 @@ class StageTimeline:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.events: list[dict[str, Any]] = []
+        self._end_us = 0.0  # where the last stage ended: stages run one after another
 
     def wrap(self, progress: ProgressFn | None) -> ProgressFn:
         """A progress callback that records each finished stage, then calls ``progress``."""
         def record(index: int, stage: str, status: str, seconds: float) -> None:
-            end_us = time.time() * 1e6
+            # a stage reported late (from the load sandbox's child) still starts after the one before it
+            end_us = max(time.time() * 1e6, self._end_us + seconds * 1e6)
+            self._end_us = end_us
             self.events.append({"name": stage, "cat": "stage", "ph": "X", "ts": round(end_us - seconds * 1e6, 3),
                                 "dur": round(seconds * 1e6, 3), "pid": os.getpid(), "tid": 0,
                                 "args": {"index": index, "status": str(status)}})

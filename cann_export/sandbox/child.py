@@ -65,7 +65,7 @@ def _error_message(e: BaseException) -> dict[str, Any]:
     out: dict[str, Any] = {"mro": [c.__name__ for c in type(e).__mro__], "type": type(e).__name__,
                            "message": errors.one_line(e, 4000)}
     if isinstance(e, errors.ExportError):
-        out.update(message=e.message, path=e.path, stage=e.stage)
+        out.update(message=e.message, path=e.path, stage=e.stage, exit_code=e.exit_code)
     if inner is not e:
         out["cause"] = [type(inner).__name__, errors.one_line(inner, 4000)]
     return out
@@ -192,6 +192,8 @@ def rebuild(data: Any) -> BaseException:
         return _remote(data.get("type"), message)
     path, stage = data.get("path"), data.get("stage")
     err = cls(message, path=str(path) if path is not None else None, stage=str(stage) if stage else None)
+    if data.get("exit_code") in (errors.EXIT_USER_ERROR, errors.EXIT_STAGE_FAILED):
+        err.exit_code = data["exit_code"]  # a subclass the child raised (AtcError: a stage failure)
     cause = data.get("cause")
     if isinstance(cause, list) and len(cause) == 2:
         err.__cause__ = _remote(cause[0], cause[1])
