@@ -203,7 +203,7 @@ def extract_stub(path: str | Path, dest_dir: str | Path) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(path) as zf:
             single_file.extract(zf, info["length"], dest_dir, path, "om-stub payload")
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as e:
         raise ValidateError(f"om-stub payload is not a readable bundle ({e}); the file is damaged",
                             path=path) from e
     return info

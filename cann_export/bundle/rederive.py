@@ -132,7 +132,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
         claimed = manifest["model"].get(key)
         if json.loads(json.dumps(actual, default=str)) != claimed:
             diffs.append(f"model.{key}: the manifest says {_short(claimed)}, the graph has {_short(actual)}")
-    props = {p.key: p.value for p in model.metadata_props}
+    props = {str(p.key): str(p.value) for p in model.metadata_props}  # protobuf hands non-UTF-8 back as bytes
     metadata = manifest.get("metadata") or {}
     for key, value in metadata.items():
         if props.get(key) != value:
@@ -263,6 +263,9 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     manifest, directory = checked.manifest, checked.directory
     feeds, expected, _ = read_bundle_parity(directory, manifest)
     model_path = directory / manifest["model"]["file"]
+    if not model_path.is_file() or model_path.is_symlink():  # a FIFO would block onnxruntime's open()
+        raise ValidateError(f"the bundle's graph {manifest['model']['file']!r} is not a regular file; the bundle was "
+                            "changed after export", path=str(directory))
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
                            quantized="quantization" in manifest)
     if checked.options is None or not report.get("outputs"):

@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -82,7 +83,7 @@ def is_bundle_archive(path: Path) -> bool:
             return False
         with zipfile.ZipFile(path) as zf:
             return "manifest.json" in zf.NameToInfo
-    except (OSError, zipfile.BadZipFile):
+    except (OSError, zipfile.BadZipFile, NotImplementedError, ValueError, EOFError):
         return False
 
 
@@ -148,7 +149,7 @@ def extract(zf: zipfile.ZipFile, archive_bytes: int, dest: Path, source: Path, w
             mode = (m.external_attr >> 16) & 0o777
             if mode:
                 os.chmod(target, mode)
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, ValueError) as e:
         raise ValidateError(f"{what} is not a readable bundle ({type(e).__name__}: {e}); the file is damaged",
                             path=source) from e
     return [m.filename for m in members]
@@ -159,6 +160,6 @@ def extract_archive(path: Path, dest: Path) -> list[str]:
     try:
         with zipfile.ZipFile(path) as zf:
             return extract(zf, path.stat().st_size, dest, path, "the bundle archive")
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as e:
         raise ValidateError(f"not a readable bundle archive ({e}); the file is damaged", path=path) from e
 

@@ -276,5 +276,5 @@ def zip_names(path: Path | str) -> list[str] | None:
     try:
         with zipfile.ZipFile(path) as z:
             return z.namelist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError):
         return None

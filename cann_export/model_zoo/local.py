@@ -222,7 +222,7 @@ class LocalStore:
         try:
             raw = path.read_bytes()
             manifest = json.loads(raw)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise ZooError(f"{name} version {version}: manifest.json is unreadable ({type(e).__name__}); the store "
                            "is damaged, run `cann-export zoo verify`", path=path) from e
         rows = self._rows("SELECT digest, manifest_sha256 FROM versions WHERE name=? AND version=?", (name, version))
