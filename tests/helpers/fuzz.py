@@ -18,6 +18,7 @@ import resource
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -30,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from cann_export.errors import ExportError
 
 MEMORY_LIMIT = 256 << 20  # bytes of peak RSS a reader may add while reading one small artifact
-TIME_LIMIT = 60  # seconds one reader call may take (a hang is a bug too)
+TIME_LIMIT = 20  # seconds one reader call may take (a hang is a bug too); a crafted case gets 5
 FUZZ_SECONDS = float(os.environ.get("CANN_EXPORT_FUZZ_SECONDS") or 0)
 
 # Audit events of code the input could make run: none of them fires while a healthy artifact is read.
@@ -46,7 +47,8 @@ class PayloadRan(BaseException):  # noqa: N818 - BaseException: no reader's `exc
 
 
 class ReaderHung(BaseException):  # noqa: N818
-    """Raised by the alarm when one reader call takes longer than ``TIME_LIMIT`` seconds."""
+    """A reader call still running after ``Guard.time_limit`` seconds; its argument: where it was stuck (the
+    innermost cann_export frame, ``validators/parity.py:run_onnx``)."""
 
 
 class Guard:
@@ -54,6 +56,7 @@ class Guard:
     payload of the corpus would create."""
 
     def __init__(self) -> None:
+        self.time_limit = TIME_LIMIT
         self.root = Path(tempfile.mkdtemp(prefix="cann-fuzz-"))
         self.marker = self.root / "PAYLOAD-RAN"
         self.events: list[str] = []
@@ -78,31 +81,41 @@ class Guard:
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
+        """Arm the audit hook and a watchdog around the block; afterwards check what it did. A block still
+        running after ``time_limit`` seconds is interrupted and raises ``ReaderHung`` naming where it was."""
         self.events.clear()
-        hung = None
+        self.hung_at = None
         start = _reset_peak_rss()
-        previous = signal.signal(signal.SIGALRM, _hung)
-        signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
+        previous = signal.signal(signal.SIGALRM, self._interrupted)
+        watchdog = threading.Timer(self.time_limit, self._timed_out, (threading.main_thread().ident,))
         self._armed = True
+        watchdog.start()
         try:
             yield
-        except PayloadRan:
-            pass  # recorded in self.events
-        except ReaderHung as e:
-            hung = e
+        except (PayloadRan, ReaderHung):
+            pass  # recorded in self.events / self.hung_at
         finally:
             self._armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            watchdog.cancel()
             signal.signal(signal.SIGALRM, previous)
-        assert hung is None, str(hung)
+        if self.hung_at is not None:
+            raise ReaderHung(self.hung_at)
         assert not self.events, f"the input made the reader run code: {self.events}"
         assert not self.marker.exists(), "a payload ran: its marker file exists"
         grown = _peak_rss() - start
         assert grown <= MEMORY_LIMIT, f"the reader's peak memory grew by {grown >> 20} MiB"
 
+    def _timed_out(self, main: int) -> None:
+        """(the watchdog thread) Note where the reader is stuck, then interrupt its blocking call."""
+        frame = sys._current_frames().get(main)
+        stack = traceback.extract_stack(frame) if frame is not None else []
+        self.hung_at = next((f"{Path(f.filename).as_posix().split('/cann_export/')[-1]}:{f.name}"
+                             for f in reversed(stack) if "/cann_export/" in Path(f.filename).as_posix()), "?")
+        signal.pthread_kill(main, signal.SIGALRM)
 
-def _hung(signum: int, frame: Any) -> None:
-    raise ReaderHung(f"a reader call took longer than {TIME_LIMIT} s")
+    def _interrupted(self, signum: int, frame: Any) -> None:
+        if self._armed:
+            raise ReaderHung(self.hung_at)
 
 
 def _status_kib(field: str) -> int | None:
@@ -155,21 +168,27 @@ def escaped_from(e: BaseException) -> tuple[str, str]:
 def clean(call: Callable[[], Any], guard: Guard,
           known: dict[tuple[str, str], str] | None = None) -> ExportError | None:
     """Run one reader call under ``guard``: ``None`` when it succeeded, the ``ExportError`` when it refused
-    (which must render as a message and a dict). Any other exception propagates (that is the bug) unless
-    ``known`` lists where it escapes from: then it comes back as a ``KnownBug``."""
-    with guard.watching():
-        try:
-            call()
-        except ExportError as e:
-            refusal = e
-        except Exception as e:
-            reason = (known or {}).get(escaped_from(e))
-            if reason is None:
-                raise
-            refusal = KnownBug(reason)
-        else:
-            return None
-    assert str(refusal) and isinstance(refusal.to_dict()["message"], str)
+    (which must render as a message and a dict). Any other exception propagates (that is the bug), and a hang
+    is an AssertionError, unless ``known`` lists it (type or "hang", where it escaped): then a ``KnownBug``."""
+    known = known or {}
+    try:
+        with guard.watching():
+            refusal = None
+            try:
+                call()
+            except ExportError as e:
+                refusal = e
+            except Exception as e:
+                reason = known.get(escaped_from(e))
+                if reason is None:
+                    raise
+                refusal = KnownBug(reason)
+    except ReaderHung as e:
+        if ("hang", e.args[0]) in known:
+            return KnownBug(known["hang", e.args[0]])
+        raise AssertionError(f"the reader hung (still running after {guard.time_limit} s in {e.args[0]})") from None
+    if refusal is not None:
+        assert str(refusal) and isinstance(refusal.to_dict()["message"], str)
     return refusal
 
 
@@ -204,8 +223,12 @@ def check_corpus(cases: dict[str, Callable[[], Any]], accepted: set[str], known:
     """Every crafted case refused (those in ``accepted`` loaded), or hitting a known bug: the known bugs
     hit are returned (a test expects its own, so that a fixed one leaves the list)."""
     wrong, hits = [], set()
-    for label, call in cases.items():
-        got = outcome(call, guard, known)
+    guard.time_limit = 5  # a crafted case takes well under a second: a hang is found fast
+    try:
+        got_all = {label: outcome(call, guard, known) for label, call in cases.items()}
+    finally:
+        guard.time_limit = TIME_LIMIT
+    for label, got in got_all.items():
         if got.startswith("known bug: "):
             hits.add(got.removeprefix("known bug: "))
         elif got != ("loaded" if label in accepted else "refused"):

@@ -64,7 +64,7 @@ def mutate_bundle(bundle: Path, ops: list[tuple], ctx: Context) -> None:
     manifest = bundle / "manifest.json"
     for op in ops:
         targets = _bundle_files(bundle)
-        target = targets[op[1] % len(targets)] if targets and len(op) > 1 and isinstance(op[1], int) else None
+        target = _target(bundle, targets, op[1]) if len(op) > 1 else None
         if op[0] == "edit":
             manifest.write_bytes(edit_json_bytes(manifest.read_bytes(), BUNDLE_EDITS[op[1]]))
         elif op[0] == "manifest":
@@ -95,6 +95,13 @@ def mutate_bundle(bundle: Path, ops: list[tuple], ctx: Context) -> None:
         elif op[0] == "fifo":
             target.unlink()
             os.mkfifo(target)
+
+
+def _target(bundle: Path, targets: list[Path], pick: object) -> Path | None:
+    """The bundle file ``pick`` chooses: a number (modulo the files) or a relative path (a crafted case's)."""
+    if isinstance(pick, str):
+        return bundle / pick if (bundle / pick).is_file() else None
+    return targets[pick % len(targets)] if targets and isinstance(pick, int) else None
 
 
 def edit_json_bytes(raw: bytes, edit) -> bytes:
@@ -133,6 +140,8 @@ BUNDLE_SEEDS = {
     "bundle: a link to /dev/zero": [("symlink", 0, 1)],
     "bundle: a link out of the bundle": [("symlink", 0, 2)],
     "bundle: a FIFO for a file": [("fifo", 0)],
+    "bundle: a FIFO for model.onnx": [("fifo", "model.onnx")],
+    "bundle: model.onnx a link to /dev/zero": [("symlink", "model.onnx", 1)],
 }
 ARCHIVE_BUNDLE_SEEDS = {
     "zip bundle: healthy": [],
