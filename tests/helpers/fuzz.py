@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, settings
 from cann_export.errors import ExportError
 
 MEMORY_LIMIT = 256 << 20  # bytes of peak RSS a reader may add while reading one small artifact
+ADDRESS_SPACE_MARGIN = 4 << 30  # virtual memory a reader call may map beyond what the process holds
 TIME_LIMIT = 20  # seconds one reader call may take (a hang is a bug too); a crafted case gets 5
 FUZZ_SECONDS = float(os.environ.get("CANN_EXPORT_FUZZ_SECONDS") or 0)
 
@@ -86,6 +87,7 @@ class Guard:
         self.events.clear()
         self.hung_at = None
         start = _reset_peak_rss()
+        limits = _cap_address_space()
         previous = signal.signal(signal.SIGALRM, self._interrupted)
         watchdog = threading.Timer(self.time_limit, self._timed_out, (threading.main_thread().ident,))
         self._armed = True
@@ -98,6 +100,8 @@ class Guard:
             self._armed = False
             watchdog.cancel()
             signal.signal(signal.SIGALRM, previous)
+            if limits is not None:
+                resource.setrlimit(resource.RLIMIT_AS, limits)
         if self.hung_at is not None:
             raise ReaderHung(self.hung_at)
         assert not self.events, f"the input made the reader run code: {self.events}"
@@ -116,6 +120,20 @@ class Guard:
     def _interrupted(self, signum: int, frame: Any) -> None:
         if self._armed:
             raise ReaderHung(self.hung_at)
+
+
+def _cap_address_space() -> tuple[int, int] | None:
+    """Cap the address space at ``ADDRESS_SPACE_MARGIN`` above its size now, so that a runaway allocation
+    is a MemoryError (a finding) instead of the kernel's OOM killer; returns the limits to restore."""
+    size = _status_kib("VmSize")
+    if size is None:
+        return None
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    cap = (size << 10) + ADDRESS_SPACE_MARGIN
+    if limits[1] != resource.RLIM_INFINITY:
+        cap = min(cap, limits[1])
+    resource.setrlimit(resource.RLIMIT_AS, (cap, limits[1]))
+    return limits
 
 
 def _status_kib(field: str) -> int | None:

@@ -92,6 +92,8 @@ def mutate_bundle(bundle: Path, ops: list[tuple], ctx: Context) -> None:
         elif op[0] == "symlink":
             target.unlink()
             target.symlink_to(LINK_TARGETS[op[2]])
+        elif op[0] == "file_patch":
+            target.write_bytes(target.read_bytes().replace(op[2], op[3]))
         elif op[0] == "fifo":
             target.unlink()
             os.mkfifo(target)
@@ -142,6 +144,7 @@ BUNDLE_SEEDS = {
     "bundle: a FIFO for a file": [("fifo", 0)],
     "bundle: a FIFO for model.onnx": [("fifo", "model.onnx")],
     "bundle: model.onnx a link to /dev/zero": [("symlink", "model.onnx", 1)],
+    "bundle: a metadata key that is not UTF-8": [("file_patch", "model.onnx", b"license", b"licens\xff")],
 }
 ARCHIVE_BUNDLE_SEEDS = {
     "zip bundle: healthy": [],
@@ -150,6 +153,9 @@ ARCHIVE_BUNDLE_SEEDS = {
     "zip bundle: a second manifest.json, a pickle": [("duplicate", "manifest.json", True)],
     "zip bundle: manifest deep": [("json", "manifest.json", [("set", 0, 24)])],
     "zip bundle: a corrupt deflate stream": [("stream", "manifest.json")],
+    "zip bundle: strong-encryption flag": [("header16", "manifest.json", 8, 0x40)],
+    "zip bundle: compressed-patch flag": [("header16", "manifest.json", 8, 0x20)],
+    "zip bundle: zip version 8.4": [("header16", 0, 6, 84)],
     "zip bundle: manifest a pickle": [("replace", "manifest.json", "pickle-protocol2")],
     "zip bundle: M + Z, tolerated": [("second_archive", True)],
 }
@@ -195,6 +201,8 @@ STUB_SEEDS = {
     "om-stub: payload manifest deep": ([("payload", [("json", "manifest.json", [("set", 0, 24)])])], True),
     "om-stub: payload file table ../": ([("payload", [("json", "manifest.json", [("add_key", 0, 8, 10)])])], True),
     "om-stub: payload a corrupt deflate stream": ([("payload", [("stream", "manifest.json")])], True),
+    "om-stub: payload strong-encryption flag": ([("payload", [("header16", "manifest.json", 8, 0x40)])], True),
+    "om-stub: payload zip version 8.4": ([("payload", [("header16", 0, 6, 84)])], True),
     "om-stub: payload a second archive, tolerated": ([("payload", [("second_archive", True)])], True),
 }
 

@@ -4,6 +4,7 @@ dropped or replaced members, payload members, lying sizes and offsets, a second 
 values, keys and deep nesting put anywhere in a document)."""
 from __future__ import annotations
 
+import copy
 import io
 import json
 import struct
@@ -60,7 +61,7 @@ _DEEP = "\u2063DEEP\u2063"  # placeholder, replaced by raw nesting no encoder wr
 
 
 def _hostile(index: int, marker: Path) -> Any:
-    value = HOSTILE_VALUES[index]
+    value = copy.deepcopy(HOSTILE_VALUES[index])  # a fresh object: never the same list twice in one document
     if value == "DEEP":
         return _DEEP
     if value == "PAYLOAD":
@@ -142,6 +143,8 @@ ZIP_OPS = st.one_of(
     st.tuples(st.just("member_bytes"), _PICK, st.lists(BYTE_OPS, min_size=1, max_size=3)),
     st.tuples(st.just("declared"), _PICK, st.sampled_from((20, 24)), st.sampled_from((0, 1, 1 << 20, 0xFFFFFFFF))),
     st.tuples(st.just("offset"), _PICK, _INT),
+    st.tuples(st.just("header16"), _PICK, st.sampled_from((6, 8, 10)),
+              st.sampled_from((1, 0x20, 0x40, 84, 99, 0xFFFF))),
     st.tuples(st.just("stream"), _PICK),
     st.tuples(st.just("second_archive"), st.booleans()),
 )
@@ -171,13 +174,16 @@ def _info_like(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
     return new
 
 
-def _central(data: bytes, index: int) -> int | None:
-    """Offset of the ``index``-th central directory record (modulo their number)."""
+def _central(data: bytes, pick: int | str) -> int | None:
+    """Offset of the central directory record ``pick`` chooses: a number (modulo the records) or a name."""
     found, at = [], data.find(b"PK\x01\x02")
     while at >= 0:
         found.append(at)
         at = data.find(b"PK\x01\x02", at + 4)
-    return found[index % len(found)] if found else None
+    if isinstance(pick, str):
+        named = [a for a in found if data[a + 46:a + 46 + len(pick)] == pick.encode()]
+        return named[0] if named else None
+    return found[pick % len(found)] if found else None
 
 
 def apply_archive(data: bytes, op: tuple, ctx: payloads.Context) -> bytes:
@@ -189,13 +195,13 @@ def apply_archive(data: bytes, op: tuple, ctx: payloads.Context) -> bytes:
     if kind == "second_archive":
         other = ctx.evil_archive()
         return other + data if op[1] else data + other
-    if kind in ("declared", "offset"):
-        at = _central(data, op[1])
+    if kind in ("declared", "offset", "header16"):  # a central directory field: sizes, local offset, or
+        at = _central(data, op[1])                   # version needed (6), flags (8), compression (10)
         if at is None or at + 46 > len(data):
             return data
-        field, value = (op[2], op[3]) if kind == "declared" else (42, op[2] & 0xFFFFFFFF)  # sizes, local offset
+        field, value = (42, op[2] & 0xFFFFFFFF) if kind == "offset" else (op[2], op[3])
         raw = bytearray(data)
-        struct.pack_into("<I", raw, at + field, value)
+        struct.pack_into("<H" if kind == "header16" else "<I", raw, at + field, value)
         return bytes(raw)
     entries = _entries(data)
     if not entries:
