@@ -58,7 +58,11 @@ ZOO_BUGS = {
         "a zoo manifest nested 100000 deep raises RecursionError (read_manifest catches OSError, ValueError "
         "around json.loads)",
 }
-KNOWN_BUGS = {**BUNDLE_BUGS, **ZOO_BUGS}
+LOAD_BUGS = {
+    ("builtins.NotImplementedError", "load/archives.py:zip_names"):
+        f"{_ZIPFILE_REFUSES}: zip_names (the loaders' matches()) lets it out of ZipFile()",
+}
+KNOWN_BUGS = {**LOAD_BUGS, **BUNDLE_BUGS, **ZOO_BUGS}
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +164,7 @@ def test_crafted_model_files(world, guard):
     assert {"pt2: healthy", "state_dict", "checkpoint", "safetensors"} <= accepted and len(models) > 35
     hits = check_corpus({label: lambda p=path: read_model(p) for label, (path, _) in models.items()}, accepted,
                         KNOWN_BUGS, guard)
-    assert hits == set()
+    assert hits == set(LOAD_BUGS.values()), "fixed? remove it from LOAD_BUGS"
 
 
 def test_fuzz_model_files(world, guard):
@@ -175,7 +179,7 @@ def test_fuzz_model_files(world, guard):
         path.write_bytes(apply_all(src.read_bytes(), ops, ctx))
         event(reached(clean(lambda: read_model(path), guard, KNOWN_BUGS)))
 
-    fuzz(check, examples=200)
+    fuzz(check, examples=400)
 
 
 # -------------------------------------------------------------------------------- bundles and om-stubs
@@ -229,7 +233,7 @@ def test_fuzz_single_file_bundles(world, guard):
         path = _write(fresh(world["scratch"]) / "b.zip", apply_all((root / "bundle.zip").read_bytes(), ops, ctx))
         event(reached(clean(lambda: read_bundle(path), guard, KNOWN_BUGS)))
 
-    fuzz(check, examples=100)
+    fuzz(check, examples=250)
 
 
 def test_fuzz_om_stubs(world, guard):
@@ -241,7 +245,7 @@ def test_fuzz_om_stubs(world, guard):
         path = _write(fresh(world["scratch"]) / "model.om", mutate_stub(stub, *mutation, ctx))
         event(reached(clean(lambda: read_bundle(path), guard, KNOWN_BUGS)))
 
-    fuzz(check, examples=100)
+    fuzz(check, examples=250)
 
 
 # ------------------------------------------------------------------------------------------------ zoo
@@ -271,7 +275,7 @@ def test_fuzz_zoo_versions(world, guard, monkeypatch):
         forge_zoo_manifest(zoo, *mutation, world["ctx"])
         event(reached(clean(lambda: read_zoo(zoo, scratch / "out"), guard, KNOWN_BUGS)))
 
-    fuzz(check, examples=100)
+    fuzz(check, examples=150)
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -296,5 +300,5 @@ def test_fuzz_zoo_manifest_schema(world, guard):
             doc = mutated
         event(reached(clean(lambda: check_manifest(doc, "fuzz", name="m", version="1"), guard, KNOWN_BUGS)))
 
-    fuzz(check, examples=300)
+    fuzz(check, examples=500)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import files
 from .files import evil_bytes, rewrite
+from .fuzz_mutations import central_records
 from .fuzz_payloads import Context, python_code, safetensors_bytes
 
 PICKLE_KINDS = ("protocol0", "protocol1", "protocol2", "legacy torch.save", "torch.save zip")
@@ -52,7 +53,8 @@ def _patched(path: Path, old: bytes, new: bytes, count: int = -1) -> Path:
 
 def _declared(path: Path, member: str, size: int) -> Path:
     raw = bytearray(path.read_bytes())
-    cd = raw.rfind(b"PK\x01\x02", 0, raw.rfind(member.encode()) + 1)
+    cd = next(at for at in central_records(bytes(raw))
+              if raw[at + 46:at + 46 + struct.unpack_from("<H", raw, at + 28)[0]].endswith(member.encode()))
     struct.pack_into("<I", raw, cd + 24, size)  # the central directory's uncompressed size
     path.write_bytes(bytes(raw))
     return path
@@ -89,6 +91,10 @@ def pt2_seeds(tmp: Path, marker: Path, good: Path) -> dict[str, tuple[Path, bool
         add(f"member name {name!r}", extra={name: b"x"})
     _patched(add("NUL in a member name", extra={"{root}/extra/aXb": b"x"}), b"extra/aXb", b"extra/a\0b")
     _declared(add("3 GiB declared size", extra={"{root}/extra/big": b"z" * 64}), "extra/big", 3 << 30)
+    versioned = add("zip version 6.4 in the directory", extra={"{root}/extra/v": b"x"})
+    raw = bytearray(versioned.read_bytes())
+    struct.pack_into("<H", raw, central_records(bytes(raw))[0] + 6, 64)  # version needed to extract: 6.4
+    versioned.write_bytes(bytes(raw))
     both = tmp / "m_plus_z.pt2"
     both.write_bytes(Context(marker, good).evil_archive() + good.read_bytes())
     seeds["pt2: M + Z"] = (both, True)

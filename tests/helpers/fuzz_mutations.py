@@ -174,12 +174,29 @@ def _info_like(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
     return new
 
 
+def central_records(data: bytes) -> list[int]:
+    """Offsets of the central directory records, walked from where zipfile finds the directory (a scan for
+    the signature when zipfile cannot read it: it may then also hit a zip nested in a member)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            at, count = z.start_dir, len(z.infolist())
+    except Exception:  # noqa: BLE001 - not readable any more: scan
+        found, at = [], data.find(b"PK\x01\x02")
+        while at >= 0:
+            found.append(at)
+            at = data.find(b"PK\x01\x02", at + 4)
+        return found
+    found = []
+    while len(found) < count and data[at:at + 4] == b"PK\x01\x02":
+        found.append(at)
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", data, at + 28)
+        at += 46 + name_len + extra_len + comment_len
+    return found
+
+
 def _central(data: bytes, pick: int | str) -> int | None:
     """Offset of the central directory record ``pick`` chooses: a number (modulo the records) or a name."""
-    found, at = [], data.find(b"PK\x01\x02")
-    while at >= 0:
-        found.append(at)
-        at = data.find(b"PK\x01\x02", at + 4)
+    found = central_records(data)
     if isinstance(pick, str):
         named = [a for a in found if data[a + 46:a + 46 + len(pick)] == pick.encode()]
         return named[0] if named else None
