@@ -72,12 +72,12 @@ class Guard:
             raise PayloadRan(event)
 
     def _is_payload(self, event: str, args: tuple) -> bool:
-        """The marker opened (``Path.touch``), or Python source naming it compiled (sympify, guards_code)."""
+        """The marker opened (``Path.touch``), or code naming it executed (sympify's eval, guards_code's exec);
+        source only parsed (``ast.parse``, a checker reading guards_code) runs nothing and is not flagged."""
         if event == "open":
             return str(args[0]) == str(self.marker)
-        if event == "compile":
-            source = args[0]
-            return isinstance(source, (str, bytes)) and self.marker.name in str(source[:100_000])
+        if event == "exec":
+            return _names(args[0], self.marker.name)
         return False
 
     @contextlib.contextmanager
@@ -134,6 +134,19 @@ def _cap_address_space() -> tuple[int, int] | None:
         cap = min(cap, limits[1])
     resource.setrlimit(resource.RLIMIT_AS, (cap, limits[1]))
     return limits
+
+
+def _names(code: Any, text: str) -> bool:
+    """Whether a code object (or one nested in it) holds a constant string containing ``text``."""
+    stack = [code]
+    while stack:
+        item = stack.pop()
+        for const in getattr(item, "co_consts", ()):
+            if isinstance(const, str) and text in const:
+                return True
+            if hasattr(const, "co_consts"):
+                stack.append(const)
+    return False
 
 
 def _status_kib(field: str) -> int | None:
