@@ -157,9 +157,15 @@ def extract(zf: zipfile.ZipFile, archive_bytes: int, dest: Path, source: Path, w
 
 def extract_archive(path: Path, dest: Path) -> list[str]:
     """Unpack a single-file bundle (a zip with manifest.json at its root) into ``dest``."""
+    from ..load.archives import layout_problem
+
     try:
         with zipfile.ZipFile(path) as zf:
-            return extract(zf, path.stat().st_size, dest, path, "the bundle archive")
+            size = path.stat().st_size
+            if why := layout_problem(zf, size):  # two zip readers could see different bundles
+                raise ValidateError(f"refused: {why}; this is not the zip the tool writes. Export the bundle "
+                                    "again", path=path)
+            return extract(zf, size, dest, path, "the bundle archive")
     except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as e:
         raise ValidateError(f"not a readable bundle archive ({e}); the file is damaged", path=path) from e
 
