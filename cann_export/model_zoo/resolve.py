@@ -87,15 +87,22 @@ def verified_dir(store: Any, name: str, version: str, manifest: dict[str, Any], 
     """The version's directory after the sha256 of every file needed was checked; raises naming the files."""
     from .verify import check_dir
 
+    return _checked_once_more(store, name, version, manifest, only, lambda root: check_dir(root, manifest, only))
+
+
+def _checked_once_more(store: Any, name: str, version: str, manifest: dict[str, Any], only: list[str] | None,
+                       check: Any) -> Path:
+    """The version's directory after ``check(root)`` found no problems; a remote store's damaged cache is
+    fetched again once from the verified blobs. Raises naming the problems."""
     root = store.version_dir(name, version, manifest, only)
-    problems = check_dir(root, manifest, only)
-    if problems and store.remote:  # a damaged cache: fetch again once from the verified blobs
+    problems = check(root)
+    if problems and store.remote:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
         store.forget_blobs(manifest, problems)
         root = store.version_dir(name, version, manifest, only)
-        problems = check_dir(root, manifest, only)
+        problems = check(root)
     if problems:
         raise _refused(name, version, problems, root)
     return root
@@ -115,17 +122,7 @@ def copy_verified(store: Any, name: str, version: str, manifest: dict[str, Any],
     from .verify import selected
 
     files = selected(manifest, only)
-    root = store.version_dir(name, version, manifest, only)
-    problems = copy_tree_checked(root, files, dest)
-    if problems and store.remote:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-        store.forget_blobs(manifest, problems)
-        root = store.version_dir(name, version, manifest, only)
-        problems = copy_tree_checked(root, files, dest)
-    if problems:
-        raise _refused(name, version, problems, root)
+    _checked_once_more(store, name, version, manifest, only, lambda root: copy_tree_checked(root, files, dest))
 
 
 @contextmanager
