@@ -27,8 +27,8 @@ def _unconfinable(ctx: ExportContext) -> str | None:
     if ctx.options.sandbox == "off":
         return "turned off (sandbox='off' / --no-sandbox)"
     dist = sys.modules.get("torch.distributed")
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 or (dist is not None and dist.is_available()
-                                                          and dist.is_initialized()):
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if (world.isdigit() and int(world) > 1) or (dist is not None and dist.is_available() and dist.is_initialized()):
         return "a distributed run (torchrun / WORLD_SIZE > 1): its process group needs sockets"
     runs = optional(ctx.format, Format, "runs_programs")
     return runs(ctx.options) if runs else None
