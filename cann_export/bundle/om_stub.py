@@ -41,6 +41,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ValidateError, WriteError
 from ..fs import digests
+from ..load.archives import ZIP_READ_ERRORS
 from . import single_file
 
 MAGIC = 0x444F4D49
@@ -203,7 +204,7 @@ def extract_stub(path: str | Path, dest_dir: str | Path) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(path) as zf:
             single_file.extract(zf, info["length"], dest_dir, path, "om-stub payload")
-    except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as e:
+    except ZIP_READ_ERRORS as e:
         raise ValidateError(f"om-stub payload is not a readable bundle ({e}); the file is damaged",
                             path=path) from e
     return info

@@ -10,12 +10,12 @@ import os
 import shutil
 import stat
 import zipfile
-import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import ValidateError
 from ..fs.atomic import is_safe_relpath
+from ..load.archives import ZIP_READ_ERRORS, layout_problem
 
 ARCHIVE_SUFFIXES = (".zip", ".pth", ".pt", ".bundle")  # a -o with one of these names one file
 BIG_FILE = 16 << 20  # stored, not deflated, past this size (weights barely compress)
@@ -83,7 +83,7 @@ def is_bundle_archive(path: Path) -> bool:
             return False
         with zipfile.ZipFile(path) as zf:
             return "manifest.json" in zf.NameToInfo
-    except (OSError, zipfile.BadZipFile, NotImplementedError, ValueError, EOFError):
+    except ZIP_READ_ERRORS:
         return False
 
 
@@ -149,7 +149,7 @@ def extract(zf: zipfile.ZipFile, archive_bytes: int, dest: Path, source: Path, w
             mode = (m.external_attr >> 16) & 0o777
             if mode:
                 os.chmod(target, mode)
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, ValueError) as e:
+    except ZIP_READ_ERRORS as e:
         raise ValidateError(f"{what} is not a readable bundle ({type(e).__name__}: {e}); the file is damaged",
                             path=source) from e
     return [m.filename for m in members]
@@ -157,8 +157,6 @@ def extract(zf: zipfile.ZipFile, archive_bytes: int, dest: Path, source: Path, w
 
 def extract_archive(path: Path, dest: Path) -> list[str]:
     """Unpack a single-file bundle (a zip with manifest.json at its root) into ``dest``."""
-    from ..load.archives import layout_problem
-
     try:
         with zipfile.ZipFile(path) as zf:
             size = path.stat().st_size
@@ -166,6 +164,6 @@ def extract_archive(path: Path, dest: Path) -> list[str]:
                 raise ValidateError(f"refused: {why}; this is not the zip the tool writes. Export the bundle "
                                     "again", path=path)
             return extract(zf, size, dest, path, "the bundle archive")
-    except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as e:
+    except ZIP_READ_ERRORS as e:
         raise ValidateError(f"not a readable bundle archive ({e}); the file is damaged", path=path) from e
 

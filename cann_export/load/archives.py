@@ -24,6 +24,7 @@ import os
 import re
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,12 @@ EXPANSION = 16  # declared uncompressed total <= EXPANSION * archive size + SLAC
 SLACK_BYTES = 64 << 20
 _CHUNK = 1 << 20
 _DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+# What Python's zipfile raises on a damaged or crafted archive: a bad directory, a truncated or corrupt
+# deflate stream, a feature it does not implement (strong encryption, patch data, a zip version past 6.3).
+ZIP_READ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
+                   zlib.error)
 
 
 class ArchiveError(LoadError):
@@ -253,7 +260,7 @@ def stream_member(archive: CheckedZip, name: str, write: Callable[[bytes], objec
                     raise ArchiveError(f"refused: archive member {_shown(name)} holds more than the {info.file_size} "
                                        "bytes it declares (a zip bomb or a corrupt directory)", path=archive.path)
                 write(chunk)
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+    except (*ZIP_READ_ERRORS, RuntimeError) as e:
         # zipfile inflates no more than the declared size, then checks the CRC: a bomb declared small ends here
         raise ArchiveError(f"refused: archive member {_shown(name)} cannot be read as declared "
                            f"({type(e).__name__}: {' '.join(str(e).split())[:160]}); the file is truncated, corrupt "
@@ -276,5 +283,5 @@ def zip_names(path: Path | str) -> list[str] | None:
     try:
         with zipfile.ZipFile(path) as z:
             return z.namelist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError):
+    except ZIP_READ_ERRORS:
         return None
