@@ -90,6 +90,9 @@ class ParityReport:
     first_divergence: dict[str, Any] | None = None  # the node where device precision breaks
     fixed_by_keep_dtype: list[str] | None = None
     input_sets_from: dict[str, int] | None = None  # example / random / parity_data counts
+    sets: list[dict[str, Any]] | None = None  # what each input set was (index, source, kind, role)
+    failing_sets: list[dict[str, Any]] | None = None  # each failing (set, output): the set's kind and metrics
+    probes: dict[str, Any] | None = None  # the specialisation probes' own verdict (not the fp32 verdict sets)
     trace_specialized: dict[str, Any] | None = None
 
     @classmethod
@@ -209,6 +212,8 @@ class ExportContext:
     input_names: list[str] = field(default_factory=list)  # the graph's inputs, in order
     example_inputs: dict[str, Any] = field(default_factory=dict)  # name -> tensor the capture runs on
     input_sets: list[dict[str, Any]] = field(default_factory=list)  # parity inputs: the example, then variants
+    # what each input set is (inputs.tensors.set_label): index, source, kind, role (verdict / probe)
+    input_set_labels: list[dict[str, Any]] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)  # the reference's outputs, flattened
     reference_outputs: list[list[Any]] = field(default_factory=list)  # numpy arrays per input set
     onnx_model: Any = None  # the captured onnx.ModelProto (slim, for a large graph)

@@ -140,6 +140,10 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
             expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
     order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
              "sets": str(len(ctx.input_sets))}
+    if len(ctx.input_set_labels) == len(ctx.input_sets):  # which sets decide parity, which are probes
+        import json
+
+        order["labels"] = json.dumps(ctx.input_set_labels)
     save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
     save_file(expected, str(directory / "expected.safetensors"), metadata=order)
     return [directory / "inputs.safetensors", directory / "expected.safetensors"]

@@ -257,24 +257,27 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     """The parity report re-run from the bundle's stored data, and the device precision mode it used."""
     import onnx
 
-    from ..inputs.parity_data import read_bundle_parity
-    from ..validators.parity import parity_report, with_device_parity
+    from ..inputs.parity_data import read_bundle_labels, read_bundle_parity
+    from ..validators.parity import parity_report, verdict_sets, with_device_parity
 
     manifest, directory = checked.manifest, checked.directory
     feeds, expected, _ = read_bundle_parity(directory, manifest)
+    labels = read_bundle_labels(directory, len(feeds))
     model_path = directory / manifest["model"]["file"]
     if not model_path.is_file() or model_path.is_symlink():  # a FIFO would block onnxruntime's open()
         raise ValidateError(f"the bundle's graph {manifest['model']['file']!r} is not a regular file; the bundle was "
                             "changed after export", path=str(directory))
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
-                           quantized="quantization" in manifest)
+                           quantized="quantization" in manifest, labels=labels)
     if checked.options is None or not report.get("outputs"):
         return report, None
     from ..atc.hints import effective_precision
 
     mode = effective_precision(checked.options)
-    report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes, feeds, expected,
-                                tolerance, checked.module_paths)
+    chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only, as at export
+    report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes,
+                                [feeds[s] for s in chosen], [expected[s] for s in chosen], tolerance,
+                                checked.module_paths)
     return report, mode
 
 

@@ -117,3 +117,22 @@ def read_bundle_parity(bundle: Path, manifest: dict[str, Any]) -> tuple[list, li
     tol.update({f"device_{k}": v for k, v in device_tol.items()})  # the summary keeps the two policies apart
     tol = {k: v for k, v in tol.items() if k in Tolerance.__dataclass_fields__}
     return feeds, expected, tol
+
+
+def read_bundle_labels(bundle: Path, sets: int) -> list[dict[str, Any]] | None:
+    """What each stored parity input set is (inputs.tensors.set_label), or None when the bundle predates the
+    labels or they do not describe ``sets`` sets (then every set decides, as it did)."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
+            labels = json.loads((f.metadata() or {}).get("labels", "null"))
+    except Exception:  # read_bundle_parity has already named a damaged file; unreadable labels: no labels
+        return None
+    ok = (isinstance(labels, list) and len(labels) == sets
+          and all(isinstance(x, dict) and x.get("role") in ("verdict", "probe") and isinstance(x.get("kind"), str)
+                  and isinstance(x.get("source"), str) for x in labels))
+    return [{"index": s, "source": x["source"], "kind": x["kind"], "role": x["role"]}
+            for s, x in enumerate(labels)] if ok else None

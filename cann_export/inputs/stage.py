@@ -21,7 +21,9 @@ def prepare(ctx: ExportContext) -> str | None:
     feed, source = example_inputs(ctx, accepted)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
-    ctx.input_sets = [feed, *_variants(ctx, feed)]
+    variants, labels = _variants(ctx, feed)
+    ctx.input_sets = [feed, *variants]
+    ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
@@ -56,8 +58,9 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
     return {n: feed[n] for n in accepted if n in feed} or feed, source
 
 
-def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
-    """The seeded random variants and the --parity-data samples, recorded in the reference report."""
+def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The seeded random variants and the --parity-data samples with their labels (what each set is), and
+    their counts in the reference report."""
     from ..qat.wrapping import prepared_state
     from .signature import feed_embedding_rows
 
@@ -75,4 +78,6 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
 
             samples = read_parity_data(opts.parity_data, feed)
     ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}
-    return variants + samples
+    labels = tensors.variant_labels(feed, len(variants), 1, kinds)
+    labels += [tensors.set_label("parity_data", f"sample {k}", 1 + len(variants) + k) for k in range(len(samples))]
+    return variants + samples, labels

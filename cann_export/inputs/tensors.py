@@ -120,6 +120,35 @@ def check_input_names(names: list[str], accepted: list[str], source: str) -> Non
 
 
 FLOAT_DISTRIBUTIONS = ("normal", "uniform", "laplace", "wide_normal")
+# Draws that look like the model's real inputs decide parity; the others are specialisation probes, judged
+# relative to their own output (validators/metrics.py has the measurements behind the split)
+REALISTIC_DISTRIBUTIONS = ("normal", "uniform")
+PROBE_DISTRIBUTIONS = ("laplace", "wide_normal")
+
+
+def set_label(source: str, kind: str, index: int, probe: bool = False) -> dict[str, Any]:
+    """What one parity input set is: its ``index`` in the run, ``source`` (example / random / parity_data /
+    trace_path), ``kind`` (the distribution, ``sample k``, the probe) and its ``role``: ``verdict`` sets
+    decide parity, ``probe`` sets check that the graph follows the model off the example's distribution."""
+    return {"index": index, "source": source, "kind": kind, "role": "probe" if probe else "verdict"}
+
+
+def variant_labels(inputs: dict[str, Any], count: int, first_index: int,
+                   distributions: tuple[str, ...] = FLOAT_DISTRIBUTIONS) -> list[dict[str, Any]]:
+    """The labels of ``random_variants(inputs, count, ..., distributions)``: a variant is a probe when it drew
+    floats from a probe distribution; inputs with no floats (token ids, masks) vary in ids and padding only,
+    which real inputs do too, so those variants decide."""
+    floats = any(t.dtype.is_floating_point and t.numel() > 0 for t in inputs.values())
+    masks = any(_is_mask(n) and not t.dtype.is_floating_point for n, t in inputs.items())
+    labels = []
+    for k in range(count):
+        dist = distributions[k % len(distributions)]
+        if floats:
+            kind = dist
+        else:
+            kind = ("padding at the end" if k % 2 == 0 else "padding in the middle") if masks else "random ids"
+        labels.append(set_label("random", kind, first_index + k, floats and dist in PROBE_DISTRIBUTIONS))
+    return labels
 
 
 def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[str, int] | None = None,

@@ -7,10 +7,51 @@ import numpy as np
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any]:
-    """max abs error, max relative error (|a-b| / max(|ref|, atol)), cosine similarity, verdict.
+    """The verdict rule of a realistic input set: max abs error, max relative error (|a-b| / max(|ref|,
+    atol)), cosine similarity, verdict. An element passes when |a-b| <= atol + rtol*|ref| + peak_rtol*peak,
+    peak = max |ref| of the output: float32 rounding noise grows with the magnitudes summed into an element,
+    not with the element, so near-zero elements of a large output (bilinear-resized logits) carry noise
+    of the output's scale.
 
     Integer and boolean outputs must match exactly. Matching NaN/inf positions count as equal.
     """
+    base = _base(actual, expected)
+    if base is not None:
+        return base
+    a, b, finite, bad_special = _finite_pairs(actual, expected)
+    err = np.abs(a[finite] - b[finite])
+    ref = np.abs(b[finite])
+    peak = float(ref.max()) if ref.size else 0.0
+    max_abs = float(err.max()) if err.size else 0.0
+    max_rel = float((err / np.maximum(ref, max(tol.atol, 1e-12))).max()) if err.size else 0.0
+    cos = cosine(a[finite], b[finite])
+    bound = tol.atol + tol.rtol * ref + getattr(tol, "peak_rtol", 0.0) * peak
+    within = bool(np.all(err <= bound)) and not bad_special
+    passed = within and cos >= tol.min_cosine
+    return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
+
+
+def compare_probe(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any]:
+    """The rule of a specialisation probe (scaled, sign-flipped, heavy-tailed inputs), relative to the
+    probe's own output: cosine >= probe_min_cosine and max abs error <= atol + probe_rtol * peak (peak =
+    max |ref|). A random-weight net driven off its inputs' distribution amplifies float noise with its
+    output, so elementwise tolerances would refuse healthy graphs; a graph that took another path (a
+    traced branch, a specialised constant) is off by a share of the output, which this still sees.
+    ``max_rel`` here is max abs error / peak."""
+    base = _base(actual, expected)
+    if base is not None:
+        return base
+    a, b, finite, bad_special = _finite_pairs(actual, expected)
+    err = np.abs(a[finite] - b[finite])
+    peak = float(np.abs(b[finite]).max()) if finite.any() else 0.0
+    max_abs = float(err.max()) if err.size else 0.0
+    cos = cosine(a[finite], b[finite])
+    passed = (not bad_special and max_abs <= tol.atol + tol.probe_rtol * peak and cos >= tol.probe_min_cosine)
+    return {"max_abs": max_abs, "max_rel": max_abs / peak if peak > 0 else 0.0, "cosine": cos, "passed": passed}
+
+
+def _base(actual: np.ndarray, expected: np.ndarray) -> dict[str, Any] | None:
+    """The verdict when shapes differ or the output is not float (integers and booleans match exactly)."""
     if actual.shape != expected.shape:
         return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine": 0.0, "passed": False,
                 "reason": f"shape {list(actual.shape)} != reference {list(expected.shape)}"}
@@ -18,19 +59,18 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any
         equal = bool(np.array_equal(actual, expected))
         diff = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
         return {"max_abs": diff, "max_rel": diff, "cosine": 1.0 if equal else 0.0, "passed": equal}
+    return None
+
+
+def _finite_pairs(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Flat float64 copies, the mask of pairs to compare (matching NaN / inf excluded) and whether any compared
+    pair is non-finite (inf/nan on one side only)."""
     a = actual.astype(np.float64).ravel()
     b = expected.astype(np.float64).ravel()
     same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
     finite = ~same_special
-    bad_special = ~np.isfinite(a[finite]) | ~np.isfinite(b[finite])
-    err = np.abs(a[finite] - b[finite])
-    ref = np.abs(b[finite])
-    max_abs = float(err.max()) if err.size else 0.0
-    max_rel = float((err / np.maximum(ref, max(tol.atol, 1e-12))).max()) if err.size else 0.0
-    cos = cosine(a[finite], b[finite])
-    within = bool(np.all(err <= tol.atol + tol.rtol * ref)) and not bool(bad_special.any())
-    passed = within and cos >= tol.min_cosine
-    return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
+    bad_special = bool((~np.isfinite(a[finite]) | ~np.isfinite(b[finite])).any())
+    return a, b, finite, bad_special
 
 
 def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> bool:

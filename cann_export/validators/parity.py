@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..context import ParityReport, PrecisionFix, Reports
 
 
@@ -39,31 +41,96 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]],
 
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
                   tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)",
-                  quantized: bool = False) -> dict[str, Any]:
-    """Compare the graph's outputs with ``expected`` per output, worst case over all input sets."""
-    import numpy as np
+                  quantized: bool = False, labels: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Compare the graph's outputs with ``expected`` per output. The verdict sets (``labels``' role
+    ``verdict``; every set when no labels are given) decide with the verdict rule, worst case over them; the
+    probes are judged with the probe rule and reported apart (``probes``); every failing set is named."""
+    from .metrics import compare_quantized, reference_problem
 
-    from .metrics import compare, compare_quantized, merge, reference_problem
-
+    labels = labels or unlabelled(len(input_sets))
     names, actual = run_onnx(path, input_sets, quantized)
     report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
-                              "input_sets": len(input_sets), "tolerance": tolerance.to_dict(), "outputs": []}
+                              "input_sets": len(input_sets), "tolerance": tolerance.to_dict(), "outputs": [],
+                              "sets": [dict(label) for label in labels]}
     if len(names) != len(expected[0]):
         report.update(passed=False, reason=f"the graph has {len(names)} outputs, the reference {len(expected[0])}")
         return report
+    verdict = [s for s, label in enumerate(labels) if label["role"] != "probe"]
+    probes = [s for s, label in enumerate(labels) if label["role"] == "probe"]
+    failed: list[dict[str, Any]] = []
+    probe_outputs: list[dict[str, Any]] = []
     for k, name in enumerate(names):
-        per_set = [compare_quantized(np.asarray(actual[s][k]), expected[s][k]) if quantized
-                   else compare(np.asarray(actual[s][k]), expected[s][k], tolerance) for s in range(len(input_sets))]
-        entry = {"name": name, "shape": list(expected[0][k].shape), **merge(per_set)}
+        def judge(s: int, rule: Any, k: int = k) -> dict[str, Any]:
+            got = np.asarray(actual[s][k])
+            return compare_quantized(got, expected[s][k]) if quantized else rule(got, expected[s][k], tolerance)
+
+        entry = {"name": name, "shape": list(expected[0][k].shape),
+                 **_judged(name, verdict, labels, lambda s: judge(s, _rules()[0]), failed)}
         problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
         if problem:  # a meaningless reference is a failed check with its own message, never a pass
             entry.update(problem, passed=False)
         report["outputs"].append(entry)
-    report["passed"] = all(o["passed"] for o in report["outputs"])
-    bad = [o for o in report["outputs"] if o.get("reference")]
-    if bad and "reason" not in report:
-        report["reason"] = f"{bad[0]['name']}: {bad[0]['reason']}"
+        if probes:
+            probe_outputs.append({"name": name, **_judged(name, probes, labels, lambda s: judge(s, _rules()[1]),
+                                                          failed)})
+    _verdict(report, failed, probe_outputs, len(probes))
     return report
+
+
+def _rules() -> tuple[Any, Any]:
+    from .metrics import compare, compare_probe
+
+    return compare, compare_probe
+
+
+def unlabelled(count: int) -> list[dict[str, Any]]:
+    """Labels for input sets of unknown kinds (a bundle exported before sets were labelled): all decide."""
+    from ..inputs.tensors import set_label
+
+    return [set_label("stored", "unlabelled", s) for s in range(count)]
+
+
+def _judged(name: str, sets: list[int], labels: list[dict[str, Any]], judge: Any,
+            failed: list[dict[str, Any]]) -> dict[str, Any]:
+    """One output over ``sets``: the worst case, and each failing set appended to ``failed``."""
+    from .metrics import merge
+
+    per_set = [judge(s) for s in sets]
+    for s, r in zip(sets, per_set, strict=True):
+        if not r["passed"]:
+            failed.append({"set": s, "kind": labels[s]["kind"], "source": labels[s]["source"],
+                           "role": labels[s]["role"], "output": name,
+                           **{m: r[m] for m in ("max_abs", "max_rel", "cosine", "reason") if m in r}})
+    return merge(per_set) if per_set else {"max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "passed": True,
+                                           "failed_sets": 0}
+
+
+def _verdict(report: dict[str, Any], failed: list[dict[str, Any]], probe_outputs: list[dict[str, Any]],
+             probes: int) -> None:
+    """passed, the failing sets by name, the probes' verdict and the reason naming the first failing set."""
+    report["failing_sets"] = failed
+    if probes:
+        report["probes"] = {"passed": all(o["passed"] for o in probe_outputs), "input_sets": probes,
+                            "rule": "max abs error <= atol + probe_rtol x max |ref|, cosine >= probe_min_cosine",
+                            "outputs": probe_outputs}
+    verdict_ok = all(o["passed"] for o in report["outputs"])
+    report["passed"] = verdict_ok and all(o["passed"] for o in probe_outputs)
+    bad = [o for o in report["outputs"] if o.get("reference")]
+    if bad:
+        report["reason"] = f"{bad[0]['name']}: {bad[0]['reason']}"
+    elif failed:
+        first = next((f for f in failed if f["role"] != "probe"), failed[0])
+        others = len({f["set"] for f in failed}) - 1
+        what = "specialisation probe" if first["role"] == "probe" else "input set"
+        report["reason"] = (f"{first['output']} differs on {what} {first['set']} ({first['kind']}): max abs "
+                            f"{first['max_abs']:.3g}, cosine {first['cosine']:.6f}"
+                            + (f"; {others} more failing set(s) in failing_sets" if others > 0 else ""))
+
+
+def verdict_sets(labels: list[dict[str, Any]], count: int) -> list[int]:
+    """Indices of the input sets that decide (device parity runs on these only)."""
+    labels = labels or unlabelled(count)
+    return [s for s, label in enumerate(labels[:count]) if label["role"] != "probe"]
 
 
 class ParityValidator:
@@ -81,13 +148,12 @@ class ParityValidator:
         report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
         other = None
         if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
-            feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
-            other = parity_report(ctx.onnx_path, feeds, ctx.path_reference_outputs, ctx.options.tolerance,
-                                  "the stripped module (the traced one) on sign-flipped / scaled examples")
+            other = path_probe_report(ctx)
         return ParityReport.from_dict(apply_verdict(report, ctx, other))
 
     def check_graph(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
+        labels = ctx.input_set_labels if len(ctx.input_set_labels) == len(feeds) else None
         # our QAT's lowering, or a graph that arrived quantized (torch.ao / torchao PT2E QAT exported as Q/DQ)
         quantized = bool(ctx.quant_table) or any(n.op_type == "QuantizeLinear" for n in ctx.onnx_model.graph.node)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
@@ -95,10 +161,10 @@ class ParityValidator:
 
         with sharing(ctx):
             report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
-                                   quantized=quantized)
+                                   quantized=quantized, labels=labels)
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
-                                 "pytorch float model (eval mode)", quantized=True)
+                                 "pytorch float model (eval mode)", quantized=True, labels=labels)
             ctx.reports.quantization_report().int8_vs_float = {
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
         if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
@@ -113,9 +179,26 @@ class ParityValidator:
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
-        return with_device_parity(report, model, effective_precision(ctx.options), keep, feeds,
-                                  ctx.reference_outputs, ctx.options.tolerance, ctx.module_paths,
-                                  fix=ctx.options.fix_precision, reports=ctx.reports)
+        chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only
+        return with_device_parity(report, model, effective_precision(ctx.options), keep, [feeds[s] for s in chosen],
+                                  [ctx.reference_outputs[s] for s in chosen], ctx.options.tolerance,
+                                  ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports)
+
+
+def path_probe_report(ctx: Any) -> dict[str, Any]:
+    """The traced graph on sign-flipped / scaled copies of the example, judged as specialisation probes;
+    shaped as trace_check.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
+    from ..capture.trace_check import PATH_SCALES
+    from ..inputs.tensors import set_label
+
+    feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
+    labels = [set_label("trace_path", f"example x {scale:g}", s, probe=True)
+              for s, scale in enumerate(PATH_SCALES[:len(feeds)])]
+    report = parity_report(ctx.onnx_path, feeds, ctx.path_reference_outputs, ctx.options.tolerance,
+                           "the stripped module (the traced one) on sign-flipped / scaled examples", labels=labels)
+    if "probes" in report:
+        report["outputs"] = report["probes"]["outputs"]
+    return report
 
 
 def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,

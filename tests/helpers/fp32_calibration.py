@@ -1,0 +1,93 @@
+"""Measure the fp32 parity margins of the corpus (tests/helpers/fp32_corpus.py): every architecture exported with
+the plain command, then each kind of input set (the example, draws from its distribution, heavy-tailed / wide /
+scaled / sign-flipped probes) run through onnxruntime and the model, with the scale-free metrics the policy
+reads. ``python -m tests.helpers.fp32_calibration [names...]`` prints one line per model, set and output."""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def set_metrics(actual: np.ndarray, expected: np.ndarray, kind: str) -> dict[str, float]:
+    from cann_export.options import Tolerance
+    from cann_export.validators.metrics import compare, compare_probe
+
+    rule = compare if kind in VERDICT_KINDS else compare_probe
+    new = rule(actual, expected, Tolerance())["passed"]
+    a, b = actual.astype(np.float64).ravel(), expected.astype(np.float64).ravel()
+    err = np.abs(a - b)
+    peak = float(np.abs(b).max()) if b.size else 0.0
+    rms = float(np.sqrt(np.mean(b ** 2))) if b.size else 0.0
+    cos = float(np.dot(a, b) / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
+    elementwise = bool(np.all(err <= 1e-4 + 1e-3 * np.abs(b)))
+    return {"max_abs": float(err.max()), "peak": peak, "max_abs/peak": float(err.max()) / peak if peak else 0.0,
+            "rel_rms": float(np.sqrt(np.mean(err ** 2))) / rms if rms else 0.0, "1-cos": 1.0 - cos,
+            "old_rule": elementwise, "new_rule": new}
+
+
+def probe_sets(example: dict, model) -> list[tuple[str, dict]]:
+    from cann_export.capture.trace_check import path_variants
+    from cann_export.inputs import tensors
+    from cann_export.inputs.signature import feed_embedding_rows
+
+    vocab = feed_embedding_rows(model, example)
+    kinds = ("normal", "normal", "uniform", "laplace", "wide_normal")
+    draws = tensors.random_variants(example, len(kinds), 1, vocab, kinds)
+    named = [("example", example)] + [(f"{k}#{i}", d) for i, (k, d) in enumerate(zip(kinds, draws, strict=True))]
+    return named + [(f"scale{s:g}", v) for s, v in zip((-1, 4, -4, 0.25), path_variants(example), strict=False)]
+
+
+def measure(name: str, build) -> list[dict]:
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from .wrong_graphs import TAMPERS
+
+    import cann_export
+    from cann_export.inputs.tensors import flatten_outputs
+
+    model, example = build()
+    out = Path(tempfile.mkdtemp()) / f"{name}.onnx"
+    t0 = time.time()
+    result = cann_export.export(model, out, export_format="onnx", example_inputs=example)
+    took = time.time() - t0
+    onnx_path = Path(result.output)
+    sets = probe_sets(example, model)
+    with torch.no_grad():
+        refs = [flatten_outputs(model(**feed))[1] for _, feed in sets]
+    graphs = {"healthy": onnx.load(str(onnx_path))}
+    graphs.update({f"WRONG {t}": g for t, fn in TAMPERS.items() if (g := fn(graphs["healthy"])) is not None})
+    rows = []
+    for graph_name, graph in graphs.items():
+        sess = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        wanted = [i.name for i in sess.get_inputs()]
+        for (kind, feed), ref in zip(sets, refs, strict=True):
+            if graph_name != "healthy" and kind not in VERDICT_KINDS:
+                continue
+            got = sess.run(None, {n: feed[n].numpy() for n in wanted})
+            for k, (a, e) in enumerate(zip(got, ref, strict=False)):
+                if e.dtype.is_floating_point:
+                    rows.append({"model": name, "graph": graph_name, "set": kind, "output": k,
+                                 **set_metrics(np.asarray(a), e.numpy(), kind)})
+    print(f"# {name}: export {took:.0f}s, verdict {result.parity.get('passed')}", flush=True)
+    return rows
+
+
+VERDICT_KINDS = ("example", "normal#0", "normal#1", "uniform#2")
+
+
+def main(names: list[str]) -> None:
+    from .fp32_corpus import CORPUS
+
+    for name in names or list(CORPUS):
+        for r in measure(name, CORPUS[name]):
+            print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
