@@ -89,7 +89,7 @@ class Tolerance:
 
     atol: float = 1e-4
     rtol: float = 1e-3
-    min_cosine: float = 0.99999
+    min_cosine: float = 0.999
     peak_rtol: float = 1e-3
     probe_rtol: float = 1e-2
     probe_min_cosine: float = 0.999

@@ -121,7 +121,11 @@ def check_input_names(names: list[str], accepted: list[str], source: str) -> Non
 
 FLOAT_DISTRIBUTIONS = ("normal", "uniform", "laplace", "wide_normal")
 # Draws that look like the model's real inputs decide parity; the others are specialisation probes, judged
-# relative to their own output (validators/metrics.py has the measurements behind the split)
+# relative to their own output. Measured on a 224 px ImageNet-normalised example (max |x| of the draw / the
+# example's, std): normal 1.32 / 0.75, uniform 1.00 / 1.3 (inside the example's range by construction),
+# laplace 2.73 / 0.75, wide_normal 2.89 / 1.5: the last two reach values the example never has (fp16 overflow
+# on such values is not the device's behaviour on real inputs). Output peaks across 12 vision models, median
+# (max) of the example's: normal 0.97 (1.53), uniform 1.59 (3.42), laplace 1.05 (1.28), wide_normal 2.18 (3.37)
 REALISTIC_DISTRIBUTIONS = ("normal", "uniform")
 PROBE_DISTRIBUTIONS = ("laplace", "wide_normal")
 

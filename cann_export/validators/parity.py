@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..context import ParityReport, PrecisionFix, Reports
 
 
@@ -45,6 +43,8 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     """Compare the graph's outputs with ``expected`` per output. The verdict sets (``labels``' role
     ``verdict``; every set when no labels are given) decide with the verdict rule, worst case over them; the
     probes are judged with the probe rule and reported apart (``probes``); every failing set is named."""
+    import numpy as np
+
     from .metrics import compare_quantized, reference_problem
 
     labels = labels or unlabelled(len(input_sets))
