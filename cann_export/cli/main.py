@@ -122,6 +122,12 @@ def _print_result(result: Any) -> None:
             mark = "ok  " if o["passed"] else "FAIL"
             click.echo(f"    {mark} {o['name']}: max_abs={_num(o.get('max_abs'))} max_rel={_num(o.get('max_rel'))} "
                        f"cosine={_num(o.get('cosine'), '.6f')}" + (f" ({o['reason']})" if o.get("reason") else ""))
+    if parity.get("probes"):
+        click.echo(f"  specialisation probes ({parity['probes']['input_sets']} sets, judged relative to their own "
+                   f"output): {'ok' if parity['probes']['passed'] else 'FAILED'}")
+    for f in (parity.get("failing_sets") or [])[:5]:
+        click.echo(f"    FAIL {f['output']} on {f['role']} set {f['set']} ({f['kind']}): "
+                   f"max_abs={_num(f.get('max_abs'))} cosine={_num(f.get('cosine'), '.6f')}")
     if parity.get("first_divergence"):
         click.echo(parity["first_divergence"]["message"])
     if parity.get("trace_specialized"):
