@@ -94,7 +94,8 @@ def test_parity_failure_writes_bundle_with_failure_recorded(tmp_path):
     assert not result.ok and result.parity["passed"] is False
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["parity"]["passed"] is False
-    assert json.loads((tmp_path / "b" / "parity.json").read_text())["outputs"][0]["passed"] is False
+    parity = json.loads((tmp_path / "b" / "parity.json").read_text())
+    assert parity["passed"] is False and parity["failing_sets"][0]["output"] == parity["outputs"][0]["name"]
 
 
 def test_failed_stage_leaves_nothing_behind(tmp_path):

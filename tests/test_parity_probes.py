@@ -16,7 +16,7 @@ from cann_export.inputs.tensors import set_label
 from cann_export.options import Tolerance
 from cann_export.validators.parity import parity_report
 
-OLD_RULE = Tolerance(peak_rtol=0.0)  # the elementwise rule before the calibration
+OLD_RULE = Tolerance(peak_share=0.0)  # the elementwise rule before the calibration
 
 
 def _export(tmp_path_factory, name):
@@ -181,3 +181,11 @@ def test_token_only_inputs_have_no_probes():
     assert [x["role"] for x in labels] == ["verdict"] * 4
     assert [x["kind"] for x in labels][:2] == ["padding at the end", "padding in the middle"]
     assert np.array_equal([x["index"] for x in labels], [1, 2, 3, 4])
+
+
+def test_a_decoder_on_padded_batches_decides_on_every_set(tmp_path):
+    model, example = fp32_corpus.qwen2()  # token ids and a padded mask: no float input to probe with
+    result = cann_export.export(model, tmp_path / "q.onnx", export_format="onnx", example_inputs=example)
+    assert result.ok and result.parity["passed"] is True, result.parity.get("reason")
+    assert "probes" not in result.parity and result.parity["failing_sets"] == []
+    assert result.parity["input_sets"] == 5
