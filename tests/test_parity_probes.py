@@ -189,3 +189,20 @@ def test_a_decoder_on_padded_batches_decides_on_every_set(tmp_path):
     assert result.ok and result.parity["passed"] is True, result.parity.get("reason")
     assert "probes" not in result.parity and result.parity["failing_sets"] == []
     assert result.parity["input_sets"] == 5
+
+
+@pytest.mark.parametrize("labels, expected", [
+    (None, None),  # a bundle from before the labels: every stored set decides, as it did
+    ('[{"source": "random", "kind": "laplace", "role": "probe"}]', None),  # not one label per set
+    ('{"not": "a list"}', None), ("not json", None),
+    ('[{"source": "example", "kind": "example", "role": "verdict"}, {"source": "random", "kind": "laplace", '
+     '"role": "probe"}]', ["verdict", "probe"]),
+])
+def test_stored_labels_are_read_back_or_ignored(tmp_path, labels, expected):
+    from safetensors.torch import save_file
+
+    (tmp_path / "parity").mkdir()
+    meta = {"inputs": "x", "outputs": "y", "sets": "2", **({"labels": labels} if labels else {})}
+    save_file({"0/x": torch.zeros(1), "1/x": torch.ones(1)}, str(tmp_path / "parity" / "inputs.safetensors"), meta)
+    got = read_bundle_labels(tmp_path, 2)
+    assert (None if got is None else [x["role"] for x in got]) == expected

@@ -45,7 +45,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     probes are judged with the probe rule and reported apart (``probes``); every failing set is named."""
     import numpy as np
 
-    from .metrics import compare_quantized, reference_problem
+    from .metrics import compare, compare_probe, compare_quantized, reference_problem
 
     labels = labels or unlabelled(len(input_sets))
     names, actual = run_onnx(path, input_sets, quantized)
@@ -65,22 +65,16 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
             return compare_quantized(got, expected[s][k]) if quantized else rule(got, expected[s][k], tolerance)
 
         entry = {"name": name, "shape": list(expected[0][k].shape),
-                 **_judged(name, verdict, labels, lambda s: judge(s, _rules()[0]), failed)}
+                 **_judged(name, verdict, labels, lambda s: judge(s, compare), failed)}
         problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
         if problem:  # a meaningless reference is a failed check with its own message, never a pass
             entry.update(problem, passed=False)
         report["outputs"].append(entry)
         if probes:
-            probe_outputs.append({"name": name, **_judged(name, probes, labels, lambda s: judge(s, _rules()[1]),
+            probe_outputs.append({"name": name, **_judged(name, probes, labels, lambda s: judge(s, compare_probe),
                                                           failed)})
     _verdict(report, failed, probe_outputs, len(probes))
     return report
-
-
-def _rules() -> tuple[Any, Any]:
-    from .metrics import compare, compare_probe
-
-    return compare, compare_probe
 
 
 def unlabelled(count: int) -> list[dict[str, Any]]:
@@ -124,6 +118,7 @@ def _verdict(report: dict[str, Any], failed: list[dict[str, Any]], probe_outputs
         what = "specialisation probe" if first["role"] == "probe" else "input set"
         report["reason"] = (f"{first['output']} differs on {what} {first['set']} ({first['kind']}): max abs "
                             f"{first['max_abs']:.3g}, cosine {first['cosine']:.6f}"
+                            + (f" ({first['reason']})" if first.get("reason") else "")
                             + (f"; {others} more failing set(s) in failing_sets" if others > 0 else ""))
 
 
