@@ -183,12 +183,57 @@ def test_token_only_inputs_have_no_probes():
     assert np.array_equal([x["index"] for x in labels], [1, 2, 3, 4])
 
 
-def test_a_decoder_on_padded_batches_decides_on_every_set(tmp_path):
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
     model, example = fp32_corpus.qwen2()  # token ids and a padded mask: no float input to probe with
-    result = cann_export.export(model, tmp_path / "q.onnx", export_format="onnx", example_inputs=example)
+    out = tmp_path_factory.mktemp("qwen2") / "bundle"
+    return out, cann_export.export(model, out, example_inputs=example)
+
+
+def test_a_decoder_on_padded_batches_decides_on_every_set(qwen2):
+    bundle, result = qwen2
     assert result.ok and result.parity["passed"] is True, result.parity.get("reason")
     assert "probes" not in result.parity and result.parity["failing_sets"] == []
-    assert result.parity["input_sets"] == 5
+    sets = json.loads((bundle / "parity.json").read_text())["sets"]
+    assert [s["role"] for s in sets] == ["verdict"] * 5
+    assert [s["kind"] for s in sets[1:3]] == ["padding at the end", "padding in the middle"]
+
+
+def test_the_reference_noise_floor_sees_a_small_wrong_constant(qwen2, tmp_path):
+    from cann_export.inputs.parity_data import read_bundle_noise
+
+    path, feeds, expected, labels = _stored(qwen2[0])
+    noise = read_bundle_noise(qwen2[0], len(feeds))
+    assert noise is not None and all(0 < row[0] < 1e-5 for row in noise)  # fp32 vs float64 on every verdict set
+    onnx.save(wrong_graphs.wrong_constant(onnx.load(str(path)), 1.001), str(tmp_path / "wrong.onnx"))
+    healthy = parity_report(path, feeds, expected, Tolerance(), labels=labels, noise=noise)
+    wrong = parity_report(tmp_path / "wrong.onnx", feeds, expected, Tolerance(), labels=labels, noise=noise)
+    assert healthy["passed"] is True and wrong["passed"] is False
+    # 0.1% of one weight moves the logits by ~3e-4 of their peak: below the peak-relative floor (no noise measured)
+    assert parity_report(tmp_path / "wrong.onnx", feeds, expected, Tolerance(), labels=labels)["passed"] is True
+
+
+def test_float64_noise_is_an_estimate_never_a_requirement():
+    from cann_export.inputs.float_noise import fp64_noise
+
+    class Float32Only(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return x @ self.w.float().T.to(torch.float32) @ torch.ones(8, 8)  # a float32 constant: fails in float64
+
+    x = {"x": torch.randn(2, 8)}
+    with torch.no_grad():
+        ref = [[ClampedLinear().eval()(x["x"]).numpy()]]
+    assert fp64_noise(Float32Only(), "module", [x], ref, [0]) == [None]
+    assert fp64_noise(ClampedLinear(), "program", [x], ref, [0]) == [None]  # not a module: no estimate
+    model = ClampedLinear().eval()
+    with torch.no_grad():
+        ref = [[model(x["x"]).numpy()], [model(x["x"] * 2).numpy()]]
+    noise = fp64_noise(model, "module", [x, {"x": x["x"] * 2}], ref, [1])
+    assert noise[0] is None and 0 <= noise[1][0] < 1e-5
 
 
 @pytest.mark.parametrize("labels, expected", [

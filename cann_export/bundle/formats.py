@@ -144,6 +144,10 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
         import json
 
         order["labels"] = json.dumps(ctx.input_set_labels)
+    if len(ctx.reference_noise) == len(ctx.input_sets):  # the reference's own float noise (the fp32 floor)
+        import json
+
+        order["noise"] = json.dumps(ctx.reference_noise)
     save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
     save_file(expected, str(directory / "expected.safetensors"), metadata=order)
     return [directory / "inputs.safetensors", directory / "expected.safetensors"]

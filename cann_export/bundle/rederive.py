@@ -257,7 +257,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     """The parity report re-run from the bundle's stored data, and the device precision mode it used."""
     import onnx
 
-    from ..inputs.parity_data import read_bundle_labels, read_bundle_parity
+    from ..inputs.parity_data import read_bundle_labels, read_bundle_noise, read_bundle_parity
     from ..validators.parity import parity_report, verdict_sets, with_device_parity
 
     manifest, directory = checked.manifest, checked.directory
@@ -268,7 +268,8 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
         raise ValidateError(f"the bundle's graph {manifest['model']['file']!r} is not a regular file; the bundle was "
                             "changed after export", path=str(directory))
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
-                           quantized="quantization" in manifest, labels=labels)
+                           quantized="quantization" in manifest, labels=labels,
+                           noise=read_bundle_noise(directory, len(feeds)))
     if checked.options is None or not report.get("outputs"):
         return report, None
     from ..atc.hints import effective_precision

@@ -119,6 +119,26 @@ def read_bundle_parity(bundle: Path, manifest: dict[str, Any]) -> tuple[list, li
     return feeds, expected, tol
 
 
+def read_bundle_noise(bundle: Path, sets: int) -> list[list[float] | None] | None:
+    """The reference's fp32-vs-float64 distances the bundle stored (per set, per output; None per set where
+    not measured), or None when absent or malformed (then the fp32 floor is relative to the output's peak)."""
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
+            noise = json.loads((f.metadata() or {}).get("noise", "null"))
+    except Exception:  # read_bundle_parity has already named a damaged file; unreadable noise: no noise
+        return None
+    ok = isinstance(noise, list) and len(noise) == sets and all(
+        row is None or (isinstance(row, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                      and math.isfinite(v) and v >= 0 for v in row))
+        for row in noise)
+    return noise if ok else None
+
+
 def read_bundle_labels(bundle: Path, sets: int) -> list[dict[str, Any]] | None:
     """What each stored parity input set is (inputs.tensors.set_label), or None when the bundle predates the
     labels or they do not describe ``sets`` sets (then every set decides, as it did)."""

@@ -29,6 +29,11 @@ def prepare(ctx: ExportContext) -> str | None:
 
         return prepare_quantization(ctx, source, accepted)
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+    if ctx.options.validate:  # the reference's own float noise on the verdict sets (the fp32 parity floor)
+        from .float_noise import fp64_noise
+
+        verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]
+        ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
     from ..qat.wrapping import prepared_state
 
     float_model = (prepared_state(ctx.model) or {}).get("float_model")

@@ -39,10 +39,13 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]],
 
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
                   tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)",
-                  quantized: bool = False, labels: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  quantized: bool = False, labels: list[dict[str, Any]] | None = None,
+                  noise: list[list[float] | None] | None = None) -> dict[str, Any]:
     """Compare the graph's outputs with ``expected`` per output. The verdict sets (``labels``' role
     ``verdict``; every set when no labels are given) decide with the verdict rule, worst case over them; the
-    probes are judged with the probe rule and reported apart (``probes``); every failing set is named."""
+    probes are judged with the probe rule and reported apart (``probes``); every failing set is named.
+    ``noise`` (per set, per output: the reference's fp32-vs-float64 distance, or None) sets the verdict
+    rule's floor where it was measured."""
     import numpy as np
 
     from .metrics import compare, compare_probe, compare_quantized, reference_problem
@@ -62,7 +65,11 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     for k, name in enumerate(names):
         def judge(s: int, rule: Any, k: int = k) -> dict[str, Any]:
             got = np.asarray(actual[s][k])
-            return compare_quantized(got, expected[s][k]) if quantized else rule(got, expected[s][k], tolerance)
+            if quantized:
+                return compare_quantized(got, expected[s][k])
+            if rule is compare:
+                return compare(got, expected[s][k], tolerance, _noise(noise, s, k))
+            return rule(got, expected[s][k], tolerance)
 
         entry = {"name": name, "shape": list(expected[0][k].shape),
                  **_judged(name, verdict, labels, lambda s: judge(s, compare), failed)}
@@ -75,6 +82,11 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
                                                           failed)})
     _verdict(report, failed, probe_outputs, len(probes))
     return report
+
+
+def _noise(noise: list[list[float] | None] | None, s: int, k: int) -> float | None:
+    row = noise[s] if noise and s < len(noise) else None
+    return row[k] if row and k < len(row) and isinstance(row[k], (int, float)) else None
 
 
 def unlabelled(count: int) -> list[dict[str, Any]]:
@@ -149,6 +161,7 @@ class ParityValidator:
     def check_graph(self, ctx: Any) -> dict[str, Any]:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
         labels = ctx.input_set_labels if len(ctx.input_set_labels) == len(feeds) else None
+        noise = ctx.reference_noise if len(ctx.reference_noise) == len(feeds) else None
         # our QAT's lowering, or a graph that arrived quantized (torch.ao / torchao PT2E QAT exported as Q/DQ)
         quantized = bool(ctx.quant_table) or any(n.op_type == "QuantizeLinear" for n in ctx.onnx_model.graph.node)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
@@ -156,7 +169,7 @@ class ParityValidator:
 
         with sharing(ctx):
             report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
-                                   quantized=quantized, labels=labels)
+                                   quantized=quantized, labels=labels, noise=noise)
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True, labels=labels)

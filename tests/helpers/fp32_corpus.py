@@ -141,6 +141,8 @@ CORPUS = {
                                                               weights_backbone=None, aux_loss=False),
     "lraspp_mobilenet_v3_large": lambda: torchvision_model("lraspp_mobilenet_v3_large", num_classes=21,
                                                            weights_backbone=None),
+    "lraspp_mobilenet_v3_large_128px": lambda: torchvision_model("lraspp_mobilenet_v3_large", size=128,
+                                                                 num_classes=21, weights_backbone=None),
     "efficientnet_b0": lambda: torchvision_model("efficientnet_b0", num_classes=10),
     "tv_resnet18": lambda: torchvision_model("resnet18", num_classes=10),
     "tv_mobilenet_v3_small": lambda: torchvision_model("mobilenet_v3_small", num_classes=10),
