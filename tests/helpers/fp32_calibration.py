@@ -87,12 +87,37 @@ def measure(name: str, build) -> list[dict]:
 VERDICT_KINDS = ("example", "normal#0", "normal#1", "uniform#2")
 
 
+def summarize(rows: list[dict]) -> list[str]:
+    """The margins: healthy maxima (verdict sets, probes) and, per wrong graph, whether each rule refused it."""
+    healthy = [r for r in rows if r["graph"] == "healthy"]
+    lines = []
+    for title, group in (("verdict", [r for r in healthy if r["set"] in VERDICT_KINDS]),
+                         ("probe", [r for r in healthy if r["set"] not in VERDICT_KINDS])):
+        worst = max(group, key=lambda r: r["max_abs/peak"])
+        lines.append(f"healthy {title} outputs {len(group)}: max abs/peak <= {worst['max_abs/peak']:.3g} "
+                     f"({worst['model']} {worst['set']}), err/noise <= {max(r['err/noise'] for r in group):.3g}, "
+                     f"1-cos <= {max(r['1-cos'] for r in group):.3g}; refused: old rule "
+                     f"{sum(not r['old_rule'] for r in group)}, new rule {sum(not r['new_rule'] for r in group)}")
+    wrong: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["graph"] != "healthy":
+            wrong.setdefault((r["model"], r["graph"]), []).append(r)
+    for (model, graph), group in sorted(wrong.items()):
+        refused = {rule: any(not r[rule] for r in group) for rule in ("old_rule", "peak_rule", "new_rule")}
+        lines.append(f"{model} {graph}: max abs/peak {max(r['max_abs/peak'] for r in group):.3g}, err/noise "
+                     f"{max(r['err/noise'] for r in group):.3g}; refused {refused}")
+    return lines
+
+
 def main(names: list[str]) -> None:
     from .fp32_corpus import CORPUS
 
+    rows = []
     for name in names or list(CORPUS):
         for r in measure(name, CORPUS[name]):
+            rows.append(r)
             print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+    print("\n".join(summarize(rows)))
 
 
 if __name__ == "__main__":
