@@ -8,6 +8,10 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `helpers.toy_models:...` for --model-class
 os.environ.setdefault("CANN_EXPORT_LOAD_PLUGINS", "")  # hermetic: no installed third-party plugins
 
+from helpers.torchvision_ops import install_on_import  # noqa: E402
+
+install_on_import()  # torchvision's PyPI ops do not load against the CPU torch: stand-in schemas first
+
 
 @pytest.fixture
 def cli_env(monkeypatch):

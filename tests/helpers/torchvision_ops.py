@@ -58,3 +58,25 @@ def _has(name: str) -> bool:
         return True
     except (AttributeError, RuntimeError):
         return False
+
+
+class _BeforeTorchvision:
+    """A meta-path finder that defines the schemas when ``torchvision`` is first imported (by a test, timm or
+    transformers' image processors) and then lets the normal import proceed."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "torchvision":
+            import sys
+
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not _BeforeTorchvision]
+            install()
+        return None
+
+
+def install_on_import() -> None:
+    """Arrange for ``install()`` to run just before the first ``import torchvision`` of this process."""
+    import sys
+
+    if _BeforeTorchvision not in sys.meta_path and "torchvision" not in sys.modules:
+        sys.meta_path.insert(0, _BeforeTorchvision)
