@@ -108,7 +108,8 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
             benign.add(t)  # a benign value, moved
             continue
         first_candidate = first_candidate or t
-        if trials == TRIALS:
+        if trials == TRIALS:  # out of trials: the first candidate not shown benign
+            origin = t
             break
         injection = injection or Injection(emulator, feed, failing)
         trials += 1
