@@ -24,8 +24,15 @@ XFAIL_HEALTHY = {
                      "the default SoC (Ascend310P3) saturates (part 2)",
 }
 XFAIL_REFUSED: dict[str, str] = {}
-XFAIL_ORIGIN: dict[str, str] = {}
-SLOW: set[str] = set()
+XFAIL_ORIGIN = {
+    "rmsnorm_no_upcast": "the origin is the final norm, not layers.0.attn_norm where every un-upcast RMSNorm "
+                         "first overflows (part 3)",
+}
+# past ~10 s of export on a loaded 2-core machine (measured): CI runs them, -m 'not slow' skips them locally
+SLOW = {"hf_swin", "hf_segformer", "hf_mobilevit", "timm_efficientnet_b0", "timm_regnetx_002", "timm_lcnet_050",
+        "timm_ghostnet_050", "timm_edgenext_xx_small", "timm_mobilevitv2_050", "timm_fastvit_t8",
+        "tv_efficientnet_b0", "tv_regnet_y_400mf", "tv_deeplabv3", "tv_deeplabv3_224", "tv_lraspp_224",
+        "tv_efficientnet_b0_224"}
 
 
 def _params(names, xfails):

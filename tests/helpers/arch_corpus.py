@@ -74,8 +74,6 @@ TRANSFORMERS = {
     # vision
     "hf_vit": cm.vit,
     "hf_convnext": cm.convnext,
-    "hf_regnet": cm.regnet,
-    "hf_mobilenet_v2": cm.mobilenet_v2,
     "hf_deit": _hf("DeiTForImageClassification", "DeiTConfig", _images(32), image_size=32, patch_size=4,
                    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=10),
     "hf_swin": _hf("SwinForImageClassification", "SwinConfig", _images(64), image_size=64, patch_size=4,
@@ -97,7 +95,31 @@ TRANSFORMERS = {
                           hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
 }
 
-HEALTHY = {**TRANSFORMERS, **vision.TIMM, **vision.TORCHVISION}
+
+
+class SharpSoftmax(nn.Module):
+    def forward(self, logits):
+        return torch.softmax(logits * 1e4, dim=-1)  # at most 6e4: finite in fp16, and softmax subtracts the max
+
+
+class ConfidentClassifier(nn.Module):
+    """Logits bounded to +-6 then scaled 1e4: real fp16 computes the softmax correctly."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(32, 10)
+        self.softmax = SharpSoftmax()
+
+    def forward(self, x):
+        return self.softmax(6 * torch.tanh(self.proj(x)))
+
+
+def softmax_logits_1e4():
+    return ConfidentClassifier().eval(), {"x": torch.randn(4, 32, generator=torch.Generator().manual_seed(3))}
+
+
+HEALTHY = {**TRANSFORMERS, **vision.TIMM, **vision.TORCHVISION, **vision.LARGE, "softmax_logits_1e4": softmax_logits_1e4}
 
 
 # Broken in real fp16 (each builder: model, inputs, the module where real fp16 breaks).
@@ -165,13 +187,16 @@ def softmax_logits_1e5():
 
 
 def qwen2_residual_growth():
-    """A tiny Qwen2 whose layer-0 MLP down projection grew 3000x: the residual stream passes 65504."""
+    """A tiny Qwen2 whose layer-0 MLP projections grew 300x: its output, added to the residual stream, passes
+    65504 (about 4.6e5 in fp32) while every RMSNorm upcasts to fp32 as Qwen2's does."""
     import transformers
 
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**DECODER)).eval()
+    mlp = model.model.layers[0].mlp
     with torch.no_grad():
-        model.model.layers[0].mlp.down_proj.weight.mul_(3000.0)
+        for projection in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            projection.weight.mul_(300.0)
     return model, _tokens(mask=False), "model.layers.0.mlp"
 
 

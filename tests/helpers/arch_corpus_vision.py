@@ -60,7 +60,11 @@ def _tv_class(name, size, **kwargs):
         import torchvision
 
         torch.manual_seed(0)
-        return getattr(torchvision.models, name)(num_classes=10, **kwargs).eval(), _image(size)
+        model = getattr(torchvision.models, name)(num_classes=10, **kwargs).eval()
+        head = model.heads.head if hasattr(model, "heads") else None
+        if head is not None:  # torchvision zero-initialises the ViT head: the output would be constant 0
+            torch.nn.init.normal_(head.weight, std=0.02)
+        return model, _image(size)
     build.__name__ = name
     return build
 
@@ -70,13 +74,12 @@ TIMM = {
     "timm_mobilenetv3_small": _timm("mobilenetv3_small_050"),
     "timm_efficientnet_b0": _timm("efficientnet_b0"),
     "timm_convnext_atto": _timm("convnext_atto"),
-    "timm_vit_tiny": _timm("vit_tiny_patch16_224", img_size=64),
+    "timm_vit_tiny": _timm("vit_tiny_patch16_224", img_size=64, depth=4),
     "timm_regnetx_002": _timm("regnetx_002"),
     "timm_lcnet_050": _timm("lcnet_050"),
     "timm_ghostnet_050": _timm("ghostnet_050"),
     "timm_edgenext_xx_small": _timm("edgenext_xx_small"),
     "timm_mobilevitv2_050": _timm("mobilevitv2_050"),
-    "timm_densenet121": _timm("densenet121"),
     "timm_fastvit_t8": _timm("fastvit_t8"),
 }
 
@@ -96,4 +99,13 @@ TORCHVISION = {
                         hidden_dim=64, mlp_dim=128),
     "tv_swin": _tv_class("SwinTransformer", 64, patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[2, 4],
                          window_size=[4, 4]),
+}
+
+# the sizes: a resize-based segmentation head at 224 px, EfficientNet-B0 at 224 px
+LARGE = {
+    "tv_deeplabv3_224": _tv("deeplabv3_mobilenet_v3_large", size=224, segmentation=True, num_classes=4,
+                            weights_backbone=None),
+    "tv_lraspp_224": _tv("lraspp_mobilenet_v3_large", size=224, segmentation=True, num_classes=4,
+                         weights_backbone=None),
+    "tv_efficientnet_b0_224": _tv("efficientnet_b0", size=224, num_classes=10),
 }
