@@ -119,7 +119,8 @@ def softmax_logits_1e4():
     return ConfidentClassifier().eval(), {"x": torch.randn(4, 32, generator=torch.Generator().manual_seed(3))}
 
 
-HEALTHY = {**TRANSFORMERS, **vision.TIMM, **vision.TORCHVISION, **vision.LARGE, "softmax_logits_1e4": softmax_logits_1e4}
+HEALTHY = {**TRANSFORMERS, **vision.TIMM, **vision.TORCHVISION, **vision.LARGE,
+           "softmax_logits_1e4": softmax_logits_1e4}
 
 
 # Broken in real fp16 (each builder: model, inputs, the module where real fp16 breaks).
