@@ -6,6 +6,8 @@ For each model: export to ONNX once, then time, alternating the two so both see 
   plain   an onnxruntime session (default options) + one run on the example inputs (ratio 1.0)
   device  device-precision parity under force_fp16 on the same inputs: analysis, the emulated graph, its
           session, the run, the verdict, and on failure the localisation of the first divergence
+  emulated  (shown apart) the emulated graph, its session and the run alone: device minus verdict and
+          localisation
 
 The target (issue 17): device parity <= 3x one onnxruntime run (TARGET); each row records its median ratio
 and whether it is within the target. Results go to ``benchmarks/results/precision.json``.
@@ -62,6 +64,7 @@ def measure(path: str, feeds: dict, repeat: int) -> dict:
 
     from cann_export.options import Tolerance
     from cann_export.validators.device_parity import device_report
+    from cann_export.validators.precision import Emulator
 
     graph = onnx.load(path)
     opts = ort.SessionOptions()
@@ -77,14 +80,17 @@ def measure(path: str, feeds: dict, repeat: int) -> dict:
     def device():
         return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {})
 
+    def verdict():  # what every export pays: the emulated graph, its session and run, no localisation
+        return Emulator(graph, "force_fp16").session(set()).run(feeds)
+
     report = device()  # warm-up, and the verdict shown
-    pairs = [(timed(plain), timed(device)) for _ in range(repeat)]
-    t_plain = statistics.median(p for p, _ in pairs)
-    t_device = statistics.median(d for _, d in pairs)
+    rounds = [(timed(plain), timed(device), timed(verdict)) for _ in range(repeat)]
+    t_plain, t_device, t_verdict = (statistics.median(r[i] for r in rounds) for i in range(3))
     ratio = t_device / t_plain  # of the medians: one slow outlier on either side does not decide it
     first = report.get("first_divergence") or {}
     return {"plain_s": t_plain, "device_s": t_device, "ratio": ratio, "target": TARGET,
-            "within_target": ratio <= TARGET, "repeat": repeat, "passed": report["passed"],
+            "within_target": ratio <= TARGET, "emulated_run_s": t_verdict, "emulated_run_ratio": t_verdict / t_plain,
+            "repeat": repeat, "passed": report["passed"],
             "localised": bool(first), "first_divergence": first.get("message")}
 
 
@@ -100,11 +106,12 @@ def main() -> None:
             result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
             feeds = {k: v.numpy() for k, v in inputs.items()}
             rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat)})
-    print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(TARGET):>6}  "
-          "localisation")
+    print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(TARGET):>6} "
+          f"{'emulated':>8}  localisation")
     for r in rows:
         print(f"{r['model']:34} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f} "
-              f"{'yes' if r['within_target'] else 'NO':>6}  {r['first_divergence'] or 'not needed'}")
+              f"{'yes' if r['within_target'] else 'NO':>6} {r['emulated_run_ratio']:7.2f}x  "
+              f"{r['first_divergence'] or 'not needed'}")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "precision.json").write_text(json.dumps(rows, indent=2) + "\n")
 
