@@ -150,3 +150,25 @@ def test_a_pass_that_writes_a_contrib_op_stops_before_the_write(tmp_path, contri
     assert not (tmp_path / "b").exists()
     onnx_only = cann_export.export(model, tmp_path / "m.onnx", "onnx", example_inputs={"input": torch.randn(2, 8)})
     assert ("com.microsoft", "Gelu") in _domains(onnx_only.onnx["path"])  # not bound for ATC: left alone
+
+
+def test_a_contrib_op_from_torch_onnx_optimize_falls_back_to_torchscript(tmp_path, monkeypatch):
+    import onnx_ir as ir
+    import torch
+
+    original = torch.onnx.ONNXProgram.optimize
+
+    def optimize_with_a_fusion(self):  # as a future onnxscript fusion into com.microsoft would
+        original(self)
+        graph = self.model.graph
+        node = ir.Node("com.microsoft", "FusedGelu", [graph.outputs[0]], num_outputs=1)
+        graph.append(node)
+
+    monkeypatch.setattr(torch.onnx.ONNXProgram, "optimize", optimize_with_a_fusion)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    result = cann_export.export(model, tmp_path / "b", example_inputs={"input": torch.randn(2, 8)},
+                                num_random_inputs=1)
+    assert result.ok and _domains(result.onnx["path"]) == set()
+    capture = result.manifest["capture"]
+    dynamo = next(a for a in capture["attempts"] if a["exporter"] == "dynamo")
+    assert "optimize() wrote op(s)" in dynamo["error"] and "com.microsoft::FusedGelu" in dynamo["error"], capture

@@ -274,6 +274,12 @@ def refused_ops(nodes: Any) -> set[tuple[str, str]]:
             if n.domain not in DEFAULT_DOMAINS or (n.op_type not in ops and n.op_type not in QDQ)}
 
 
+def foreign_ops(nodes: Any) -> set[tuple[str, str]]:
+    """The (domain, op type) pairs among ``nodes`` outside the ai.onnx domain (contrib ops, custom ops,
+    calls of local functions)."""
+    return {(n.domain, n.op_type) for n in nodes if n.domain not in DEFAULT_DOMAINS}
+
+
 def graph_refused_ops(model: Any) -> set[tuple[str, str]]:
     """``refused_ops`` of an onnx.ModelProto, If/Loop/Scan bodies included."""
     return refused_ops(_nodes(model.graph))
