@@ -24,10 +24,7 @@ XFAIL_HEALTHY = {
                      "the default SoC (Ascend310P3) saturates (part 2)",
 }
 XFAIL_REFUSED: dict[str, str] = {}
-XFAIL_ORIGIN = {
-    "rmsnorm_no_upcast": "the origin is the final norm, not layers.0.attn_norm where every un-upcast RMSNorm "
-                         "first overflows (part 3)",
-}
+XFAIL_ORIGIN: dict[str, str] = {}
 # past ~10 s of export on a loaded 2-core machine (measured): CI runs them, -m 'not slow' skips them locally
 SLOW = {"hf_swin", "hf_segformer", "hf_mobilevit", "timm_efficientnet_b0", "timm_regnetx_002", "timm_lcnet_050",
         "timm_ghostnet_050", "timm_edgenext_xx_small", "timm_mobilevitv2_050", "timm_fastvit_t8",

@@ -2,12 +2,13 @@
 wrong while every input it reads is right, and whose wrong result reaches a failing output.
 
 Every node's float outputs are judged against fp32 with the device policy. A wrong value whose wrong inputs
-are all *benign* is a candidate; a candidate is benign itself when it does not reach the outputs: fed alone,
-as the device holds it, into the fp32 reference graph, it leaves every failing output within one fp16
-rounding step of the reference. That is how values wrong by design are skipped: a float32-min mask fill
-(-inf or -65504 in fp16) whose softmax gives the same zeros, a clamp, a Where / Min / Max that selects
-around it. A value that kills a branch (an RMSNorm whose x.pow(2) is inf) does reach the outputs, even
-where the residual around it hides most of the damage, so the origin is the first norm, not the last."""
+are all *benign* is a candidate. A candidate is benign itself only when it is wrong *by design* and heals:
+- by design: its node reads a constant past the fp16 range (a float32-min mask fill), or a benign value
+  (the mask added to the scores), or it is, or feeds, a clamp / select (Clip, Min, Max, Where, Relu);
+- heals: fed alone, as the device holds it, into the fp32 reference graph, it leaves every failing output
+  within one fp16 rounding step of the reference (the softmax gives the same zeros; the clamp the same bound).
+A value the data drives out of range (an RMSNorm whose x.pow(2) is inf) is never benign, even where the
+residual around it hides most of the damage: the origin is the first norm, not the last."""
 from __future__ import annotations
 
 from typing import Any
@@ -21,6 +22,8 @@ from .precision import DATA_MOVEMENT, Emulator, Session
 BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
 TRIALS = 12  # candidates fed into the reference, at most, before the first one left is named
 PASS_THROUGH = DATA_MOVEMENT | {"Cast", "CastLike"}  # a wrong value moved, not made
+BOUNDING = frozenset({"Clip", "Min", "Max", "Where", "Relu"})  # ops that clamp or select a value back
+FP16_MAX = 65504.0
 
 
 def chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
@@ -98,6 +101,7 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
     verdicts, wrong = _judge_all(emulator, keep, feed, policy, order)
     if not wrong:
         return None
+    designed = _by_design(graph, producer)
     benign: set[str] = set()
     injection, trials, first_candidate, origin = None, 0, None, None
     for t in (t for t in order if t in wrong):
@@ -108,6 +112,9 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
             benign.add(t)  # a benign value, moved
             continue
         first_candidate = first_candidate or t
+        if not (bad_inputs or designed(t)):
+            origin = t  # the data drove it wrong: not a value wrong by design
+            break
         if trials == TRIALS:  # out of trials: the first candidate not shown benign
             origin = t
             break
@@ -119,6 +126,38 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
         benign.add(t)
     origin = origin or first_candidate or next(t for t in order if t in wrong)
     return describe(producer[origin], origin, verdicts[origin], keep, paths, sorted(benign, key=order.index))
+
+
+def _by_design(graph: Any, producer: dict[str, Any]):
+    """``designed(tensor)``: whether the node making ``tensor`` reads a constant past the fp16 range, or is a
+    clamp / select, or the value reaches one through data movement only."""
+    from onnx import numpy_helper
+
+    huge = set()
+    constants = [(i.name, i) for i in graph.initializer]
+    constants += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                  if a.name == "value"]
+    for name, tensor in constants:
+        if tensor.data_type == 1 and int(np.prod(tensor.dims)) <= 1 << 16:
+            value = numpy_helper.to_array(tensor)
+            if value.size and float(np.abs(value).max()) > FP16_MAX:
+                huge.add(name)
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def feeds_bound(tensor: str, depth: int = 0) -> bool:
+        nodes = consumers.get(tensor, [])
+        return depth < 8 and bool(nodes) and all(
+            n.op_type in BOUNDING or n.op_type in PASS_THROUGH and any(feeds_bound(o, depth + 1) for o in n.output)
+            for n in nodes)
+
+    def designed(tensor: str) -> bool:
+        node = producer[tensor]
+        return node.op_type in BOUNDING or any(i in huge for i in node.input) or feeds_bound(tensor)
+
+    return designed
 
 
 def describe(node: Any, tensor: str, verdict: dict[str, Any], keep: set[str], paths: dict[str, str],
