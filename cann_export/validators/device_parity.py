@@ -8,7 +8,7 @@ import numpy as np
 
 from ..capture import module_paths
 from .device_policy import DevicePolicy, compare_output, cosine, judge
-from .precision import Emulator
+from .precision import INF_NAN, Emulator
 
 BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
 FIX_ROUNDS = 16
@@ -16,17 +16,20 @@ FIX_ROUNDS = 16
 
 def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
-                  paths: dict[str, str], emulator: Emulator | None = None) -> dict[str, Any]:
-    """Emulate ``mode``; judge every output against the reference; localise the divergence on failure."""
-    emulator = emulator or Emulator(model, mode)
+                  paths: dict[str, str], emulator: Emulator | None = None,
+                  overflow: str = INF_NAN) -> dict[str, Any]:
+    """Emulate ``mode`` under the SoC's ``overflow`` mode; judge every output against the reference; localise the
+    divergence on failure."""
+    emulator = emulator or Emulator(model, mode, overflow)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)
     sess = emulator.session(keep_set)
     actual = [sess.run(feed) for feed in feeds]
-    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon)
-               for k, name in enumerate(names)]
+    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
+                              emulator.saturation) for k, name in enumerate(names)]
     report: dict[str, Any] = {
-        "precision": {"mode": mode, "emulated": emulator.emulation.description, "keep_dtype": list(keep),
+        "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
+                      "keep_dtype": list(keep),
                       "policy": pol.to_dict()},
         "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
     if not report["passed"] and emulator.emulation.reduces != "none":
@@ -86,7 +89,7 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
         emu = emulator.session(keep, expose=chunk).run(feed, chunk)
         for t, r, e in zip(chunk, ref, emu, strict=False):
-            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps)
+            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps, emulator.saturation)
     diverged = {t for t, v in verdicts.items() if not v["passed"]}
     linked = {t for t in failing if t in diverged}
     stack = list(linked)
@@ -105,10 +108,10 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
     node, v = producer[origin], verdicts[origin]
     where = module_paths.describe(node, paths)
     return {"node": node.name, "op_type": node.op_type, "tensor": origin, "module": paths.get(node.name),
-            "cosine": v["cosine"], "max_abs": v["max_abs"], "overflow": v["non_finite"],
+            "cosine": v["cosine"], "max_abs": v["max_abs"], "overflow": v["non_finite"] or v["saturated"],
             "kept": node.name in keep, "reason": v.get("reason"),
             "message": f"first divergence: {where} cosine {v['cosine']:.2f}"
-                       + (" (fp16 overflow)" if v["non_finite"] else "")}
+                       + (" (fp16 overflow)" if v["non_finite"] or v["saturated"] else "")}
 
 
 def _module_nodes(path: str, paths: dict[str, str]) -> set[str]:
@@ -123,13 +126,13 @@ def _enclosing(path: str | None) -> list[str]:
 
 def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
-                  paths: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+                  paths: dict[str, str], overflow: str = INF_NAN) -> tuple[dict[str, Any], list[str]]:
     """Keep what diverges in fp32 until device parity passes under the emulation's rule.
 
     Each round keeps the node where the divergence starts; when the fix has already kept a node of the
     same PyTorch module and the divergence is there again (one node is not enough), it keeps the whole
     module, then the enclosing one. It stops when parity passes, or says why it cannot fix."""
-    emulator = Emulator(model, mode)
+    emulator = Emulator(model, mode, overflow)
     args = (feeds, expected, names, policy, paths)
     kept: list[str] = []
     modules: list[str] = []
