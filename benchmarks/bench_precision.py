@@ -5,9 +5,10 @@ For each model: export to ONNX once, then time, alternating the two so both see 
 (median of --repeat):
   plain   an onnxruntime session (default options) + one run on the example inputs (ratio 1.0)
   device  device-precision parity under force_fp16 on the same inputs: analysis, the emulated graph, its
-          session, the run, the verdict, and on failure the localisation of the first divergence
+          session, the run, the verdict, and on failure the localisation of the first divergence; under each
+          SoC overflow mode (saturation: 310P3, the default; inf_nan: 910B*)
 
-Usage: python benchmarks/bench_precision.py [--repeat 3]
+Usage: python benchmarks/bench_precision.py [--repeat 3] [--overflow saturation|inf_nan|both]
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-def measure(path: str, feeds: dict, repeat: int) -> dict:
+def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -64,7 +65,8 @@ def measure(path: str, feeds: dict, repeat: int) -> dict:
     expected = [plain()]  # the fp32 graph's outputs stand in for the PyTorch reference
 
     def device():
-        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {})
+        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {},
+                             overflow=overflow)
 
     report = device()  # warm-up, and the verdict shown
     pairs = [(timed(plain), timed(device)) for _ in range(repeat)]
@@ -80,16 +82,19 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--overflow", choices=("saturation", "inf_nan", "both"), default="both")
     args = ap.parse_args()
+    modes = ("saturation", "inf_nan") if args.overflow == "both" else (args.overflow,)
     rows = []
     for name, (model, inputs) in models().items():
         with tempfile.TemporaryDirectory() as tmp:
             result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
             feeds = {k: v.numpy() for k, v in inputs.items()}
-            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat)})
-    print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6}  localisation")
+            rows += [{"model": name, "overflow": mode, **measure(result.onnx["path"], feeds, args.repeat, mode)}
+                     for mode in modes]
+    print(f"{'model':34} {'overflow':10} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6}  localisation")
     for r in rows:
-        print(f"{r['model']:34} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f}  "
+        print(f"{r['model']:34} {r['overflow']:10} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f}  "
               f"{r['first_divergence'] or 'not needed'}")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "precision.json").write_text(json.dumps(rows, indent=2))
