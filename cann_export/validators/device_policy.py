@@ -69,7 +69,7 @@ def judge(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilo
     result = {"max_abs": max_abs, "max_rel": max_abs / peak if peak > 0 else 0.0,
               "rel_rms": err_rms / ref_rms if ref_rms > 0 else 0.0, "cosine": cos, "noise_floor": floor,
               "non_finite": non_finite}
-    saturated = saturation is not None and bool(np.any((np.abs(a[both]) >= saturation)
+    saturated = saturation is not None and bool(np.any((np.abs(a[both]) == saturation)  # a kept fp32 value may be past
                                                          & (np.abs(b[both]) > saturation * (1 + 2 * epsilon))))
     result["saturated"] = saturated
     if non_finite:
