@@ -88,8 +88,9 @@ class SocModel:
     def note(self) -> str | None:
         if self.known:
             return None
+        family = "an Atlas A2/A3 name" if self.overflow == INF_NAN else "the mode of every SoC but 910B<n>*/910_93*"
         return (f"{self.soc} is not a SoC this tool knows; its float overflow mode is assumed to be {self.overflow} "
-                f"({'an Atlas A2/A3 name' if self.overflow == INF_NAN else 'the mode of every SoC but 910B*/910_93*'})")
+                f"({family}); pass a known name (options.KNOWN_SOCS) to be sure")
 
     def to_dict(self) -> dict[str, Any]:
         return {"soc_version": self.soc, "overflow_mode": self.overflow, "known": self.known,
