@@ -131,15 +131,26 @@ def _print_result(result: Any) -> None:
         click.echo("traced graph, specialised to the example's path "
                    f"({'accepted' if spec['accepted'] else 'not accepted'}): "
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
-    if parity.get("fixed_by_keep_dtype"):
-        click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
-    fix = (parity.get("precision") or {}).get("fix")
-    if fix and not fix["fixed"]:
-        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
+    _print_fix(parity)
     if not parity["passed"]:
         if parity.get("reason"):
             click.echo(f"parity failed: {parity['reason']}", err=True)
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+def _print_fix(parity: dict[str, Any]) -> None:
+    """What --fix-precision kept (how many ops, their share of the graph's FLOPs, whole modules), or why not."""
+    fix = (parity.get("precision") or {}).get("fix")
+    kept = parity.get("fixed_by_keep_dtype") or []
+    if kept and fix and "kept_ops" in fix:
+        shown = ", ".join(kept[:6]) + (f", ... ({len(kept) - 6} more)" if len(kept) > 6 else "")
+        modules = f"; whole modules: {', '.join(fix['kept_modules'])}" if fix.get("kept_modules") else ""
+        click.echo(f"--fix-precision kept {fix['kept_ops']} of {fix['graph_ops']} ops in fp32 "
+                   f"({fix['kept_flops_share']:.1%} of the graph's FLOPs): {shown}{modules} (atc/keep_dtype.cfg)")
+    elif kept:
+        click.echo(f"--fix-precision kept in fp32: {', '.join(kept)} (atc/keep_dtype.cfg)")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
 
 
 def _num(value: Any, spec: str = ".3g") -> str:
