@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 from helpers import calibration_models as cm
 from helpers import hf_models, torchvision_ops
+from helpers import origin_models
 from helpers import overflow_models as om
 from helpers.reference_emulation import run_device
 
@@ -229,3 +230,21 @@ def test_attention_logits_past_the_range_heal_on_a_saturating_soc(tmp_path):
                for t, r in zip(truth, ref, strict=True)]
         healthy = all(np.isfinite(t).all() for t in truth) and min(cos) > 0.999
         assert healthy == (overflow == "saturation") == _report(graph, feed, overflow)["passed"]
+
+
+def test_the_rmsnorm_fix_lands_on_a_saturating_soc(tmp_path):
+    """--fix-precision under the default SoC (Ascend310P3, saturation), verified by the saturating oracle on every
+    input set the bundle holds."""
+    from safetensors.numpy import load_file
+
+    model, inputs, _ = origin_models.rms_decoder()
+    result = cann_export.export(model, tmp_path / "b", example_inputs=inputs, fix_precision=True)
+    assert result.ok and result.parity["device"]["device_model"]["overflow_mode"] == "saturation"
+    graph = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    keep = set((tmp_path / "b" / "atc" / "keep_dtype.cfg").read_text().split())
+    data = load_file(str(tmp_path / "b" / "parity" / "inputs.safetensors"))
+    for s in sorted({k.split("/")[0] for k in data}, key=int):
+        feed = {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith(f"{s}/")}
+        for d, r in zip(run_device(graph, feed, keep, "saturation"), _fp32(graph, feed), strict=True):
+            cos = np.dot(d.ravel(), r.ravel()) / (np.linalg.norm(d) * np.linalg.norm(r))
+            assert np.isfinite(d).all() and cos > 0.99, s
