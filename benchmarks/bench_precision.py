@@ -58,7 +58,7 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-def measure(path: str, feeds: dict, repeat: int) -> dict:
+def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -> dict:
     import onnx
     import onnxruntime as ort
 
@@ -78,10 +78,11 @@ def measure(path: str, feeds: dict, repeat: int) -> dict:
     expected = [plain()]  # the fp32 graph's outputs stand in for the PyTorch reference
 
     def device():
-        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {})
+        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {},
+                             overflow=overflow)
 
     def verdict():  # what every export pays: the emulated graph, its session and run, no localisation
-        return Emulator(graph, "force_fp16").session(set()).run(feeds)
+        return Emulator(graph, "force_fp16", overflow).session(set()).run(feeds)
 
     report = device()  # warm-up, and the verdict shown
     rounds = [(timed(plain), timed(device), timed(verdict)) for _ in range(repeat)]
@@ -99,13 +100,15 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--overflow", choices=("saturation", "inf_nan"), default="saturation",
+                    help="the SoC overflow mode emulated (saturation: the default Ascend310P3; inf_nan: 910B*)")
     args = ap.parse_args()
     rows = []
     for name, (model, inputs) in models().items():
         with tempfile.TemporaryDirectory() as tmp:
             result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
             feeds = {k: v.numpy() for k, v in inputs.items()}
-            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat)})
+            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat, args.overflow)})
     print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(TARGET):>6} "
           f"{'emulated':>8}  localisation")
     for r in rows:

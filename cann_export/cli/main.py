@@ -167,9 +167,11 @@ def _num(value: Any, spec: str = ".3g") -> str:
               help="Validate under this minimum cosine instead of the tool's policy.")
 @click.option("--expect-sha256", default=None, metavar="HEX",
               help="Refuse unless manifest.json has this sha256 (pin a bundle).")
+@click.option("--soc-version", "soc_versions", multiple=True, metavar="SOC",
+              help="Judge the device precision for this SoC's overflow mode (repeat for several; one verdict each).")
 @click.option("--json", "as_json", is_flag=True)
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
-                 expect_sha256: str | None, as_json: bool) -> int:
+                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool) -> int:
     """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
 
     Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
@@ -178,17 +180,23 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     from .. import api
     from ..bundle.manifest import summarize_parity
 
-    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
+    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
+                          soc_versions=list(soc_versions))
     summary = summarize_parity(report)
     if as_json:
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
-                            "parity": summary}))
+                            "parity": summary, **({"socs": report["socs"]} if "socs" in report else {})}))
     else:
         click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
                    f"{report['manifest_sha256']})")
         for o in summary["outputs"]:
             click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
                        f"{'ok' if o['passed'] else 'FAIL'}")
+        for v in report.get("socs", []):
+            where = (v.get("first_divergence") or {}).get("message")
+            tail = (f"; {where}" if where and not v["passed"] else "") + (f" [{v['note']}]" if "note" in v else "")
+            click.echo(f"  {v['soc_version']} ({v['overflow_mode']} overflow): "
+                       f"{'passed' if v['passed'] else 'FAILED'}{tail}")
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .device_policy import DevicePolicy, compare_output, cosine
 from .origin import localise
-from .precision import Emulator
+from .precision import INF_NAN, Emulator
 
 
 def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
@@ -21,18 +21,20 @@ def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
 def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], emulator: Emulator | None = None,
-                  localise_failure: bool = True) -> dict[str, Any]:
-    """Emulate ``mode``; judge every output against the reference; localise the divergence on failure."""
-    emulator = emulator or Emulator(model, mode)
+                  localise_failure: bool = True, overflow: str = INF_NAN) -> dict[str, Any]:
+    """Emulate ``mode`` under the SoC's ``overflow`` mode; judge every output against the reference; localise the
+    divergence on failure."""
+    emulator = emulator or Emulator(model, mode, overflow)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)
     sess = emulator.session(keep_set)
     actual = [sess.run(feed) for feed in feeds]
-    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon)
-               for k, name in enumerate(names)]
+    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
+                              emulator.saturation) for k, name in enumerate(names)]
     report: dict[str, Any] = {
-        "precision": {"mode": mode, "emulated": emulator.emulation.description, "keep_dtype": list(keep),
+        "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
+                      "keep_dtype": list(keep),
                       "policy": pol.to_dict()},
         "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
     if not report["passed"] and localise_failure and emulator.emulation.reduces != "none":

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import flops
 from .device_check import device_report, expand_keep, in_graph
-from .precision import Emulator
+from .precision import INF_NAN, Emulator
 
 __all__ = ["device_report", "expand_keep", "fix_precision"]
 
@@ -25,9 +25,9 @@ SHRINK_TRIALS = 32  # parity runs the bisection may spend
 class Trial:
     """Device parity of one keep set (the user's entries plus ``kept``), counted."""
 
-    def __init__(self, model: Any, mode: str, keep: list[str], args: tuple):
+    def __init__(self, model: Any, mode: str, keep: list[str], args: tuple, overflow: str = INF_NAN):
         self.model, self.mode, self.keep, self.args = model, mode, keep, args
-        self.emulator = Emulator(model, mode)
+        self.emulator = Emulator(model, mode, overflow)
         self.runs = 0
 
     def report(self, kept: list[str], localise: bool = True) -> dict[str, Any]:
@@ -43,7 +43,8 @@ class Trial:
         return allowed is None or self.non_finite(kept) <= allowed
 
     def non_finite(self, kept: list[str]) -> set[str]:
-        """The float values that hold inf/nan on the device, on the first input set."""
+        """The float values that hold inf/nan (on a saturating SoC: a saturated +-max) on the device, on the first
+        input set."""
         from .origin import chunks
 
         e = self.emulator
@@ -52,7 +53,9 @@ class Trial:
         bad = set()
         for chunk in chunks(e, order):
             values = e.session(keep, expose=chunk).run(self.args[0][0], chunk)
-            bad.update(t for t, v in zip(chunk, values, strict=False) if not np.all(np.isfinite(v)))
+            sat = e.saturation
+            bad.update(t for t, v in zip(chunk, values, strict=False)
+                       if not np.all(np.isfinite(v)) or (sat is not None and np.any(np.abs(v) == sat)))
         return bad
 
 
@@ -149,10 +152,11 @@ def _whole_modules(kept: list[str], paths: dict[str, str]) -> list[str]:
 
 def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
-                  paths: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """Keep nodes in fp32 until device parity passes under the emulation's rule; a small set, or why not."""
+                  paths: dict[str, str], overflow: str = INF_NAN) -> tuple[dict[str, Any], list[str]]:
+    """Keep nodes in fp32 until device parity passes under the emulation's rule (the SoC's ``overflow`` mode);
+    a small set, or why not."""
     paths = in_graph(paths, model)
-    trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths))
+    trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow)
     index = {n.name: k for k, n in enumerate(model.graph.node)}
     order = lambda name: index.get(name, len(index))  # noqa: E731
     kept, steps, short = grow(trial, paths, order)

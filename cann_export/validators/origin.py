@@ -50,7 +50,7 @@ def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], 
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
         emu = emulator.session(keep, expose=chunk).run(feed, chunk)
         for t, r, e in zip(chunk, ref, emu, strict=False):
-            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps)
+            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps, emulator.saturation)
             if not verdicts[t]["passed"]:
                 wrong[t] = (np.asarray(e), np.asarray(r))
     return verdicts, wrong
@@ -166,7 +166,8 @@ def describe(node: Any, tensor: str, verdict: dict[str, Any], keep: set[str], pa
     source = next((p.value for p in node.metadata_props if p.key == module_paths.SOURCE), None)
     return {"node": node.name, "op_type": node.op_type, "tensor": tensor, "module": paths.get(node.name),
             "source": source, "cosine": verdict["cosine"], "max_abs": verdict["max_abs"],
-            "overflow": verdict["non_finite"], "kept": node.name in keep, "reason": verdict.get("reason"),
+            "overflow": verdict["non_finite"] or verdict["saturated"], "kept": node.name in keep,
+            "reason": verdict.get("reason"),
             "skipped_healed": healed[:8],
             "message": f"first divergence: {where} cosine {verdict['cosine']:.2f}"
-                       + (" (fp16 overflow)" if verdict["non_finite"] else "")}
+                       + (" (fp16 overflow)" if verdict["non_finite"] or verdict["saturated"] else "")}
