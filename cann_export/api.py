@@ -132,7 +132,7 @@ def _result(ctx: ExportContext) -> ExportResult:
 
 
 def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_sha256: str | None = None,
-             **tolerance_values: float) -> dict[str, Any]:
+             soc_versions: list[str] | tuple[str, ...] | None = None, **tolerance_values: float) -> dict[str, Any]:
     """Re-derive a bundle's verdicts (a directory, a single-file bundle, or a file its format unpacks such as
     an om-stub); what is particular to the format is checked by the Format the manifest names.
 
@@ -141,7 +141,9 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
     under the tool's policy (``Tolerance()``; ``tolerance`` or ``atol=`` / ``rtol=`` / ``min_cosine=``
     replace it explicitly), never under the tolerance the manifest records. Any difference between what the
     manifest claims and what was re-derived raises ``BundleMismatchError`` (exit 2) listing each one;
-    ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised."""
+    ``expect_sha256`` pins the manifest's own sha256. A re-derived parity failure is returned, not raised.
+    ``soc_versions``: also judge the bundle's device precision for each of these SoCs (their overflow modes),
+    one verdict each in ``report["socs"]``; the overall ``passed`` is then theirs."""
     from .bundle import rederive
     from .bundle.read import manifest_sha256, open_bundle
     from .fs import digests
@@ -152,6 +154,9 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         raise errors.OptionsError(f"unknown tolerance option(s) {', '.join(unknown)}; known: atol, rtol, min_cosine")
     tol = (tolerance or Tolerance()).with_values(**tolerance_values)
     tol.check()  # the checks and messages export's tolerance gets (finite, >= 0, a cosine in [-1, 1])
+    from .options import check_soc_version
+
+    socs = [check_soc_version(s) for s in ([soc_versions] if isinstance(soc_versions, str) else soc_versions or [])]
     if expect_sha256 is not None and not digests.is_sha256(expect_sha256.lower()):
         raise errors.OptionsError(f"--expect-sha256 {expect_sha256!r} is not 64 hex digits")
     path = Path(bundle)
@@ -162,7 +167,7 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
                                        "this is not the bundle that was pinned", path=path)
         checked = rederive.check_bundle(directory, container=container, raise_on_difference=False)
         try:
-            report, parity_diffs = rederive.rederive_parity(checked, tol, explicit)
+            report, parity_diffs = rederive.rederive_parity(checked, tol, explicit, socs)
         except errors.ExportError as e:
             if checked.differences:  # the parity data is unusable because the bundle was changed
                 raise rederive.BundleMismatchError(checked.differences, path=path) from e

@@ -256,9 +256,10 @@ def test_fix_keeps_a_whole_module_when_one_node_is_not_enough(tmp_path):
     feed = _feed(graph, x)
     report = _check(graph, feed, [], fix=True)
     fix = report["precision"]["fix"]
-    assert report["passed"] and fix["kept_modules"] == ["chain"]
     chain = {n for n, p in collect(graph).items() if p == "chain"}
-    assert chain <= set(fix["kept"]) and len(fix["rounds"]) == 2
+    assert report["passed"] and len(fix["rounds"]) == 2 and fix["rounds"][1]["module"] == "chain"
+    assert set(fix["rounds"][0]["kept"]) | set(fix["rounds"][1]["kept"]) == chain  # grown to the module ...
+    assert set(fix["kept"]) <= chain and fix["kept_ops"] == len(fix["kept"])  # ... then shrunk by bisection
     assert _healthy(run_device(graph, feed, set(fix["kept"])), _fp32(graph, feed))
 
 
@@ -271,18 +272,22 @@ class Ladder(nn.Module):
         return x
 
 
-def test_fix_says_plainly_when_it_cannot_fix(tmp_path):
+def test_fix_lands_when_growing_from_the_origin_runs_out_of_rounds(tmp_path):
+    """16 rounds keep 16 of the 40 nodes; the fix then keeps every node and bisects: all 40 are needed."""
     x = torch.full((1, 4), 300.0)
     path = tmp_path / "ladder.pt2"
     torch.export.save(torch.export.export(Ladder().eval(), (x,)), str(path))
     from cann_export.cli.main import cli
 
     result = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o"), "--fix-precision", "--json"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 0, result.output
     fix = json.loads(result.stdout)["parity"]["precision"]["fix"]
-    assert fix["fixed"] is False and "still fails after 16 rounds" in fix["reason"]
-    text = CliRunner().invoke(cli, [str(path), "-o", str(tmp_path / "o2"), "--fix-precision"])
-    assert text.exit_code == 1 and "--fix-precision cannot fix this: device parity still fails" in text.stdout
+    assert fix["fixed"] and fix["rounds"][-1]["kept"] == "every node" and "16 rounds" in fix["rounds"][-1]["because"]
+    graph = onnx.load(str(tmp_path / "o" / "model.onnx"))
+    keep = set((tmp_path / "o" / "atc" / "keep_dtype.cfg").read_text().split())
+    assert fix["kept_ops"] == len(keep) == 40 and fix["kept_flops_share"] == 1.0
+    assert _healthy(run_device(graph, {graph.graph.input[0].name: x.numpy()}, keep), _fp32(graph, {
+        graph.graph.input[0].name: x.numpy()}))
 
 
 def test_overflow_fails_under_force_fp16_and_names_the_module(tmp_path):
@@ -321,7 +326,7 @@ def test_fix_precision_keeps_the_offending_nodes(tmp_path):
 def test_keeping_one_module_is_not_enough_when_an_fp16_node_reads_its_output(tmp_path):
     """energy's 4.1e5 stays fp32 in the kept module, but the Sqrt after it reads it in fp16: inf."""
     result = cann_export.export(Overflowing(), tmp_path / "b", example_inputs=(big_input(),),
-                                atc_hints={"keep_dtype": ["energy"]})
+                                atc_hints={"keep_dtype": ["energy"]}, soc_version="Ascend910B1")  # IEEE: inf
     assert not result.ok
     first = result.parity["first_divergence"]
     assert first["op_type"] == "Sqrt" and first["overflow"] and first["module"] == ""

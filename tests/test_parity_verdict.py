@@ -149,7 +149,7 @@ def test_fp16_overflow_export_writes_strict_json_without_ansi(tmp_path):
     save_file({"x": torch.randn(2, 8) + 2}, str(inputs))
     bundle = tmp_path / "ovf"
     result = invoke([str(model_file), "--model-class", "helpers.parity_models:Overflow", "--example-inputs",
-                     str(inputs), "-o", str(bundle), "--json"])
+                     str(inputs), "-o", str(bundle), "--json", "--soc-version", "Ascend910B1"])  # inf: Inf/NaN mode
     assert result.exit_code == 1, result.output
     texts = {"--json": result.stdout, "manifest.json": (bundle / "manifest.json").read_text(),
              "parity.json": (bundle / "parity.json").read_text()}

@@ -154,8 +154,11 @@ def keep_dtype_nodes(entries: list[str], model: Any, module_paths: dict[str, str
         matched = [node for node, path in module_paths.items()
                    if node in names and (path == entry or path.startswith(entry + "."))]
         if not matched:
-            raise ValueError(f"keep_dtype entry {entry!r} is neither an ONNX node name, an OpType::X entry nor "
-                             "the path of a PyTorch module that produced nodes")
+            from ..errors import WriteError
+
+            raise WriteError(f"keep_dtype entry {entry!r} is neither a node of the written graph, an OpType::X "
+                             "entry nor the path of a PyTorch module that produced nodes; pass one of those "
+                             "(onnxsim renames and merges nodes: name a module or an op type to be safe)")
         mapping[entry] = matched
         lines.extend(matched)
     return list(dict.fromkeys(lines)), mapping

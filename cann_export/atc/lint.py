@@ -265,6 +265,37 @@ def _check_quantized(hints: dict[str, Any], precision_mode: str, findings: _Find
                      op_type="QuantizeLinear")
 
 
+def refused_ops(nodes: Any) -> set[tuple[str, str]]:
+    """The (domain, op type) pairs among ``nodes`` (an onnx graph's ``_nodes`` or onnx_ir's ``all_nodes()``)
+    that ATC's parser refuses: any op outside the ai.onnx domain, or one missing from the table (Q/DQ aside,
+    AMCT lowers those)."""
+    ops = load_table()["ops"]
+    return {(n.domain, n.op_type) for n in nodes
+            if n.domain not in DEFAULT_DOMAINS or (n.op_type not in ops and n.op_type not in QDQ)}
+
+
+def foreign_ops(nodes: Any) -> set[tuple[str, str]]:
+    """The (domain, op type) pairs among ``nodes`` outside the ai.onnx domain (contrib ops, custom ops,
+    calls of local functions)."""
+    return {(n.domain, n.op_type) for n in nodes if n.domain not in DEFAULT_DOMAINS}
+
+
+def graph_refused_ops(model: Any) -> set[tuple[str, str]]:
+    """``refused_ops`` of an onnx.ModelProto, If/Loop/Scan bodies included."""
+    return refused_ops(_nodes(model.graph))
+
+
+def require_standard(before: set[tuple[str, str]], after: set[tuple[str, str]], step: str) -> None:
+    """A pass of ours must never write an op ATC refuses that the graph it was given did not hold (a
+    ``com.microsoft`` fusion, an op newer than ATC parses): the tool would then refuse its own output. Raises
+    RuntimeError, an internal error, naming the step and the ops."""
+    added = sorted(after - before)
+    if added:
+        shown = ", ".join(f"{d}::{o}" if d not in DEFAULT_DOMAINS else o for d, o in added)
+        raise RuntimeError(f"{step} wrote op(s) ATC does not parse that the graph did not hold: {shown}; an "
+                           "ATC-bound graph must stay standard ONNX (a pass that emits them must be turned off)")
+
+
 class AtcLint:
     """The ``lint`` stage validator for formats that go to ATC."""
 

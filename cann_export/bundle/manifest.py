@@ -89,7 +89,9 @@ def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
                **({"graph_fp32_passed": report["graph_fp32"]["passed"]} if "graph_fp32" in report else {})}
     device = report.get("device")
     if device is not None:
-        summary["device"] = {"passed": bool(device.get("passed")), "mode": (report.get("precision") or {}).get("mode"),
+        precision = report.get("precision") or {}
+        summary["device"] = {"passed": bool(device.get("passed")), "mode": precision.get("mode"),
+                             **({"device_model": precision["device_model"]} if "device_model" in precision else {}),
                              "tolerance": device.get("tolerance") or {}, "outputs": rows(device.get("outputs", []))}
     return summary
 

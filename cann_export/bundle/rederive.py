@@ -226,15 +226,21 @@ def _check_atc(checked: CheckedBundle) -> None:
                      f"{_short(checked.keep_nodes)}")
 
 
-def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool) -> tuple[dict[str, Any], list[str]]:
+def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool,
+                    soc_versions: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Parity re-run from the stored inputs and reference outputs under ``tolerance`` (the tool's policy
-    unless the user passed values), with the device-precision run the validated ATC options imply; and
-    every way the manifest's parity section differs from what was re-derived."""
+    unless the user passed values), with the device-precision run the validated ATC options imply (under the
+    device model the manifest records); and every way the manifest's parity section differs from what was
+    re-derived. ``soc_versions``: judge the bundle for each of these SoCs too (``report["socs"]``, one verdict
+    each; the overall verdict is theirs)."""
     recorded = checked.manifest["parity"]
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
                             "export again with validation to get re-runnable parity", path=checked.directory)
-    report, mode = _rerun_parity(checked, tolerance)
+    if soc_versions and checked.options is None:
+        raise ValidateError("--soc-version judges the device precision of an ATC bundle (atc_ready, om); this "
+                            "bundle has no ATC options to emulate", path=checked.directory)
+    report, mode, rerun = _rerun_parity(checked, tolerance)
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
@@ -250,11 +256,39 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     if mode is not None and claimed_mode is not None and claimed_mode != mode:
         diffs.append(f"parity.precision.mode: the manifest says {claimed_mode!r}, the validated ATC options "
                      f"give {mode!r}")
+    if soc_versions:
+        report["socs"] = [_soc_verdict(report, rerun, soc) for soc in dict.fromkeys(soc_versions)]
+        report["passed"] = all(v["passed"] for v in report["socs"])
     return report, diffs
 
 
-def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[str, Any], str | None]:
-    """The parity report re-run from the bundle's stored data, and the device precision mode it used."""
+def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dict[str, Any]:
+    """The device verdict of the bundle on ``soc`` (the re-derived run reused when its device model is the same)."""
+    from ..options import soc_model
+    from ..validators.parity import with_device_parity
+
+    model = soc_model(soc)
+    ran = (report.get("precision") or {}).get("device_model") or {}
+    if ran.get("overflow_mode") == model.overflow or "graph_fp32" not in report:
+        verdict = report
+    else:
+        graph = report["graph_fp32"]
+        base = {"passed": graph["passed"], "outputs": graph["outputs"], "tolerance": graph["tolerance"]}
+        verdict = with_device_parity(base, rerun["model"], rerun["mode"], rerun["keep"], rerun["feeds"],
+                                     rerun["expected"], rerun["tolerance"], rerun["paths"], soc=soc)
+    device = verdict.get("device") or {}
+    entry = {**model.to_dict(), "passed": bool(verdict["passed"]),
+             "device_passed": device.get("passed"), "outputs": [
+                 {k: o[k] for k in ("name", "max_abs", "cosine", "passed", "reason") if k in o}
+                 for o in device.get("outputs", [])]}
+    if verdict.get("first_divergence"):
+        entry["first_divergence"] = verdict["first_divergence"]
+    return entry
+
+
+def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """The parity report re-run from the bundle's stored data, the device precision mode it used, and what the
+    device run needs to run again for another SoC."""
     import onnx
 
     from ..inputs.parity_data import read_bundle_labels, read_bundle_noise, read_bundle_parity
@@ -271,15 +305,21 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
                            quantized="quantization" in manifest, labels=labels,
                            noise=read_bundle_noise(directory, len(feeds)))
     if checked.options is None or not report.get("outputs"):
-        return report, None
+        return report, None, {}
     from ..atc.hints import effective_precision
+    from ..validators.precision import INF_NAN
 
     mode = effective_precision(checked.options)
+    precision = manifest["parity"].get("precision") or {}
+    # the device model the export ran: a bundle written before SoC device models emulated Inf/NaN mode
+    overflow = (precision.get("device_model") or {}).get("overflow_mode", INF_NAN)
     chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only, as at export
-    report = with_device_parity(report, onnx.load(str(model_path)), mode, checked.keep_nodes,
-                                [feeds[s] for s in chosen], [expected[s] for s in chosen], tolerance,
-                                checked.module_paths)
-    return report, mode
+    rerun = {"model": onnx.load(str(model_path)), "mode": mode, "keep": checked.keep_nodes,
+             "feeds": [feeds[s] for s in chosen], "expected": [expected[s] for s in chosen], "tolerance": tolerance,
+             "paths": checked.module_paths}
+    report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
+                                tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow)
+    return report, mode, rerun
 
 
 def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> list[str]:

@@ -96,9 +96,18 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
 def _optimized(program: Any, ctx: Any) -> Any:
     """torch.onnx's own optimisation (onnxscript's optimizer and fusions); a Conv that absorbed a BatchNorm
-    keeps the Conv's origin and names the BatchNorm as folded. A large graph is saved with external data."""
-    folds = remember_folds(program.model.graph)
+    keeps the Conv's origin and names the BatchNorm as folded. A large graph is saved with external data.
+    For a format bound to ATC it must not write an op outside ai.onnx (internal error otherwise; the standard
+    ops of inlined local functions are the model's own, which the lint stage judges)."""
+    from ..atc.lint import foreign_ops, require_standard
+
+    graph = program.model.graph
+    folds = remember_folds(graph)
+    atc_bound = bool(getattr(ctx.format, "lint", False))
+    before = foreign_ops(graph.all_nodes()) if atc_bound else set()
     program.optimize()
+    if atc_bound:
+        require_standard(before, foreign_ops(program.model.graph.all_nodes()), "torch.onnx's optimize()")
     restore_folds(program.model.graph, folds)
     return large_graph.dynamo_graph(program, ctx)
 

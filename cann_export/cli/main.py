@@ -137,15 +137,26 @@ def _print_result(result: Any) -> None:
         click.echo("traced graph, specialised to the example's path "
                    f"({'accepted' if spec['accepted'] else 'not accepted'}): "
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
-    if parity.get("fixed_by_keep_dtype"):
-        click.echo(f"--fix-precision kept in fp32: {', '.join(parity['fixed_by_keep_dtype'])} (atc/keep_dtype.cfg)")
-    fix = (parity.get("precision") or {}).get("fix")
-    if fix and not fix["fixed"]:
-        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
+    _print_fix(parity)
     if not parity["passed"]:
         if parity.get("reason"):
             click.echo(f"parity failed: {parity['reason']}", err=True)
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
+
+
+def _print_fix(parity: dict[str, Any]) -> None:
+    """What --fix-precision kept (how many ops, their share of the graph's FLOPs, whole modules), or why not."""
+    fix = (parity.get("precision") or {}).get("fix")
+    kept = parity.get("fixed_by_keep_dtype") or []
+    if kept and fix and "kept_ops" in fix:
+        shown = ", ".join(kept[:6]) + (f", ... ({len(kept) - 6} more)" if len(kept) > 6 else "")
+        modules = f"; whole modules: {', '.join(fix['kept_modules'])}" if fix.get("kept_modules") else ""
+        click.echo(f"--fix-precision kept {fix['kept_ops']} of {fix['graph_ops']} ops in fp32 "
+                   f"({fix['kept_flops_share']:.1%} of the graph's FLOPs): {shown}{modules} (atc/keep_dtype.cfg)")
+    elif kept:
+        click.echo(f"--fix-precision kept in fp32: {', '.join(kept)} (atc/keep_dtype.cfg)")
+    if fix and not fix["fixed"]:
+        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
 
 
 def _num(value: Any, spec: str = ".3g") -> str:
@@ -162,9 +173,11 @@ def _num(value: Any, spec: str = ".3g") -> str:
               help="Validate under this minimum cosine instead of the tool's policy.")
 @click.option("--expect-sha256", default=None, metavar="HEX",
               help="Refuse unless manifest.json has this sha256 (pin a bundle).")
+@click.option("--soc-version", "soc_versions", multiple=True, metavar="SOC",
+              help="Judge the device precision for this SoC's overflow mode (repeat for several; one verdict each).")
 @click.option("--json", "as_json", is_flag=True)
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
-                 expect_sha256: str | None, as_json: bool) -> int:
+                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool) -> int:
     """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
 
     Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
@@ -173,17 +186,23 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     from .. import api
     from ..bundle.manifest import summarize_parity
 
-    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256)
+    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
+                          soc_versions=list(soc_versions))
     summary = summarize_parity(report)
     if as_json:
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
-                            "parity": summary}))
+                            "parity": summary, **({"socs": report["socs"]} if "socs" in report else {})}))
     else:
         click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
                    f"{report['manifest_sha256']})")
         for o in summary["outputs"]:
             click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
                        f"{'ok' if o['passed'] else 'FAIL'}")
+        for v in report.get("socs", []):
+            where = (v.get("first_divergence") or {}).get("message")
+            tail = (f"; {where}" if where and not v["passed"] else "") + (f" [{v['note']}]" if "note" in v else "")
+            click.echo(f"  {v['soc_version']} ({v['overflow_mode']} overflow): "
+                       f"{'passed' if v['passed'] else 'FAILED'}{tail}")
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 

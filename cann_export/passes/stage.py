@@ -9,6 +9,9 @@ from ..context import ExportContext
 from ..hooks.contracts import Pass, optional
 from ..hooks.manager import registry
 
+# onnxsim passes that fuse into onnxruntime contrib ops (com.microsoft::Attention, GroupQueryAttention)
+ONNXSIM_CONTRIB_FUSIONS = ("fuse_attention", "fuse_gqa")
+
 
 def _apply(ctx: ExportContext, method: str, model: Any) -> tuple[Any, list[str]]:
     """Every registered pass that implements ``method`` (apply_module / apply_graph / apply_final_graph), in
@@ -29,7 +32,19 @@ def strip(ctx: ExportContext) -> str | None:
 
 
 def optimize(ctx: ExportContext) -> str | None:
-    """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches."""
+    """Graph passes, then onnxsim; the simplified graph is kept only if it loads and matches. A graph bound
+    for ATC leaves with no op ATC refuses that it did not come in with (internal error otherwise)."""
+    from ..atc.lint import graph_refused_ops, require_standard
+
+    if not getattr(ctx.format, "lint", False):
+        return _optimize(ctx)
+    before = graph_refused_ops(ctx.onnx_model)
+    summary = _optimize(ctx)
+    require_standard(before, graph_refused_ops(ctx.onnx_model), "the optimize stage's graph passes")
+    return summary
+
+
+def _optimize(ctx: ExportContext) -> str | None:
     from ..capture.onnx_utils import weights_bytes
 
     ctx.onnx_model, _ = _apply(ctx, "apply_graph", ctx.onnx_model)
@@ -65,12 +80,15 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     from ..capture.onnx_utils import session
     from ..validators.metrics import all_pass
 
-    try:
-        simplified, ok = onnxsim.simplify(ctx.onnx_model)
+    try:  # onnxsim's onnxruntime fusions (com.microsoft::Attention ...) are no ONNX: ATC could not parse them
+        simplified, ok = onnxsim.simplify(ctx.onnx_model, skipped_optimizers=list(ONNXSIM_CONTRIB_FUSIONS))
     except Exception as e:  # noqa: BLE001
         return f"failed: {type(e).__name__}: {_gist(e, 200)}", None
     if not ok:
         return "failed: onnxsim's own check did not pass", None
+    added = _refused_by_atc(ctx, simplified)
+    if added:  # a fusion this list does not know yet: the unsimplified graph is standard ONNX
+        return f"rejected: simplified graph holds op(s) ATC does not parse ({', '.join(added)})", None
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
     tol = ctx.options.tolerance
 
@@ -87,6 +105,16 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
     return "rejected: simplified graph changed outputs beyond tolerance", None
+
+
+def _refused_by_atc(ctx: ExportContext, simplified: Any) -> list[str]:
+    """Ops ATC refuses that onnxsim wrote into a graph bound for ATC (none for other formats)."""
+    from ..atc.lint import graph_refused_ops
+
+    if not getattr(ctx.format, "lint", False):
+        return []
+    added = graph_refused_ops(simplified) - graph_refused_ops(ctx.onnx_model)
+    return sorted(f"{d}::{o}" if d else o for d, o in added)
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:

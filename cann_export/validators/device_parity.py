@@ -1,114 +1,62 @@
-"""Device-precision parity: the emulated graph against the fp32 reference, localisation of the node
-where precision breaks, and the --fix-precision loop that keeps such nodes (or whole modules) in fp32."""
+"""--fix-precision: a small keep set, in names of the graph as written, under which device parity passes.
+
+Like Polygraphy's ``debug precision``: it grows a keep set from the origin of the divergence (the origin's
+node; when the divergence comes back in the same module, the module, then the enclosing one), falls back
+to every node in fp32 when growing does not land, then shrinks the set by bisection (dropping halves,
+quarters, ... that parity passes without). Every name it keeps is a node of the graph it ran on (the
+written model.onnx), never one the capture stage recorded before simplification. It reports how many
+ops it kept and their share of the graph's estimated FLOPs, or why it cannot fix."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from ..capture import module_paths
-from .device_policy import DevicePolicy, compare_output, cosine, judge
-from .precision import Emulator
+from . import flops
+from .device_check import device_report, expand_keep, in_graph
+from .precision import INF_NAN, Emulator
 
-BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
-FIX_ROUNDS = 16
+__all__ = ["device_report", "expand_keep", "fix_precision"]
 
-
-def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
-                  expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
-                  paths: dict[str, str], emulator: Emulator | None = None) -> dict[str, Any]:
-    """Emulate ``mode``; judge every output against the reference; localise the divergence on failure."""
-    emulator = emulator or Emulator(model, mode)
-    pol = DevicePolicy(**policy)
-    keep_set = expand_keep(keep, paths)
-    sess = emulator.session(keep_set)
-    actual = [sess.run(feed) for feed in feeds]
-    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon)
-               for k, name in enumerate(names)]
-    report: dict[str, Any] = {
-        "precision": {"mode": mode, "emulated": emulator.emulation.description, "keep_dtype": list(keep),
-                      "policy": pol.to_dict()},
-        "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
-    if not report["passed"] and emulator.emulation.reduces != "none":
-        worst = _worst_set(actual, expected)
-        failing = [o["name"] for o in outputs if not o["passed"]]
-        report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing)
-    return report
+FIX_ROUNDS = 16  # origin-driven growth rounds
+SHRINK_TRIALS = 32  # parity runs the bisection may spend
 
 
-def expand_keep(keep: list[str], paths: dict[str, str]) -> set[str]:
-    """keep_dtype entries as node names (a PyTorch module path stands for every node it produced)."""
-    out = set()
-    for entry in keep:
-        out.add(entry)
-        out.update(n for n, p in paths.items() if p == entry or p.startswith(entry + "."))
-    return out
+class Trial:
+    """Device parity of one keep set (the user's entries plus ``kept``), counted."""
 
+    def __init__(self, model: Any, mode: str, keep: list[str], args: tuple, overflow: str = INF_NAN):
+        self.model, self.mode, self.keep, self.args = model, mode, keep, args
+        self.emulator = Emulator(model, mode, overflow)
+        self.runs = 0
 
-def _worst_set(actual: list[list[np.ndarray]], expected: list[list[np.ndarray]]) -> int:
-    def score(a: np.ndarray, e: np.ndarray) -> float:
-        a, e = np.asarray(a, dtype=np.float64).ravel(), np.asarray(e, dtype=np.float64).ravel()
-        return cosine(a, e) if a.shape == e.shape else 0.0
+    def report(self, kept: list[str], localise: bool = True) -> dict[str, Any]:
+        self.runs += 1
+        return device_report(self.model, self.mode, self.keep + kept, *self.args, emulator=self.emulator,
+                             localise_failure=localise)
 
-    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False))
-                          for act, exp in zip(actual, expected, strict=False)]))
+    def passes(self, kept: list[str], allowed: set[str] | None = None) -> bool:
+        """Parity passes; with ``allowed``, no value but those is inf/nan (no branch left dead that the
+        loose output rule lets through)."""
+        if not self.report(kept, localise=False)["passed"]:
+            return False
+        return allowed is None or self.non_finite(kept) <= allowed
 
+    def non_finite(self, kept: list[str]) -> set[str]:
+        """The float values that hold inf/nan (on a saturating SoC: a saturated +-max) on the device, on the first
+        input set."""
+        from .origin import chunks
 
-def _chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
-    known = [s for s in emulator.sizes.values()]
-    default = max(known) if known else 1
-    chunks, current, size = [], [], 0
-    for t in tensors:
-        n = emulator.sizes.get(t, default)
-        if current and size + n > BUDGET:
-            chunks.append(current)
-            current, size = [], 0
-        current.append(t)
-        size += n
-    return chunks + ([current] if current else [])
-
-
-def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
-             paths: dict[str, str], failing: list[str]) -> dict[str, Any] | None:
-    """Where the divergence that reaches a failing output starts.
-
-    Every node's float outputs are judged against fp32 with the output policy. Of the diverging tensors,
-    those linked to a failing output by a path of diverging tensors are kept (a value that diverges and
-    is healed downstream, such as a -3.4e38 attention mask that becomes -inf, is not the cause); the
-    first of them in graph order whose producer reads no such tensor is the origin."""
-    graph = emulator.model.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    order = [out for node in graph.node if node.op_type != "Constant" for out in node.output
-             if out in emulator.floats]
-    verdicts: dict[str, dict[str, Any]] = {}
-    eps = emulator.emulation.epsilon
-    for chunk in _chunks(emulator, order):
-        ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
-        emu = emulator.session(keep, expose=chunk).run(feed, chunk)
-        for t, r, e in zip(chunk, ref, emu, strict=False):
-            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps)
-    diverged = {t for t, v in verdicts.items() if not v["passed"]}
-    linked = {t for t in failing if t in diverged}
-    stack = list(linked)
-    while stack:
-        node = producer.get(stack.pop())
-        for name in node.input if node is not None else ():
-            if name in diverged and name not in linked:
-                linked.add(name)
-                stack.append(name)
-    candidates = linked or diverged
-    origin = next((t for t in order if t in candidates
-                   and not any(i in candidates for i in producer[t].input)), None)
-    origin = origin or next((t for t in order if t in candidates), None)
-    if origin is None:
-        return None
-    node, v = producer[origin], verdicts[origin]
-    where = module_paths.describe(node, paths)
-    return {"node": node.name, "op_type": node.op_type, "tensor": origin, "module": paths.get(node.name),
-            "cosine": v["cosine"], "max_abs": v["max_abs"], "overflow": v["non_finite"],
-            "kept": node.name in keep, "reason": v.get("reason"),
-            "message": f"first divergence: {where} cosine {v['cosine']:.2f}"
-                       + (" (fp16 overflow)" if v["non_finite"] else "")}
+        e = self.emulator
+        order = [o for n in self.model.graph.node if n.op_type != "Constant" for o in n.output if o in e.floats]
+        keep = expand_keep(self.keep + kept, self.args[4])
+        bad = set()
+        for chunk in chunks(e, order):
+            values = e.session(keep, expose=chunk).run(self.args[0][0], chunk)
+            sat = e.saturation
+            bad.update(t for t, v in zip(chunk, values, strict=False)
+                       if not np.all(np.isfinite(v)) or (sat is not None and np.any(np.abs(v) == sat)))
+        return bad
 
 
 def _module_nodes(path: str, paths: dict[str, str]) -> set[str]:
@@ -121,63 +69,125 @@ def _enclosing(path: str | None) -> list[str]:
     return [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
 
 
-def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
-                  expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
-                  paths: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """Keep what diverges in fp32 until device parity passes under the emulation's rule.
+def _next_keep(first: dict[str, Any], keep_now: set[str], tried: set[str], paths: dict[str, str],
+               order: Any) -> tuple[list[str], str | None]:
+    """What one growth round adds: the origin's node, or (when its module was tried) the module, then the
+    enclosing one; ``[]`` when all of those are kept already."""
+    node, module = first["node"], first["module"]
+    if node not in keep_now and (not module or module not in tried):
+        if module:
+            tried.add(module)
+        return [node], None
+    for path in _enclosing(module):
+        nodes = _module_nodes(path, paths) - keep_now
+        if nodes:
+            return sorted(nodes, key=order), path
+    return [], None
 
-    Each round keeps the node where the divergence starts; when the fix has already kept a node of the
-    same PyTorch module and the divergence is there again (one node is not enough), it keeps the whole
-    module, then the enclosing one. It stops when parity passes, or says why it cannot fix."""
-    emulator = Emulator(model, mode)
-    args = (feeds, expected, names, policy, paths)
+
+def grow(trial: Trial, paths: dict[str, str], order: Any) -> tuple[list[str], list[dict[str, Any]], str | None]:
+    """Origin-driven growth: ``(kept, rounds, why it stopped short)``; the reason is None once it passes."""
     kept: list[str] = []
-    modules: list[str] = []
     steps: list[dict[str, Any]] = []
     tried: set[str] = set()  # modules in which the fix kept a single node
-    reason = None
-    report = device_report(model, mode, keep, *args, emulator=emulator)
+    report = trial.report(kept)
     for _ in range(FIX_ROUNDS):
         if report["passed"]:
-            break
+            return kept, steps, None
         first = report.get("first_divergence")
         if not first or not first["node"]:
-            reason = "the divergence could not be traced to a named node of the graph"
-            break
-        node, module = first["node"], first["module"]
-        keep_now = expand_keep(keep + kept, paths)
-        add: list[str] = []
-        scope = None
-        if node not in keep_now and (not module or module not in tried):
-            add, scope = [node], None
-            if module:
-                tried.add(module)
-        else:
-            for path in _enclosing(module):
-                nodes = _module_nodes(path, paths) - keep_now
-                if nodes:
-                    add, scope = sorted(nodes, key=_graph_order(model)), path
-                    break
+            return kept, steps, "the divergence could not be traced to a named node of the graph"
+        add, scope = _next_keep(first, expand_keep(trial.keep + kept, paths), tried, paths, order)
         if not add:
-            where = f"{first['module']} ({first['op_type']})" if first["module"] else node
-            reason = (f"{where} diverges in fp32 too: it and every module around it are already kept, so its "
-                      "inputs already lost the precision it needs; keep_dtype cannot fix it (use "
-                      "--precision-mode must_keep_origin_dtype, or change the model)")
-            break
+            where = f"{first['module']} ({first['op_type']})" if first["module"] else first["node"]
+            return kept, steps, f"{where} still diverges with it and every module around it kept"
         kept += add
-        if scope:
-            modules.append(scope)
         steps.append({"kept": add, "module": scope, "because": first["message"]})
-        report = device_report(model, mode, keep + kept, *args, emulator=emulator)
-    if not report["passed"] and reason is None:
-        first = report.get("first_divergence") or {}
-        reason = (f"device parity still fails after {FIX_ROUNDS} rounds ({len(kept)} nodes kept in fp32); "
-                  f"{first.get('message', 'no node could be named')}")
-    report["precision"]["fix"] = {"fixed": bool(report["passed"]), "kept": kept, "kept_modules": modules,
-                                  "rounds": steps, **({"reason": reason} if reason else {})}
+        report = trial.report(kept)
+    if report["passed"]:
+        return kept, steps, None
+    first = report.get("first_divergence") or {}
+    return kept, steps, (f"device parity still failed after {FIX_ROUNDS} rounds ({len(kept)} nodes kept); "
+                         f"{first.get('message', 'no node could be named')}")
+
+
+def shrink(trial: Trial, kept: list[str], budget: int = SHRINK_TRIALS) -> list[str]:
+    """ddmin over ``kept``: drop a chunk whenever parity passes without it and no new value overflows,
+    halving chunks when none can go."""
+    allowed = trial.non_finite(kept)
+    parts = 2
+    spent = 0
+    while len(kept) >= 2 and spent < budget:
+        size = -(-len(kept) // parts)
+        pieces = [kept[k:k + size] for k in range(0, len(kept), size)]
+        for piece in pieces:
+            if spent >= budget:
+                break
+            rest = [n for n in kept if n not in set(piece)]
+            spent += 1
+            if trial.passes(rest, allowed):
+                kept, parts = rest, max(parts - 1, 2)
+                break
+        else:
+            if parts >= len(kept):
+                break
+            parts = min(len(kept), parts * 2)
+    return kept
+
+
+def _whole_modules(kept: list[str], paths: dict[str, str]) -> list[str]:
+    """The outermost modules every node of which is kept."""
+    held = set(kept)
+    whole = sorted({p for n, p in paths.items() if n in held and p}, key=len)
+    out: list[str] = []
+    for path in whole:
+        for candidate in _enclosing(path)[::-1]:
+            if any(candidate == o or candidate.startswith(o + ".") for o in out):
+                break
+            if _module_nodes(candidate, paths) <= held:
+                out.append(candidate)
+                break
+    return sorted(set(out))
+
+
+def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
+                  expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
+                  paths: dict[str, str], overflow: str = INF_NAN) -> tuple[dict[str, Any], list[str]]:
+    """Keep nodes in fp32 until device parity passes under the emulation's rule (the SoC's ``overflow`` mode);
+    a small set, or why not."""
+    paths = in_graph(paths, model)
+    trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow)
+    index = {n.name: k for k, n in enumerate(model.graph.node)}
+    order = lambda name: index.get(name, len(index))  # noqa: E731
+    kept, steps, short = grow(trial, paths, order)
+    reason = None
+    if short is not None:
+        everything = [n.name for n in model.graph.node if n.name and trial.emulator.reduced(n, set())]
+        if trial.passes(everything):
+            steps.append({"kept": "every node", "module": None, "because": short})
+            kept = everything
+        else:
+            reason = ("device parity fails even with every node kept in fp32, so what diverges is not the "
+                      "device's precision: the graph differs from the reference in fp32 (see the fp32 parity "
+                      f"report); keep_dtype cannot fix that ({short})")
+            kept = []
+    if reason is None and kept:
+        kept = sorted(shrink(trial, kept), key=order)
+    report = trial.report(kept)
+    report["precision"]["fix"] = _fix_summary(model, report, kept, steps, paths, trial.runs, reason)
     return report, kept
 
 
-def _graph_order(model: Any):
-    index = {n.name: k for k, n in enumerate(model.graph.node)}
-    return lambda name: index.get(name, len(index))
+def _fix_summary(model: Any, report: dict[str, Any], kept: list[str], steps: list[dict[str, Any]],
+                 paths: dict[str, str], runs: int, reason: str | None) -> dict[str, Any]:
+    per_node = flops.node_flops(model)
+    ops = sum(1 for n in model.graph.node if n.op_type != "Constant")
+    summary = {"fixed": bool(report["passed"]) and reason is None, "kept": kept,
+               "kept_modules": _whole_modules(kept, paths), "kept_ops": len(kept), "graph_ops": ops,
+               "kept_flops_share": round(flops.share(kept, per_node), 6), "rounds": steps, "parity_runs": runs}
+    if reason is None and not report["passed"]:
+        first = report.get("first_divergence") or {}
+        reason = f"device parity still fails with the keep set found; {first.get('message', 'no node named')}"
+    if reason:
+        summary["reason"] = reason
+    return summary

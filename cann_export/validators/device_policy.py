@@ -10,6 +10,11 @@ outputs have cosine >= 0.999 and are finite passes; one with inf/nan where fp32 
   eps x max |reference|): one rounding step (eps = 2**-10 for fp16, 2**-7 for bf16) at the output's
   largest magnitude. Below it, a low cosine comes from an output too small or too flat for fp16 to
   resolve, which is rounding, not breakage.
+- fails when the error's RMS exceeds ``max_rel_rms`` (0.1) of the reference's RMS and max abs error > the noise
+  floor: a result off by a factor (a saturated constant: (x + 65504) * 1e-6 where fp32 has x + 1e6) keeps its
+  cosine at 1.0;
+- under a saturating SoC (``saturation``: the bound, 65504 for fp16), fails when an element sits at the bound
+  where the reference lies past it (the overflow that Inf/NaN mode shows as inf).
 It never compares the error with the output's range (max - min): real fp16 fails such a rule on healthy
 models whose outputs vary little (DETR's box regressor).
 """
@@ -26,21 +31,25 @@ class DevicePolicy:
     min_cosine: float = 0.99
     fail_cosine: float = 0.9
     atol: float = 1e-3
+    max_rel_rms: float = 0.1
 
     def to_dict(self) -> dict[str, float]:
-        return {"min_cosine": self.min_cosine, "fail_cosine": self.fail_cosine, "atol": self.atol}
+        return {"min_cosine": self.min_cosine, "fail_cosine": self.fail_cosine, "atol": self.atol,
+                "max_rel_rms": self.max_rel_rms}
 
 
-def judge(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilon: float) -> dict[str, Any]:
+def judge(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilon: float,
+          saturation: float | None = None) -> dict[str, Any]:
     """Metrics and verdict of one output on one input set (JSON-safe: every number is finite)."""
     if actual.shape != expected.shape:
         return {"max_abs": 0.0, "max_rel": 0.0, "rel_rms": 0.0, "cosine": 0.0, "noise_floor": 0.0,
-                "non_finite": False, "passed": False,
+                "non_finite": False, "saturated": False, "passed": False,
                 "reason": f"shape {list(actual.shape)} != reference {list(expected.shape)}"}
     if not np.issubdtype(expected.dtype, np.floating):
         agree = float(np.mean(actual == expected)) if expected.size else 1.0
         result = {"max_abs": 0.0, "max_rel": 0.0, "rel_rms": 0.0, "cosine": 1.0 if agree == 1.0 else 0.0,
-                  "noise_floor": 0.0, "non_finite": False, "passed": agree == 1.0, "agreement": agree}
+                  "noise_floor": 0.0, "non_finite": False, "saturated": False, "passed": agree == 1.0,
+                  "agreement": agree}
         if agree < 1.0:
             result["reason"] = f"integer output differs in {1 - agree:.1%} of its elements"
         return result
@@ -60,12 +69,20 @@ def judge(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilo
     result = {"max_abs": max_abs, "max_rel": max_abs / peak if peak > 0 else 0.0,
               "rel_rms": err_rms / ref_rms if ref_rms > 0 else 0.0, "cosine": cos, "noise_floor": floor,
               "non_finite": non_finite}
+    saturated = saturation is not None and bool(np.any((np.abs(a[both]) == saturation)  # a kept fp32 value may be past
+                                                         & (np.abs(b[both]) > saturation * (1 + 2 * epsilon))))
+    result["saturated"] = saturated
     if non_finite:
         reason = "overflow: inf/nan where the fp32 reference is finite"
+    elif saturated:
+        reason = f"overflow: saturated at +-{saturation:.6g} where the fp32 reference lies past it"
     elif cos < policy.fail_cosine:
         reason = f"cosine {cos:.4f} < {policy.fail_cosine}"
     elif cos < policy.min_cosine and max_abs > floor:
         reason = f"cosine {cos:.4f} < {policy.min_cosine} and max abs error {max_abs:.3g} > noise floor {floor:.3g}"
+    elif result["rel_rms"] > policy.max_rel_rms and max_abs > floor:
+        reason = (f"error RMS {result['rel_rms']:.3g} of the reference's > {policy.max_rel_rms} (off by a factor) "
+                  f"and max abs error {max_abs:.3g} > noise floor {floor:.3g}")
     else:
         reason = None
     result["passed"] = reason is None
@@ -114,7 +131,8 @@ def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
         "max_abs": max(r["max_abs"] for r in per_set), "max_rel": max(r["max_rel"] for r in per_set),
         "rel_rms": max(r["rel_rms"] for r in per_set), "cosine": min(r["cosine"] for r in per_set),
         "noise_floor": min(r["noise_floor"] for r in per_set),
-        "non_finite": any(r["non_finite"] for r in per_set), "passed": all(r["passed"] for r in per_set)}
+        "non_finite": any(r["non_finite"] for r in per_set), "saturated": any(r.get("saturated") for r in per_set),
+        "passed": all(r["passed"] for r in per_set)}
     for key in ("top1_agreement", "top5_agreement", "agreement"):
         if key in per_set[0]:
             merged[key] = min(r[key] for r in per_set)
@@ -125,12 +143,12 @@ def merge(per_set: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare_output(name: str, actual: list[np.ndarray], expected: list[np.ndarray], policy: DevicePolicy,
-                   epsilon: float) -> dict[str, Any]:
+                   epsilon: float, saturation: float | None = None) -> dict[str, Any]:
     """One output over every input set: metrics, verdict and (for class scores) top-1/top-5 agreement."""
     per_set = []
     for a, b in zip(actual, expected, strict=False):
         a = np.asarray(a)
-        r = judge(a, b, policy, epsilon)
+        r = judge(a, b, policy, epsilon, saturation)
         if a.shape == b.shape and np.issubdtype(b.dtype, np.floating) and is_classifier(name, b.shape):
             r.update(topk_agreement(a, b))
         per_set.append(r)

@@ -190,7 +190,8 @@ class ParityValidator:
         chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only
         return with_device_parity(report, model, effective_precision(ctx.options), keep, [feeds[s] for s in chosen],
                                   [ctx.reference_outputs[s] for s in chosen], ctx.options.tolerance,
-                                  ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports)
+                                  ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports,
+                                  soc=ctx.options.soc_version)
 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
@@ -211,24 +212,31 @@ def path_probe_report(ctx: Any) -> dict[str, Any]:
 
 def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,
                        tolerance: Any, paths: dict[str, str], fix: bool = False,
-                       reports: Reports | None = None) -> dict[str, Any]:
-    """Add the device-precision run to an fp32 parity report; the verdict needs both."""
+                       reports: Reports | None = None, soc: str | None = None,
+                       overflow: str | None = None) -> dict[str, Any]:
+    """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
+    whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded)."""
+    from ..options import ExportOptions, soc_model
     from .device_parity import device_report, fix_precision
     from .precision import emulation_for
 
+    model_of_soc = soc_model(soc or ExportOptions.soc_version)
+    device_model = {**model_of_soc.to_dict(), "overflow_mode": overflow or model_of_soc.overflow}
     if emulation_for(mode).reduces == "none":
-        report["precision"] = {"mode": mode, "emulated": emulation_for(mode).description, "keep_dtype": keep}
+        report["precision"] = {"mode": mode, "emulated": emulation_for(mode).description, "keep_dtype": keep,
+                               "device_model": device_model}
         return report
     names = [o["name"] for o in report["outputs"]]
     args = (feeds, expected, names, tolerance.device_policy(), paths)
     if fix:
-        device, kept = fix_precision(model, mode, keep, *args)
+        device, kept = fix_precision(model, mode, keep, *args, overflow=device_model["overflow_mode"])
         if reports is not None:
             fixed = device["precision"]["fix"]
             reports.precision_fix = PrecisionFix(list(fixed["kept"]), bool(fixed["fixed"]), bool(device["passed"]))
         device["fixed_by_keep_dtype"] = kept
     else:
-        device = device_report(model, mode, keep, *args)
+        device = device_report(model, mode, keep, *args, overflow=device_model["overflow_mode"])
+    device["precision"]["device_model"] = device_model
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
                   device={"passed": device["passed"], "tolerance": device.get("tolerance"),

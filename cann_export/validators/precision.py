@@ -17,6 +17,14 @@ once in numpy. onnxruntime's graph optimisations are off so no pair is folded aw
 to fp16 and running it on onnxruntime's CPU provider does not reproduce device overflow: that provider
 computes many fp16 nodes in fp32 and drops the casts between them.)
 
+Overflow (a SoC's float overflow mode, options.SOC_OVERFLOW), at every rounding point of a reduced node's
+value: "inf_nan" rounds as IEEE 754 (past 65504 is inf); "saturation" clips to +-65504 (bf16: its largest
+finite value) and, after the ops that make NaN from finite inputs (Div 0/0, Sqrt/Log/Pow of a negative ...), sets
+NaN to 0. Whatever the SoC, ATC converts fp32 weights and constants on the host (the graph engine's fp16_t,
+TagFp16::operator=(float): an exponent past fp16's, inf and NaN become +-65504) and folds every node whose inputs
+are all constants or shapes in fp32 before that conversion; so a mask filled with float32 min (-3.4e38) reads
+-65504 on the device, never -inf. (fp16_t maps [65520, 65536) to its NaN pattern; not emulated.)
+
 Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 - force_fp16, fp16: every node.
 - allow_fp32_to_fp16: the cube ops (Conv, ConvTranspose, MatMul, Gemm), which are fp16-only on inference
@@ -47,6 +55,14 @@ DATA_MOVEMENT = frozenset({"Gather", "GatherElements", "GatherND", "Reshape", "T
 SHAPE_INPUTS = {"Resize": (1, 2), "Upsample": (1,), "Range": (0, 1, 2)}  # folded into shapes by ATC
 FP16, BF16 = 10, 16  # onnx.TensorProto.FLOAT16 / BFLOAT16
 FLOAT = 1
+SATURATION, INF_NAN = "saturation", "inf_nan"  # options.OVERFLOW_MODES
+LARGEST = {FP16: 65504.0, BF16: float(np.frombuffer(np.uint32(0x7F7F0000).tobytes(), np.float32)[0]),
+           FLOAT: float(np.finfo(np.float32).max)}  # the largest finite value of each dtype
+# ops that can make NaN from finite inputs; only their outputs need NaN -> 0 in saturation mode (every other
+# op of finite, saturated inputs stays finite)
+NAN_SOURCES = frozenset({"Div", "Sqrt", "Log", "Pow", "Mod", "Acos", "Asin", "Acosh", "Atanh", "ReduceLogSum",
+                         "ReduceLogSumExp"})
+HOST_SOURCES = frozenset({"Shape", "Size", "Constant"})  # outputs ATC knows at build time (static shapes)
 FED_MIN = 1024  # float weights with at least this many elements are fed at run time, not serialised
 EPSILON = {FP16: 2.0 ** -10, BF16: 2.0 ** -7, FLOAT: 2.0 ** -23}  # machine epsilon of each dtype
 
@@ -78,6 +94,21 @@ def emulation_for(mode: str) -> Emulation:
     if mode in ("allow_mix_precision_bf16", "mixed_bfloat16", "allow_fp32_to_bf16"):
         return Emulation(mode, "mixed", True, BF16, "bf16 for op types on the mixed-precision allow list")
     return Emulation(mode, "none", True, FLOAT, "none: fp32 as exported")
+
+
+def atc_convert(arr: np.ndarray, dtype: int) -> np.ndarray:
+    """fp32 -> fp16/bf16 -> fp32 as ATC converts a weight or constant: round to nearest even, and a value past the
+    range, inf or NaN becomes the largest finite value of its sign (fp16_t's saturation; bf16 assumed alike)."""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    largest = np.float32(LARGEST[dtype])
+    if arr.size and not (np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= largest):
+        arr = np.where(np.isnan(arr), np.copysign(largest, arr), np.clip(arr, -largest, largest)).astype(np.float32)
+    return round_array(arr, dtype)
+
+
+def in_range(arr: np.ndarray, dtype: int) -> bool:
+    """Whether every element of ``arr`` is finite and within ``dtype``'s range (converting it saturates nothing)."""
+    return not arr.size or bool(np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= LARGEST[dtype])
 
 
 def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
@@ -119,14 +150,29 @@ def value_types(model: Any) -> tuple[set[str], dict[str, int]]:
     return floats, sizes
 
 
-class Emulator:
-    """One graph, analysed once (value types, weights, rounded weights), emulated for any keep set."""
+def host_values(model: Any) -> set[str]:
+    """Values ATC knows when it builds the model (weights, constants, shapes with static input shapes, and what
+    nodes compute from them alone): it folds them on the host in fp32 and converts the result with fp16_t."""
+    known = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in HOST_SOURCES or (any(node.input) and all(not i or i in known for i in node.input)):
+            known.update(o for o in node.output if o)
+    return known
 
-    def __init__(self, model: Any, mode: str):
+
+class Emulator:
+    """One graph, analysed once (value types, weights, rounded weights), emulated for any keep set.
+
+    ``overflow``: the SoC's float overflow mode, "saturation" or "inf_nan" (see the module docstring)."""
+
+    def __init__(self, model: Any, mode: str, overflow: str = INF_NAN):
         from onnx import numpy_helper
 
+        if overflow not in (SATURATION, INF_NAN):
+            raise ValueError(f"overflow mode {overflow!r} is neither {SATURATION!r} nor {INF_NAN!r}")
         self.model = model
         self.emulation = emulation_for(mode)
+        self.overflow = overflow
         self.floats, self.sizes = value_types(model)
         g = model.graph
         self.node_names = {n.name for n in g.node if n.name}
@@ -135,85 +181,70 @@ class Emulator:
         self.embedded = [i for i in g.initializer if i.name not in self.fed]
         self.init_names = {i.name for i in g.initializer}
         self.graph_inputs = [i for i in g.input if i.name not in self.init_names]
+        self.host = host_values(model)
+        self.producer_op = {o: n.op_type for n in g.node for o in n.output if o}
         self._rounded: dict[str, Any] = {}  # initializer name -> rounded copy (array or TensorProto)
+        self._in_range: dict[str, bool] = {}  # initializer name -> converting it saturates nothing
+
+    @property
+    def saturation(self) -> float | None:
+        """The value reduced results saturate at (None in Inf/NaN mode, or when nothing is reduced)."""
+        e = self.emulation
+        return LARGEST[e.dtype] if self.overflow == SATURATION and e.reduces != "none" else None
 
     def reduced(self, node: Any, keep: set[str]) -> bool:
-        """Whether the device computes ``node`` in reduced precision under this mode and keep set."""
+        """Whether the device computes ``node`` in reduced precision under this mode and keep set (a node of
+        constants and shapes alone is folded by ATC on the host, in fp32)."""
         e = self.emulation
         if e.reduces == "none" or node.op_type == "Constant":  # constants take their reader's precision
             return False
         if node.name in keep or f"OpType::{node.op_type}" in keep:
             return False
+        if node.output and all(not o or o in self.host for o in node.output):
+            return False
         if e.reduces == "all":
             return True
         return node.op_type in (CUBE_OPS if e.reduces == "cube" else MIXED_ALLOW)
+
+    def _init_array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if name in self.fed:
+            return self.fed[name]
+        return numpy_helper.to_array(next(i for i in self.embedded if i.name == name))
 
     def _rounded_init(self, name: str) -> tuple[str, Any]:
         from onnx import numpy_helper
 
         rname = f"{name}__r{self.emulation.dtype}"
         if name not in self._rounded:
-            if name in self.fed:
-                self._rounded[name] = round_array(self.fed[name], self.emulation.dtype)
-            else:
-                init = next(i for i in self.embedded if i.name == name)
-                self._rounded[name] = numpy_helper.from_array(
-                    round_array(numpy_helper.to_array(init), self.emulation.dtype), rname)
+            value = atc_convert(self._init_array(name), self.emulation.dtype)
+            self._rounded[name] = value if name in self.fed else numpy_helper.from_array(value, rname)
         return rname, self._rounded[name]
+
+    def needs_conversion(self, name: str) -> bool:
+        """Whether a data-movement node must read host value ``name`` converted (a weight in range reads as it is:
+        rounding the node's output rounds it alike; a constant past the range saturates on conversion)."""
+        if name not in self.init_names:
+            return name in self.host
+        if name not in self._in_range:
+            self._in_range[name] = in_range(self._init_array(name), self.emulation.dtype)
+        return not self._in_range[name]
 
     def build(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
               reference: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
         """The emulated graph (the plain fp32 graph when ``reference``) with the tensors in ``expose``
         added as outputs, and the weights to feed with every run."""
-        from onnx import helper
-
-        e, floats = self.emulation, self.floats
-        dtype = e.dtype
-        g = self.model.graph
-        nodes: list[Any] = []
-        weights = dict(self.fed)
-        extra_inits: list[Any] = []
-        rounded = set()  # values that already hold what a reduced node reads (fp16-representable)
-        copies: dict[str, str] = {}  # fp32-produced value -> its rounded copy
-
-        def pair(src: str, dst: str, tag: str) -> list[Any]:
-            mid = f"{dst}__{tag}"
-            return [helper.make_node("Cast", [src], [mid], to=dtype, name=f"{mid}_cast"),
-                    helper.make_node("Cast", [mid], [dst], to=FLOAT, name=f"{mid}_back")]
-
-        def read_rounded(name: str) -> str:
-            if name not in copies:
-                if name in self.init_names:
-                    rname, value = self._rounded_init(name)
-                    if isinstance(value, np.ndarray):
-                        weights[rname] = value
-                    else:
-                        extra_inits.append(value)
-                else:
-                    rname = f"{name}__in{dtype}"
-                    nodes.extend(pair(name, rname, "h"))
-                copies[name] = rname
-            return copies[name]
-
-        for original in g.node:
+        build = _Build(self)
+        keep = set(keep)
+        for original in self.model.graph.node:
             node = type(original)()
             node.CopyFrom(original)
-            if reference or not self.reduced(node, set(keep)):
-                nodes.append(node)
-                continue
-            skip = SHAPE_INPUTS.get(node.op_type, ())
-            moves = e.rounds_outputs and node.op_type in DATA_MOVEMENT
-            for k, name in enumerate(node.input):
-                if name and name in floats and name not in rounded and k not in skip and not moves:
-                    node.input[k] = read_rounded(name)
-            nodes.append(node)
-            if e.rounds_outputs:
-                for k, name in enumerate(node.output):
-                    if name in floats:
-                        node.output[k] = f"{name}__fp32"
-                        nodes.extend(pair(node.output[k], name, "o"))
-                        rounded.add(name)
-        return self._assemble(nodes, weights, extra_inits, expose), weights
+            if reference or not self.reduced(node, keep):
+                build.nodes.append(node)
+            else:
+                build.add_reduced(node)
+        return self._assemble(build.nodes, build.weights, build.extra_inits, expose), build.weights
 
     def _assemble(self, nodes: list[Any], weights: dict[str, np.ndarray], extra_inits: list[Any],
                   expose: list[str] | None) -> Any:
@@ -237,6 +268,85 @@ class Emulator:
         return Session(model, weights)
 
 
+class _Build:
+    """The nodes, weights and rounded copies of one emulated graph as it is built."""
+
+    def __init__(self, emulator: Emulator):
+        self.em = emulator
+        self.dtype = emulator.emulation.dtype
+        self.saturate = emulator.saturation is not None
+        self.nodes: list[Any] = []
+        self.weights = dict(emulator.fed)
+        self.extra_inits: list[Any] = []
+        self.rounded: set[str] = set()  # values that already hold what a reduced node reads (representable)
+        self.copies: dict[str, str] = {}  # fp32-produced value -> its rounded copy
+        self._bounds = False
+
+    def add_reduced(self, node: Any) -> None:
+        em = self.em
+        skip = SHAPE_INPUTS.get(node.op_type, ())
+        moves = em.emulation.rounds_outputs and node.op_type in DATA_MOVEMENT
+        for k, name in enumerate(node.input):
+            if not name or name not in em.floats or name in self.rounded or k in skip:
+                continue
+            if not moves or em.needs_conversion(name):
+                node.input[k] = self.read_rounded(name)
+        self.nodes.append(node)
+        if em.emulation.rounds_outputs:
+            for k, name in enumerate(node.output):
+                if name in em.floats:
+                    node.output[k] = f"{name}__fp32"
+                    self.nodes.extend(self.pair(node.output[k], name, "o", self.saturate,
+                                                self.saturate and node.op_type in NAN_SOURCES))
+                    self.rounded.add(name)
+
+    def read_rounded(self, name: str) -> str:
+        """The copy of ``name`` a reduced node reads: a weight converted once in numpy, a host value (constant
+        folded by ATC) saturated, a value computed in fp32 on the device rounded under the overflow mode."""
+        if name not in self.copies:
+            em = self.em
+            if name in em.init_names:
+                rname, value = em._rounded_init(name)
+                if isinstance(value, np.ndarray):
+                    self.weights[rname] = value
+                else:
+                    self.extra_inits.append(value)
+            else:
+                rname = f"{name}__in{self.dtype}"
+                host = name in em.host
+                nan = self.saturate and not host and em.producer_op.get(name) in NAN_SOURCES
+                self.nodes.extend(self.pair(name, rname, "h", host or self.saturate, nan))
+            self.copies[name] = rname
+        return self.copies[name]
+
+    def pair(self, src: str, dst: str, tag: str, clip: bool = False, nan_to_zero: bool = False) -> list[Any]:
+        """``src`` rounded to the reduced dtype into ``dst``: Cast(reduced) -> Cast(fp32), after NaN -> 0 and a
+        clip to the dtype's range when the value saturates."""
+        from onnx import helper
+
+        mid, out = f"{dst}__{tag}", []
+        if nan_to_zero:
+            self._add_bounds()
+            out += [helper.make_node("IsNaN", [src], [f"{mid}_isnan"], name=f"{mid}_isnan"),
+                    helper.make_node("Where", [f"{mid}_isnan", "__sat_zero", src], [f"{mid}_nz"], name=f"{mid}_nz")]
+            src = f"{mid}_nz"
+        if clip:
+            self._add_bounds()
+            out.append(helper.make_node("Clip", [src, "__sat_lo", "__sat_hi"], [f"{mid}_clip"], name=f"{mid}_clip"))
+            src = f"{mid}_clip"
+        return out + [helper.make_node("Cast", [src], [mid], to=self.dtype, name=f"{mid}_cast"),
+                      helper.make_node("Cast", [mid], [dst], to=FLOAT, name=f"{mid}_back")]
+
+    def _add_bounds(self) -> None:
+        from onnx import numpy_helper
+
+        if not self._bounds:
+            largest = np.float32(LARGEST[self.dtype])
+            self.extra_inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+                                 (("__sat_lo", -largest), ("__sat_hi", largest), ("__sat_zero", 0.0))]
+            self._bounds = True
+
+
 class Session:
     """An onnxruntime session over a built graph, with its weights fed on every run."""
 
@@ -249,11 +359,11 @@ class Session:
         return self.sess.run(names, {**{n: feed[n] for n in self.inputs}, **self.weights})
 
 
-def emulate(model: Any, emulation: Emulation, keep: set[str]) -> Any:
+def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN) -> Any:
     """A self-contained copy of ``model`` (weights embedded) that computes as the device does."""
     from onnx import numpy_helper
 
-    emulator = Emulator(model, emulation.mode)
+    emulator = Emulator(model, emulation.mode, overflow)
     built, weights = emulator.build(set(keep))
     fed = set(weights)
     kept_inputs = [i for i in built.graph.input if i.name not in fed]

@@ -1,0 +1,62 @@
+"""Device-precision parity of one graph and keep set: the emulated outputs against the fp32 reference,
+and on failure the origin of the divergence (validators/origin.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .device_policy import DevicePolicy, compare_output, cosine
+from .origin import localise
+from .precision import INF_NAN, Emulator
+
+
+def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
+    """The module paths of the nodes the graph holds: the capture stage records them before onnxsim,
+    which removes and merges nodes, so a name it no longer has must never reach a keep set."""
+    names = {n.name for n in model.graph.node if n.name}
+    return {n: p for n, p in paths.items() if n in names}
+
+
+def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
+                  expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
+                  paths: dict[str, str], emulator: Emulator | None = None,
+                  localise_failure: bool = True, overflow: str = INF_NAN) -> dict[str, Any]:
+    """Emulate ``mode`` under the SoC's ``overflow`` mode; judge every output against the reference; localise the
+    divergence on failure."""
+    emulator = emulator or Emulator(model, mode, overflow)
+    paths = in_graph(paths, model)
+    pol = DevicePolicy(**policy)
+    keep_set = expand_keep(keep, paths)
+    sess = emulator.session(keep_set)
+    actual = [sess.run(feed) for feed in feeds]
+    outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
+                              emulator.saturation) for k, name in enumerate(names)]
+    report: dict[str, Any] = {
+        "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
+                      "keep_dtype": list(keep),
+                      "policy": pol.to_dict()},
+        "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+    if not report["passed"] and localise_failure and emulator.emulation.reduces != "none":
+        worst = worst_set(actual, expected)
+        failing = [o["name"] for o in outputs if not o["passed"]]
+        report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing)
+    return report
+
+
+def expand_keep(keep: list[str], paths: dict[str, str]) -> set[str]:
+    """keep_dtype entries as node names (a PyTorch module path stands for every node it produced)."""
+    out = set()
+    for entry in keep:
+        out.add(entry)
+        out.update(n for n, p in paths.items() if p == entry or p.startswith(entry + "."))
+    return out
+
+
+def worst_set(actual: list[list[np.ndarray]], expected: list[list[np.ndarray]]) -> int:
+    def score(a: np.ndarray, e: np.ndarray) -> float:
+        a, e = np.asarray(a, dtype=np.float64).ravel(), np.asarray(e, dtype=np.float64).ravel()
+        return cosine(a, e) if a.shape == e.shape else 0.0
+
+    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False))
+                          for act, exp in zip(actual, expected, strict=False)]))

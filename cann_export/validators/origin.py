@@ -1,0 +1,173 @@
+"""The origin of a device-precision divergence: the first node, in graph order, whose emulated result is
+wrong while every input it reads is right, and whose wrong result reaches a failing output.
+
+Every node's float outputs are judged against fp32 with the device policy. A wrong value whose wrong inputs
+are all *benign* is a candidate. A candidate is benign itself only when it is wrong *by design* and heals:
+- by design: its node reads a constant past the fp16 range (a float32-min mask fill), or a benign value
+  (the mask added to the scores), or it is, or feeds, a clamp / select (Clip, Min, Max, Where, Relu);
+- heals: fed alone, as the device holds it, into the fp32 reference graph, it leaves every failing output
+  within one fp16 rounding step of the reference (the softmax gives the same zeros; the clamp the same bound).
+A value the data drives out of range (an RMSNorm whose x.pow(2) is inf) is never benign, even where the
+residual around it hides most of the damage: the origin is the first norm, not the last."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..capture import module_paths
+from .device_policy import DevicePolicy, judge
+from .precision import DATA_MOVEMENT, Emulator, Session
+
+BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
+TRIALS = 12  # candidates fed into the reference, at most, before the first one left is named
+PASS_THROUGH = DATA_MOVEMENT | {"Cast", "CastLike"}  # a wrong value moved, not made
+BOUNDING = frozenset({"Clip", "Min", "Max", "Where", "Relu"})  # ops that clamp or select a value back
+FP16_MAX = 65504.0
+
+
+def chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
+    """``tensors`` in runs whose exposed elements stay within BUDGET."""
+    known = list(emulator.sizes.values())
+    default = max(known) if known else 1
+    out, current, size = [], [], 0
+    for t in tensors:
+        n = emulator.sizes.get(t, default)
+        if current and size + n > BUDGET:
+            out.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += n
+    return out + ([current] if current else [])
+
+
+def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
+               order: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Verdict of every value, and (device, reference) arrays of the wrong ones."""
+    verdicts, wrong = {}, {}
+    eps = emulator.emulation.epsilon
+    for chunk in chunks(emulator, order):
+        ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
+        emu = emulator.session(keep, expose=chunk).run(feed, chunk)
+        for t, r, e in zip(chunk, ref, emu, strict=False):
+            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps, emulator.saturation)
+            if not verdicts[t]["passed"]:
+                wrong[t] = (np.asarray(e), np.asarray(r))
+    return verdicts, wrong
+
+
+class Injection:
+    """The fp32 reference graph with one value cut out and fed: does that value, as the device holds it,
+    reach the failing outputs?"""
+
+    def __init__(self, emulator: Emulator, feed: dict[str, np.ndarray], failing: list[str]):
+        self.emulator, self.feed = emulator, feed
+        self.outputs = [o.name for o in emulator.model.graph.output]
+        self.failing = [k for k, name in enumerate(self.outputs) if name in failing] or list(range(len(self.outputs)))
+        self.expected = emulator.session(reference=True).run(feed)
+
+    def reaches(self, tensor: str, device_value: np.ndarray) -> bool:
+        from onnx import helper
+
+        model, weights = self.emulator.build(reference=True)
+        for node in model.graph.node:
+            for k, name in enumerate(node.output):
+                if name == tensor:
+                    node.output[k] = f"{tensor}__cut"
+        model.graph.input.append(helper.make_tensor_value_info(tensor, 1, list(device_value.shape)))
+        got = Session(model, weights).run({**self.feed, tensor: device_value.astype(np.float32)})
+        return any(self._visible(np.asarray(got[k]), np.asarray(self.expected[k])) for k in self.failing)
+
+    def _visible(self, got: np.ndarray, want: np.ndarray) -> bool:
+        """More than one fp16 rounding step at the output's peak away from the reference, anywhere."""
+        if got.shape != want.shape or not np.issubdtype(want.dtype, np.floating):
+            return bool(got.shape != want.shape or np.any(got != want))
+        a, b = got.astype(np.float64), want.astype(np.float64)
+        finite = np.isfinite(b)
+        if np.any(~np.isfinite(a) & finite):
+            return True
+        peak = float(np.abs(b[finite]).max()) if finite.any() else 0.0
+        floor = max(1e-6, self.emulator.emulation.epsilon * peak)
+        return bool(finite.any() and np.abs(a[finite] - b[finite]).max() > floor)
+
+
+def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
+             paths: dict[str, str], failing: list[str]) -> dict[str, Any] | None:
+    """Where the divergence that reaches a failing output starts (None when no value diverges)."""
+    graph = emulator.model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    order = [out for node in graph.node if node.op_type != "Constant" for out in node.output
+             if out in emulator.floats]
+    verdicts, wrong = _judge_all(emulator, keep, feed, policy, order)
+    if not wrong:
+        return None
+    designed = _by_design(graph, producer)
+    benign: set[str] = set()
+    injection, trials, first_candidate, origin = None, 0, None, None
+    for t in (t for t in order if t in wrong):
+        bad_inputs = [i for i in producer[t].input if i in wrong]
+        if any(i not in benign for i in bad_inputs):
+            continue  # wrong because what it reads is wrong
+        if bad_inputs and producer[t].op_type in PASS_THROUGH:
+            benign.add(t)  # a benign value, moved
+            continue
+        first_candidate = first_candidate or t
+        if not (bad_inputs or designed(t)):
+            origin = t  # the data drove it wrong: not a value wrong by design
+            break
+        if trials == TRIALS:  # out of trials: the first candidate not shown benign
+            origin = t
+            break
+        injection = injection or Injection(emulator, feed, failing)
+        trials += 1
+        if injection.reaches(t, wrong[t][0]):
+            origin = t
+            break
+        benign.add(t)
+    origin = origin or first_candidate or next(t for t in order if t in wrong)
+    return describe(producer[origin], origin, verdicts[origin], keep, paths, sorted(benign, key=order.index))
+
+
+def _by_design(graph: Any, producer: dict[str, Any]):
+    """``designed(tensor)``: whether the node making ``tensor`` reads a constant past the fp16 range, or is a
+    clamp / select, or the value reaches one through data movement only."""
+    from onnx import numpy_helper
+
+    huge = set()
+    constants = [(i.name, i) for i in graph.initializer]
+    constants += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                  if a.name == "value"]
+    for name, tensor in constants:
+        if tensor.data_type == 1 and int(np.prod(tensor.dims)) <= 1 << 16:
+            value = numpy_helper.to_array(tensor)
+            if value.size and float(np.abs(value).max()) > FP16_MAX:
+                huge.add(name)
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def feeds_bound(tensor: str, depth: int = 0) -> bool:
+        nodes = consumers.get(tensor, [])
+        return depth < 8 and bool(nodes) and all(
+            n.op_type in BOUNDING or n.op_type in PASS_THROUGH and any(feeds_bound(o, depth + 1) for o in n.output)
+            for n in nodes)
+
+    def designed(tensor: str) -> bool:
+        node = producer[tensor]
+        return node.op_type in BOUNDING or any(i in huge for i in node.input) or feeds_bound(tensor)
+
+    return designed
+
+
+def describe(node: Any, tensor: str, verdict: dict[str, Any], keep: set[str], paths: dict[str, str],
+             healed: list[str]) -> dict[str, Any]:
+    where = module_paths.describe(node, paths)
+    source = next((p.value for p in node.metadata_props if p.key == module_paths.SOURCE), None)
+    return {"node": node.name, "op_type": node.op_type, "tensor": tensor, "module": paths.get(node.name),
+            "source": source, "cosine": verdict["cosine"], "max_abs": verdict["max_abs"],
+            "overflow": verdict["non_finite"] or verdict["saturated"], "kept": node.name in keep,
+            "reason": verdict.get("reason"),
+            "skipped_healed": healed[:8],
+            "message": f"first divergence: {where} cosine {verdict['cosine']:.2f}"
+                       + (" (fp16 overflow)" if verdict["non_finite"] or verdict["saturated"] else "")}
