@@ -156,7 +156,9 @@ print(json.dumps({"ok": True}))
 
 
 def run(code: str, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CANN_EXPORT_LOAD_PLUGINS": ""}
+    # tests/ on the path: its sitecustomize defines torchvision's stand-in schemas (transformers imports it)
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    env = {**os.environ, "PYTHONPATH": path, "CANN_EXPORT_LOAD_PLUGINS": ""}
     env.pop("CANN_MODEL_ZOO", None)  # the zoo is the temporary one passed as zoo=, never the user's cache
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                           timeout=600)
