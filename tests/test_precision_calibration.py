@@ -1,7 +1,7 @@
 """Calibration of the device-precision verdict against ground truth: real fp16 in torch.
 
-Healthy (real fp16 cosine >= 0.999 on every output, all finite) must pass; broken (inf/nan where fp32
-is finite, or cosine < 0.99) must fail and name the module where it breaks. The ground truth is
+Healthy (real fp16 cosine >= 0.999 on every output, all finite) must pass (the broken set, which must fail and
+name the module where it breaks, runs in tests/test_arch_corpus.py with the corpus). The ground truth is
 computed here, from torch, for every model; the verdict is the tool's, through a full atc_ready export.
 """
 import copy
@@ -13,6 +13,9 @@ from helpers import calibration_models as cm
 
 import cann_export
 
+# the architectures tests/test_arch_corpus.py also exports (its own configs), and the broken set, which it
+# runs whole (refused, named at the origin, the saturating verdict against an independent emulation)
+IN_THE_CORPUS = {"bert", "gpt2", "vit", "convnext", "distilbert_classifier"}
 SLOW = {"resnet50_like", "convnext", "efficientnet", "mobilenet_v2", "detr", "attention_overflow"}
 
 
@@ -55,7 +58,7 @@ def _export(model, inputs, tmp_path):
                               soc_version="Ascend910B1")
 
 
-@pytest.mark.parametrize("name", _params(cm.HEALTHY))
+@pytest.mark.parametrize("name", _params(sorted(set(cm.HEALTHY) - IN_THE_CORPUS)))
 def test_healthy_architecture_passes(name, tmp_path):
     model, inputs = cm.HEALTHY[name]()
     truth = real_fp16(model, inputs)
@@ -69,17 +72,3 @@ def test_healthy_architecture_passes(name, tmp_path):
         assert out["noise_floor"] > 0 and out["non_finite"] is False
         if "logits" in out["name"] and len(out["shape"]) == 2:  # class scores: top-k agreement reported
             assert 0.0 <= out["top1_agreement"] <= out["top5_agreement"] <= 1.0
-
-
-@pytest.mark.parametrize("name", _params(cm.BROKEN))
-def test_broken_model_fails_and_names_the_module(name, tmp_path):
-    model, inputs, module = cm.BROKEN[name]()
-    truth = real_fp16(model, inputs)
-    assert any(not finite or cos < 0.99 for cos, finite in truth), truth  # broken in real fp16
-    result = _export(model, inputs, tmp_path)
-    parity = result.parity
-    assert not result.ok and parity["graph_fp32_passed"] and not parity["passed"]
-    first = parity["first_divergence"]
-    assert first["module"] == module or first["module"].startswith(module + "."), first
-    assert first["message"].startswith(f"first divergence: {first['module']} (")
-

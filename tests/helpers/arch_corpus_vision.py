@@ -100,12 +100,3 @@ TORCHVISION = {
     "tv_swin": _tv_class("SwinTransformer", 64, patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[2, 4],
                          window_size=[4, 4]),
 }
-
-# the sizes: a resize-based segmentation head at 224 px, EfficientNet-B0 at 224 px
-LARGE = {
-    "tv_deeplabv3_224": _tv("deeplabv3_mobilenet_v3_large", size=224, segmentation=True, num_classes=4,
-                            weights_backbone=None),
-    "tv_lraspp_224": _tv("lraspp_mobilenet_v3_large", size=224, segmentation=True, num_classes=4,
-                         weights_backbone=None),
-    "tv_efficientnet_b0_224": _tv("efficientnet_b0", size=224, num_classes=10),
-}
