@@ -7,8 +7,11 @@ from typing import Any
 import numpy as np
 
 from .device_policy import DevicePolicy, compare_output, cosine
-from .origin import localise
+from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
+
+
+SMALL = 1 << 22  # float elements of every value together, below which the verdict's run exposes them all
 
 
 def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
@@ -28,8 +31,13 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)
-    sess = emulator.session(keep_set)
-    actual = [sess.run(feed) for feed in feeds]
+    # a small graph exposes every value in the verdict's own run, so a localisation needs no second emulated run
+    values = float_values(emulator)
+    expose = values if sum(emulator.sizes.get(t, BUDGET) for t in values) <= SMALL else []
+    sess = emulator.session(keep_set, expose=expose)
+    outs = [o.name for o in model.graph.output]
+    runs = [sess.run(feed, outs + [t for t in expose if t not in outs]) for feed in feeds]
+    actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
     report: dict[str, Any] = {
@@ -40,7 +48,8 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     if not report["passed"] and localise_failure and emulator.emulation.reduces != "none":
         worst = worst_set(actual, expected)
         failing = [o["name"] for o in outputs if not o["passed"]]
-        report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing)
+        held = dict(zip(outs + [t for t in expose if t not in outs], runs[worst], strict=True)) if expose else None
+        report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)
     return report
 
 

@@ -41,14 +41,25 @@ def chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
     return out + ([current] if current else [])
 
 
+def float_values(emulator: Emulator) -> list[str]:
+    """The float values the graph's nodes make, in graph order (constants aside)."""
+    return [out for node in emulator.model.graph.node if node.op_type != "Constant" for out in node.output
+            if out in emulator.floats]
+
+
 def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
-               order: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Verdict of every value, and (device, reference) arrays of the wrong ones."""
+               order: list[str], held: dict[str, np.ndarray] | None = None,
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Verdict of every value, and (device, reference) arrays of the wrong ones; ``held``: the device values
+    the verdict's run already exposed."""
     verdicts, wrong = {}, {}
     eps = emulator.emulation.epsilon
     for chunk in chunks(emulator, order):
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
-        emu = emulator.session(keep, expose=chunk).run(feed, chunk)
+        if held is not None and all(t in held for t in chunk):
+            emu = [held[t] for t in chunk]
+        else:
+            emu = emulator.session(keep, expose=chunk).run(feed, chunk)
         for t, r, e in zip(chunk, ref, emu, strict=False):
             verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps, emulator.saturation)
             if not verdicts[t]["passed"]:
@@ -92,13 +103,13 @@ class Injection:
 
 
 def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
-             paths: dict[str, str], failing: list[str]) -> dict[str, Any] | None:
+             paths: dict[str, str], failing: list[str],
+             held: dict[str, np.ndarray] | None = None) -> dict[str, Any] | None:
     """Where the divergence that reaches a failing output starts (None when no value diverges)."""
     graph = emulator.model.graph
     producer = {out: node for node in graph.node for out in node.output if out}
-    order = [out for node in graph.node if node.op_type != "Constant" for out in node.output
-             if out in emulator.floats]
-    verdicts, wrong = _judge_all(emulator, keep, feed, policy, order)
+    order = float_values(emulator)
+    verdicts, wrong = _judge_all(emulator, keep, feed, policy, order, held)
     if not wrong:
         return None
     designed = _by_design(graph, producer)

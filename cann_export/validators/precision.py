@@ -37,6 +37,7 @@ Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,9 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
     """fp32 -> fp16/bf16 -> fp32 (round to nearest even; past the range is inf)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == FP16:
+        torch = sys.modules.get("torch")  # torch's vectorised conversion where it is loaded (an export), else numpy's
+        if torch is not None and arr.size >= 4096:
+            return torch.from_numpy(arr).half().float().numpy()
         with np.errstate(over="ignore"):
             return arr.astype(np.float16).astype(np.float32)
     bits = arr.view(np.uint32)
