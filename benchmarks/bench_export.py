@@ -67,6 +67,14 @@ def resnet50():
     return ResNetForImageClassification(ResNetConfig())  # defaults: the ResNet-50 layout
 '''
 
+# Every subprocess has the temp dir on PYTHONPATH, so this runs at its start-up: torchvision's PyPI wheel does not
+# load against the CPU torch and transformers imports it where installed; these models never need it.
+SITE_CUSTOMIZE = '''\
+import sys
+
+sys.modules.setdefault("torchvision", None)
+'''
+
 SETUP_SCRIPT = '''\
 """Build each model with random weights and save weights + example inputs as safetensors."""
 import json
@@ -353,6 +361,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cann-bench-"))
     try:
         (tmp / "benchmodels.py").write_text(MODEL_MODULE)
+        (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
         (tmp / "raw_export.py").write_text(RAW_SCRIPT)
         (tmp / "setup_models.py").write_text(SETUP_SCRIPT)
         env = dict(os.environ)
