@@ -110,7 +110,10 @@ def _print_result(result: Any) -> None:
     click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
                f"reference: {parity['reference']})")
     if parity.get("precision"):
-        click.echo(f"device precision: {parity['precision']['mode']} (emulated: {parity['precision']['emulated']})")
+        precision = parity["precision"]
+        device = precision.get("device_model") or {}
+        on = f" on {device['soc_version']} ({device['overflow_mode']} overflow)" if device.get("soc_version") else ""
+        click.echo(f"device precision: {precision['mode']}{on} (emulated: {precision['emulated']})")
     sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
     if parity.get("device"):
         sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
