@@ -198,3 +198,34 @@ def test_a_contrib_op_from_torch_onnx_optimize_falls_back_to_torchscript(tmp_pat
     capture = result.manifest["capture"]
     dynamo = next(a for a in capture["attempts"] if a["exporter"] == "dynamo")
     assert "optimize() wrote op(s)" in dynamo["error"] and "com.microsoft::FusedGelu" in dynamo["error"], capture
+
+
+@pytest.mark.parametrize("name", _params(ac.BROKEN, {}))
+def test_fix_precision_lands_on_the_broken_set(name, tmp_path):
+    """``--fix-precision`` with the default options (onnxsim on, the default saturating SoC) never crashes on a
+    model real fp16 breaks: it fixes it, with a keep set of nodes of the written graph that the independent
+    node-by-node emulation of the SoC finds healthy on every verdict set, or it says why it cannot."""
+    model, inputs, _ = ac.BROKEN[name]()
+    result = cann_export.export(model, tmp_path / "b", example_inputs=inputs, fix_precision=True)
+    parity = result.parity
+    assert parity["graph_fp32_passed"], _failing(parity)
+    fix = parity["precision"].get("fix")
+    if fix is None or fix["fixed"] and not fix["kept"]:  # healthy on this SoC: saturation heals it (see above)
+        assert parity["passed"] and result.ok and not (tmp_path / "b" / "atc" / "keep_dtype.cfg").exists()
+        return
+    if not fix["fixed"]:
+        assert fix["reason"] and not result.ok, fix
+        return
+    assert result.ok and parity["passed"], fix
+    graph = onnx.load(str(result.onnx["path"]))
+    keep = set((tmp_path / "b" / "atc" / "keep_dtype.cfg").read_text().split())
+    assert keep and keep <= {n.name for n in graph.graph.node}, keep  # names of the graph as written
+    overflow = parity["precision"]["device_model"]["overflow_mode"]
+    stored = load_file(str(tmp_path / "b" / "parity" / "inputs.safetensors"))
+    for entry in json.loads((tmp_path / "b" / "parity.json").read_text())["sets"]:
+        if entry["role"] == "verdict":
+            prefix = f"{entry['index']}/"
+            feed = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)}
+            device = run_device(graph, feed, keep, overflow)
+            reference = ReferenceEvaluator(graph).run(None, feed)
+            assert all(ac.cosine(d, r) >= 0.99 for d, r in zip(device, reference, strict=True)), entry

@@ -38,6 +38,7 @@ Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,9 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
     if dtype == FP16:
         torch = sys.modules.get("torch")  # torch's vectorised conversion where it is loaded (an export), else numpy's
         if torch is not None and arr.size >= 4096:
-            return torch.from_numpy(arr).half().float().numpy()
+            with warnings.catch_warnings():  # a read-only array (a weight's bytes): torch only reads it here
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(arr).half().float().numpy()
         with np.errstate(over="ignore"):
             return arr.astype(np.float16).astype(np.float32)
     bits = arr.view(np.uint32)
