@@ -23,24 +23,14 @@ import cann_export
 from cann_export import errors, hookimpl
 from cann_export.hooks.manager import get_plugin_manager
 
-# Fail on main today (other issue-17 parts fix them); strict, so a fix shows up as XPASS and the mark goes.
-XFAIL_HEALTHY: dict[str, str] = {}
-XFAIL_REFUSED: dict[str, str] = {}
-XFAIL_ORIGIN: dict[str, str] = {}
 # past ~10 s of export on a loaded 2-core machine (measured): CI runs them, -m 'not slow' skips them locally
 SLOW = {"hf_swin", "hf_segformer", "hf_mobilevit", "timm_efficientnet_b0", "timm_regnetx_002", "timm_lcnet_050",
         "timm_ghostnet_050", "timm_edgenext_xx_small", "timm_mobilevitv2_050", "timm_fastvit_t8",
         "tv_efficientnet_b0", "tv_regnet_y_400mf", "tv_deeplabv3"}
 
 
-def _params(names, xfails):
-    out = []
-    for name in names:
-        marks = [pytest.mark.slow] if name in SLOW else []
-        if name in xfails:
-            marks.append(pytest.mark.xfail(strict=True, reason=xfails[name]))
-        out.append(pytest.param(name, marks=marks))
-    return out
+def _params(names):
+    return [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in names]
 
 
 @functools.cache
@@ -57,7 +47,7 @@ def _failing(parity):
     return [o for o in parity.get("outputs", []) if not o.get("passed", True)] or parity
 
 
-@pytest.mark.parametrize("name", _params(ac.HEALTHY, XFAIL_HEALTHY))
+@pytest.mark.parametrize("name", _params(ac.HEALTHY))
 def test_healthy_architecture_passes_a_plain_export(name, tmp_path):
     model, inputs = ac.HEALTHY[name]()
     truth = ac.real_fp16(model, inputs)
@@ -71,7 +61,7 @@ def test_healthy_architecture_passes_a_plain_export(name, tmp_path):
     assert [s["passed"] for s in socs] == [True], socs
 
 
-@pytest.mark.parametrize("name", _params(ac.BROKEN, XFAIL_REFUSED))
+@pytest.mark.parametrize("name", _params(ac.BROKEN))
 def test_broken_model_is_refused(name, tmp_path_factory):
     truth, result, _ = _broken_export(name, str(tmp_path_factory.getbasetemp() / "broken"))
     assert ac.broken_in_fp16(truth), truth
@@ -80,7 +70,7 @@ def test_broken_model_is_refused(name, tmp_path_factory):
     assert not parity["passed"] and not result.ok  # no miss
 
 
-@pytest.mark.parametrize("name", _params(ac.BROKEN, XFAIL_ORIGIN))
+@pytest.mark.parametrize("name", _params(ac.BROKEN))
 def test_broken_model_is_named_at_its_origin(name, tmp_path_factory):
     _, result, module = _broken_export(name, str(tmp_path_factory.getbasetemp() / "broken"))
     first = result.parity.get("first_divergence") or {}
@@ -88,7 +78,7 @@ def test_broken_model_is_named_at_its_origin(name, tmp_path_factory):
     assert first["message"].startswith(f"first divergence: {first['module']} (")
 
 
-@pytest.mark.parametrize("name", _params(ac.BROKEN, {}))
+@pytest.mark.parametrize("name", _params(ac.BROKEN))
 def test_saturating_verdict_agrees_with_the_independent_emulation(name, tmp_path_factory):
     """The bundle exported for an Inf/NaN SoC, judged for the default saturating Ascend310P3: the verdict is
     the one the independent node-by-node emulation of saturation gives on the example (what heals under
@@ -200,7 +190,7 @@ def test_a_contrib_op_from_torch_onnx_optimize_falls_back_to_torchscript(tmp_pat
     assert "optimize() wrote op(s)" in dynamo["error"] and "com.microsoft::FusedGelu" in dynamo["error"], capture
 
 
-@pytest.mark.parametrize("name", _params(ac.BROKEN, {}))
+@pytest.mark.parametrize("name", _params(ac.BROKEN))
 def test_fix_precision_lands_on_the_broken_set(name, tmp_path):
     """``--fix-precision`` with the default options (onnxsim on, the default saturating SoC) never crashes on a
     model real fp16 breaks: it fixes it, with a keep set of nodes of the written graph that the independent

@@ -4,12 +4,11 @@ Healthy (real fp16 cosine >= 0.999 on every output, all finite) must pass (the b
 name the module where it breaks, runs in tests/test_arch_corpus.py with the corpus). The ground truth is
 computed here, from torch, for every model; the verdict is the tool's, through a full atc_ready export.
 """
-import copy
 import json
 
 import pytest
-import torch
 from helpers import calibration_models as cm
+from helpers.arch_corpus import real_fp16
 
 import cann_export
 
@@ -17,35 +16,6 @@ import cann_export
 # runs whole (refused, named at the origin, the saturating verdict against an independent emulation)
 IN_THE_CORPUS = {"bert", "gpt2", "vit", "convnext", "distilbert_classifier"}
 SLOW = {"resnet50_like", "convnext", "efficientnet", "mobilenet_v2", "detr", "attention_overflow"}
-
-
-def _flat(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    return [t for o in out for t in _flat(o)]
-
-
-def real_fp16(model, inputs):
-    """(cosine, finite) per float output of ``model.half()`` against fp32 (autocast where half fails)."""
-    with torch.no_grad():
-        ref = _flat(model(**inputs))
-        half_in = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
-        try:
-            got = _flat(copy.deepcopy(model).half()(**half_in))
-        except RuntimeError:  # an op without a CPU half kernel
-            with torch.autocast("cpu", dtype=torch.float16):
-                got = _flat(model(**inputs))
-    truth = []
-    for r, g in zip(ref, got, strict=False):
-        if not r.is_floating_point():
-            continue
-        r, g = r.double().flatten(), g.double().flatten()
-        finite = bool(torch.isfinite(g[torch.isfinite(r)]).all())
-        cos = float(torch.nn.functional.cosine_similarity(r, g, dim=0)) if finite else 0.0
-        truth.append((cos, finite))
-    return truth
 
 
 def _params(names):

@@ -114,3 +114,21 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> li
         return [path, path.with_name(data_name)]
     onnx.save_model(model, str(path))
     return [path]
+
+
+def inferred_values(model: Any) -> list[Any]:
+    """Every value's ValueInfo (weights included) by type and shape inference on a copy of the graph without
+    weight data (the weights' bytes are never serialised for it); the declared ones where inference gives up."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
+    skeleton = helper.make_graph(list(g.node), g.name or "g", list(g.input) + inits, list(g.output))
+    probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    probe.functions.extend(model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False).graph
+        return list(inferred.value_info) + list(inferred.output) + list(inferred.input)
+    except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
+        return list(g.value_info) + list(g.output) + list(g.input) + inits

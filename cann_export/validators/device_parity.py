@@ -45,10 +45,10 @@ class Trial:
     def non_finite(self, kept: list[str]) -> set[str]:
         """The float values that hold inf/nan (on a saturating SoC: a saturated +-max) on the device, on the first
         input set."""
-        from .origin import chunks
+        from .origin import chunks, float_values
 
         e = self.emulator
-        order = [o for n in self.model.graph.node if n.op_type != "Constant" for o in n.output if o in e.floats]
+        order = float_values(e)
         keep = expand_keep(self.keep + kept, self.args[4])
         bad = set()
         for chunk in chunks(e, order):

@@ -10,21 +10,10 @@ import numpy as np
 
 def _shapes(model: Any) -> dict[str, list[int]]:
     """Static shapes (-1 for an unknown dim) of every value shape inference can type, weights included."""
-    import onnx
-    from onnx import helper
+    from ..capture.onnx_utils import inferred_values
 
-    g = model.graph
-    inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
-    skeleton = helper.make_graph(list(g.node), g.name or "g", list(g.input) + inits, list(g.output))
-    probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    probe.functions.extend(model.functions)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False).graph
-        values = list(inferred.value_info) + list(inferred.output) + list(inferred.input)
-    except Exception:  # noqa: BLE001 - inference may give up on exotic graphs: the declared shapes then
-        values = list(g.value_info) + list(g.output) + list(g.input) + inits
     out = {}
-    for v in values:
+    for v in inferred_values(model):
         t = v.type.tensor_type
         if t.HasField("shape"):
             out[v.name] = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]

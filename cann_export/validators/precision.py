@@ -133,21 +133,10 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
 def value_types(model: Any) -> tuple[set[str], dict[str, int]]:
     """Float32 value names and, where static, element counts, by type inference on a copy of the graph
     without weight data (the weights' bytes are never serialised for it)."""
-    import onnx
-    from onnx import helper
+    from ..capture.onnx_utils import inferred_values
 
-    g = model.graph
-    inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
-    skeleton = helper.make_graph(list(g.node), g.name or "g", list(g.input) + inits, list(g.output))
-    probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    probe.functions.extend(model.functions)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False).graph
-        values = list(inferred.value_info) + list(inferred.output) + list(inferred.input)
-    except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
-        values = list(g.value_info) + list(g.output) + list(g.input) + inits
     floats, sizes = set(), {}
-    for v in values:
+    for v in inferred_values(model):
         t = v.type.tensor_type
         if t.elem_type == FLOAT:
             floats.add(v.name)
