@@ -146,6 +146,8 @@ class QuantizationReport:
     device: str | None = None  # where QAT fine-tuned
     qat: dict[str, Any] | None = None  # steps, lr, first and last loss
     folded_bn_at_export: Any = None
+    kept_bn: list[str] | None = None  # BatchNorms not after a conv: kept in the graph, computed in float
+    placement: dict[str, Any] | None = None  # qat.placement: what the graph pass changed for AMCT
     torch_ao: dict[str, Any] | None = None  # a torch.ao prepare_qat model's fake quantizers
     layers: dict[str, dict[str, Any]] | None = None  # module path -> the Q/DQ it was lowered to
     int8_vs_float: dict[str, Any] | None = None  # the accuracy cost of int8, apart from parity

@@ -147,23 +147,30 @@ class Tolerance:
     device_min_cosine: float = 0.99
     device_fail_cosine: float = 0.9
     device_atol: float = 1e-3
+    # int8 (Q/DQ graph against the fake-quant model) policy, in the output's 8-bit steps: see
+    # validators/metrics.py compare_quantized
+    int8_rms_steps: float = 1.0
+    int8_max_steps: float = 8.0
+    int8_min_cosine: float = 0.9995
 
     def to_dict(self) -> dict[str, float]:
         return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine,
                 "peak_share": self.peak_share, "noise_share": self.noise_share,
                 "probe_rtol": self.probe_rtol, "probe_min_cosine": self.probe_min_cosine,
                 "device_min_cosine": self.device_min_cosine, "device_fail_cosine": self.device_fail_cosine,
-                "device_atol": self.device_atol}
+                "device_atol": self.device_atol, "int8_rms_steps": self.int8_rms_steps,
+                "int8_max_steps": self.int8_max_steps, "int8_min_cosine": self.int8_min_cosine}
 
     def check(self) -> None:
         """Refuse a tolerance parity could not honour: nan/inf or negative atol/rtol, a cosine outside [-1, 1]."""
-        for name in ("atol", "rtol", "peak_share", "noise_share", "probe_rtol", "device_atol"):
+        for name in ("atol", "rtol", "peak_share", "noise_share", "probe_rtol", "device_atol", "int8_rms_steps",
+                     "int8_max_steps"):
             value = getattr(self, name)
             if not _is_real(value) or not math.isfinite(value) or value < 0:
                 raise OptionsError(f"{_tolerance_flag(name)} {value!r} is not a finite number >= 0 (nan, inf and "
                                    f"negative tolerances would pass or fail every output); pass e.g. "
                                    f"{_tolerance_flag(name)} {getattr(Tolerance, name)}")
-        for name in ("min_cosine", "probe_min_cosine", "device_min_cosine", "device_fail_cosine"):
+        for name in ("min_cosine", "probe_min_cosine", "device_min_cosine", "device_fail_cosine", "int8_min_cosine"):
             value = getattr(self, name)
             if not _is_real(value) or not -1.0 <= value <= 1.0:  # nan fails the comparison too
                 raise OptionsError(f"{_tolerance_flag(name)} {value!r} is not a cosine similarity between -1 and 1; "
@@ -296,7 +303,7 @@ class ExportOptions:
 
 def _tolerance_flag(name: str) -> str:
     """The CLI flag of a Tolerance field (atol, rtol, min_cosine), else its API name (tolerance.device_atol)."""
-    api_only = name.startswith(("device_", "probe_", "peak_", "noise_"))
+    api_only = name.startswith(("device_", "probe_", "peak_", "noise_", "int8_"))
     return f"--{name.replace('_', '-')}" if not api_only else f"tolerance.{name}"
 
 

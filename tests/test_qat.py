@@ -61,11 +61,17 @@ def test_qdq_graph_matches_the_fake_quant_model_per_channel(digits_files, tmp_pa
     export_quantized(tmp, "ptq", tmp_path / "p", "--exporter", "torchscript")
     graph = onnx.load(str(tmp_path / "p" / "model.onnx"))
     inits = {t.name: numpy_helper.to_array(t) for t in graph.graph.initializer}
-    weight_dq = [n for n in graph.graph.node if n.op_type == "DequantizeLinear" and "weight" in n.name]
-    assert len(weight_dq) == 3
-    for node in weight_dq:
-        assert inits[node.input[0]].dtype.name == "int8"
-        assert inits[node.input[1]].ndim == 1 and inits[node.input[1]].size > 1  # per channel
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    ops = [n for n in graph.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    assert len(ops) == 3
+    for node in ops:  # the weight: a float constant -> QuantizeLinear -> DequantizeLinear (AMCT's form)
+        quant = producer[producer[node.input[1]].input[0]]
+        assert quant.op_type == "QuantizeLinear" and inits[quant.input[0]].dtype.name == "float32"
+        scale = inits[quant.input[1]]
+        if node.op_type == "Conv":
+            assert scale.ndim == 1 and scale.size > 1  # per output channel
+        else:
+            assert scale.size == 1  # Gemm / MatMul: per tensor, AMCT's rule
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     assert all(o["passed"] for o in manifest["parity"]["outputs"])
 

@@ -60,6 +60,7 @@ def write_manifest(ctx: ExportContext, staging: Path) -> dict[str, Any]:
 
 
 _FP32_TOL = ("atol", "rtol", "min_cosine")
+_INT8_TOL = ("int8_rms_steps", "int8_max_steps", "int8_min_cosine")
 
 
 def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
@@ -68,15 +69,17 @@ def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
     precision, with its own tolerance) kept apart; top-level ``outputs`` / ``tolerance`` are the fp32 ones."""
     if report is None:
         return {"validated": False}
-    keep = ("name", "max_abs", "max_rel", "cosine", "passed", "failed_sets", "reference", "reason")
+    keep = ("name", "max_abs", "max_rel", "cosine", "max_steps", "rms_steps", "passed", "failed_sets", "reference",
+            "reason")
 
     def rows(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: o[k] for k in keep if k in o} for o in outputs]
 
     graph = report.get("graph_fp32") or report
     tol = graph.get("tolerance") or report.get("tolerance") or {}
-    fp32_tol = {k: tol[k] for k in _FP32_TOL if k in tol}
     outputs = graph.get("outputs", [])
+    quantized = any("rms_steps" in o for o in outputs)  # a Q/DQ graph: judged in 8-bit steps
+    fp32_tol = {k: tol[k] for k in (_INT8_TOL if quantized else _FP32_TOL) if k in tol}
     passed = graph["passed"] if "graph_fp32" in report else bool(outputs) and all(o["passed"] for o in outputs)
     fp32 = {"passed": bool(passed), "tolerance": fp32_tol, "outputs": rows(outputs)}
     summary = {"validated": True, "passed": report["passed"], "reference": report.get("reference"),

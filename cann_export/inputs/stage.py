@@ -34,9 +34,10 @@ def prepare(ctx: ExportContext) -> str | None:
 
         verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]
         ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
-    from ..qat.wrapping import prepared_state
+    from ..qat.wrapping import float_twin, prepared_state
 
-    float_model = (prepared_state(ctx.model) or {}).get("float_model")
+    state = prepared_state(ctx.model)
+    float_model = (state or {}).get("float_model") or (float_twin(ctx.model) if state else None)
     if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
         _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
     return f"{len(ctx.input_sets)} input sets from {source}"

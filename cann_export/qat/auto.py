@@ -65,16 +65,13 @@ def suspended() -> Iterator[None]:
 
 
 def _maybe_prepare(module: Any) -> None:
-    from torch import nn
-
     from .fake_quant import QuantLayer
-    from .wrapping import STATE_ATTR, prepare_in_place
+    from .wrapping import STATE_ATTR, prepare_in_place, quantizable
 
     if getattr(module, STATE_ATTR, None) is not None:
         return
     mods = list(module.modules())
-    if any(isinstance(m, QuantLayer) for m in mods) or not any(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d,
-                                                                              nn.Linear)) for m in mods):
+    if any(isinstance(m, QuantLayer) for m in mods) or not any(quantizable(m) for m in mods):
         return
     wrapped = prepare_in_place(module, dict(_config), "cann.torch.config: first train-mode forward")
     warnings.warn(f"cann.torch: quantization-aware training: fake quantization inserted into "

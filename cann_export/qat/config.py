@@ -6,19 +6,20 @@ from typing import Any
 
 from ..errors import OptionsError
 
-QUANTIZABLE_TYPES = ("Conv1d", "Conv2d", "Conv3d", "Linear")
+QUANTIZABLE_TYPES = ("Conv1d", "Conv2d", "Conv3d", "Linear", "Conv1D")  # Conv1D: transformers' (GPT-2)
 LOSSES = ("mse", "kl")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Weights: symmetric per output channel, ``weight_bits`` (4..8, stored as int8). Activations (each
+    """Weights: symmetric, ``weight_bits`` (4..8, on the int8 grid), per output channel for convs and per
+    tensor for Linear / Conv1D (AMCT's rule for Gemm / MatMul). Activations (each
     quantized layer's input): per-tensor affine int8. ``quantize_types`` picks layers by type and
     ``skip_modules`` keeps module paths (and their children) in float, e.g. the first conv and the head."""
 
     weight_bits: int = 8
     activation_bits: int = 8
-    quantize_types: tuple[str, ...] = ("Conv1d", "Conv2d", "Conv3d", "Linear")
+    quantize_types: tuple[str, ...] = QUANTIZABLE_TYPES
     skip_modules: tuple[str, ...] = ()
     loss: str = "mse"  # distillation loss on the outputs: mse, or kl on logits
     batch_size: int = 32  # calibration / fine-tuning batch size (CLI flow)

@@ -19,20 +19,20 @@ def weight_range(bits: int) -> tuple[int, int]:
     return -q, q
 
 
-def weight_scale(weight: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per output channel (axis 0): max |w| / qmax."""
+def weight_scale(weight: torch.Tensor, bits: int, per_channel: bool = True) -> torch.Tensor:
+    """max |w| / qmax per output channel (axis 0), or of the whole tensor (shape [1])."""
     qmax = weight_range(bits)[1]
-    flat = weight.detach().flatten(1)
+    flat = weight.detach().flatten(1) if per_channel else weight.detach().reshape(1, -1)
     # amax and amin separately: on CPU, both together run several times faster than aminmax(dim=1) or abs().amax()
     return (torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) / qmax).clamp(min=1e-12)
 
 
-def fake_quant_weight(weight: torch.Tensor, bits: int) -> torch.Tensor:
-    """round(w / s) * s per output channel, gradient passed straight through. Nothing is clipped (the
+def fake_quant_weight(weight: torch.Tensor, bits: int, per_channel: bool = True) -> torch.Tensor:
+    """round(w / s) * s per output channel (or per tensor), gradient passed straight through. Nothing is clipped (the
     scale comes from max |w|), so the straight-through estimator is exact. Vectorised tensor ops run
     several times faster on CPU than torch's fake_quantize_per_channel_affine kernel."""
     qmin, qmax = weight_range(bits)
-    scale = weight_scale(weight, bits).reshape(-1, *([1] * (weight.dim() - 1)))
+    scale = weight_scale(weight, bits, per_channel).reshape(-1, *([1] * (weight.dim() - 1)))
     with torch.no_grad():
         quantized = torch.round(weight / scale).clamp_(qmin, qmax).mul_(scale)
     return _StraightThrough.apply(weight, quantized, None) if weight.requires_grad else quantized
@@ -71,24 +71,29 @@ def activation_qparams(lo: float, hi: float) -> tuple[float, int]:
     return float(scale), max(ACT_QMIN, min(ACT_QMAX, zero))
 
 
-class QuantLayer(nn.Module):
-    """Wraps a Conv or Linear: observes its input range (min/max while ``observing`` and training or
-    calibrating), fake-quantizes the input per tensor and the weight per output channel."""
+def per_channel_weights(layer: nn.Module) -> bool:
+    """Conv weights per output channel; Linear (and transformers' Conv1D) weights per tensor: AMCT adapts
+    Gemm and MatMul with per-tensor weights only (8.5 and later)."""
+    return isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
 
-    def __init__(self, layer: nn.Module, weight_bits: int):
-        super().__init__()
-        self.layer = layer
-        self.weight_bits = weight_bits
-        self.register_buffer("act_min", torch.tensor(float("inf")))
-        self.register_buffer("act_max", torch.tensor(float("-inf")))
-        self.observing = True
-        self.calibrating = False
-        self.checkpointed = False  # recompute this layer in backward (gradient_checkpointing)
-        self._ranged: bool | None = False  # None: unknown (buffers loaded), read once from the buffers
+
+def compute(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What ``layer`` computes on ``x`` with ``weight`` in place of its own."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, weight, layer.bias)
+    if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return layer._conv_forward(x, weight, layer.bias)
+    # transformers' Conv1D (GPT-2): x @ weight + bias with weight [in, out]
+    out = torch.addmm(layer.bias, x.reshape(-1, x.size(-1)), weight)
+    return out.reshape(*x.shape[:-1], weight.shape[-1])
+
+
+class WrapsLayer(nn.Module):
+    """A module around ``self.layer``: what the model's own code reads of the layer it called
+    (``conv.stride``, ``kernel_size``, ``in_features``: transformers' MobileNet pads from them) comes from
+    the wrapped layer."""
 
     def __getattr__(self, name: str) -> Any:
-        """What the model's own code reads of the layer it called (``conv.stride``, ``kernel_size``,
-        ``in_features``: transformers' MobileNet pads from them) comes from the wrapped layer."""
         try:
             return super().__getattr__(name)
         except AttributeError:
@@ -96,6 +101,23 @@ class QuantLayer(nn.Module):
             if layer is None or name.startswith("__"):
                 raise
             return getattr(layer, name)
+
+
+class QuantLayer(WrapsLayer):
+    """Wraps a Conv, Linear or transformers Conv1D: observes its input range (min/max while ``observing``
+    and training or calibrating), fake-quantizes the input per tensor and the weight (``per_channel_weights``)."""
+
+    def __init__(self, layer: nn.Module, weight_bits: int):
+        super().__init__()
+        self.layer = layer
+        self.weight_bits = weight_bits
+        self.per_channel = per_channel_weights(layer)
+        self.register_buffer("act_min", torch.tensor(float("inf")))
+        self.register_buffer("act_max", torch.tensor(float("-inf")))
+        self.observing = True
+        self.calibrating = False
+        self.checkpointed = False  # recompute this layer in backward (gradient_checkpointing)
+        self._ranged: bool | None = False  # None: unknown (buffers loaded), read once from the buffers
 
     @property
     def calibrated(self) -> bool:
@@ -134,23 +156,20 @@ class QuantLayer(nn.Module):
         if self.calibrated and not self.calibrating:
             scale, zero = self._act_qparams_tensor()
             x = fake_quant_activation(x, scale, zero)
-        w = fake_quant_weight(self.layer.weight, self.weight_bits)
-        if isinstance(self.layer, nn.Linear):
-            return F.linear(x, w, self.layer.bias)
-        return self.layer._conv_forward(x, w, self.layer.bias)
+        w = fake_quant_weight(self.layer.weight, self.weight_bits, self.per_channel)
+        return compute(self.layer, x, w)
 
-    def export_table(self) -> dict[str, Any]:
-        """Scales and zero points as the ONNX lowering writes them."""
-        scale, zero = self.act_qparams()
-        return {"act_scale": scale, "act_zero_point": zero, "weight_bits": self.weight_bits,
-                "weight_scale": weight_scale(self.layer.weight, self.weight_bits).tolist()}
+    def frozen_act_qparams(self) -> tuple[float, int]:
+        """The activation scale and zero point exactly as the eval forward uses them (fp32 arithmetic)."""
+        scale, zero = self._act_qparams_tensor()
+        return float(scale), int(zero)
 
     def to_float(self) -> nn.Module:
         """The wrapped layer with its weight replaced by the fake-quantized (exactly int8-representable) one: a new
         Parameter, so a weight the export shares with the caller's module is never written."""
         with torch.no_grad():
-            self.layer.weight = nn.Parameter(fake_quant_weight(self.layer.weight, self.weight_bits).clone(),
-                                             requires_grad=False)
+            self.layer.weight = nn.Parameter(
+                fake_quant_weight(self.layer.weight, self.weight_bits, self.per_channel).clone(), requires_grad=False)
         return self.layer
 
 

@@ -14,6 +14,7 @@ from .fake_quant import QuantLayer, quant_layers
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_BatchNorm = nn.modules.batchnorm._BatchNorm
 STATE_ATTR = "_cann_qat"  # a plain dict on the prepared model (not a submodule, not in state_dict)
 
 
@@ -21,7 +22,7 @@ def _get(model: nn.Module, path: str) -> nn.Module:
     return model.get_submodule(path) if path else model
 
 
-def _set(model: nn.Module, path: str, module: nn.Module) -> None:
+def replace(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(_get(model, parent), name, module)
 
@@ -114,14 +115,48 @@ def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None) -> li
     pairs = conv_bn_pairs_by_running(model, inputs) if inputs is not None else conv_bn_pairs(model)
     for conv_path, bn_path in pairs:
         conv, bn = _get(model, conv_path), _get(model, bn_path)
-        if bn.running_mean is None:
-            continue
+        plain = type(bn).forward is _BatchNorm.forward
+        if bn.running_mean is None or (model.training and not plain):
+            continue  # a norm-act layer in a model that trains on: it trains as it is and is folded at export
         fused = fuse_conv_bn_eval(conv.eval(), bn.eval())
         fused.train(model.training)
-        _set(model, conv_path, fused)
-        _set(model, bn_path, nn.Identity())
+        replace(model, conv_path, fused)
+        replace(model, bn_path, nn.Identity() if plain else _neutral(bn))
         folded.append(bn_path)
     return folded
+
+
+def _neutral(bn: nn.Module) -> nn.Module:
+    """A BatchNorm subclass that does more than normalize (timm's BatchNormAct2d: then drop and act), its
+    statistics folded away: normalization becomes the identity, the rest of its forward stays."""
+    with torch.no_grad():
+        bn.running_mean.zero_()
+        bn.running_var.fill_(1.0)
+        if bn.weight is not None:
+            bn.weight.fill_(1.0)
+            bn.bias.zero_()
+    bn.eps = 0.0
+    return bn.eval()
+
+
+def kept_batchnorms(model: nn.Module) -> list[str]:
+    """BatchNorms left in ``model`` after folding (not after a Conv whose output only they read): they stay
+    in the graph as BatchNormalization and compute in float."""
+    return [p for p, m in model.named_modules() if isinstance(m, _BNS) and not _is_neutral(m)]
+
+
+def _is_neutral(bn: nn.Module) -> bool:
+    return bn.eps == 0.0 and bn.running_mean is not None and not bn.running_mean.any() and \
+        bool((bn.running_var == 1).all())
+
+
+def quantizable(module: nn.Module) -> bool:
+    """Conv1d/2d/3d, Linear, and transformers' Conv1D (GPT-2: ``x @ weight + bias``, weight [in, out])."""
+    if isinstance(module, (*_CONVS, nn.Linear)):
+        return True
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
+        and isinstance(getattr(module, "bias", None), torch.Tensor)
 
 
 def prepare(model: nn.Module, example_inputs: Any = None, config: dict[str, Any] | QuantConfig | None = None,
@@ -155,7 +190,7 @@ def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
     the observer buffers live on the layer's device. Returns the wrapped paths."""
     wrapped: list[str] = []
     for path, module in list(model.named_modules()):
-        if not path or type(module).__name__ not in cfg.quantize_types or not isinstance(module, (*_CONVS, nn.Linear)):
+        if not path or type(module).__name__ not in cfg.quantize_types or not quantizable(module):
             continue
         if any(path == s or path.startswith(s + ".") for s in cfg.skip_modules):
             continue
@@ -165,7 +200,7 @@ def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
         for name in ("act_min", "act_max"):
             setattr(layer, name, getattr(layer, name).to(module.weight.device))
         layer.train(module.training)
-        _set(model, path, layer)
+        replace(model, path, layer)
         wrapped.append(path)
     if not wrapped:
         from ..errors import OptionsError
@@ -184,6 +219,17 @@ def prepare_in_place(model: nn.Module, config: dict[str, Any] | QuantConfig | No
     object.__setattr__(model, STATE_ATTR, {"config": cfg, "float_model": None, "folded_bn": [],
                                            "quantized": wrapped, "prepared": how})
     return wrapped
+
+
+def float_twin(model: nn.Module) -> nn.Module | None:
+    """The model as trained without its fake quantization (each QuantLayer's own float layer, a copy): what
+    int8 is measured against when no float copy was kept (a model fake-quantized in place)."""
+    if not quant_layers(model):
+        return None
+    twin = copy.deepcopy(model)
+    for path, layer in quant_layers(twin).items():
+        replace(twin, path, layer.layer)
+    return twin.eval()
 
 
 def prepared_state(model: Any) -> dict[str, Any] | None:

@@ -66,7 +66,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
         def judge(s: int, rule: Any, k: int = k) -> dict[str, Any]:
             got = np.asarray(actual[s][k])
             if quantized:
-                return compare_quantized(got, expected[s][k])
+                return compare_quantized(got, expected[s][k], tolerance)
             if rule is compare:
                 return compare(got, expected[s][k], tolerance, _noise(noise, s, k))
             return rule(got, expected[s][k], tolerance)
