@@ -5,7 +5,8 @@ the output's 8-bit step (its range / 255): max error, RMS error, share of elemen
 
 - the written graph (onnxruntime, basic optimisations) against the fake-quant torch model, and against the
   fp32 float model (the trained weights without fake quantization), on the example and fresh inputs;
-- the fake-quant torch model against the float model (the accuracy cost of int8, no graph involved);
+- the fake-quant torch model against the float model (the accuracy cost of int8, no graph involved), and
+  against itself (its noise floor: in float64, and on inputs perturbed by 1e-6; qat_checks.noise_floor);
 - broken lowerings (tests/helpers/qat_broken.py) against the fake-quant model: torch variants (need no
   graph) and graph variants (need a written graph);
 - the tool's own parity verdict and per-output numbers, the Q/DQ placement and the op counts against the
@@ -56,6 +57,8 @@ def measure(name: str, root: Path) -> dict[str, Any]:
     fq = {k: qc.torch_outputs(flow.model, v) for k, v in sets.items()}
     fl = {k: qc.torch_outputs(flow.float_model, v) for k, v in sets.items()}
     entry["fake_quant_vs_float_torch"] = _metrics(fq, fl)
+    entry["fake_quant_noise_floor"] = {k: qc.noise_floor(flow.model, v) for k, v in sets.items()}
+    entry["export_changed_user_model_max_abs"] = flow.changed_by_export
     if flow.error:
         entry["export"] = {"raised": flow.error}
     else:
@@ -109,7 +112,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("names", nargs="*", default=list(CORPUS))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     stats: dict[str, Any] = {"seeds": list(SEEDS), "unit": "steps = |graph - reference| / (reference range / 255)",
                              "architectures": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,11 +2,11 @@
 as a changed copy of the trained fake-quant model (torch) or a changed copy of the written graph (onnxruntime).
 Each is judged against the correct fake-quant model, exactly as a written graph is.
 
-torch variants (``TORCH_BROKEN``): one layer's activation scale doubled, one activation Q/DQ dropped, one layer
-left entirely in float (first / middle / last quantized layer in module order), weights not quantized (every
-layer: float weight, quantized activation), BatchNorm folded without its activation (timm's BatchNormAct2d,
-torchvision's Conv2dNormActivation: the bug of issue 18). Graph variants (``GRAPH_BROKEN``): the written
-graph's middle activation Q/DQ with its scale doubled, or removed."""
+torch variants (``TORCH_BROKEN``): one layer's activation scale doubled (or every layer's), one activation Q/DQ
+dropped, one layer left entirely in float (first / middle / last quantized layer in module order), weights not
+quantized (every layer: float weight, quantized activation), BatchNorm folded without its activation (timm's
+BatchNormAct2d, torchvision's Conv2dNormActivation: the bug of issue 18). Graph variants (``GRAPH_BROKEN``): the
+written graph's middle activation Q/DQ with its scale doubled, or removed."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 WHERE = ("first", "middle", "last")
 
@@ -46,6 +45,16 @@ def act_scale_x2(model: nn.Module, where: str) -> tuple[nn.Module, str] | None:
     return clone, path
 
 
+def act_scale_x2_all(model: nn.Module) -> tuple[nn.Module, str] | None:
+    clone = copy.deepcopy(model)
+    layers = _layers(clone)
+    with torch.no_grad():
+        for layer in layers.values():
+            layer.act_min.mul_(2.0)
+            layer.act_max.mul_(2.0)
+    return clone, f"{len(layers)} layers"
+
+
 def act_qdq_dropped(model: nn.Module, where: str) -> tuple[nn.Module, str] | None:
     clone = copy.deepcopy(model)
     path, layer = _pick(clone, where)
@@ -62,13 +71,10 @@ def layer_float(model: nn.Module, where: str) -> tuple[nn.Module, str] | None:
 
 def _float_weight_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """A QuantLayer's forward with its activation quantized and its float (never quantized) weight."""
-    from cann_export.qat.fake_quant import fake_quant_activation
+    from cann_export.qat.fake_quant import compute, fake_quant_activation
 
     scale, zero = self._act_qparams_tensor()
-    x = fake_quant_activation(x, scale, zero)
-    if isinstance(self.layer, nn.Linear):
-        return F.linear(x, self.layer.weight, self.layer.bias)
-    return self.layer._conv_forward(x, self.layer.weight, self.layer.bias)
+    return compute(self.layer, fake_quant_activation(x, scale, zero), self.layer.weight)
 
 
 def weights_float(model: nn.Module) -> tuple[nn.Module, str] | None:
@@ -98,6 +104,7 @@ def norm_act_dropped(model: nn.Module) -> tuple[nn.Module, str] | None:
 
 TORCH_BROKEN: dict[str, Callable[[nn.Module], tuple[nn.Module, str] | None]] = {
     **{f"act_scale_x2@{w}": (lambda m, w=w: act_scale_x2(m, w)) for w in WHERE},
+    "act_scale_x2@all": act_scale_x2_all,
     **{f"act_qdq_dropped@{w}": (lambda m, w=w: act_qdq_dropped(m, w)) for w in WHERE},
     **{f"layer_float@{w}": (lambda m, w=w: layer_float(m, w)) for w in WHERE},
     "weights_float": weights_float,

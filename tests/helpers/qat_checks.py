@@ -66,14 +66,19 @@ def float_copy(model: nn.Module) -> nn.Module:
 
 
 def run_graph(path: Path, inputs: dict[str, torch.Tensor]) -> list[np.ndarray]:
-    """The written graph in onnxruntime with basic optimisations only (as a Q/DQ graph's parity runs it:
-    the extended level fuses Q/DQ into int8 kernels that saturate on CPUs without VNNI)."""
+    """The written graph in onnxruntime as ONNX defines it: basic optimisations only (as a Q/DQ graph's parity
+    runs it: the extended level fuses Q/DQ into int8 kernels that saturate on CPUs without VNNI) and without
+    onnxruntime's WeightBiasQuantization, a basic-level pass that rounds the float bias of a Conv / Gemm fed by
+    Q/DQ to int32 at input scale x weight scale: up to half that step of error per bias (6e-5 relative on a
+    torchvision MobileNetV3 squeeze-excite conv), which later rounding points carry on to the output as
+    several 8-bit steps."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=["WeightBiasQuantization"])
     feed = {i.name: inputs[i.name].numpy() for i in session.get_inputs()}
     return [np.asarray(o, dtype=np.float32) for o in session.run(None, feed)]
 
@@ -115,6 +120,31 @@ def worst(metrics: list[dict[str, float]]) -> dict[str, float]:
             "within_1_step": min(m["within_1_step"] for m in metrics), "cosine": min(m["cosine"] for m in metrics)}
 
 
+def noise_floor(model: nn.Module, inputs: dict[str, torch.Tensor], draws: int = 2) -> dict[str, Any]:
+    """How far the fake-quant model is from itself: in float64 (its fp32 rounding), and in fp32 on its float
+    inputs times (1 + 1e-6 noise) (float order flipping an intermediate value at a rounding point, which the
+    layers after it carry on). A graph computing the same rounding in another float order can be that far
+    from the fp32 reference without being wrong. Per output: the worst of the comparisons."""
+    reference = torch_outputs(model, inputs)
+    runs: dict[str, list[dict[str, float]]] = {}
+    try:
+        wide = copy.deepcopy(model).double()
+        runs["float64"] = compare(torch_outputs(wide, {k: v.double() if v.is_floating_point() else v
+                                                       for k, v in inputs.items()}), reference)
+    except RuntimeError:  # an op without a float64 kernel: the perturbed runs only
+        pass
+    g = torch.Generator().manual_seed(5)
+    if any(v.is_floating_point() for v in inputs.values()):
+        for d in range(draws):
+            noisy = {k: v * (1 + 1e-6 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v
+                     for k, v in inputs.items()}
+            runs[f"perturbed{d}"] = compare(torch_outputs(model, noisy), reference)
+    outputs = [{"rms_steps": max(r[k]["rms_steps"] for r in runs.values()),
+                "max_steps": max(r[k]["max_steps"] for r in runs.values()),
+                "cosine": min(r[k]["cosine"] for r in runs.values())} for k in range(len(reference))]
+    return {"outputs": outputs, "runs": {k: worst(v) for k, v in runs.items()}}
+
+
 def rounded(value: Any) -> Any:
     """Strict-JSON friendly: floats to 6 significant digits, inf as the string "inf"."""
     if isinstance(value, float):
@@ -127,8 +157,36 @@ def rounded(value: Any) -> Any:
 
 
 def op_counts(graph: Any) -> collections.Counter:
-    """Op types of a graph, Q/DQ left out, restricted to FUNCTION_OPS (what the float model computes)."""
-    return collections.Counter(n.op_type for n in graph.graph.node if n.op_type in FUNCTION_OPS)
+    """What a graph computes, Q/DQ left out: its FUNCTION_OPS (activations, norms, softmax) by type, the number of
+    weight elements its Conv / ConvTranspose and Gemm / MatMul ops compute with (the float export may fuse the
+    q/k/v Linear layers that read one input into one MatMul; a fake-quantized Linear is written as MatMul + Add,
+    its float twin as Gemm), and the number of MatMuls of two activations (attention)."""
+    g = graph.graph
+    consts = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+
+    def weight_elements(name: str) -> int | None:
+        for _ in range(3):  # the constant, or the constant behind its Q -> DQ pair (or Transpose)
+            if name in consts:
+                return int(np.prod(consts[name].dims))
+            node = producer.get(name)
+            if node is None or node.op_type not in (*QDQ, "Transpose"):
+                return None
+            name = node.input[0]
+        return None
+
+    counts = collections.Counter(n.op_type for n in g.node if n.op_type in FUNCTION_OPS)
+    for n in g.node:
+        if n.op_type in COMPUTE and len(n.input) > 1:
+            size = weight_elements(n.input[1])
+            kind = "Conv" if n.op_type.startswith("Conv") else "Gemm|MatMul"
+            if size is None:
+                counts["MatMul of two activations"] += 1
+            else:
+                counts[f"{kind} weight elements"] += size
+    for k in COMPUTE:
+        counts.pop(k, None)
+    return counts
 
 
 def qdq_placement(graph: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ options; plus the float model (the trained weights without fake quantization) ex
 graph says what the model computes. Used by tests/test_qat_corpus.py and benchmarks/qat_corpus_stats.py."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,14 +16,17 @@ from . import qat_checks as qc
 from .qat_corpus import CORPUS, QatCase
 
 QUANT_CONFIG = {"weight_bits": 8, "activation_bits": 8}
+FRESH_SEED = 777
 
 
 @dataclass
 class Flow:
     name: str
     case: QatCase
-    model: Any  # the trained fake-quant model, eval mode
+    model: Any  # the trained fake-quant model, eval mode, as it was before the export (a copy)
     float_model: Any
+    user_model: Any  # the user's model object, after the export
+    changed_by_export: float = 0.0  # the user's model's largest output change across the export (fresh input)
     result: Any = None  # cann.torch.export's result (None when it raised)
     error: str | None = None  # the export's exception, as "Type: message"
     qat_dir: Path | None = None
@@ -52,7 +56,8 @@ def run(name: str, root: Path, float_export: bool = True) -> Flow:
         qc.train(case)
         seconds["train"] = time.perf_counter() - start
         case.model.eval()
-        flow = Flow(name, case, case.model, qc.float_copy(case.model))
+        flow = Flow(name, case, copy.deepcopy(case.model), qc.float_copy(case.model), case.model)
+        before = qc.torch_outputs(case.model, case.inputs(FRESH_SEED))
         flow.qat_dir = root / f"{name}_qat"
         start = time.perf_counter()
         try:
@@ -61,6 +66,8 @@ def run(name: str, root: Path, float_export: bool = True) -> Flow:
         except Exception as e:  # noqa: BLE001 - recorded: the corpus reports every failure with its message
             flow.error = f"{type(e).__name__}: {e}"
         seconds["qat_export"] = time.perf_counter() - start
+        after = qc.torch_outputs(case.model, case.inputs(FRESH_SEED))
+        flow.changed_by_export = max(float(abs(a - b).max()) for a, b in zip(before, after, strict=True))
     finally:
         cann.torch.config(quantization_aware_training=False, quant_config={})
     if float_export:
@@ -73,7 +80,7 @@ def run(name: str, root: Path, float_export: bool = True) -> Flow:
     return flow
 
 
-def fresh_check(flow: Flow, seed: int = 777) -> dict[str, Any]:
+def fresh_check(flow: Flow, seed: int = FRESH_SEED) -> dict[str, Any]:
     """The written graph against the fake-quant model (and the float model) on inputs neither export saw."""
     inputs = flow.case.inputs(seed)
     got = qc.run_graph(flow.graph_path, inputs)
