@@ -34,6 +34,15 @@ def split():
 
 @functools.lru_cache(maxsize=1)
 def trained_state() -> dict[str, torch.Tensor]:
+    """The float model's weights (cached per process): trained with the articles' process-wide QAT switch
+    suspended, since a test that turned it on may be the first to ask."""
+    from cann_export.qat.auto import suspended
+
+    with suspended():
+        return _train_float()
+
+
+def _train_float() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     x, y, _, _ = split()
     model = DigitsCNN()
