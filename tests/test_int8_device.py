@@ -94,6 +94,18 @@ def linear_net():
     return b.model([2, 5, 16], h), ["mm", "fc"]
 
 
+def deconv_net():
+    """Grouped ConvTranspose (stride 2, pads, weight per channel on its output axis 1) -> Relu -> Conv."""
+    b = Builder()
+    h = b.op("ConvTranspose", [b.qdq("x", "a0", 0.03, -40), b.weight("up", (8, 3, 3, 3), RNG.uniform(1e-3, 3e-3, 3),
+                                                                    axis=1),
+                               b.const("up_b", RNG.normal(0, 0.3, 6).astype(np.float32))], "up",
+             group=2, strides=[2, 2], pads=[1, 1, 0, 0])
+    h = b.op("Relu", [h], "r")
+    h = b.op("Conv", [b.qdq(h, "a1", 0.02, -90), b.weight("c", (4, 6, 3, 3), RNG.uniform(1e-3, 3e-3, 4))], "c")
+    return b.model([2, 8, 5, 5], h), ["up", "c"]
+
+
 def _layers(model, names, feed, overflow="saturation", deq_scale="s19"):
     """Per quantized layer: (its AscendQuant input, its output) as the emulation holds them."""
     graph = ref.Graph(model)
@@ -105,7 +117,7 @@ def _layers(model, names, feed, overflow="saturation", deq_scale="s19"):
         zip(names, held[len(names):], strict=True))
 
 
-@pytest.mark.parametrize("build", [conv_net, linear_net])
+@pytest.mark.parametrize("build", [conv_net, linear_net, deconv_net])
 @pytest.mark.parametrize(("overflow", "deq_scale"), [("saturation", "s19"), ("inf_nan", "s19"),
                                                      ("saturation", "fp16")])
 def test_each_quantized_layer_equals_the_numpy_device_rule(build, overflow, deq_scale):

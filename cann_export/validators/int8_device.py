@@ -127,6 +127,7 @@ class Int8Plan:
         self.antiquants: dict[int, AntiQuant] = {}
         self.ops: dict[int, IntOp] = {}
         self.skipped: list[dict[str, str]] = []
+        self.cache: dict[str, Any] = {}  # emitted constants (TensorProto) by name
         by_q: dict[str, Quant] = {}
         for k, n in enumerate(g.node):
             if n.op_type == "QuantizeLinear" and (quant := self._activation_quant(n)) is not None:
@@ -248,11 +249,11 @@ class Int8Plan:
     def emit(self, k: int, node: Any, build: Any) -> bool:
         """Emit node ``k``'s device arithmetic into ``build`` (precision._Build) when it is on the int8 path."""
         if k in self.quants:
-            _Emitter(build, f"__i8_{k}").quant(self.quants[k])
+            _Emitter(build, f"__i8_{k}", self.cache).quant(self.quants[k])
         elif k in self.antiquants:
-            _Emitter(build, f"__i8_{k}").antiquant(self.antiquants[k])
+            _Emitter(build, f"__i8_{k}", self.cache).antiquant(self.antiquants[k])
         elif k in self.ops:
-            _Emitter(build, f"__i8_{k}").int_op(self.ops[k], self.deq_rule)
+            _Emitter(build, f"__i8_{k}", self.cache).int_op(self.ops[k], self.deq_rule)
         else:
             return False
         return True
@@ -272,10 +273,11 @@ class Int8Plan:
 
 
 class _Emitter:
-    """Appends one int8-path node's ONNX arithmetic to a precision._Build."""
+    """Appends one int8-path node's ONNX arithmetic to a precision._Build; its constants (the int8 weights, made
+    once per plan in ``cache``) are named by the emitting node and their order, the same in every build."""
 
-    def __init__(self, build: Any, prefix: str):
-        self.build, self.p, self.n = build, prefix, 0
+    def __init__(self, build: Any, prefix: str, cache: dict[str, Any]):
+        self.build, self.p, self.n, self.c, self.cache = build, prefix, 0, 0, cache
 
     def name(self, tag: str) -> str:
         self.n += 1
@@ -294,8 +296,11 @@ class _Emitter:
     def const(self, value: np.ndarray, tag: str) -> str:
         from onnx import numpy_helper
 
-        name = self.name(tag)
-        self.build.extra_inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.c += 1
+        name = f"{self.p}_{tag}_c{self.c}"
+        if name not in self.cache:
+            self.cache[name] = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        self.build.extra_inits.append(self.cache[name])
         return name
 
     def round16(self, src: str, out: str | None = None) -> str:

@@ -3,7 +3,8 @@ written from the rule, not from cann_export/validators/int8_device.py, and shari
 
 AscendQuant: fp16(x) times fp16(1/s_x), plus the offset zp, each in fp16, then rint saturated to int8; the op in
 integers: the feature map padded with the offset zp (Conv2D's offset_x), sum(q * w_int8) in int32 over the taps,
-plus the int32 bias round(b / (s_x s_w)) - zp * sum(w_int8) (AMCT folds the offset into the bias); AscendDequant:
+plus the int32 bias round(b / (s_x s_w)) - zp * sum(w_int8) (AMCT folds the offset into the bias; a ConvTranspose
+scatters q - zp, the offset read wherever the transposed conv inserts or pads zeros); AscendDequant:
 the int32 sum times deq_scale = s_x s_w (S19: the fp32 bits & 0xFFFFE000; or fp16 on the v100 SoCs), in fp16.
 
 ``wrong`` names a deliberately wrong rule, to show a check tells it apart: "dequant_fp32" (AscendDequant writes
@@ -122,6 +123,37 @@ def conv2d(graph: Graph, name: str, x: np.ndarray, saturate: bool = True, rule: 
     return ascend_dequant(acc.astype(np.int32), step.astype(np.float32)[None, :, None, None], saturate, rule, wrong)
 
 
+def conv_transpose2d(graph: Graph, name: str, x: np.ndarray, saturate: bool = True, rule: str = "s19",
+                     wrong: str | None = None) -> np.ndarray:
+    """The 2-D ConvTranspose node ``name`` (groups, strides, dilations, pads; weight per channel on axis 1):
+    every (q - zp) scattered through the int8 kernel taps into int64 sums, then cropped by the pads."""
+    node = graph.nodes[name]
+    _, s_x, zp = graph.activation(node)
+    w, s_w = graph.weight(node)
+    groups = graph.attr(node, "group", 1)
+    pads = graph.attr(node, "pads", [0, 0, 0, 0])
+    (sh, sw), (dh, dw) = graph.attr(node, "strides", [1, 1]), graph.attr(node, "dilations", [1, 1])
+    xc = ascend_quant(x, s_x, zp, saturate, wrong).astype(np.int64) - zp
+    n, cin, ih, iw = xc.shape
+    _, cout_g, kh, kw = w.shape
+    out_h, out_w = (ih - 1) * sh + (kh - 1) * dh + 1, (iw - 1) * sw + (kw - 1) * dw + 1
+    full = np.zeros((n, cout_g * groups, out_h, out_w), np.int64)
+    cin_g = cin // groups
+    for g in range(groups):
+        xg, wg = xc[:, g * cin_g:(g + 1) * cin_g], w[g * cin_g:(g + 1) * cin_g]
+        for i in range(kh):
+            for j in range(kw):
+                full[:, g * cout_g:(g + 1) * cout_g, i * dh:i * dh + (ih - 1) * sh + 1:sh,
+                     j * dw:j * dw + (iw - 1) * sw + 1:sw] += np.einsum("nchw,co->nohw", xg, wg[:, :, i, j])
+    acc = full[:, :, pads[0]:full.shape[2] - pads[2], pads[1]:full.shape[3] - pads[3]]
+    cout = cout_g * groups
+    step = np.float64(np.float32(s_x)) * np.tile(np.broadcast_to(s_w, (cout_g,)), groups).astype(np.float64)
+    bias = np.zeros(cout) if len(node.input) < 3 else graph.consts[node.input[2]].astype(np.float64)
+    acc = acc + np.rint(bias / step).astype(np.int64)[None, :, None, None]
+    assert acc.min() >= INT32[0] and acc.max() <= INT32[1], "the int32 accumulator overflowed"
+    return ascend_dequant(acc.astype(np.int32), step.astype(np.float32)[None, :, None, None], saturate, rule, wrong)
+
+
 def matmul(graph: Graph, name: str, x: np.ndarray, saturate: bool = True, rule: str = "s19",
            wrong: str | None = None) -> np.ndarray:
     """The MatMul (constant 2-D weight) or Gemm (transB, bias C) node ``name`` on its AscendQuant input ``x``."""
@@ -141,4 +173,5 @@ def matmul(graph: Graph, name: str, x: np.ndarray, saturate: bool = True, rule: 
 
 
 def layer(graph: Graph, name: str, x: np.ndarray, **kw: Any) -> np.ndarray:
-    return (conv2d if graph.nodes[name].op_type == "Conv" else matmul)(graph, name, x, **kw)
+    op = {"Conv": conv2d, "ConvTranspose": conv_transpose2d}.get(graph.nodes[name].op_type, matmul)
+    return op(graph, name, x, **kw)
