@@ -168,6 +168,21 @@ def test_fp32_qdq_semantics_differ_from_the_device_where_fp16_rounding_matters()
     assert 0.25 < np.abs(wrong - y["c1"]).max() <= np.spacing(np.float16(np.abs(y["c1"]).max())) / 2
 
 
+def test_a_pair_feeding_add_is_ascend_quant_then_antiquant_in_fp16():
+    """AMCT's Add scenario: AscendQuant -> AscendAntiQuant, fp16((q - zp) * fp16(s)) on the device."""
+    b = Builder()
+    out = b.op("Add", [b.qdq("x", "a0", 0.0123, 5), b.const("c", np.float32(0.5))], "add")
+    model = b.model([3, 40], out)
+    feed = {"x": RNG.normal(0, 0.5, (3, 40)).astype(np.float32)}
+    emulator = Emulator(model, "force_fp16", "saturation")
+    assert emulator.int8.summary()["ops"] == 0 and emulator.int8.summary()["quantize"] == 1
+    dq = emulator.session(expose=["a0_dq"]).run(feed, ["a0_dq"])[0]
+    q = ref.ascend_quant(feed["x"], 0.0123, 5, True).astype(np.float32)
+    assert np.array_equal(dq, ((q - 5) * np.float32(np.float16(0.0123))).astype(np.float16).astype(np.float32))
+    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert not np.array_equal(emulator.session().run(feed)[0], fp32)
+
+
 def test_graphs_without_qdq_are_left_alone_and_the_report_names_the_int8_path():
     model, names = linear_net()
     plain = onnx.load_from_string(model.SerializeToString())
@@ -230,7 +245,7 @@ def test_a_real_qat_export_is_judged_on_the_int8_path(qat_bundle):
     assert int8["ops"] == 4 and int8["rule"] == "AscendQuant/int32/AscendDequant fp16"
     model = onnx.load(str(out / "model.onnx"))
     names = [n.name for n in model.graph.node if n.op_type in ("Conv", "MatMul", "Gemm")]
-    # the 3-D Linear is written as Reshape -> Gemm -> Reshape today (MatMul + Add by other exporters)
+    # the 3-D Linear: MatMul + Add (Reshape -> Gemm -> Reshape before the structural lowering)
     assert len(names) == 4 and int8["op_types"] == sorted({n.op_type for n in model.graph.node if n.name in names})
     assert "skipped" not in int8
     graph = ref.Graph(model)

@@ -12,7 +12,8 @@ in int8 with int32 accumulation, and puts AscendDequant after it. The device ari
   conv_compute's im2col pad value ``offset_x``, so a padded tap reads zero) plus the int32 bias
   ``round(bias / (s_x * s_w))`` (rint in float64, an assumption: AMCT's rounding of the bias is not public).
   ConvInteger / MatMulInteger accumulate in int32; ConvTranspose, which has no integer ONNX op, runs in fp32 on
-  the split ``q - zp = 16 hi + lo``, exact while (Cin/group) x kernel taps < 8256 (``inexact`` lists the rest).
+  the split ``q - zp = 16 hi + lo``, exact while (Cin/group) x kernel taps < 8256 (``inexact`` lists the rest);
+  that it reads the offset wherever it inserts or pads zeros (``convT(q - zp)``) is assumed, not documented.
 - AscendDequant: ``int32 x deq_scale`` written in fp16 (TBE ascend_dequant.py: every branch writes float16),
   ``deq_scale = s_x * s_w`` per output channel. On SoCs with the v200 dequant (Ascend310P, 610 and the fixpipe
   SoCs: ascend_quant_util.is_support_v200) deq_scale is a uint64 holding the fp32 scale in its low 32 bits, applied
