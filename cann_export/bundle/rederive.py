@@ -265,11 +265,15 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
 def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dict[str, Any]:
     """The device verdict of the bundle on ``soc`` (the re-derived run reused when its device model is the same)."""
     from ..options import soc_model
+    from ..validators.int8_device import deq_scale_for
     from ..validators.parity import with_device_parity
 
     model = soc_model(soc)
     ran = (report.get("precision") or {}).get("device_model") or {}
-    if ran.get("overflow_mode") == model.overflow or "graph_fp32" not in report:
+    same = ran.get("overflow_mode") == model.overflow
+    if same and rerun and any(n.op_type == "QuantizeLinear" for n in rerun["model"].graph.node):
+        same = deq_scale_for(ran.get("soc_version")) == deq_scale_for(soc)  # the int8 path's AscendDequant scale
+    if same or "graph_fp32" not in report:
         verdict = report
     else:
         graph = report["graph_fp32"]
