@@ -2,7 +2,8 @@
 
 Checks the ONNX graph against the target CANN release: the graph opset, every op type against the
 published list of ONNX operators ATC parses (``data/atc_onnx_ops.json``, which records its source),
-input dtypes and shapes against the dynamic-shape hints, and quantized graphs against the hints and
+input dtypes and shapes against the dynamic-shape hints, and quantized graphs against AMCT's convert_qat_model
+rules (``amct.check_qdq``: AMCT turns their Q/DQ into AscendQuant/AscendDequant before atc), the hints and the
 precision mode. Every finding names the ONNX node and the PyTorch module it came from.
 """
 from __future__ import annotations
@@ -198,6 +199,14 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
     quantized = _check_ops(model, table, module_paths, findings)
     _check_inputs(model, hints, findings)
     if quantized:
+        from .amct import check_qdq
+
+        findings.add("info", "qdq-amct",
+                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not take: "
+                     "atc/convert.sh and `cann-export convert` run AMCT's amct_onnx.convert_qat_model first "
+                     "(AscendQuant/AscendDequant in amct/model_deploy_model.onnx), then atc on that deploy model",
+                     op_type="QuantizeLinear")
+        findings.extend(check_qdq(model, module_paths))
         _check_quantized(hints, precision_mode, findings)
     return {"passed": not any(f["severity"] == "error" for f in findings),
             "cann_version": str(cann_version),
@@ -237,16 +246,11 @@ def _check_ops(model: Any, table: dict[str, Any], module_paths: dict[str, str], 
                              f"(E19010 at conversion); rewrite it with standard ops or register a custom ATC ONNX "
                              "parser plugin for it", node, module_paths)
             continue
-        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: one graph-level finding below
+        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: AMCT's rules (amct.check_qdq)
             continue
         message = (f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion); replace the PyTorch op "
                    "with ones ATC supports or register a custom ATC ONNX parser plugin")
         findings.add("error", "unsupported-op", message, node, module_paths)
-    if quantized and not all(op in ops for op in QDQ):
-        findings.add("warning", "qdq-needs-amct",
-                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not list: run "
-                     "AMCT's amct_onnx.convert_qat_model on model.onnx to turn them into AscendQuant/AscendDequant "
-                     "before atc (see atc/convert.sh)", op_type="QuantizeLinear")
     return quantized
 
 
