@@ -483,6 +483,7 @@ def test_om_with_amct_runs_it_before_atc(qat_model, tools, tmp_path):
     (call,) = calls()
     assert call["model_file"] == "model.onnx" and call["model_exists"]
     assert argv.read_text().splitlines() == atc["command"][1:]
+    assert "--model=amct/model_deploy_model.onnx" in atc["command"]  # the deploy model AMCT wrote, read by atc
     kept = {p.relative_to(out).as_posix() for p in (out / "amct").rglob("*") if p.is_file()}
     assert kept == {"amct/amct.log", "amct/record.txt", "amct/amct_log/amct_onnx.log"}  # deploy model dropped
     assert kept <= set(result.manifest["files"])
@@ -521,6 +522,9 @@ def test_convert_runs_amct_then_atc(stub_bundle, tools, tmp_path):
     assert "--model=amct/model_deploy_model.onnx" in argv.read_text().splitlines()
     assert target.read_bytes().startswith(b"FAKE-OM ")
     assert {p.name for p in target.parent.iterdir()} == {"qat.om", "qat.atc.log", "qat.amct.log"}
+    again = invoke("convert", bundle / "model.om", "-o", tmp_path / "again.om")
+    assert again.exit_code == 0, again.output
+    assert "AMCT 0.0.0+test.double converted the Q/DQ graph first" in again.stdout
 
 
 def test_convert_with_failing_amct_reports_it(stub_bundle, tools, tmp_path):
@@ -535,3 +539,20 @@ def test_convert_with_failing_amct_reports_it(stub_bundle, tools, tmp_path):
     assert not target.exists() and not argv.exists()  # atc never ran
     assert "refused the model" in (tmp_path / "x.amct.log").read_text()  # kept for the post-mortem
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_convert_never_runs_the_manifests_amct_command(stub_bundle, tools, tmp_path):
+    bundle, _ = stub_bundle
+    _, use_amct, calls = tools
+    use_amct()
+    copy_dir = tmp_path / "tampered"
+    shutil.copytree(bundle, copy_dir)
+    (copy_dir / "model.om").unlink()  # convert the directory bundle itself
+    manifest = manifest_of(copy_dir)
+    marker = tmp_path / "pwned"
+    manifest["atc"]["amct"]["command"] = ["sh", "-c", f"touch {marker}"]
+    manifest["files"].pop("model.om")
+    (copy_dir / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("convert", copy_dir, "-o", tmp_path / "t.om")
+    assert result.exit_code == 2 and "atc.amct.command" in result.stderr
+    assert not marker.exists() and calls() == [] and not (tmp_path / "t.om").exists()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture import module_paths as mp
-from .lint import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset
+from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset
 
 COMPUTE = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # scenario 1: Q/DQ on the activation and on the weight
 OUTPUT_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}  # per-channel weights only here (ONNX weight layouts)

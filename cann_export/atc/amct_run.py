@@ -9,6 +9,7 @@ library (a segfault on mismatched ONNX Runtime headers) and writes ``./amct_log`
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -24,6 +25,7 @@ SAVE_PREFIX = f"{AMCT_DIR}/model"  # AMCT writes <prefix>_deploy_model.onnx and 
 DEPLOY_MODEL = f"{SAVE_PREFIX}_deploy_model.onnx"
 FAKE_QUANT_MODEL = f"{SAVE_PREFIX}_fake_quant_model.onnx"
 RECORD_FILE = f"{AMCT_DIR}/record.txt"
+KEPT = ("amct.log", "record.txt", "amct_log")  # in a bundle, AMCT's models are dropped once atc has read them
 SCRIPT = ("import sys, amct_onnx as amct; "
           "amct.convert_qat_model(sys.argv[1], sys.argv[2], record_file=sys.argv[3])")
 INSTALL_HINT = ("install AMCT from CANN's Ascend-cann-amct package: `pip3 install "
@@ -42,7 +44,7 @@ class AmctError(WriteError):
 
 def is_quantized(model: Any) -> bool:
     """Whether the graph (If/Loop/Scan bodies included) holds ai.onnx QuantizeLinear/DequantizeLinear."""
-    from .lint import DEFAULT_DOMAINS, QDQ, _nodes
+    from .findings import DEFAULT_DOMAINS, QDQ, _nodes
 
     return any(n.op_type in QDQ and n.domain in DEFAULT_DOMAINS for n in _nodes(model.graph))
 
@@ -101,3 +103,18 @@ def deploy_model(cwd: Path, code: int, output: str, log: str) -> Path:
     if not path.is_file():
         raise AmctError(f"AMCT's convert_qat_model exited 0 but wrote no {DEPLOY_MODEL}; see {log}")
     return path
+
+
+def drop_models(root: Path) -> None:
+    """Remove AMCT's intermediate models under ``root/amct`` (atc has read the deploy model); keep its logs and
+    quantization record."""
+    directory = root / AMCT_DIR
+    if not directory.is_dir() or directory.is_symlink():
+        return
+    for path in directory.iterdir():
+        if path.name in KEPT:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

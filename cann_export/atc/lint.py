@@ -11,15 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
-from ..capture import module_paths as mp
+from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset, _nodes, where  # noqa: F401 - lint's API
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
 HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
-QDQ = ("QuantizeLinear", "DequantizeLinear")
 # TensorProto data types (onnx.TensorProto enum values), so this module needs no onnx import to classify
 FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10
 INTEGER_OK = {INT32: "int32", INT64: "int64"}
@@ -45,53 +42,6 @@ def opset_range(version: tuple[int, int]) -> tuple[int, int]:
         if version[0] >= row["min_major"] and (row["max_major"] is None or version[0] <= row["max_major"]):
             return tuple(row["opsets"])  # type: ignore[return-value]
     return (9, 13)
-
-
-class _Findings(list):
-    def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
-            op_type: str | None = None) -> None:
-        module = None
-        if node is not None:
-            module = (module_paths or {}).get(node.name)
-            if module is None:
-                module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
-            message = f"{where(node, module_paths)}: {message}"
-        self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
-                     "module": module, "op_type": op_type or (node.op_type if node is not None else None),
-                     "message": message})
-
-
-def where(node: Any, module_paths: dict[str, str] | None) -> str:
-    """``module encoder.layer.0.attn (Softmax), node 'n'``: the PyTorch module and the ONNX node."""
-    path = (module_paths or {}).get(node.name)
-    if path is None:
-        path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
-    name = node.name or "<unnamed>"
-    props = {p.key: p.value for p in node.metadata_props}
-    op = f"{node.op_type} + folded {props[mp.FOLDED]}" if mp.FOLDED in props else node.op_type
-    line = f" at {props[mp.SOURCE]}" if mp.SOURCE in props else ""
-    if path is None:
-        return f"node {name!r} ({op}), PyTorch module unknown{line}"
-    root = f"the root module {props[mp.ROOT]}" if mp.ROOT in props else "the root module"
-    return f"{root if path == '' else 'module ' + path} ({op}), node {name!r}{line}"
-
-
-def _nodes(graph: Any) -> Iterator[Any]:
-    """Every node, including those in If/Loop/Scan bodies."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _nodes(attr.g)
-            for g in attr.graphs:
-                yield from _nodes(g)
-
-
-def _graph_opset(model: Any) -> int | None:
-    for imp in model.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            return imp.version
-    return None
 
 
 def _fixed_dims(hints: dict[str, Any]) -> dict[str, list[int]]:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 OM_FILE = "model.om"
 ATC_LOG = "atc/atc.log"
 AMCT_LOG = f"{amct_run.AMCT_DIR}/amct.log"
-AMCT_KEPT = ("amct.log", "record.txt", "amct_log")  # AMCT's deploy and fake-quant models are dropped after atc
 INSTALL_HINT = ("install CANN's toolkit and source set_env.sh (e.g. `source "
                 "/usr/local/Ascend/ascend-toolkit/set_env.sh`) so that `atc` is on PATH")
 _ERROR_CODE = re.compile(r"\b(E[0-9A-Z]\d{4}|EZ\d{4})\b")  # E19010, EZ9999, EE1001 ...
@@ -183,7 +182,7 @@ class OmFormat(AtcReadyFormat):
         try:
             code, output = run_atc(args, staging, staging / ATC_LOG, atc)
         finally:
-            _drop_amct_models(staging)
+            amct_run.drop_models(staging)
         report.update({"ran": True, "exit_code": code, "atc": atc, "log": ATC_LOG, "ran_command": args})
         om = staging / f"{_output_stem(args)}.om"
         if code != 0:
@@ -203,13 +202,15 @@ class OmFormat(AtcReadyFormat):
         found = amct_run.find_amct() or {}
         _, code, output = amct_run.run_amct(amct["model"], staging, staging / AMCT_LOG)
         amct.update({"ran": True, "exit_code": code, "version": found.get("version"), "log": AMCT_LOG})
-        log_dir = staging / "amct_log"  # AMCT's own log directory, written in its working directory
-        if log_dir.is_dir() and not (staging / amct_run.AMCT_DIR / "amct_log").exists():
-            os.replace(log_dir, staging / amct_run.AMCT_DIR / "amct_log")
+        log_dir, kept = staging / "amct_log", staging / amct_run.AMCT_DIR / "amct_log"  # AMCT logs to its cwd
+        if log_dir.is_dir() and not log_dir.is_symlink():
+            if kept.is_dir():
+                shutil.rmtree(kept)  # a second run (finalize recompiles): its log replaces the first one's
+            os.replace(log_dir, kept)
         try:
             amct_run.deploy_model(staging, code, output, AMCT_LOG)
         except amct_run.AmctError as e:
-            _drop_amct_models(staging)
+            amct_run.drop_models(staging)
             e.path = _source(ctx)
             raise
 
@@ -252,21 +253,6 @@ class OmFormat(AtcReadyFormat):
             atomic.discard(om_staging)
         ctx.final_onnx = bundle_dir / ctx.onnx_path.name
         return sorted(p for p in bundle_dir.rglob("*") if p.is_file()) + placed
-
-
-def _drop_amct_models(root: Path) -> None:
-    """Remove AMCT's intermediate models under ``root/amct`` (atc has read the deploy model); keep its logs and
-    quantization record."""
-    directory = root / amct_run.AMCT_DIR
-    if not directory.is_dir() or directory.is_symlink():
-        return
-    for path in directory.iterdir():
-        if path.name in AMCT_KEPT:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def _om_record(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -346,14 +332,8 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
         if checked.options is None:
             raise ValidateError("the bundle holds no ATC options; export with --format atc_ready or om",
                                 path=path, stage="convert")
-        atc = find_atc()
         quantized = amct_run.is_quantized(checked.model)
-        missing = [] if atc else [f"`atc` is not on PATH; {INSTALL_HINT}"]
-        found = amct_run.find_amct() if quantized else None
-        if quantized and found is None:
-            missing.append(f"{amct_run.MISSING}; {amct_run.INSTALL_HINT}")
-        if missing:
-            raise ExportError("; and ".join(missing) + ", then run convert again", stage="convert")
+        atc, found = _convert_tools(quantized)
         out = Path(output) if output else _default_output(path)
         atomic.check_target(out, overwrite)
         log_target = out.with_name(f"{out.stem}.atc.log")
@@ -381,6 +361,18 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
     return {"ok": True, "input": str(path), "output": str(out), "log": str(log_target), "soc_version": soc,
             "command": args, "exit_code": 0, "om": {"kind": "atc", "sha256": digest, "size": size},
             **({"amct": amct} if amct else {})}
+
+
+def _convert_tools(quantized: bool) -> tuple[str, dict[str, Any] | None]:
+    """``atc``, and AMCT for a quantized graph; refuses (exit 2) naming what to install when one is missing."""
+    atc = find_atc()
+    found = amct_run.find_amct() if quantized else None
+    missing = [] if atc else [f"`atc` is not on PATH; {INSTALL_HINT}"]
+    if quantized and found is None:
+        missing.append(f"{amct_run.MISSING}; {amct_run.INSTALL_HINT}")
+    if missing or atc is None:
+        raise ExportError("; and ".join(missing) + ", then run convert again", stage="convert")
+    return atc, found
 
 
 def _convert_amct(checked: CheckedBundle, work: Path, out: Path, path: Path, version: str | None) -> dict[str, Any]:
