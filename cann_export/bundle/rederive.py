@@ -216,6 +216,11 @@ def _check_atc(checked: CheckedBundle) -> None:
         diffs.append(f"atc.command: the manifest says {_short(extra)} beyond and lacks {_short(missing)} of what "
                      "the validated options render" if extra or missing else
                      "atc.command: the manifest's arguments are in another order than the validated options render")
+    stored_amct, rendered_amct = atc.get("amct"), report.get("amct")
+    stored_cmd = stored_amct.get("command") if isinstance(stored_amct, dict) else stored_amct
+    if stored_cmd != (rendered_amct or {}).get("command"):
+        diffs.append(f"atc.amct.command: the manifest says {_short(stored_cmd)}, the graph and the validated options "
+                     f"render {_short((rendered_amct or {}).get('command'))}")
     for key in ("soc_version", "precision_mode"):
         if atc.get(key) != report[key]:
             diffs.append(f"atc.{key}: the manifest says {atc.get(key)!r}, the validated options {report[key]!r}")
