@@ -244,6 +244,9 @@ class ExportContext:
     float_reference_outputs: list[list[Any]] = field(default_factory=list)  # the float model's, per input set
     calibration_batches: list[dict[str, Any]] = field(default_factory=list)  # --calibration-data, batched
     quant_table: dict[str, dict[str, Any]] = field(default_factory=dict)  # module path -> scales, zero points
+    # a strip pass's other form of the stripped model for torch/program.pt2 (a context manager over the model),
+    # e.g. fake quantization as plain arithmetic where torch.export cannot capture the fake-quant ops
+    program_form: Any = None
     # trace specialisation: TracerWarnings of the capture, and inputs that may take other paths
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples

@@ -227,7 +227,7 @@ class ExportOptions:
     optimizer: Any = None
     # quantization (issue: QAT to int8): "qat" fine-tunes with fake quantization, "ptq" calibrates only
     quantize: str | None = None
-    calibration_data: str | None = None  # safetensors file of input batches named after forward's inputs
+    calibration_data: str | None = None  # safetensors / .npz file of input batches named after forward's inputs
     qat_steps: int = 200
     qat_lr: float = 1e-4
     quant_config: dict[str, Any] = field(default_factory=dict)
@@ -268,8 +268,8 @@ class ExportOptions:
         if self.quantize not in (None, "qat", "ptq"):
             raise OptionsError("quantize must be 'qat' or 'ptq'")
         if self.quantize and not self.calibration_data:
-            raise OptionsError(f"--{self.quantize} needs --calibration-data FILE.safetensors (input batches named "
-                               "after the model's forward parameters)")
+            raise OptionsError(f"--{self.quantize} needs --calibration-data FILE (a .safetensors or .npz of input "
+                               "batches named after the model's forward parameters)")
         if self.qat_steps < 0 or self.qat_lr <= 0:
             raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
         if self.sandbox not in SANDBOX_MODES:

@@ -5,6 +5,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.qdq_graphs import conv_model
 from helpers.toy_models import ConvBnDropout, TwoInputs, make_mlp
 from onnx import TensorProto, helper
 from torch import nn
@@ -233,27 +234,31 @@ def test_uint8_and_other_dtypes_on_hand_graph():
 
 
 def quantized_model():
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q0"),
-             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq0")]
-    model = graph_model(nodes, [f32("x", [1, 4])], [f32("y", [1, 4])], opset=17)
-    model.graph.initializer.extend([helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
-                                    helper.make_tensor("z", TensorProto.INT8, [], [0])])
-    return model
+    return conv_model()[0]  # int8 Q/DQ on a Conv's activation and weight: the form AMCT adapts
 
 
 def test_quantized_graph_warnings():
     plain = atc_lint.lint_model(quantized_model(), "8.0", {}, "force_fp16")
-    assert plain["passed"]  # Q/DQ graphs are exportable: one warning says AMCT must convert them for ATC
-    assert [(f["rule"], f["severity"]) for f in plain["findings"]] == [("qdq-needs-amct", "warning")]
+    assert plain["passed"]  # Q/DQ graphs AMCT adapts are exportable: one line says AMCT runs before atc
+    assert [(f["rule"], f["severity"]) for f in plain["findings"]] == [("qdq-amct", "info")]
     assert "convert_qat_model" in plain["findings"][0]["message"]
 
     report = atc_lint.lint_model(quantized_model(), "8.0", {"dynamic_batch_size": "1,2"}, "force_fp32")
     warnings = {f["rule"]: f for f in report["findings"] if f["severity"] == "warning"}
-    assert set(warnings) == {"quant-dynamic-shape", "quant-precision-mode", "qdq-needs-amct"}
+    assert set(warnings) == {"quant-dynamic-shape", "quant-precision-mode"}
     assert "force_fp32" in warnings["quant-precision-mode"]["message"]
     report = atc_lint.lint_model(quantized_model(), "8.0", {"precision_mode_v2": "origin"}, "force_fp16")
-    assert {f["rule"] for f in report["findings"] if f["severity"] == "warning"} == {"quant-precision-mode",
-                                                                                     "qdq-needs-amct"}
+    assert {f["rule"] for f in report["findings"] if f["severity"] == "warning"} == {"quant-precision-mode"}
+
+
+def test_lint_applies_amcts_rules_to_qdq():
+    model = quantized_model()
+    zp = next(t for t in model.graph.initializer if t.name == "act_zp")
+    zp.CopyFrom(helper.make_tensor("act_zp", TensorProto.UINT8, [], [128]))  # a uint8 activation: AMCT refuses
+    report = atc_lint.lint_model(model, "8.0", {}, "force_fp16", {"conv_node": "features.conv"})
+    assert not report["passed"]
+    (finding,) = errors_of(report)
+    assert finding["rule"] == "amct-int8" and finding["module"] == "features.conv" and "uint8" in finding["message"]
 
 
 def test_unreadable_input_is_one_line_exit_2(tmp_path, lint_cli):

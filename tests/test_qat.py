@@ -95,7 +95,8 @@ def test_python_flow_with_the_users_own_loop(tmp_path):
     assert result.ok, result.parity
     layers = result.manifest["quantization"]["layers"]
     assert set(layers) == {"features.3", "classifier"}  # the first conv stayed float
-    assert digits.accuracy_onnx(tmp_path / "b" / "model.onnx") > 95
+    # the written int8 graph within 1 point of the float model on the digits test split
+    assert digits.accuracy_onnx(tmp_path / "b" / "model.onnx") >= digits.accuracy_torch(digits.trained()) - 1.0
 
 
 def test_weight_bits_4(tmp_path):

@@ -229,7 +229,12 @@ def test_torchao_pt2e_qat_exports_qdq(tmp_path):
     allow_exported_model_train_eval(prepared)  # torchao's switch for a loop that calls model.train()
     _train(prepared, [(x, torch.randint(0, 4, (8,)))], nn.functional.cross_entropy)
     converted = pt2e.convert_pt2e(prepared)
-    result = cann_export_export(converted, tmp_path / "pt2e", x)
+    # the x86 quantizer's Linear weights are per channel: AMCT takes only per-tensor weights on Gemm, and the
+    # lint names the module (exported anyway with lint="warn" to check the rest)
+    with pytest.raises(errors.LintError, match="(?s)linear.*per-tensor weights on Gemm"):
+        cann_export_export(converted, tmp_path / "refused", x)
+    assert not (tmp_path / "refused").exists()
+    result = cann_export_export(converted, tmp_path / "pt2e", x, lint="warn")
     assert result.manifest["parity"]["fp32"]["passed"], result.parity
     # PT2E writes int8 weight constants -> DequantizeLinear: rewritten as the float weight -> Q -> DQ AMCT reads
     assert result.manifest["quantization"]["placement"]["weights_requantized"] >= 2
@@ -239,7 +244,7 @@ def test_torchao_pt2e_qat_exports_qdq(tmp_path):
     _int8_close(_ort(tmp_path / "pt2e" / "model.onnx", x), ref)
 
 
-def cann_export_export(model, out, x):
+def cann_export_export(model, out, x, **options):
     import cann_export
 
-    return cann_export.export(model, out, "atc_ready", example_inputs=(x,))
+    return cann_export.export(model, out, "atc_ready", example_inputs=(x,), **options)

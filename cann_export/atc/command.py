@@ -184,13 +184,16 @@ def aipp_prototxt(blocks: list[dict[str, Any]]) -> str:
 def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: str = "model") -> list[Path]:
     """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports.atc."""
     from ..capture.onnx_utils import describe_values
+    from . import amct_run
     from .hints import effective_precision
 
     opts, hints = ctx.options, ctx.options.atc_hints
     atc_dir = bundle / "atc"
     atc_dir.mkdir(exist_ok=True)
     files: list[Path] = []
-    args = ["atc", "--framework=5", f"--model={model_file}", f"--output={output_stem}",
+    quantized = amct_run.is_quantized(ctx.onnx_model)  # Q/DQ: atc converts AMCT's deploy model instead
+    args = ["atc", "--framework=5", f"--model={amct_run.DEPLOY_MODEL if quantized else model_file}",
+            f"--output={output_stem}",
             f"--soc_version={opts.soc_version}",
             f"--input_shape={hints.get('input_shape') or input_shape_arg(describe_values(ctx.onnx_model.graph.input))}"]
     if "precision_mode_v2" not in hints:
@@ -200,6 +203,9 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
              for arg in hint_args(specs[k], hints[k])]
     report: dict[str, Any] = {"soc_version": opts.soc_version, "precision_mode": effective_precision(ctx.options),
                               "hints": dict(hints), "advisory": {k: hints[k] for k in hints if specs[k].advisory}}
+    if quantized:
+        report["amct"] = {"command": amct_run.command(model_file), "model": model_file,
+                          "deploy_model": amct_run.DEPLOY_MODEL, "record_file": amct_run.RECORD_FILE}
     fixed = ctx.reports.precision_fix
     keep = list(hints.get("keep_dtype", [])) + (list(fixed.kept) if fixed is not None else [])
     if keep:
@@ -217,7 +223,7 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
         report["insert_teacache_nodes"] = {
             path: sorted(n for n, p in ctx.module_paths.items() if p == path or p.startswith(path + "."))
             for path in hints["insert_teacache"]}
-    script = _write(atc_dir / "convert.sh", convert_script(args))
+    script = _write(atc_dir / "convert.sh", convert_script(args, report["amct"]["command"] if quantized else None))
     os.chmod(script, 0o755)
     report["command"] = args
     ctx.reports.atc = report
@@ -229,9 +235,23 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def convert_script(args: list[str]) -> str:
-    return ("#!/usr/bin/env bash\n"
-            "# Converts model.onnx to an Ascend offline model (.om). Run on a machine with CANN installed.\n"
-            "set -euo pipefail\n"
-            'cd "$(dirname "$0")/.."\n'
-            + " ".join(shlex.quote(a) for a in args) + ' "$@"\n')
+def convert_script(args: list[str], amct: list[str] | None = None) -> str:
+    """convert.sh: ``atc`` with ``args`` from the bundle root; for a Q/DQ graph, AMCT's ``amct`` step first."""
+    from .amct_run import MODULE
+
+    head = ["#!/usr/bin/env bash",
+            "# Converts model.onnx to an Ascend offline model (.om). Run on a machine with CANN installed."]
+    steps = []
+    if amct is not None:
+        head += ["# The graph is int8 QuantizeLinear/DequantizeLinear (QAT), which atc takes only as AMCT's",
+                 "# deploy model: AMCT's convert_qat_model first writes amct/model_deploy_model.onnx",
+                 "# (AscendQuant/AscendDequant). AMCT comes with CANN's Ascend-cann-amct package: pip3 install its",
+                 "# amct_onnx wheel, then build its custom ops (amct_onnx_op: python3 setup.py build)."]
+        probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec(\"{MODULE}\") is None)"
+        missing = (f"convert.sh: AMCT (the Python module {MODULE}) is not installed; install the amct_onnx wheel of "
+                   "the Ascend-cann-amct package and build its custom ops")
+        steps += [f"python3 -c {shlex.quote(probe)} || {{ echo {shlex.quote(missing)} >&2; exit 2; }}",
+                  "mkdir -p amct",
+                  " ".join(shlex.quote(a) for a in amct)]
+    return "\n".join([*head, "set -euo pipefail", 'cd "$(dirname "$0")/.."', *steps,
+                      " ".join(shlex.quote(a) for a in args) + ' "$@"']) + "\n"

@@ -2,7 +2,8 @@
 
 Checks the ONNX graph against the target CANN release: the graph opset, every op type against the
 published list of ONNX operators ATC parses (``data/atc_onnx_ops.json``, which records its source),
-input dtypes and shapes against the dynamic-shape hints, and quantized graphs against the hints and
+input dtypes and shapes against the dynamic-shape hints, and quantized graphs against AMCT's convert_qat_model
+rules (``amct.check_qdq``: AMCT turns their Q/DQ into AscendQuant/AscendDequant before atc), the hints and the
 precision mode. Every finding names the ONNX node and the PyTorch module it came from.
 """
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
-from ..capture import module_paths as mp
+from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset, _nodes, where  # noqa: F401 - lint's API
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
 HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
-QDQ = ("QuantizeLinear", "DequantizeLinear")
 # TensorProto data types (onnx.TensorProto enum values), so this module needs no onnx import to classify
 FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10
 INTEGER_OK = {INT32: "int32", INT64: "int64"}
@@ -44,53 +42,6 @@ def opset_range(version: tuple[int, int]) -> tuple[int, int]:
         if version[0] >= row["min_major"] and (row["max_major"] is None or version[0] <= row["max_major"]):
             return tuple(row["opsets"])  # type: ignore[return-value]
     return (9, 13)
-
-
-class _Findings(list):
-    def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
-            op_type: str | None = None) -> None:
-        module = None
-        if node is not None:
-            module = (module_paths or {}).get(node.name)
-            if module is None:
-                module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
-            message = f"{where(node, module_paths)}: {message}"
-        self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
-                     "module": module, "op_type": op_type or (node.op_type if node is not None else None),
-                     "message": message})
-
-
-def where(node: Any, module_paths: dict[str, str] | None) -> str:
-    """``module encoder.layer.0.attn (Softmax), node 'n'``: the PyTorch module and the ONNX node."""
-    path = (module_paths or {}).get(node.name)
-    if path is None:
-        path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
-    name = node.name or "<unnamed>"
-    props = {p.key: p.value for p in node.metadata_props}
-    op = f"{node.op_type} + folded {props[mp.FOLDED]}" if mp.FOLDED in props else node.op_type
-    line = f" at {props[mp.SOURCE]}" if mp.SOURCE in props else ""
-    if path is None:
-        return f"node {name!r} ({op}), PyTorch module unknown{line}"
-    root = f"the root module {props[mp.ROOT]}" if mp.ROOT in props else "the root module"
-    return f"{root if path == '' else 'module ' + path} ({op}), node {name!r}{line}"
-
-
-def _nodes(graph: Any) -> Iterator[Any]:
-    """Every node, including those in If/Loop/Scan bodies."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _nodes(attr.g)
-            for g in attr.graphs:
-                yield from _nodes(g)
-
-
-def _graph_opset(model: Any) -> int | None:
-    for imp in model.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            return imp.version
-    return None
 
 
 def _fixed_dims(hints: dict[str, Any]) -> dict[str, list[int]]:
@@ -198,6 +149,14 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
     quantized = _check_ops(model, table, module_paths, findings)
     _check_inputs(model, hints, findings)
     if quantized:
+        from .amct import check_qdq
+
+        findings.add("info", "qdq-amct",
+                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not take: "
+                     "atc/convert.sh and `cann-export convert` run AMCT's amct_onnx.convert_qat_model first "
+                     "(AscendQuant/AscendDequant in amct/model_deploy_model.onnx), then atc on that deploy model",
+                     op_type="QuantizeLinear")
+        findings.extend(check_qdq(model, module_paths))
         _check_quantized(hints, precision_mode, findings)
     return {"passed": not any(f["severity"] == "error" for f in findings),
             "cann_version": str(cann_version),
@@ -237,16 +196,11 @@ def _check_ops(model: Any, table: dict[str, Any], module_paths: dict[str, str], 
                              f"(E19010 at conversion); rewrite it with standard ops or register a custom ATC ONNX "
                              "parser plugin for it", node, module_paths)
             continue
-        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: one graph-level finding below
+        if node.op_type in ops or node.op_type in QDQ:  # Q/DQ: AMCT's rules (amct.check_qdq)
             continue
         message = (f"ATC has no parser for ONNX op {node.op_type} (E19010 at conversion); replace the PyTorch op "
                    "with ones ATC supports or register a custom ATC ONNX parser plugin")
         findings.add("error", "unsupported-op", message, node, module_paths)
-    if quantized and not all(op in ops for op in QDQ):
-        findings.add("warning", "qdq-needs-amct",
-                     "the graph holds QuantizeLinear/DequantizeLinear, which ATC's ONNX parser does not list: run "
-                     "AMCT's amct_onnx.convert_qat_model on model.onnx to turn them into AscendQuant/AscendDequant "
-                     "before atc (see atc/convert.sh)", op_type="QuantizeLinear")
     return quantized
 
 

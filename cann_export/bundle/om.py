@@ -1,8 +1,9 @@
 """The ``om`` format (an atc_ready bundle plus ``model.om``) and ``cann-export convert``.
 
 With CANN's ``atc`` on PATH, ``model.om`` is the real offline model ATC compiles from the bundle's rendered
-command. Without it, ``model.om`` is an om-stub (see ``cann_export.bundle.om_stub``): an om header over a zip of
-the bundle, which ``cann-export convert`` later turns into the real model on a machine with CANN.
+command; a graph holding Q/DQ (int8 QAT) goes through AMCT's convert_qat_model first (``atc.amct_run``). Without
+them, ``model.om`` is an om-stub (see ``cann_export.bundle.om_stub``): an om header over a zip of the bundle, which
+``cann-export convert`` later turns into the real model on a machine with CANN (and AMCT), the manifest saying why.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..atc import amct_run
 from ..errors import EXIT_STAGE_FAILED, ExportError, ValidateError, WriteError
 from ..fs import atomic, digests
 from ..hooks.contracts import CheckedBundle, ResultInfo
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 OM_FILE = "model.om"
 ATC_LOG = "atc/atc.log"
+AMCT_LOG = f"{amct_run.AMCT_DIR}/amct.log"
 INSTALL_HINT = ("install CANN's toolkit and source set_env.sh (e.g. `source "
                 "/usr/local/Ascend/ascend-toolkit/set_env.sh`) so that `atc` is on PATH")
 _ERROR_CODE = re.compile(r"\b(E[0-9A-Z]\d{4}|EZ\d{4})\b")  # E19010, EZ9999, EE1001 ...
@@ -72,6 +75,16 @@ def run_atc(args: list[str], cwd: Path, log_path: Path, atc: str | None = None) 
         except OSError as e:
             raise AtcError(f"could not run {exe}: {e}; {INSTALL_HINT}", path=exe) from None
     return proc.returncode, log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def missing_tools(atc: str | None, quantized: bool) -> tuple[str, str] | None:
+    """Why no real model.om can be compiled here, and what to install: None when nothing is missing."""
+    missing = [] if atc else [("no `atc` on PATH", INSTALL_HINT)]
+    if quantized and amct_run.find_amct() is None:
+        missing.append((amct_run.MISSING, amct_run.INSTALL_HINT))
+    if not missing:
+        return None
+    return "; and ".join(m[0] for m in missing), "; and ".join(m[1] for m in missing)
 
 
 def _output_stem(args: list[str]) -> str:
@@ -125,20 +138,23 @@ class OmFormat(AtcReadyFormat):
         if checked.container is None or checked.container.format != self.name:
             return {}
         header = checked.container.header
+        reason = _om_record(checked.manifest).get("reason")
         return {"kind": "om-stub", "om": {**header, "kind": "stub"},
                 "notes": ["om-stub (not a compiled model; `cann-export convert` compiles it) header: "
-                          + ", ".join(f"{k}={v}" for k, v in header.items() if k != "kind")]}
+                          + ", ".join(f"{k}={v}" for k, v in header.items() if k != "kind")]
+                + ([f"an om-stub because {reason}"] if isinstance(reason, str) else [])}
 
     def result_info(self, manifest: dict[str, Any], output: Path) -> ResultInfo:
         om = _om_record(manifest)
         if not om:
             return ResultInfo()
-        extras = {"om": {k: om[k] for k in ("kind", "file", "sha256", "size") if k in om}}
+        extras = {"om": {k: om[k] for k in ("kind", "file", "sha256", "size", "reason") if k in om}}
         if om.get("kind") != "stub":
             return ResultInfo(extras)
+        amct = " and AMCT" if "amct" in (manifest.get("atc") or {}) else ""
         return ResultInfo(extras, label="om-stub", notes=[
-            f"  an om-stub, not a compiled model: no `atc` on PATH; run `cann-export convert {output}` on a "
-            "machine with CANN (or export with --require-atc)"])
+            f"  an om-stub, not a compiled model: {om.get('reason') or 'no `atc` on PATH'}; run `cann-export convert "
+            f"{output}` on a machine with CANN{amct} (or export with --require-atc)"])
 
     def runs_programs(self, options: Any) -> str | None:
         atc = find_atc()
@@ -147,19 +163,26 @@ class OmFormat(AtcReadyFormat):
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = super().write(ctx, staging)
         atc = find_atc()
-        if atc is None:
+        missing = missing_tools(atc, "amct" in ctx.reports.atc)
+        if missing is not None:
+            reason, hint = missing
             if ctx.options.require_atc:
-                raise AtcError(f"--require-atc: `atc` is not on PATH, so no real model.om can be compiled; "
-                               f"{INSTALL_HINT}, or drop --require-atc to write an om-stub",
-                               path=_source(ctx), stage="write")
-            ctx.reports.atc.update({"ran": False, "exit_code": None, "om": {"file": OM_FILE, "kind": "stub"}})
+                raise AtcError(f"--require-atc: {reason}, so no real model.om can be compiled; {hint}, or drop "
+                               "--require-atc to write an om-stub", path=_source(ctx), stage="write")
+            ctx.reports.atc.update({"ran": False, "exit_code": None,
+                                    "om": {"file": OM_FILE, "kind": "stub", "reason": reason}})
             return files
         return files + self._compile(ctx, staging, atc)
 
     def _compile(self, ctx: ExportContext, staging: Path, atc: str) -> list[Path]:
         report = ctx.reports.atc
         args = list(report["command"])
-        code, output = run_atc(args, staging, staging / ATC_LOG, atc)
+        if "amct" in report:
+            self._amct(ctx, staging)
+        try:
+            code, output = run_atc(args, staging, staging / ATC_LOG, atc)
+        finally:
+            amct_run.drop_models(staging)
         report.update({"ran": True, "exit_code": code, "atc": atc, "log": ATC_LOG, "ran_command": args})
         om = staging / f"{_output_stem(args)}.om"
         if code != 0:
@@ -169,7 +192,27 @@ class OmFormat(AtcReadyFormat):
         if not om.is_file():
             raise AtcError(f"ATC exited 0 but wrote no {om.name}: {atc_error_text(output)}", path=_source(ctx))
         report["om"] = {"file": om.name, "kind": "atc", "sha256": digests.sha256_file(om), "size": om.stat().st_size}
-        return [om, staging / ATC_LOG]
+        kept = staging / amct_run.AMCT_DIR
+        return [om, staging / ATC_LOG, *(sorted(p for p in kept.rglob("*") if p.is_file()) if kept.is_dir() else [])]
+
+    def _amct(self, ctx: ExportContext, staging: Path) -> None:
+        """AMCT's convert_qat_model on the staged graph: amct/model_deploy_model.onnx for atc, its version and
+        exit code in the manifest's ``atc.amct``."""
+        amct = ctx.reports.atc["amct"]
+        found = amct_run.find_amct() or {}
+        _, code, output = amct_run.run_amct(amct["model"], staging, staging / AMCT_LOG)
+        amct.update({"ran": True, "exit_code": code, "version": found.get("version"), "log": AMCT_LOG})
+        log_dir, kept = staging / "amct_log", staging / amct_run.AMCT_DIR / "amct_log"  # AMCT logs to its cwd
+        if log_dir.is_dir() and not log_dir.is_symlink():
+            if kept.is_dir():
+                shutil.rmtree(kept)  # a second run (finalize recompiles): its log replaces the first one's
+            os.replace(log_dir, kept)
+        try:
+            amct_run.deploy_model(staging, code, output, AMCT_LOG)
+        except amct_run.AmctError as e:
+            amct_run.drop_models(staging)
+            e.path = _source(ctx)
+            raise
 
     def finalize(self, ctx: ExportContext, staging: Path) -> None:
         report = ctx.reports.atc
@@ -189,9 +232,10 @@ class OmFormat(AtcReadyFormat):
         om = aside if single else staging / OM_FILE
         om.parent.mkdir(exist_ok=True)
         header = write_stub(om, staging, _model_name(ctx))
+        reason = (report.get("om") or {}).get("reason")
         report["om"] = {"file": f"../{ctx.output_path.name}" if single else OM_FILE, "kind": "stub",
                         "sha256": digests.sha256_file(om), "size": om.stat().st_size,
-                        "payload_sha256": header["checksum"]}
+                        "payload_sha256": header["checksum"], **({"reason": reason} if reason else {})}
         ctx.manifest = build_manifest(ctx, staging)  # now listing model.om too (in the directory form)
         atomic.write_text(staging / "manifest.json", dumps(ctx.manifest))
 
@@ -267,8 +311,9 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
     The bundle is checked against its manifest first (files, graph, ATC options; see bundle_check). ATC runs
     the command cann-export renders itself from the validated options (``soc_version`` from the bundle or the
     argument, matching an Ascend SoC pattern; ``--model``/``--output`` fixed to the work directory), never a
-    command read from the manifest. The ``.om`` is renamed into place and ATC's log kept beside it as
-    ``<name>.atc.log``."""
+    command read from the manifest. A graph holding Q/DQ goes through AMCT's convert_qat_model first, with the
+    fixed command (``atc.amct_run``), and ATC converts its deploy model. The ``.om`` is renamed into place and
+    ATC's log kept beside it as ``<name>.atc.log`` (AMCT's as ``<name>.amct.log``)."""
     from . import rederive
     from .read import open_bundle
 
@@ -287,17 +332,19 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
         if checked.options is None:
             raise ValidateError("the bundle holds no ATC options; export with --format atc_ready or om",
                                 path=path, stage="convert")
-        atc = find_atc()
-        if atc is None:
-            raise ExportError(f"`atc` is not on PATH; {INSTALL_HINT}, then run convert again", stage="convert")
+        quantized = amct_run.is_quantized(checked.model)
+        atc, found = _convert_tools(quantized)
         out = Path(output) if output else _default_output(path)
         atomic.check_target(out, overwrite)
         log_target = out.with_name(f"{out.stem}.atc.log")
         work = atomic.staging_dir(out)
+        amct: dict[str, Any] = {}
         try:
             _stage_inputs(bundle, checked, work)
             args = rederive.render(checked, work, soc_version)["command"]
             soc = checked.options.soc_version if soc_version is None else soc_version
+            if quantized:
+                amct = _convert_amct(checked, work, out, path, (found or {}).get("version"))
             code, text = run_atc(args, work, work / "atc.log", atc)
             os.replace(work / "atc.log", log_target)
             if code != 0:
@@ -312,4 +359,30 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
         finally:
             atomic.discard(work)
     return {"ok": True, "input": str(path), "output": str(out), "log": str(log_target), "soc_version": soc,
-            "command": args, "exit_code": 0, "om": {"kind": "atc", "sha256": digest, "size": size}}
+            "command": args, "exit_code": 0, "om": {"kind": "atc", "sha256": digest, "size": size},
+            **({"amct": amct} if amct else {})}
+
+
+def _convert_tools(quantized: bool) -> tuple[str, dict[str, Any] | None]:
+    """``atc``, and AMCT for a quantized graph; refuses (exit 2) naming what to install when one is missing."""
+    atc = find_atc()
+    found = amct_run.find_amct() if quantized else None
+    missing = [] if atc else [f"`atc` is not on PATH; {INSTALL_HINT}"]
+    if quantized and found is None:
+        missing.append(f"{amct_run.MISSING}; {amct_run.INSTALL_HINT}")
+    if missing or atc is None:
+        raise ExportError("; and ".join(missing) + ", then run convert again", stage="convert")
+    return atc, found
+
+
+def _convert_amct(checked: CheckedBundle, work: Path, out: Path, path: Path, version: str | None) -> dict[str, Any]:
+    """AMCT's step of ``convert`` in ``work``; its log is kept beside ``out`` as ``<name>.amct.log``."""
+    log_target = out.with_name(f"{out.stem}.amct.log")
+    command, code, text = amct_run.run_amct(checked.manifest["model"]["file"], work, work / "amct.log")
+    os.replace(work / "amct.log", log_target)
+    try:
+        amct_run.deploy_model(work, code, text, str(log_target))
+    except amct_run.AmctError as e:
+        e.path, e.stage = str(path), "convert"
+        raise
+    return {"version": version, "command": command, "exit_code": code, "log": str(log_target)}

@@ -216,6 +216,11 @@ def _check_atc(checked: CheckedBundle) -> None:
         diffs.append(f"atc.command: the manifest says {_short(extra)} beyond and lacks {_short(missing)} of what "
                      "the validated options render" if extra or missing else
                      "atc.command: the manifest's arguments are in another order than the validated options render")
+    stored_amct, rendered_amct = atc.get("amct"), report.get("amct")
+    stored_cmd = stored_amct.get("command") if isinstance(stored_amct, dict) else stored_amct
+    if stored_cmd != (rendered_amct or {}).get("command"):
+        diffs.append(f"atc.amct.command: the manifest says {_short(stored_cmd)}, the graph and the validated options "
+                     f"render {_short((rendered_amct or {}).get('command'))}")
     for key in ("soc_version", "precision_mode"):
         if atc.get(key) != report[key]:
             diffs.append(f"atc.{key}: the manifest says {atc.get(key)!r}, the validated options {report[key]!r}")
@@ -265,11 +270,15 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
 def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dict[str, Any]:
     """The device verdict of the bundle on ``soc`` (the re-derived run reused when its device model is the same)."""
     from ..options import soc_model
+    from ..validators.int8_device import deq_scale_for
     from ..validators.parity import with_device_parity
 
     model = soc_model(soc)
     ran = (report.get("precision") or {}).get("device_model") or {}
-    if ran.get("overflow_mode") == model.overflow or "graph_fp32" not in report:
+    same = ran.get("overflow_mode") == model.overflow
+    if same and rerun and any(n.op_type == "QuantizeLinear" for n in rerun["model"].graph.node):
+        same = deq_scale_for(ran.get("soc_version")) == deq_scale_for(soc)  # the int8 path's AscendDequant scale
+    if same or "graph_fp32" not in report:
         verdict = report
     else:
         graph = report["graph_fp32"]

@@ -72,7 +72,8 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         import sys
         import warnings
 
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad():
+        form = ctx.program_form(model) if ctx.program_form is not None else contextlib.nullcontext()
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad(), form:
             warnings.simplefilter("ignore")
             program = _export(model, args, kwargs, loaded.kind == "module")
         # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that

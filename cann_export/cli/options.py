@@ -68,7 +68,7 @@ def flags() -> dict[str, Flag]:
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
-        "example_inputs_file": Flag("safetensors file of inputs named after the forward parameters.",
+        "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",
                                     decls=("--example-inputs",), path=True),
         "opset": Flag("ONNX opset (a format headed for ATC: the opsets it declares, 11..18 for atc_ready/om)."),
         "strict_opset": Flag("Require exactly --opset (by default another opset the format accepts is kept and "
@@ -98,7 +98,7 @@ def flags() -> dict[str, Flag]:
         "quantize": Flag("", variants=(("--qat", "qat", "Quantization-aware training to int8 (needs "
                                                         "--calibration-data)."),
                                        ("--ptq", "ptq", "Post-training int8 quantization: calibration only."))),
-        "calibration_data": Flag("safetensors file of input batches for calibration / QAT.", path=True),
+        "calibration_data": Flag("safetensors or .npz file of input batches for calibration / QAT.", path=True),
         "qat_steps": Flag("QAT fine-tuning steps."),
         "qat_lr": Flag("QAT learning rate."),
         "backend": Flag("Device the model runs on for QAT and the reference (auto: the highest-priority available "

@@ -24,13 +24,11 @@ _LAYOUT = ("name the tensors after the forward's inputs, each with a leading sam
 
 def read_tensors(path: Path) -> dict[str, Any]:
     """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files)."""
-    import torch
-
-    from .files import check_input_file, read_npz
+    from .files import check_input_file, read_npz_tensors
 
     check_input_file(path, "--parity-data", PrepareError)
     if path.suffix == ".npz":
-        return {k: torch.from_numpy(v) for k, v in read_npz(path).items()}
+        return read_npz_tensors(path, "--parity-data")
     try:
         from safetensors.torch import load_file
 

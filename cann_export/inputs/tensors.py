@@ -91,20 +91,24 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
 
 
 def read_example_inputs(path: str | Path, flag: str = "--example-inputs") -> dict[str, Any]:
-    """Load named tensors from a safetensors file (a regular file, see inputs.files; no pickle)."""
-    from .files import check_input_file
+    """Load named tensors from a safetensors file or an .npz (a regular file, see inputs.files; no pickle;
+    an .npz read within bounds: its zip directory, then each array's header against its member)."""
+    from .files import check_input_file, read_npz_tensors
 
     path = check_input_file(path, flag, LoadError)
-    try:
-        from safetensors.torch import load_file
+    if path.suffix == ".npz":
+        tensors = read_npz_tensors(path, flag, LoadError)
+    else:
+        try:
+            from safetensors.torch import load_file
 
-        tensors = load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise LoadError(
-            f"cannot read example inputs as safetensors ({type(e).__name__}: {e}); "
-            "write them with safetensors.torch.save_file({name: tensor})",
-            path=path,
-        ) from e
+            tensors = load_file(str(path))
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise LoadError(
+                f"cannot read {flag} as safetensors ({type(e).__name__}: {e}); write the tensors with "
+                "safetensors.torch.save_file({name: tensor}) or numpy.savez(path, name=array)",
+                path=path,
+            ) from e
     if not tensors:
         raise LoadError(f"the {flag} file holds no tensors", path=path)
     return dict(tensors)

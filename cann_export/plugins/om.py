@@ -26,10 +26,14 @@ def register_commands(cli):
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
     def convert_cmd(artifact: str, soc_version: str | None, output: str | None, overwrite: bool,
                     as_json: bool) -> None:
-        """Compile an atc_ready/om bundle or an om-stub into a real .om with CANN's ATC."""
+        """Compile an atc_ready/om bundle or an om-stub into a real .om with CANN's ATC (an int8 Q/DQ graph
+        through AMCT's convert_qat_model first)."""
         click.echo(f"converting {artifact} with atc ...", err=True)
         result = convert(artifact, output, soc_version, overwrite)
         if as_json:
             click.echo(json.dumps(result))
         else:
-            click.echo(f"wrote {result['output']} (soc_version {result['soc_version']}; log {result['log']})")
+            amct = result.get("amct")
+            first = (f"; AMCT {amct['version'] or '(version unknown)'} converted the Q/DQ graph first, log "
+                     f"{amct['log']}" if amct else "")
+            click.echo(f"wrote {result['output']} (soc_version {result['soc_version']}; log {result['log']}{first})")

@@ -3,6 +3,8 @@ QuantizeLinear -> DequantizeLinear on the layer's input and on its weight, so th
 traced graph itself (no node names to find again after onnxsim renames them)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,8 +32,14 @@ class FrozenQuantLayer(WrapsLayer):
         self.register_buffer("weight_scale", scale)
         self.register_buffer("weight_zero_point", torch.zeros(scale.numel(), dtype=torch.int32))
         self.weight_scale_value = float(scale[0])
+        self.qdq_ops = True  # torch's fake-quant ops, which torch.onnx writes as QuantizeLinear/DequantizeLinear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.qdq_ops:  # the same numbers in plain arithmetic (ONNX QuantizeLinear's x / scale)
+            x = torch.div(x, self.act_scale).round_().add_(self.act_zero).clamp_(ACT_QMIN, ACT_QMAX)
+            x = x.sub_(self.act_zero).mul_(self.act_scale)
+            scale = self.weight_scale.reshape(-1, *([1] * (self.layer.weight.dim() - 1)))
+            return compute(self.layer, x, torch.div(self.layer.weight, scale).round_().mul_(scale))
         x = torch.fake_quantize_per_tensor_affine(x, self.act_scale, self.act_zero, ACT_QMIN, ACT_QMAX)
         weight = self.layer.weight
         if self.per_channel:
@@ -47,3 +55,17 @@ class FrozenQuantLayer(WrapsLayer):
                 "weight_granularity": "per_channel" if self.per_channel else "per_tensor",
                 "weight_scale_min": float(scale.min()), "weight_scale_max": float(scale.max()),
                 "channels": int(scale.numel())}
+
+
+@contextlib.contextmanager
+def arithmetic_form(model: nn.Module) -> Iterator[None]:
+    """The frozen layers of ``model`` compute in plain arithmetic for a while: torch.export with a free batch
+    dimension has no symbolic kernel for torch's fake-quant ops, and devices such as npu-sim run plain ops."""
+    layers = [m for m in model.modules() if isinstance(m, FrozenQuantLayer)]
+    for layer in layers:
+        layer.qdq_ops = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.qdq_ops = True

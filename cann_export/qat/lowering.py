@@ -25,7 +25,7 @@ class LowerFakeQuant:
         layers = quant_layers(model) if hasattr(model, "named_modules") else {}
         if not layers:
             return model
-        from .frozen import FrozenQuantLayer
+        from .frozen import FrozenQuantLayer, arithmetic_form
         from .wrapping import fold_batchnorm, kept_batchnorms, replace
 
         frozen: dict[str, tuple[float, int, int]] = {}
@@ -49,6 +49,7 @@ class LowerFakeQuant:
         if kept:
             report.kept_bn = kept
         report.layers = {p: dict(q) for p, q in sorted(ctx.quant_table.items())}
+        ctx.program_form = arithmetic_form
         return model
 
     def apply_final_graph(self, model: Any, ctx: Any) -> Any:

@@ -24,10 +24,11 @@ def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
 def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], emulator: Emulator | None = None,
-                  localise_failure: bool = True, overflow: str = INF_NAN) -> dict[str, Any]:
-    """Emulate ``mode`` under the SoC's ``overflow`` mode; judge every output against the reference; localise the
-    divergence on failure."""
-    emulator = emulator or Emulator(model, mode, overflow)
+                  localise_failure: bool = True, overflow: str = INF_NAN, deq_scale: str = "s19") -> dict[str, Any]:
+    """Emulate ``mode`` under the SoC's ``overflow`` mode (a Q/DQ graph's quantized ops on the int8 path, the SoC's
+    AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
+    on failure."""
+    emulator = emulator or Emulator(model, mode, overflow, deq_scale)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)
@@ -45,6 +46,8 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
                       "keep_dtype": list(keep),
                       "policy": pol.to_dict()},
         "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+    if emulator.int8 is not None:  # the quantized ops ran as AscendQuant -> int8/int32 -> AscendDequant
+        report["precision"]["int8"] = emulator.int8.summary()
     if not report["passed"] and localise_failure and emulator.emulation.reduces != "none":
         worst = worst_set(actual, expected)
         failing = [o["name"] for o in outputs if not o["passed"]]

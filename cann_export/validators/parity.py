@@ -224,6 +224,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded)."""
     from ..options import ExportOptions, soc_model
     from .device_parity import device_report, fix_precision
+    from .int8_device import deq_scale_for
     from .precision import emulation_for
 
     model_of_soc = soc_model(soc or ExportOptions.soc_version)
@@ -234,14 +235,15 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         return report
     names = [o["name"] for o in report["outputs"]]
     args = (feeds, expected, names, tolerance.device_policy(), paths)
+    device_args = {"overflow": device_model["overflow_mode"], "deq_scale": deq_scale_for(device_model["soc_version"])}
     if fix:
-        device, kept = fix_precision(model, mode, keep, *args, overflow=device_model["overflow_mode"])
+        device, kept = fix_precision(model, mode, keep, *args, **device_args)
         if reports is not None:
             fixed = device["precision"]["fix"]
             reports.precision_fix = PrecisionFix(list(fixed["kept"]), bool(fixed["fixed"]), bool(device["passed"]))
         device["fixed_by_keep_dtype"] = kept
     else:
-        device = device_report(model, mode, keep, *args, overflow=device_model["overflow_mode"])
+        device = device_report(model, mode, keep, *args, **device_args)
     device["precision"]["device_model"] = device_model
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,

@@ -159,10 +159,14 @@ def host_values(model: Any) -> set[str]:
 class Emulator:
     """One graph, analysed once (value types, weights, rounded weights), emulated for any keep set.
 
-    ``overflow``: the SoC's float overflow mode, "saturation" or "inf_nan" (see the module docstring)."""
+    ``overflow``: the SoC's float overflow mode, "saturation" or "inf_nan" (see the module docstring);
+    ``deq_scale``: how the SoC holds AscendDequant's scale (int8_device.deq_scale_for) for a graph with Q/DQ,
+    whose quantized ops the emulation runs on the int8 path (validators/int8_device.py)."""
 
-    def __init__(self, model: Any, mode: str, overflow: str = INF_NAN):
+    def __init__(self, model: Any, mode: str, overflow: str = INF_NAN, deq_scale: str = "s19"):
         from onnx import numpy_helper
+
+        from . import int8_device
 
         if overflow not in (SATURATION, INF_NAN):
             raise ValueError(f"overflow mode {overflow!r} is neither {SATURATION!r} nor {INF_NAN!r}")
@@ -181,6 +185,8 @@ class Emulator:
         self.producer_op = {o: n.op_type for n in g.node for o in n.output if o}
         self._rounded: dict[str, Any] = {}  # initializer name -> rounded copy (array or TensorProto)
         self._in_range: dict[str, bool] = {}  # initializer name -> converting it saturates nothing
+        # the AMCT-adapted int8 path of a Q/DQ graph (None without QuantizeLinear, or when nothing is reduced)
+        self.int8 = int8_device.plan(model, deq_scale) if self.emulation.reduces != "none" else None
 
     @property
     def saturation(self) -> float | None:
@@ -231,16 +237,24 @@ class Emulator:
               reference: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
         """The emulated graph (the plain fp32 graph when ``reference``) with the tensors in ``expose``
         added as outputs, and the weights to feed with every run."""
+        from . import int8_device
+
         build = _Build(self)
         keep = set(keep)
-        for original in self.model.graph.node:
+        int8 = None if reference else self.int8
+        for k, original in enumerate(self.model.graph.node):
             node = type(original)()
             node.CopyFrom(original)
+            if int8 is not None and int8.emit(k, node, build):
+                continue
             if reference or not self.reduced(node, keep):
                 build.nodes.append(node)
             else:
                 build.add_reduced(node)
-        return self._assemble(build.nodes, build.weights, build.extra_inits, expose), build.weights
+        nodes = build.nodes
+        if int8 is not None:  # the Q/DQ nodes the int8 ops no longer read
+            nodes = int8_device.prune(nodes, [o.name for o in self.model.graph.output] + list(expose or []))
+        return self._assemble(nodes, build.weights, build.extra_inits, expose), build.weights
 
     def _assemble(self, nodes: list[Any], weights: dict[str, np.ndarray], extra_inits: list[Any],
                   expose: list[str] | None) -> Any:
@@ -277,6 +291,7 @@ class _Build:
         self.rounded: set[str] = set()  # values that already hold what a reduced node reads (representable)
         self.copies: dict[str, str] = {}  # fp32-produced value -> its rounded copy
         self._bounds = False
+        self.int8_bounds: tuple[str, str] | None = None  # int8_device's fp16 clip bounds, once added
 
     def add_reduced(self, node: Any) -> None:
         em = self.em
@@ -355,11 +370,11 @@ class Session:
         return self.sess.run(names, {**{n: feed[n] for n in self.inputs}, **self.weights})
 
 
-def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN) -> Any:
+def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19") -> Any:
     """A self-contained copy of ``model`` (weights embedded) that computes as the device does."""
     from onnx import numpy_helper
 
-    emulator = Emulator(model, emulation.mode, overflow)
+    emulator = Emulator(model, emulation.mode, overflow, deq_scale)
     built, weights = emulator.build(set(keep))
     fed = set(weights)
     kept_inputs = [i for i in built.graph.input if i.name not in fed]

@@ -14,7 +14,8 @@ def path_without_atc() -> str:
 
 
 def fake_atc(directory: Path, argv_file: Path, fail: bool = False) -> Path:
-    """A shell `atc` that records its arguments and writes <--output>.om (or fails like ATC does)."""
+    """A shell `atc` that records its arguments and writes <--output>.om (or fails like ATC does, or when its
+    --model file does not exist)."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "atc"
     body = [
@@ -22,6 +23,9 @@ def fake_atc(directory: Path, argv_file: Path, fail: bool = False) -> Path:
         f"printf '%s\\n' \"$@\" > '{argv_file}'",
         'out=model',
         'for a in "$@"; do case "$a" in --output=*) out="${a#--output=}";; esac; done',
+        # as ATC does, refuse a --model that is not there (AMCT's deploy model must exist before atc runs)
+        'for a in "$@"; do case "$a" in --model=*) [ -f "${a#--model=}" ] || '
+        '{ echo "E10001: --model ${a#--model=} does not exist" >&2; exit 1; };; esac; done',
         'echo "ATC start working now, please wait for a moment."',
     ]
     if fail:

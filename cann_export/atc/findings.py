@@ -1,0 +1,58 @@
+"""Lint findings and graph walking shared by the ATC lint (``lint``) and AMCT's rules (``amct``): each finding
+names the ONNX node and the PyTorch module it came from."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..capture import module_paths as mp
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+class _Findings(list):
+    def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
+            op_type: str | None = None) -> None:
+        module = None
+        if node is not None:
+            module = (module_paths or {}).get(node.name)
+            if module is None:
+                module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+            message = f"{where(node, module_paths)}: {message}"
+        self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
+                     "module": module, "op_type": op_type or (node.op_type if node is not None else None),
+                     "message": message})
+
+
+def where(node: Any, module_paths: dict[str, str] | None) -> str:
+    """``module encoder.layer.0.attn (Softmax), node 'n'``: the PyTorch module and the ONNX node."""
+    path = (module_paths or {}).get(node.name)
+    if path is None:
+        path = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
+    name = node.name or "<unnamed>"
+    props = {p.key: p.value for p in node.metadata_props}
+    op = f"{node.op_type} + folded {props[mp.FOLDED]}" if mp.FOLDED in props else node.op_type
+    line = f" at {props[mp.SOURCE]}" if mp.SOURCE in props else ""
+    if path is None:
+        return f"node {name!r} ({op}), PyTorch module unknown{line}"
+    root = f"the root module {props[mp.ROOT]}" if mp.ROOT in props else "the root module"
+    return f"{root if path == '' else 'module ' + path} ({op}), node {name!r}{line}"
+
+
+def _nodes(graph: Any) -> Iterator[Any]:
+    """Every node, including those in If/Loop/Scan bodies."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nodes(attr.g)
+            for g in attr.graphs:
+                yield from _nodes(g)
+
+
+def _graph_opset(model: Any) -> int | None:
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    return None
