@@ -150,7 +150,7 @@ class Tolerance:
     # int8 (Q/DQ graph against the fake-quant model) policy, in the output's 8-bit steps: see
     # validators/metrics.py compare_quantized
     int8_rms_steps: float = 1.0
-    int8_max_steps: float = 8.0
+    int8_max_steps: float = 16.0
     int8_min_cosine: float = 0.9995
 
     def to_dict(self) -> dict[str, float]:

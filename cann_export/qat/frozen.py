@@ -35,6 +35,13 @@ class FrozenQuantLayer(WrapsLayer):
         self.qdq_ops = True  # torch's fake-quant ops, which torch.onnx writes as QuantizeLinear/DequantizeLinear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            # transformers' Conv1D flattens its input for addmm: quantize the 2-D value the Gemm reads
+            flat = self._forward(x.reshape(-1, x.size(-1)))
+            return flat.reshape(*x.shape[:-1], flat.shape[-1])
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.qdq_ops:  # the same numbers in plain arithmetic (ONNX QuantizeLinear's x / scale)
             x = torch.div(x, self.act_scale).round_().add_(self.act_zero).clamp_(ACT_QMIN, ACT_QMAX)
             x = x.sub_(self.act_zero).mul_(self.act_scale)

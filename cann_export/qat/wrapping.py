@@ -129,12 +129,12 @@ def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None) -> li
 def _neutral(bn: nn.Module) -> nn.Module:
     """A BatchNorm subclass that does more than normalize (timm's BatchNormAct2d: then drop and act), its
     statistics folded away: normalization becomes the identity, the rest of its forward stays."""
-    with torch.no_grad():
-        bn.running_mean.zero_()
-        bn.running_var.fill_(1.0)
-        if bn.weight is not None:
-            bn.weight.fill_(1.0)
-            bn.bias.zero_()
+    # new tensors, never writes into the old ones: the stripped model may share them with the caller's
+    bn.running_mean = torch.zeros_like(bn.running_mean)
+    bn.running_var = torch.ones_like(bn.running_var)
+    if bn.weight is not None:
+        bn.weight = nn.Parameter(torch.ones_like(bn.weight), requires_grad=False)
+        bn.bias = nn.Parameter(torch.zeros_like(bn.bias), requires_grad=False)
     bn.eps = 0.0
     return bn.eval()
 
