@@ -12,7 +12,7 @@ the output's 8-bit step (its range / 255): max error, RMS error, share of elemen
 - the tool's own parity verdict and per-output numbers, the Q/DQ placement and the op counts against the
   float model's export.
 
-Usage: PYTHONPATH=$PWD:$PWD/tests python benchmarks/qat_corpus_stats.py OUT.json [names...]
+Usage: PYTHONPATH=$PWD:$PWD/tests python tests/helpers/qat_corpus_stats.py OUT.json [names...]
 Prints one line per architecture; writes OUT.json (strict JSON, inf as "inf").
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers import qat_broken, qat_checks as qc, qat_flow  # noqa: E402
 from helpers.qat_corpus import CORPUS  # noqa: E402
