@@ -37,13 +37,9 @@ def train(case: Any, epochs: int = 1) -> torch.optim.Optimizer:
 
 def flat(out: Any) -> list[torch.Tensor]:
     """A model's outputs as the export writes them: tensors in order (ModelOutput / tuple / dict flattened)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    elif hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    return [t for o in out for t in flat(o)]
+    from .arch_corpus import _flat
+
+    return _flat(out)
 
 
 def torch_outputs(model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[np.ndarray]:
