@@ -257,3 +257,32 @@ def test_quant_layer_shows_the_wrapped_layers_attributes():
     twin = copy.deepcopy(q)
     assert twin.stride == (2, 2) and twin.layer is not conv
     assert torch.equal(twin(torch.ones(1, 3, 8, 8)), q(torch.ones(1, 3, 8, 8)))
+
+
+def test_conv_subclasses_are_quantized_and_compute_as_written():
+    """A subclass of a quantizable layer is one (transformers' EfficientNetDepthwiseConv2d); one with its own
+    forward (timm's Conv2dSame pads first) keeps computing what its forward does under fake quantization."""
+    from torch.nn import functional as F
+
+    from cann_export.qat.config import parse
+    from cann_export.qat.fake_quant import compute
+    from cann_export.qat.wrapping import layer_kind, wrap_layers
+
+    class Depthwise(torch.nn.Conv2d):
+        pass
+
+    class SamePad(torch.nn.Conv2d):
+        def forward(self, x):
+            return F.conv2d(F.pad(x, (0, 1, 0, 1)), self.weight, self.bias, self.stride)
+
+    same = SamePad(4, 4, 2)
+    x = torch.randn(1, 4, 6, 6)
+    doubled = compute(same, x, same.weight * 2)
+    assert doubled.shape == same(x).shape == (1, 4, 6, 6)
+    assert torch.allclose(doubled - same.bias.view(1, -1, 1, 1), 2 * (same(x) - same.bias.view(1, -1, 1, 1)),
+                          atol=1e-5)
+    assert (layer_kind(Depthwise(2, 2, 1)), layer_kind(same), layer_kind(torch.nn.ReLU())) == \
+        ("Conv2d", "Conv2d", None)
+    model = torch.nn.Sequential(Depthwise(4, 4, 3, padding=1, groups=4), same)
+    assert wrap_layers(model, parse({})) == ["0", "1"]
+    assert model(x).shape == (1, 4, 6, 6)

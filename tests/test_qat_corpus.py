@@ -107,11 +107,10 @@ KNOWN_FAILING = {
     "hf_mobilenet_v2": "the fake-quant model itself is chaotic (1e-6 input noise moves its logits ~6 steps RMS): "
                        "the int8 policy needs a measured int8 noise floor, as fp32 parity has",
     "tv_mobilenet_v3": "the tool's parity fails with no reason given (the independent check passes): not diagnosed",
-    "hf_efficientnet": "8 convs reach the graph without Q/DQ (layers the QAT wrapped): not diagnosed",
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILING[n], strict=False))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILING[n], strict=True))
                                   if n in KNOWN_FAILING else n for n in CORPUS])
 def test_articles_qat_loop_exports_int8(name, tmp_path):
     flow = qat_flow.run(name, tmp_path)

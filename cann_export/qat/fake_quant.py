@@ -83,6 +83,8 @@ def per_channel_weights(layer: nn.Module) -> bool:
 
 def compute(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """What ``layer`` computes on ``x`` with ``weight`` in place of its own."""
+    if _own_forward(layer):  # a subclass with its own forward (timm's Conv2dSame pads first): run it as written
+        return torch.func.functional_call(layer, {"weight": weight}, (x,), strict=False)
     if isinstance(layer, nn.Linear):
         return F.linear(x, weight, layer.bias)
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -90,6 +92,13 @@ def compute(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Te
     # transformers' Conv1D (GPT-2): x @ weight + bias with weight [in, out]
     out = torch.addmm(layer.bias, x.reshape(-1, x.size(-1)), weight)
     return out.reshape(*x.shape[:-1], weight.shape[-1])
+
+
+def _own_forward(layer: nn.Module) -> bool:
+    for base in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d):
+        if isinstance(layer, base):
+            return type(layer).forward is not base.forward
+    return False
 
 
 class WrapsLayer(nn.Module):

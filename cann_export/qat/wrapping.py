@@ -152,11 +152,21 @@ def _is_neutral(bn: nn.Module) -> bool:
 
 def quantizable(module: nn.Module) -> bool:
     """Conv1d/2d/3d, Linear, and transformers' Conv1D (GPT-2: ``x @ weight + bias``, weight [in, out])."""
-    if isinstance(module, (*_CONVS, nn.Linear)):
-        return True
+    return layer_kind(module) is not None
+
+
+def layer_kind(module: nn.Module) -> str | None:
+    """The quantizable layer ``module`` is, by class or base class (a subclass such as transformers'
+    ``EfficientNetDepthwiseConv2d(nn.Conv2d)`` computes as its base): "Conv2d", "Linear", "Conv1D"... or
+    None."""
+    for base in (*_CONVS, nn.Linear):
+        if isinstance(module, base):
+            return base.__name__
     weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
-        and isinstance(getattr(module, "bias", None), torch.Tensor)
+    if any(c.__name__ == "Conv1D" for c in type(module).__mro__) and isinstance(weight, torch.Tensor) \
+            and weight.dim() == 2 and isinstance(getattr(module, "bias", None), torch.Tensor):
+        return "Conv1D"
+    return None
 
 
 def prepare(model: nn.Module, example_inputs: Any = None, config: dict[str, Any] | QuantConfig | None = None,
@@ -190,7 +200,7 @@ def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
     the observer buffers live on the layer's device. Returns the wrapped paths."""
     wrapped: list[str] = []
     for path, module in list(model.named_modules()):
-        if not path or type(module).__name__ not in cfg.quantize_types or not quantizable(module):
+        if not path or layer_kind(module) not in cfg.quantize_types:
             continue
         if any(path == s or path.startswith(s + ".") for s in cfg.skip_modules):
             continue
