@@ -19,10 +19,15 @@ tests/helpers/qat_corpus.py. Per architecture:
 - the graph computes what the float model does: its activations, norms and compute ops counted as in the
   float model's own export.
 
+- the tool's own int8 policy, re-run from what the bundle stores, rejects the same norm-act bug, and
+  ``cann_export.validate`` re-derives the export's verdict from the bundle (the reference's rounding noise and
+  the float model's outputs, which the int8 device verdict measures against, travel in parity/).
+
 Every failed check of an architecture is reported together. One test per architecture, so xdist spreads them;
 each trains and exports twice (QAT and float) in a few seconds."""
 import pytest
-from helpers import qat_broken
+import torch
+from helpers import qat_broken, qat_policy_check
 from helpers import qat_checks as qc
 from helpers import qat_flow
 from helpers.qat_corpus import CORPUS
@@ -87,6 +92,18 @@ def _checks(flow):
     broken = qat_broken.norm_act_dropped(flow.model)
     if broken is not None and passes(qc.compare(qc.torch_outputs(broken[0].eval(), fresh), reference), floor):
         failures.append(f"the independent check does not reject norm-act layers without their activation ({broken[1]})")
+    # the tool's own int8 policy, from what the bundle stores (as `cann-export validate` runs it), rejects it too
+    if broken is not None:
+        data = qat_policy_check.stored(flow.qat_dir)
+        actual = [qc.torch_outputs(broken[0].eval(), {n: torch.from_numpy(v) for n, v in feed.items()})
+                  for feed in data["feeds"]]
+        if qat_policy_check.outputs_verdict(actual, data):
+            failures.append(f"the tool's int8 parity passes norm-act layers without their activation ({broken[1]})")
+    import cann_export
+
+    revalidated = cann_export.validate(flow.qat_dir)  # raises on any difference from what the export recorded
+    if revalidated["passed"] != flow.result.ok:
+        failures.append(f"cann_export.validate re-derives passed={revalidated['passed']}, the export {flow.result.ok}")
     return failures
 
 
@@ -102,16 +119,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# open (issue 18), each with what was found: the architectures the tool does not yet carry through
-KNOWN_FAILING = {
-    "hf_mobilenet_v2": "the fake-quant model itself is chaotic (1e-6 input noise moves its logits ~6 steps RMS): "
-                       "the int8 policy needs a measured int8 noise floor, as fp32 parity has",
-    "tv_mobilenet_v3": "the tool's parity fails with no reason given (the independent check passes): not diagnosed",
-}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILING[n], strict=True))
-                                  if n in KNOWN_FAILING else n for n in CORPUS])
+@pytest.mark.parametrize("name", list(CORPUS))
 def test_articles_qat_loop_exports_int8(name, tmp_path):
     flow = qat_flow.run(name, tmp_path)
     if flow.error:

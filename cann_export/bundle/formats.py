@@ -138,6 +138,9 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
             inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
         for name, arr in zip(ctx.output_names, ctx.reference_outputs[s], strict=False):
             expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
+        if len(ctx.float_reference_outputs) == len(ctx.input_sets):  # a Q/DQ graph's float model (int8 yardstick)
+            for name, arr in zip(ctx.output_names, ctx.float_reference_outputs[s], strict=False):
+                expected[f"float/{s}/{name}"] = torch.from_numpy(arr.copy())
     order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
              "sets": str(len(ctx.input_sets))}
     if len(ctx.input_set_labels) == len(ctx.input_sets):  # which sets decide parity, which are probes
@@ -148,6 +151,10 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
         import json
 
         order["noise"] = json.dumps(ctx.reference_noise)
+    if len(ctx.int8_noise) == len(ctx.input_sets):  # the fake-quant reference's own rounding noise (int8 floor)
+        import json
+
+        order["int8_noise"] = json.dumps(ctx.int8_noise)
     save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
     save_file(expected, str(directory / "expected.safetensors"), metadata=order)
     return [directory / "inputs.safetensors", directory / "expected.safetensors"]

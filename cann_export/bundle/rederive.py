@@ -284,7 +284,8 @@ def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dic
         graph = report["graph_fp32"]
         base = {"passed": graph["passed"], "outputs": graph["outputs"], "tolerance": graph["tolerance"]}
         verdict = with_device_parity(base, rerun["model"], rerun["mode"], rerun["keep"], rerun["feeds"],
-                                     rerun["expected"], rerun["tolerance"], rerun["paths"], soc=soc)
+                                     rerun["expected"], rerun["tolerance"], rerun["paths"], soc=soc,
+                                     float_expected=rerun.get("float_expected"))
     device = verdict.get("device") or {}
     entry = {**model.to_dict(), "passed": bool(verdict["passed"]),
              "device_passed": device.get("passed"), "outputs": [
@@ -300,7 +301,8 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     device run needs to run again for another SoC."""
     import onnx
 
-    from ..inputs.parity_data import read_bundle_labels, read_bundle_noise, read_bundle_parity
+    from ..inputs.parity_data import (read_bundle_float_outputs, read_bundle_int8_noise, read_bundle_labels,
+                                      read_bundle_noise, read_bundle_parity)
     from ..validators.parity import parity_report, verdict_sets, with_device_parity
 
     manifest, directory = checked.manifest, checked.directory
@@ -312,7 +314,8 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
                             "changed after export", path=str(directory))
     report = parity_report(model_path, feeds, expected, tolerance, reference="stored reference outputs",
                            quantized="quantization" in manifest, labels=labels,
-                           noise=read_bundle_noise(directory, len(feeds)))
+                           noise=read_bundle_noise(directory, len(feeds)),
+                           quant_noise=read_bundle_int8_noise(directory, len(feeds)))
     if checked.options is None or not report.get("outputs"):
         return report, None, {}
     from ..atc.hints import effective_precision
@@ -323,11 +326,13 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     # the device model the export ran: a bundle written before SoC device models emulated Inf/NaN mode
     overflow = (precision.get("device_model") or {}).get("overflow_mode", INF_NAN)
     chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only, as at export
+    floats = read_bundle_float_outputs(directory, expected) if "quantization" in manifest else None
     rerun = {"model": onnx.load(str(model_path)), "mode": mode, "keep": checked.keep_nodes,
              "feeds": [feeds[s] for s in chosen], "expected": [expected[s] for s in chosen], "tolerance": tolerance,
-             "paths": checked.module_paths}
+             "paths": checked.module_paths, "float_expected": [floats[s] for s in chosen] if floats else None}
     report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
-                                tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow)
+                                tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
+                                float_expected=rerun["float_expected"])
     return report, mode, rerun
 
 

@@ -137,6 +137,43 @@ def read_bundle_noise(bundle: Path, sets: int) -> list[list[float] | None] | Non
     return noise if ok else None
 
 
+def read_bundle_float_outputs(bundle: Path, expected: list[list[Any]]) -> list[list[Any]] | None:
+    """The float model's outputs a Q/DQ bundle stored beside its fake-quant reference (``float/<set>/<output>``
+    in expected.safetensors), or None when absent or not shaped as ``expected``."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(bundle / "parity" / "expected.safetensors"), "np") as f:
+            meta = f.metadata() or {}
+            names, keys = meta["outputs"].split(","), set(f.keys())
+            wanted = [[f"float/{s}/{n}" for n in names] for s in range(len(expected))]
+            if not all(k in keys for row in wanted for k in row):
+                return None
+            out = [[f.get_tensor(k) for k in row] for row in wanted]
+    except Exception:  # read_bundle_parity has already named a damaged file
+        return None
+    same = all(len(o) == len(e) and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(o, e, strict=True))
+               for o, e in zip(out, expected, strict=True))
+    return out if same else None
+
+
+def read_bundle_int8_noise(bundle: Path, sets: int) -> list[list[dict[str, float]] | None] | None:
+    """The fake-quant reference's own rounding noise the bundle stored (inputs/quant_noise.py), or None when
+    absent or malformed (then a Q/DQ graph is judged by the step rule alone)."""
+    import json
+
+    from safetensors import safe_open
+
+    from .quant_noise import well_formed
+
+    try:
+        with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
+            noise = json.loads((f.metadata() or {}).get("int8_noise", "null"))
+    except Exception:  # read_bundle_parity has already named a damaged file; unreadable noise: no noise
+        return None
+    return noise if well_formed(noise, sets) else None
+
+
 def read_bundle_labels(bundle: Path, sets: int) -> list[dict[str, Any]] | None:
     """What each stored parity input set is (inputs.tensors.set_label), or None when the bundle predates the
     labels or they do not describe ``sets`` sets (then every set decides, as it did)."""

@@ -40,7 +40,20 @@ def prepare(ctx: ExportContext) -> str | None:
     float_model = (state or {}).get("float_model") or (float_twin(ctx.model) if state else None)
     if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
         _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
+    if ctx.options.validate and (state or fake_quantized(ctx.model)):
+        from .quant_noise import int8_noise
+
+        ctx.int8_noise = int8_noise(ctx, ctx.model)
     return f"{len(ctx.input_sets)} input sets from {source}"
+
+
+def fake_quantized(model: Any) -> bool:
+    """A model with torch.ao eager fake quantization (prepare_qat), whose export is a Q/DQ graph."""
+    try:
+        from torch.ao.quantization import FakeQuantizeBase
+    except ImportError:
+        return False
+    return hasattr(model, "modules") and any(isinstance(m, FakeQuantizeBase) for m in model.modules())
 
 
 def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, Any], str]:

@@ -90,6 +90,10 @@ def train(ctx: ExportContext) -> str | None:
             f", loss {history[0]:.4g} -> {history[-1]:.4g}" if history else "")
     ctx.model.eval()
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, "the fake-quant model", ctx.input_names)
+    if opts.validate:
+        from ..inputs.quant_noise import int8_noise
+
+        ctx.int8_noise = int8_noise(ctx, ctx.model)
     rank, world = ensure_distributed()
     if rank != 0:
         ctx.halted = f"rank {rank} of {world}: rank 0 writes the artifact"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .device_policy import DevicePolicy, compare_output, cosine
+from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
 
@@ -24,10 +24,12 @@ def in_graph(paths: dict[str, str], model: Any) -> dict[str, str]:
 def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], emulator: Emulator | None = None,
-                  localise_failure: bool = True, overflow: str = INF_NAN, deq_scale: str = "s19") -> dict[str, Any]:
+                  localise_failure: bool = True, overflow: str = INF_NAN, deq_scale: str = "s19",
+                  float_expected: list[list[np.ndarray]] | None = None) -> dict[str, Any]:
     """Emulate ``mode`` under the SoC's ``overflow`` mode (a Q/DQ graph's quantized ops on the int8 path, the SoC's
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
-    on failure."""
+    on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
+    ``float_expected`` (the float model's outputs, when known) too (device_policy.within_int8_noise)."""
     emulator = emulator or Emulator(model, mode, overflow, deq_scale)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
@@ -41,6 +43,10 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
+    if emulator.int8 is not None and float_expected and len(float_expected) == len(expected):
+        outputs = [within_int8_noise(o, [a[k] for a in actual], [e[k] for e in expected],
+                                     [f[k] for f in float_expected], pol) if all(k < len(f) for f in float_expected)
+                   else o for k, o in enumerate(outputs)]
     report: dict[str, Any] = {
         "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
                       "keep_dtype": list(keep),

@@ -26,15 +26,16 @@ class Trial:
     """Device parity of one keep set (the user's entries plus ``kept``), counted."""
 
     def __init__(self, model: Any, mode: str, keep: list[str], args: tuple, overflow: str = INF_NAN,
-                 deq_scale: str = "s19"):
+                 deq_scale: str = "s19", float_expected: list | None = None):
         self.model, self.mode, self.keep, self.args = model, mode, keep, args
+        self.float_expected = float_expected
         self.emulator = Emulator(model, mode, overflow, deq_scale)
         self.runs = 0
 
     def report(self, kept: list[str], localise: bool = True) -> dict[str, Any]:
         self.runs += 1
         return device_report(self.model, self.mode, self.keep + kept, *self.args, emulator=self.emulator,
-                             localise_failure=localise)
+                             localise_failure=localise, float_expected=self.float_expected)
 
     def passes(self, kept: list[str], allowed: set[str] | None = None) -> bool:
         """Parity passes; with ``allowed``, no value but those is inf/nan (no branch left dead that the
@@ -154,11 +155,12 @@ def _whole_modules(kept: list[str], paths: dict[str, str]) -> list[str]:
 def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], overflow: str = INF_NAN,
-                  deq_scale: str = "s19") -> tuple[dict[str, Any], list[str]]:
+                  deq_scale: str = "s19", float_expected: list | None = None) -> tuple[dict[str, Any], list[str]]:
     """Keep nodes in fp32 until device parity passes under the emulation's rule (the SoC's ``overflow`` mode and
     AscendDequant scale); a small set, or why not."""
     paths = in_graph(paths, model)
-    trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow, deq_scale)
+    trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow, deq_scale,
+                  float_expected)
     index = {n.name: k for k, n in enumerate(model.graph.node)}
     order = lambda name: index.get(name, len(index))  # noqa: E731
     kept, steps, short = grow(trial, paths, order)

@@ -153,3 +153,39 @@ def compare_output(name: str, actual: list[np.ndarray], expected: list[np.ndarra
             r.update(topk_agreement(a, b))
         per_set.append(r)
     return {"name": name, "shape": list(expected[0].shape), **merge(per_set)}
+
+
+INT8_FLOAT_RATIO = 1.5  # the device's int8 result may be at most this much further from the float model
+
+
+def within_int8_noise(entry: dict[str, Any], actual: list[np.ndarray], fake_quant: list[np.ndarray],
+                      float_: list[np.ndarray], policy: DevicePolicy) -> dict[str, Any]:
+    """The int8 yardstick of one device output that failed the fp16 rule against the fake-quant model: the
+    fake-quant model is one draw of int8 rounding around the float model, the device (fp16 between its
+    quantized ops: rounding flips at AscendQuant) another. Measured on the QAT corpus (three fresh inputs), the
+    device's distance from the float model is the fake-quant model's: 0.99-1.42 per input, 1.12 pooled on
+    torchvision's MobileNetV3 and 1.03 on transformers' MobileNetV2, whose coarse fp16 activations flip 8-bit
+    steps 10-17 % of the reference's RMS away from the fake-quant model; a device that loses precision adds its
+    error on top. Passes when the device output is finite, not saturated, its cosine to
+    the fake-quant model at least ``fail_cosine``, and its error against the float model (RMS pooled over the
+    sets) at most ``INT8_FLOAT_RATIO`` x the fake-quant model's; ``entry`` is updated with the measures."""
+    pairs = [(np.asarray(a, np.float64).ravel(), np.asarray(q, np.float64).ravel(), np.asarray(f, np.float64).ravel())
+             for a, q, f in zip(actual, fake_quant, float_, strict=False)]
+    if not pairs or any(a.shape != f.shape or q.shape != f.shape for a, q, f in pairs) \
+            or not all(np.isfinite(a).all() and np.isfinite(q).all() and np.isfinite(f).all() for a, q, f in pairs):
+        return entry
+    device_err = float(np.sqrt(sum(np.sum((a - f) ** 2) for a, _, f in pairs)))
+    quant_err = float(np.sqrt(sum(np.sum((q - f) ** 2) for _, q, f in pairs)))
+    if quant_err == 0:  # the fake-quant model is the float model here: no int8 noise to measure against
+        return entry
+    ratio = device_err / quant_err
+    entry["int8_vs_float"] = {"device_error_rms_ratio": ratio, "allowed_ratio": INT8_FLOAT_RATIO}
+    if entry["passed"] or entry.get("non_finite") or entry.get("saturated") or entry["cosine"] < policy.fail_cosine:
+        return entry
+    if ratio <= INT8_FLOAT_RATIO:
+        entry.update(passed=True, within="int8 rounding noise (against the float model)",
+                     fp16_rule=entry.pop("reason", None))
+    else:
+        entry["reason"] = (f"{entry.get('reason')}; and {ratio:.3g}x further from the float model than the "
+                           f"fake-quant model is (allowed {INT8_FLOAT_RATIO:g}x)")
+    return entry

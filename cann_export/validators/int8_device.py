@@ -58,7 +58,9 @@ def quant_scale(scale: float) -> tuple[np.float32, bool]:
     inv = float(np.float32(1.0 / float(scale)))
     if FP16_MIN_NORMAL <= inv <= FP16_MAX:
         return np.float32(np.float16(inv)), False
-    return np.float32(np.float16(np.sqrt(inv))), True
+    # a scale below 1 / 65504**2 (an activation that is constant zero: its range clamped to a tiny scale) saturates
+    # at fp16's largest multiplier rather than inf, which would turn its zeros into NaN
+    return np.float32(np.float16(min(float(np.sqrt(inv)), FP16_MAX))), True
 
 
 def deq_factors(deq: np.ndarray, rule: str) -> tuple[np.ndarray, bool]:

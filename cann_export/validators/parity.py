@@ -46,12 +46,14 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]],
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
                   tolerance: Any, reference: str = "pytorch eager fp32 (eval mode)",
                   quantized: bool = False, labels: list[dict[str, Any]] | None = None,
-                  noise: list[list[float] | None] | None = None) -> dict[str, Any]:
+                  noise: list[list[float] | None] | None = None,
+                  quant_noise: list[list[dict[str, float]] | None] | None = None) -> dict[str, Any]:
     """Compare the graph's outputs with ``expected`` per output. The verdict sets (``labels``' role
     ``verdict``; every set when no labels are given) decide with the verdict rule, worst case over them; the
     probes are judged with the probe rule and reported apart (``probes``); every failing set is named.
     ``noise`` (per set, per output: the reference's fp32-vs-float64 distance, or None) sets the verdict
-    rule's floor where it was measured."""
+    rule's floor where it was measured; ``quant_noise`` (per set, per output: the fake-quant reference's distance
+    from itself, inputs/quant_noise.py) does for a Q/DQ graph."""
     import numpy as np
 
     from .metrics import compare, compare_probe, compare_quantized, reference_problem
@@ -72,7 +74,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
         def judge(s: int, rule: Any, k: int = k) -> dict[str, Any]:
             got = np.asarray(actual[s][k])
             if quantized:
-                return compare_quantized(got, expected[s][k], tolerance)
+                return compare_quantized(got, expected[s][k], tolerance, noise=_noise(quant_noise, s, k))
             if rule is compare:
                 return compare(got, expected[s][k], tolerance, _noise(noise, s, k))
             return rule(got, expected[s][k], tolerance)
@@ -90,9 +92,9 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     return report
 
 
-def _noise(noise: list[list[float] | None] | None, s: int, k: int) -> float | None:
+def _noise(noise: list[list[Any] | None] | None, s: int, k: int) -> Any:
     row = noise[s] if noise and s < len(noise) else None
-    return row[k] if row and k < len(row) and isinstance(row[k], (int, float)) else None
+    return row[k] if row and k < len(row) and isinstance(row[k], (int, float, dict)) else None
 
 
 def unlabelled(count: int) -> list[dict[str, Any]]:
@@ -168,6 +170,7 @@ class ParityValidator:
         feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.input_sets]
         labels = ctx.input_set_labels if len(ctx.input_set_labels) == len(feeds) else None
         noise = ctx.reference_noise if len(ctx.reference_noise) == len(feeds) else None
+        quant_noise = ctx.int8_noise if len(ctx.int8_noise) == len(feeds) else None
         # our QAT's lowering, or a graph that arrived quantized (torch.ao / torchao PT2E QAT exported as Q/DQ)
         quantized = bool(ctx.quant_table) or any(n.op_type == "QuantizeLinear" for n in ctx.onnx_model.graph.node)
         reference = "pytorch fake-quant model (eval mode)" if quantized else "pytorch eager fp32 (eval mode)"
@@ -175,7 +178,7 @@ class ParityValidator:
 
         with sharing(ctx):
             report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
-                                   quantized=quantized, labels=labels, noise=noise)
+                                   quantized=quantized, labels=labels, noise=noise, quant_noise=quant_noise)
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True, labels=labels)
@@ -197,7 +200,9 @@ class ParityValidator:
         return with_device_parity(report, model, effective_precision(ctx.options), keep, [feeds[s] for s in chosen],
                                   [ctx.reference_outputs[s] for s in chosen], ctx.options.tolerance,
                                   ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports,
-                                  soc=ctx.options.soc_version)
+                                  soc=ctx.options.soc_version, float_expected=[
+                                      ctx.float_reference_outputs[s] for s in chosen] if quantized and len(
+                                      ctx.float_reference_outputs) == len(feeds) else None)
 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
@@ -219,9 +224,10 @@ def path_probe_report(ctx: Any) -> dict[str, Any]:
 def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,
                        tolerance: Any, paths: dict[str, str], fix: bool = False,
                        reports: Reports | None = None, soc: str | None = None,
-                       overflow: str | None = None) -> dict[str, Any]:
+                       overflow: str | None = None, float_expected: list | None = None) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
-    whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded)."""
+    whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded).
+    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise)."""
     from ..options import ExportOptions, soc_model
     from .device_parity import device_report, fix_precision
     from .int8_device import deq_scale_for
@@ -235,7 +241,8 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         return report
     names = [o["name"] for o in report["outputs"]]
     args = (feeds, expected, names, tolerance.device_policy(), paths)
-    device_args = {"overflow": device_model["overflow_mode"], "deq_scale": deq_scale_for(device_model["soc_version"])}
+    device_args = {"overflow": device_model["overflow_mode"], "deq_scale": deq_scale_for(device_model["soc_version"]),
+                   "float_expected": float_expected}
     if fix:
         device, kept = fix_precision(model, mode, keep, *args, **device_args)
         if reports is not None:
