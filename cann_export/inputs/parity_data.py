@@ -117,19 +117,26 @@ def read_bundle_parity(bundle: Path, manifest: dict[str, Any]) -> tuple[list, li
     return feeds, expected, tol
 
 
-def read_bundle_noise(bundle: Path, sets: int) -> list[list[float] | None] | None:
-    """The reference's fp32-vs-float64 distances the bundle stored (per set, per output; None per set where
-    not measured), or None when absent or malformed (then the fp32 floor is relative to the output's peak)."""
+def _stored_json(bundle: Path, key: str) -> Any:
+    """One JSON field of the parity inputs' metadata (labels, noise, int8_noise), or None when absent or
+    unreadable (read_bundle_parity has already named a damaged file); the caller checks its shape."""
     import json
-    import math
 
     from safetensors import safe_open
 
     try:
         with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
-            noise = json.loads((f.metadata() or {}).get("noise", "null"))
-    except Exception:  # read_bundle_parity has already named a damaged file; unreadable noise: no noise
+            return json.loads((f.metadata() or {}).get(key, "null"))
+    except Exception:
         return None
+
+
+def read_bundle_noise(bundle: Path, sets: int) -> list[list[float] | None] | None:
+    """The reference's fp32-vs-float64 distances the bundle stored (per set, per output; None per set where
+    not measured), or None when absent or malformed (then the fp32 floor is relative to the output's peak)."""
+    import math
+
+    noise = _stored_json(bundle, "noise")
     ok = isinstance(noise, list) and len(noise) == sets and all(
         row is None or (isinstance(row, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                       and math.isfinite(v) and v >= 0 for v in row))
@@ -160,32 +167,16 @@ def read_bundle_float_outputs(bundle: Path, expected: list[list[Any]]) -> list[l
 def read_bundle_int8_noise(bundle: Path, sets: int) -> list[list[dict[str, float]] | None] | None:
     """The fake-quant reference's own rounding noise the bundle stored (inputs/quant_noise.py), or None when
     absent or malformed (then a Q/DQ graph is judged by the step rule alone)."""
-    import json
-
-    from safetensors import safe_open
-
     from .quant_noise import well_formed
 
-    try:
-        with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
-            noise = json.loads((f.metadata() or {}).get("int8_noise", "null"))
-    except Exception:  # read_bundle_parity has already named a damaged file; unreadable noise: no noise
-        return None
+    noise = _stored_json(bundle, "int8_noise")
     return noise if well_formed(noise, sets) else None
 
 
 def read_bundle_labels(bundle: Path, sets: int) -> list[dict[str, Any]] | None:
     """What each stored parity input set is (inputs.tensors.set_label), or None when the bundle predates the
     labels or they do not describe ``sets`` sets (then every set decides, as it did)."""
-    import json
-
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(bundle / "parity" / "inputs.safetensors"), "np") as f:
-            labels = json.loads((f.metadata() or {}).get("labels", "null"))
-    except Exception:  # read_bundle_parity has already named a damaged file; unreadable labels: no labels
-        return None
+    labels = _stored_json(bundle, "labels")
     ok = (isinstance(labels, list) and len(labels) == sets
           and all(isinstance(x, dict) and x.get("role") in ("verdict", "probe") and isinstance(x.get("kind"), str)
                   and isinstance(x.get("source"), str) for x in labels))

@@ -1,8 +1,8 @@
 """The fake-quant reference's own rounding noise: the model run again on its verdict sets with every float
 input times (1 + 1e-6 noise). A deep int8 network carries one intermediate value flipped at a rounding point
 on to its outputs, several steps on a poorly conditioned one (transformers' MobileNetV2 after a few steps:
-~6 output steps RMS), so a Q/DQ graph computing the same rounding in another float order can be that far from
-the reference without being wrong (validators/metrics.compare_quantized)."""
+5.1 output steps RMS, pooled), so a Q/DQ graph computing the same rounding in another float order can be
+that far from the reference without being wrong (validators/metrics.compare_quantized)."""
 from __future__ import annotations
 
 from typing import Any

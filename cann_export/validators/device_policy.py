@@ -165,7 +165,7 @@ def within_int8_noise(entry: dict[str, Any], actual: list[np.ndarray], fake_quan
     quantized ops: rounding flips at AscendQuant) another. Measured on the QAT corpus (three fresh inputs), the
     device's distance from the float model is the fake-quant model's: 0.99-1.42 per input, 1.12 pooled on
     torchvision's MobileNetV3 and 1.03 on transformers' MobileNetV2, whose coarse fp16 activations flip 8-bit
-    steps 10-17 % of the reference's RMS away from the fake-quant model; a device that loses precision adds its
+    steps 8-17 % of the reference's RMS away from the fake-quant model; a device that loses precision adds its
     error on top. Passes when the device output is finite, not saturated, its cosine to
     the fake-quant model at least ``fail_cosine``, and its error against the float model (RMS pooled over the
     sets) at most ``INT8_FLOAT_RATIO`` x the fake-quant model's; ``entry`` is updated with the measures."""

@@ -197,12 +197,12 @@ class ParityValidator:
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
         chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only
+        known = quantized and len(ctx.float_reference_outputs) == len(feeds)  # the int8 device yardstick
+        floats = [ctx.float_reference_outputs[s] for s in chosen] if known else None
         return with_device_parity(report, model, effective_precision(ctx.options), keep, [feeds[s] for s in chosen],
                                   [ctx.reference_outputs[s] for s in chosen], ctx.options.tolerance,
                                   ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports,
-                                  soc=ctx.options.soc_version, float_expected=[
-                                      ctx.float_reference_outputs[s] for s in chosen] if quantized and len(
-                                      ctx.float_reference_outputs) == len(feeds) else None)
+                                  soc=ctx.options.soc_version, float_expected=floats)
 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
