@@ -24,9 +24,14 @@ BUNDLE_FOLDER = "hf"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
 def is_model_directory(path: Path) -> bool:
-    """A directory this package reads: config.json or model_index.json in it, or a hub-cache repo folder."""
-    return path.is_dir() and ((path / CONFIG).exists() or (path / DIFFUSERS).exists()
+    """A directory this package reads (or refuses with its own reasons): config.json, model_index.json or
+    transformers' weight files in it, or a hub-cache repo folder."""
+    return path.is_dir() and (any((path / n).exists() for n in (CONFIG, DIFFUSERS, *WEIGHT_NAMES))
                               or ((path / "snapshots").is_dir() and path.name.startswith("models--")))
 
 

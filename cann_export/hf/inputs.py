@@ -54,9 +54,8 @@ def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | 
     for name in params:
         if name == "input_ids":
             specs.append(InputSpec(name, (batch, seq), "ids", int(_get(config, "vocab_size", 2))))
-        elif name == "attention_mask" and any(p in params for p in ("input_ids", "input_values")):
-            length = seq if "input_ids" in params else _audio_samples(sampling_rate)
-            specs.append(InputSpec(name, (batch, length), "mask"))
+        elif name == "attention_mask" and "input_ids" in params:  # audio models: input_values only (Optimum)
+            specs.append(InputSpec(name, (batch, seq), "mask"))
         elif name == "token_type_ids" and int(_get(config, "type_vocab_size", 0)) > 1:
             specs.append(InputSpec(name, (batch, seq), "zeros"))
         elif name == "position_ids" and task.startswith("text-generation"):
