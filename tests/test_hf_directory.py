@@ -240,3 +240,68 @@ def test_pickled_weights_load_with_trust_pickle(tmp_path, run_ort):
     feeds = hf_dirs.feeds_like(shapes, 100)
     names, got = run_ort(out, feeds)
     np.testing.assert_allclose(got[0], hf_dirs.eager("roberta", directory, feeds)["logits"], atol=2e-4, rtol=1e-3)
+
+
+REMOTE_CONFIG = '''from transformers import PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny_remote"
+
+    def __init__(self, vocab_size=50, hidden_size=16, **kwargs):
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        super().__init__(**kwargs)
+'''
+REMOTE_MODEL = '''import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .configuration_tiny import TinyConfig
+
+
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.emb = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.proj = torch.nn.Linear(config.hidden_size, config.hidden_size)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, return_dict=True):
+        h = torch.tanh(self.proj(self.emb(input_ids)))
+        return BaseModelOutput(last_hidden_state=h * attention_mask[..., None])
+'''
+
+
+def test_remote_code_runs_only_with_trust_remote_code_and_a_task(tmp_path, run_ort):
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path / "remote"
+    d.mkdir()
+    (d / "configuration_tiny.py").write_text(REMOTE_CONFIG)
+    (d / "modeling_tiny.py").write_text(REMOTE_MODEL)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["TinyModel"], "model_type": "tiny_remote", "vocab_size": 50, "hidden_size": 16,
+        "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"}}))
+    g = torch.Generator().manual_seed(0)
+    weights = {"emb.weight": torch.randn(50, 16, generator=g), "proj.weight": torch.randn(16, 16, generator=g),
+               "proj.bias": torch.randn(16, generator=g)}
+    save_file(weights, str(d / "model.safetensors"))
+    out = tmp_path / "remote.onnx"
+    refused = invoke([d, "--format", "onnx", "-o", out, "--task", "feature-extraction"])
+    assert refused.exit_code == 2 and "auto_map" in refused.output and "--trust-remote-code" in refused.output
+    no_task = invoke([d, "--format", "onnx", "-o", out, "--trust-remote-code"])
+    assert no_task.exit_code == 2 and "pass --task too" in " ".join(no_task.output.split())
+    assert not out.exists()
+    result = invoke([d, "--format", "onnx", "-o", out, "--trust-remote-code", "--task", "feature-extraction"])
+    assert result.exit_code == 0, result.output
+    ids = torch.randint(0, 50, (2, 16), generator=g)
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, -4:] = 0
+    names, got = run_ort(out, {"input_ids": ids, "attention_mask": mask})
+    want = torch.tanh(weights["emb.weight"][ids] @ weights["proj.weight"].T + weights["proj.bias"]) * mask[..., None]
+    assert names == ["last_hidden_state"]
+    np.testing.assert_allclose(got[0], want.numpy(), atol=1e-5)
+    assert not list((tmp_path / "remote").glob("__pycache__"))  # nothing was written into the model directory

@@ -89,6 +89,8 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
     if cls is None:
         raise LoadError(f"this transformers ({transformers.__version__}) has no class {name} for config.json's "
                         f"architecture; upgrade transformers or pass another --task", path=directory / "config.json")
+    if remote:
+        _private_modules_cache()
     try:
         model = cls.from_pretrained(str(directory), local_files_only=True, trust_remote_code=bool(remote),
                                     use_safetensors=safetensors, dtype=torch.float32)
@@ -99,6 +101,24 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
                         f"{_gist(e)}); check config.json matches the weights, or re-save with save_pretrained",
                         path=directory) from e
     return for_task(model.eval(), task, arch)
+
+
+def _private_modules_cache() -> None:
+    """Remote code is copied into transformers' modules cache before it is imported: a private temporary
+    directory here (inside the load sandbox's own directory when confined; removed at exit), never the user's
+    ~/.cache, which the sandbox may not write and a model directory must not populate."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import transformers.dynamic_module_utils as dynamic
+
+    if getattr(dynamic, "_cann_export_private", False):
+        return
+    path = tempfile.mkdtemp(prefix="cann-export-hf-modules-")
+    atexit.register(shutil.rmtree, path, True)
+    dynamic.HF_MODULES_CACHE = path
+    dynamic._cann_export_private = True
 
 
 def _EXTRA() -> dict[str, Any]:  # noqa: N802 - the table's name
