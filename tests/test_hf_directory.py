@@ -229,12 +229,17 @@ def test_bad_directories_are_refused_naming_the_file_and_the_fix(case, tmp_path)
     assert set(tmp_path.iterdir()) == before  # nothing written, no staging left behind
 
 
-def test_pickled_weights_load_with_trust_pickle(tmp_path, run_ort):
+def test_python_api_exports_a_directory_with_pickled_weights_only_when_trusted(tmp_path, run_ort):
+    import cann_export
+
     directory = hf_dirs.save("roberta", tmp_path / "roberta")
     _pickled(directory)
     out = tmp_path / "r.onnx"
-    result = invoke([directory, "--format", "onnx", "-o", out, "--trust-pickle", "--no-validate"])
-    assert result.exit_code == 0, result.output
+    with pytest.raises(cann_export.ExportError, match="--trust-pickle"):
+        cann_export.export(str(directory), out, export_format="onnx")
+    assert not out.exists()
+    result = cann_export.export(str(directory), out, export_format="onnx", trust_pickle=True, validate=False)
+    assert result.onnx["path"] == str(out)
     graph = onnx.load(str(out))
     shapes = {i.name: ([d.dim_value for d in i.type.tensor_type.shape.dim], "int64") for i in graph.graph.input}
     feeds = hf_dirs.feeds_like(shapes, 100)

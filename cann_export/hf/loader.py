@@ -71,6 +71,9 @@ class HfDirectoryLoader:
         else:
             arch, task = detect(config, options.task, config_path)
         _single_graph(task, config_path)
+        for name in hf_files.WEIGHT_NAMES:  # the index files are read too: none may link out
+            if (directory / name).exists():
+                hf_files.check_inside(directory / name, roots)
         safetensors, weights = weight_files(directory, bool(options.trust_pickle))
         for weight in weights:
             hf_files.check_inside(weight, roots)
@@ -89,6 +92,7 @@ class HfDirectoryLoader:
     def adopt(self, module: Any, options: Any, inputs_given: bool) -> LoadedModel | None:
         """An in-memory transformers model: the same task, names and dummy inputs as its directory would get,
         when the caller gave no inputs or asked for a task (else the module is exported as called)."""
+        from ..errors import LoadError
         from .model import for_task, is_pretrained
         from .tasks import detect
 
@@ -96,7 +100,12 @@ class HfDirectoryLoader:
             return None
         config = module.config.to_dict()
         config["architectures"] = [type(module).__name__]
-        arch, task = detect(config, options.task, f"<in-memory {type(module).__name__}>")
+        try:
+            arch, task = detect(config, options.task, f"<in-memory {type(module).__name__}>")
+        except LoadError:
+            if options.task is not None:
+                raise
+            return None  # a class of no task (the user's own subclass): exported as called, with its inputs
         _single_graph(task, None)
         return _loaded(for_task(module, task, arch), config, arch, task, None)
 
