@@ -17,6 +17,11 @@ AXES = {
     "input_features": {0: BATCH, 1: "feature_size", 2: "encoder_sequence_length"},
     "input_values": {0: BATCH, 1: SEQ},
 }
+# The axes an export makes dynamic by default (``dynamic_axes``): those the model computes at any size. Optimum
+# also names height/width/num_channels and Whisper's feature axes, but position embeddings, conv weights and
+# Whisper's fixed 30 s window pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
+DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
+                   "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,15 @@ def tensors(specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
     return out
 
 
-def dynamic_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]]) -> dict[str, dict[int, str]]:
-    """Optimum's axis names of every input and output: ``{name: {axis: axis name}}``."""
-    return {**{s.name: dict(AXES[s.name]) for s in specs}, **{k: dict(v) for k, v in outputs.items()}}
+def dynamic_axes(specs: list[InputSpec]) -> dict[str, dict[int, str]]:
+    """The inputs' default dynamic axes, by Optimum's names: ``{input: {axis: axis name}}`` (DEFAULT_DYNAMIC)."""
+    return {s.name: {a: AXES[s.name][a] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+
+
+def all_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]]) -> dict[str, dict[str, str]]:
+    """Optimum's name of every axis it names, inputs and outputs (JSON keys: axes as strings)."""
+    named = {**{s.name: AXES[s.name] for s in specs}, **outputs}
+    return {name: {str(a): label for a, label in axes.items()} for name, axes in named.items()}
 
 
 @dataclass(frozen=True)

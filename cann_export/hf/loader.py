@@ -3,8 +3,10 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
 
 - ``task``: the task's name (Optimum's);
 - ``input_names``: Optimum's input names in forward's order;
-- ``dynamic_axes``: ``{input or output name: {axis: Optimum's axis name}}`` (the dynamic-shape stage's input);
-- ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs;
+- ``dynamic_axes``: ``{input name: {axis: Optimum's axis name}}``, the axes the model computes at any size
+  (batch, and sequence for text and raw audio; ``inputs.DEFAULT_DYNAMIC``): the dynamic-shape stage's defaults;
+- ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
+  ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
 - ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
   which bundle formats carry and list in the manifest's file table."""
 from __future__ import annotations
@@ -17,16 +19,16 @@ from . import files as hf_files
 
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
-    from .inputs import dummy_specs, dynamic_axes
+    from .inputs import all_axes, dummy_specs, dynamic_axes
     from .model import forward_parameters, task_module
 
     model_type = str(config.get("model_type", ""))
     wrapped, outputs = task_module(model, task, arch, model_type)
     specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
-          "dummy_inputs": [s.to_dict() for s in specs]}
+          "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs)}
     return LoadedModel(wrapped, "module", extras={"task": task.name, "input_names": [s.name for s in specs],
-                                                 "dynamic_axes": dynamic_axes(specs, outputs), "hf": hf})
+                                                 "dynamic_axes": dynamic_axes(specs), "hf": hf})
 
 
 def _single_graph(task: Any, path: Any) -> None:
