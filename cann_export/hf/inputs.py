@@ -10,6 +10,9 @@ from typing import Any
 from .tasks import BATCH, SEQ
 
 DUMMY_BATCH, DUMMY_SEQ = 2, 16
+# a dynamic sequence axis is checked up to 4x the example's length by default: the example stays a quarter of
+# the longest sequence the position table takes, so every checked length is one the model computes
+SEQ_HEADROOM = 4
 AXES = {
     "input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}, "token_type_ids": {0: BATCH, 1: SEQ},
     "position_ids": {0: BATCH, 1: SEQ},
@@ -19,9 +22,10 @@ AXES = {
 }
 # The axes an export makes dynamic by default (``dynamic_axes``): those the model computes at any size. Optimum
 # also names height/width/num_channels and Whisper's feature axes, but position embeddings, conv weights and
-# Whisper's fixed 30 s window pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
+# Whisper's fixed 30 s window pin them, and raw audio shorter than the feature encoder's receptive field fails:
+# they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
 DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
-                   "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
+                   "pixel_values": (0,), "input_features": (0,), "input_values": (0,)}
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,7 @@ def _image_size(config: Any) -> tuple[int, int]:
 
 def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | None = None) -> list[InputSpec]:
     """The inputs a model whose forward takes ``params`` gets for ``task``, in forward's order."""
-    positions = _get(config, "max_position_embeddings") or _get(config, "n_positions") or DUMMY_SEQ
-    seq = max(1, min(DUMMY_SEQ, int(positions)))
+    seq = min(DUMMY_SEQ, max(1, max_sequence(config) // SEQ_HEADROOM))
     batch = DUMMY_BATCH
     specs: list[InputSpec] = []
     for name in params:
@@ -74,6 +77,20 @@ def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | 
         elif name == "input_values":
             specs.append(InputSpec(name, (batch, _audio_samples(sampling_rate)), "float"))
     return specs
+
+
+def max_sequence(config: Any) -> int:
+    """The longest sequence the model's position table takes: ``max_position_embeddings`` (``n_positions``) less
+    two, the offset RoBERTa-style tables reserve for the padding index."""
+    positions = _get(config, "max_position_embeddings") or _get(config, "n_positions") or 4 * DUMMY_SEQ + 2
+    return max(1, int(positions) - 2)
+
+
+def dynamic_ranges(specs: list[InputSpec], config: Any) -> dict[str, dict[int, list[int]]]:
+    """The sizes each default dynamic axis takes: ``{input: {axis: [min, max]}}`` (sequence axes up to
+    ``max_sequence``; batch unbounded here, ``None``)."""
+    longest = max_sequence(config)
+    return {s.name: {a: [1, longest if a == 1 else None] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
 
 
 def _audio_samples(sampling_rate: int | None) -> int:

@@ -4,7 +4,9 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
 - ``task``: the task's name (Optimum's);
 - ``input_names``: Optimum's input names in forward's order;
 - ``dynamic_axes``: ``{input name: {axis: Optimum's axis name}}``, the axes the model computes at any size
-  (batch, and sequence for text and raw audio; ``inputs.DEFAULT_DYNAMIC``): the dynamic-shape stage's defaults;
+  (batch, and sequence for text; ``inputs.DEFAULT_DYNAMIC``): the dynamic-shape stage's defaults;
+- ``dynamic_ranges``: ``{input name: {axis: [min, max or None]}}``, the sizes those axes may take (a sequence
+  up to the position table's length);
 - ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
   ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
 - ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
@@ -19,7 +21,7 @@ from . import files as hf_files
 
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
-    from .inputs import all_axes, dummy_specs, dynamic_axes
+    from .inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
     from .model import forward_parameters, task_module
 
     model_type = str(config.get("model_type", ""))
@@ -28,7 +30,8 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
           "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs)}
     return LoadedModel(wrapped, "module", extras={"task": task.name, "input_names": [s.name for s in specs],
-                                                 "dynamic_axes": dynamic_axes(specs), "hf": hf})
+                                                 "dynamic_axes": dynamic_axes(specs),
+                                                 "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf})
 
 
 def _single_graph(task: Any, path: Any) -> None:
