@@ -104,6 +104,10 @@ def test_hub_cache_snapshot_exports_an_atc_ready_bundle_carrying_config_and_toke
     assert manifest["provenance"]["task"] == "text-classification"
     assert [i["name"] for i in manifest["model"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     assert manifest["parity"]["passed"] is True
+    from cann_export.sandbox import confine
+
+    if confine.probe().available:  # the directory was read by the confined child
+        assert manifest["sandbox"]["kind"] == "landlock+seccomp"
     check = invoke(["validate", out, "--json"])
     assert check.exit_code == 0, check.output
     (out / "hf" / "vocab.txt").write_text("tampered\n")  # a carried file is in the file table: validate sees it
@@ -315,3 +319,40 @@ def test_remote_code_runs_only_with_trust_remote_code_and_a_task(tmp_path, run_o
     assert names == ["last_hidden_state"]
     np.testing.assert_allclose(got[0], want.numpy(), atol=1e-5)
     assert not list((tmp_path / "remote").glob("__pycache__"))  # nothing was written into the model directory
+
+
+def test_a_plugin_loader_reads_directories_through_matches_directory(plugin, tmp_path):
+    """The core hands a directory to the first loader whose optional ``matches_directory`` takes it (the Hugging
+    Face loader is one such plugin); a directory no loader takes is refused."""
+    from helpers.toy_models import make_mlp
+
+    import cann_export
+    from cann_export import LoadedModel, hookimpl
+
+    class MlpDirectory:
+        name = "mlp-dir"
+        priority = 500
+
+        def matches(self, path):
+            return False
+
+        def matches_directory(self, path):
+            return (path / "hidden.txt").is_file()
+
+        def load(self, path, options):
+            return LoadedModel(make_mlp(hidden=int((path / "hidden.txt").read_text())), "module",
+                               source_sha256="0" * 64)
+
+    @hookimpl
+    def register_loaders(register):
+        register(MlpDirectory())
+
+    plugin({"register_loaders": register_loaders}, "mlp-dir")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "hidden.txt").write_text("16")
+    result = cann_export.export(str(tmp_path / "m"), tmp_path / "m.onnx", export_format="onnx",
+                                input_shapes=["x:1,12"], validate=False)
+    assert result.manifest["provenance"]["source"] == str(tmp_path / "m")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(cann_export.ExportError, match="is a directory but not a model directory any loader reads"):
+        cann_export.export(str(tmp_path / "empty"), tmp_path / "e.onnx", export_format="onnx")
