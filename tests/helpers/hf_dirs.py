@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-TEXT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+TEXT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
             max_position_embeddings=64)
 
 
@@ -32,9 +32,9 @@ CASES = {
     "roberta": HfCase("RobertaForTokenClassification", "RobertaConfig", {**TEXT, "type_vocab_size": 1, "num_labels": 4},
                       "token-classification", ["input_ids", "attention_mask"], ["logits"]),
     "distilbert": HfCase("DistilBertForQuestionAnswering", "DistilBertConfig",
-                         dict(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=37, max_position_embeddings=64),
+                         dict(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37, max_position_embeddings=64),
                          "question-answering", ["input_ids", "attention_mask"], ["start_logits", "end_logits"]),
-    "gpt2": HfCase("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=100, n_embd=32, n_layer=2, n_head=2,
+    "gpt2": HfCase("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=100, n_embd=32, n_layer=1, n_head=2,
                                                          n_positions=64),
                    "text-generation", ["input_ids", "attention_mask", "position_ids"], ["logits"]),
     "llama": HfCase("LlamaForCausalLM", "LlamaConfig", {**TEXT, "num_key_value_heads": 1}, "text-generation",
@@ -44,23 +44,23 @@ CASES = {
     "mistral": HfCase("MistralModel", "MistralConfig", {**TEXT, "num_key_value_heads": 1}, "feature-extraction",
                       ["input_ids", "attention_mask"], ["last_hidden_state"]),
     "vit": HfCase("ViTForImageClassification", "ViTConfig",
-                  dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=37, num_labels=3), "image-classification", ["pixel_values"], ["logits"]),
     "convnext": HfCase("ConvNextForImageClassification", "ConvNextConfig",
                        dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32, num_labels=3),
                        "image-classification", ["pixel_values"], ["logits"]),
-    "swin": HfCase("SwinModel", "SwinConfig", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
-                                                   num_heads=[1, 2], window_size=4),
+    "swin": HfCase("SwinModel", "SwinConfig", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1],
+                                                   num_heads=[2], window_size=4),
                    "feature-extraction", ["pixel_values"], ["last_hidden_state"]),
     "clip_vision": HfCase("CLIPVisionModel", "CLIPVisionConfig",
-                          dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                          dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
                                num_attention_heads=2), "feature-extraction", ["pixel_values"],
                           ["last_hidden_state", "pooler_output"]),
     "clip_text": HfCase("CLIPTextModelWithProjection", "CLIPTextConfig",
                         {**TEXT, "max_position_embeddings": 32, "projection_dim": 16}, "feature-extraction",
                         ["input_ids", "attention_mask"], ["text_embeds", "last_hidden_state"]),
     "wav2vec2": HfCase("Wav2Vec2ForCTC", "Wav2Vec2Config",
-                       dict(vocab_size=12, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       dict(vocab_size=12, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                             intermediate_size=37, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
                             num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2),
                        "automatic-speech-recognition", ["input_values"], ["logits"]),
@@ -71,7 +71,7 @@ CASES = {
                            eos_token_id=2, decoder_start_token_id=1),
                       "feature-extraction", ["input_features"], ["last_hidden_state"], flag=True, encoder=True),
     "t5": HfCase("T5ForConditionalGeneration", "T5Config",
-                 dict(vocab_size=100, d_model=32, d_kv=16, d_ff=37, num_layers=2, num_heads=2,
+                 dict(vocab_size=100, d_model=32, d_kv=16, d_ff=37, num_layers=1, num_heads=2,
                       decoder_start_token_id=0),
                  "feature-extraction", ["input_ids", "attention_mask"], ["last_hidden_state"], flag=True, encoder=True),
 }
