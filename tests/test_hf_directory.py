@@ -219,6 +219,8 @@ BAD = {
     "wrong_type": (_edit_config(vocab_size="100"), [], "vocab_size is \"100\"; it must be a positive integer"),
     "archs_not_list": (_edit_config(architectures="BertModel"), [], "not a list of class names"),
     "link_out": (_link_out, [], "links outside the model directory"),
+    "config_outgrows_weights": (_edit_config(num_hidden_layers=40, hidden_size=256, intermediate_size=1024,
+                                             num_attention_heads=4), [], "the weight files hold"),
     "multi_graph": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
                     ["--task", "text-generation-with-past"], "exports 2 graphs"),
 }

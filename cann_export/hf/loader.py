@@ -59,7 +59,7 @@ class HfDirectoryLoader:
         from .config import read_config, read_json
         from .model import load_pretrained
         from .tasks import TASKS, detect
-        from .weights import weight_files
+        from .weights import stored_elements, weight_files
 
         directory, roots = hf_files.resolve(Path(path))
         config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
@@ -87,7 +87,8 @@ class HfDirectoryLoader:
         if (directory / "preprocessor_config.json").exists():
             rate = read_json(directory / "preprocessor_config.json", "preprocessor_config.json").get("sampling_rate")
             sampling_rate = rate if isinstance(rate, int) and 0 < rate <= 1 << 22 else None
-        model = load_pretrained(directory, arch, task, config, safetensors, options)
+        stored = stored_elements(weights) if safetensors else 0
+        model = load_pretrained(directory, arch, task, config, safetensors, options, stored)
         loaded = _loaded(model, config, arch, task, sampling_rate)
         loaded.extras["bundle_files"] = carried
         loaded.extras["hf"]["directory"] = str(directory)

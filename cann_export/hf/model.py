@@ -71,7 +71,7 @@ def for_task(model: Any, task: Task, arch: str) -> Any:
 
 
 def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, Any], safetensors: bool,
-                    options: Any) -> Any:
+                    options: Any, stored: int = 0) -> Any:
     """``from_pretrained`` of the class that does ``task``: the directory's own class when it does it, else the
     task's Auto class (never a download; remote code only with --trust-remote-code)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,6 +91,8 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
                         f"architecture; upgrade transformers or pass another --task", path=directory / "config.json")
     if remote:
         _private_modules_cache()
+    elif safetensors:
+        _check_size(cls, directory, stored)
     try:
         model = cls.from_pretrained(str(directory), local_files_only=True, trust_remote_code=bool(remote),
                                     use_safetensors=safetensors, dtype=torch.float32)
@@ -101,6 +103,32 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
                         f"{_gist(e)}); check config.json matches the weights, or re-save with save_pretrained",
                         path=directory) from e
     return for_task(model.eval(), task, arch)
+
+
+SIZE_SLACK = 1_000_000  # parameters a model may have beyond its files (e.g. a re-initialised buffer-like table)
+
+
+def _check_size(cls: Any, directory: Path, stored: int) -> None:
+    """Refuse a config.json that describes a larger model than its weights hold (``stored`` elements), before
+    transformers allocates the difference as newly initialised weights: the model is built on the meta device
+    (no memory) and its parameters counted."""
+    import torch
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        with torch.device("meta"):
+            model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls._from_config(config)
+    except Exception as e:  # noqa: BLE001 - transformers' refusal of the config, named with the file
+        raise LoadError(f"transformers cannot build a model from config.json ({type(e).__name__}: {_gist(e)}); "
+                        "fix the config or re-save the model with save_pretrained",
+                        path=directory / "config.json") from e
+    needed = sum(p.numel() for p in model.parameters())
+    if needed > stored + max(SIZE_SLACK, stored // 100):
+        raise LoadError(f"config.json describes a model of {needed:,} parameters but the weight files hold {stored:,}; "
+                        "the config does not belong to these weights (the rest would be random). Restore the "
+                        "model's own config.json or re-save the model with save_pretrained",
+                        path=directory / "config.json")
 
 
 def _private_modules_cache() -> None:

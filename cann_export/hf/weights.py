@@ -66,6 +66,24 @@ def _shards(directory: Path, index_name: str, suffix: str) -> list[Path]:
     return [_regular(directory / n) for n in names]
 
 
+def stored_elements(paths: list[Path]) -> int:
+    """The number of tensor elements the safetensors files hold (from their headers, checked by
+    ``check_safetensors``)."""
+    total = 0
+    for path in paths:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length).decode("utf-8"))
+        for name, entry in header.items():
+            shape = entry.get("shape") if name != "__metadata__" and isinstance(entry, dict) else None
+            if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+                count = 1
+                for d in shape:
+                    count *= d
+                total += count
+    return total
+
+
 def check_safetensors(path: Path) -> Path:
     """``path`` when its safetensors header is readable and its tensors end exactly at the end of the file
     (a truncated copy is refused here, naming the file, before transformers maps it)."""
