@@ -249,9 +249,12 @@ def test_python_api_exports_a_directory_with_pickled_weights_only_when_trusted(t
     with pytest.raises(cann_export.ExportError, match="--trust-pickle"):
         cann_export.export(str(directory), out, export_format="onnx")
     assert not out.exists()
-    result = cann_export.export(str(directory), out, export_format="onnx", trust_pickle=True, validate=False)
+    result = cann_export.export(str(directory), out, export_format="onnx", trust_pickle=True, validate=False,
+                                input_shapes=["input_ids:1,24", "attention_mask:1,24"])  # the user's shapes win
     assert result.onnx["path"] == str(out)
     graph = onnx.load(str(out))
+    assert [(i.name, _sizes(i), ONNX_TYPES[i.type.tensor_type.elem_type]) for i in graph.graph.input] == [
+        ("input_ids", [1, 24], "int64"), ("attention_mask", [1, 24], "int64")]  # a mask stays int64, as Optimum's
     shapes = {i.name: (_sizes(i), "int64") for i in graph.graph.input}
     feeds = hf_dirs.feeds_like(shapes, 100)
     names, got = run_ort(out, feeds)

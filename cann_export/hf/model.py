@@ -26,6 +26,7 @@ class TaskModule(_module_base()):  # type: ignore[misc]
         super().__init__()
         self.model = model
         self.config = getattr(model, "config", None)
+        self.main_input_name = getattr(model, "main_input_name", None)  # read as a transformers model (masks int64)
         self.output_names = list(output_names)
         self.fixed = dict(fixed)
 
