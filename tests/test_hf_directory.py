@@ -57,7 +57,8 @@ def test_directory_exports_with_optimum_names_and_matches_transformers(name, exp
     assert props["cann_export.task"] == case.task and props["cann_export.source_kind"] == "module"
     shapes = {i.name: (_sizes(i), ONNX_TYPES[i.type.tensor_type.elem_type]) for i in graph.graph.input}
     assert all(kind == "int64" for n, (_, kind) in shapes.items() if n in ("input_ids", "attention_mask"))
-    feeds = hf_dirs.feeds_like(shapes, case.kwargs.get("vocab_size", 2))
+    feeds = hf_dirs.feeds_like(shapes, case.kwargs.get("vocab_size") or case.kwargs.get("text_config", {}).get(
+        "vocab_size", 2))
     names, got = run_ort(out, feeds)
     want = hf_dirs.eager(name, directory, feeds)
     for n, value in zip(names, got, strict=True):

@@ -19,6 +19,7 @@ INT_BOUNDS = {
     "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20, "sampling_rate": 1 << 22,
 }
 _HINT = "re-save it with transformers' save_pretrained"
+SUB_CONFIGS = ("text_config", "vision_config", "audio_config")  # composite models' nested configs
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -75,13 +76,18 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
                               or not all(isinstance(a, str) and IDENT.fullmatch(a) for a in archs)):
         raise LoadError(f"config.json's architectures is {_shown(archs)}, not a list of class names such as "
                         f"[\"BertForSequenceClassification\"]; {_HINT}", path=path)
-    for name, bound in INT_BOUNDS.items():
-        value = config.get(name)
-        if name == "image_size" and isinstance(value, list) and len(value) == 2:
-            value = max(value) if all(_int(v) for v in value) else value
-        if value is not None and (not _int(value) or not 0 < value <= bound):
-            raise LoadError(f"config.json's {name} is {_shown(value)}; it must be a positive integer up to {bound}. "
-                            f"Fix the field or {_HINT}", path=path)
+    for sub in SUB_CONFIGS:
+        if config.get(sub) is not None and not isinstance(config[sub], dict):
+            raise LoadError(f"config.json's {sub} is {_shown(config[sub])}, not an object; {_HINT}", path=path)
+    sections = [("", config)] + [(f"{sub}.", config[sub]) for sub in SUB_CONFIGS if isinstance(config.get(sub), dict)]
+    for prefix, section in sections:
+        for name, bound in INT_BOUNDS.items():
+            value = section.get(name)
+            if name == "image_size" and isinstance(value, list) and len(value) == 2:
+                value = max(value) if all(_int(v) for v in value) else value
+            if value is not None and (not _int(value) or not 0 < value <= bound):
+                raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be a positive integer up "
+                                f"to {bound}. Fix the field or {_HINT}", path=path)
     if "auto_map" in config and not trust_remote_code:
         raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "
                         f"({_shown(config['auto_map'])}), which would run on load. Pass --trust-remote-code "

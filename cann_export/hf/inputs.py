@@ -42,8 +42,20 @@ class InputSpec:
         return {"name": self.name, "shape": list(self.shape), "kind": self.kind, "high": self.high}
 
 
+from .config import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
+
+
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
 def _get(config: Any, name: str, default: Any = None) -> Any:
-    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    """``config``'s field ``name``, else the first sub-config's that has it (``SUB_CONFIGS``), else ``default``."""
+    value = _field(config, name)
+    for sub in SUB_CONFIGS:
+        inner = _field(config, sub)
+        if value is None and inner is not None:
+            value = _field(inner, name)
     return default if value is None else value
 
 

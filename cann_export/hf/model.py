@@ -32,6 +32,11 @@ class TaskModule(_module_base()):  # type: ignore[misc]
 
     def forward(self, **inputs: Any) -> dict[str, Any]:
         out = self.model(**inputs, **self.fixed)
+        missing = [n for n in self.output_names if n not in out or out[n] is None]
+        if missing:
+            raise KeyError(f"{type(self.model).__name__} returns no {', '.join(missing)} (it returns "
+                           f"{', '.join(k for k in out.keys() if out[k] is not None)}), the task's outputs; pass "
+                           "--task with a task this class does")
         return {name: out[name] for name in self.output_names}
 
 

@@ -53,6 +53,11 @@ TASKS: dict[str, Task] = {t.name: t for t in (
        {"logits": {0: BATCH, 1: "num_queries"}, "pred_boxes": {0: BATCH, 1: "num_queries"}}),
     _t("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification",
        {"logits": {0: BATCH}}),
+    _t("zero-shot-image-classification", "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+       "AutoModelForZeroShotImageClassification",
+       {"logits_per_image": {0: "image_batch_size", 1: "text_batch_size"},
+        "logits_per_text": {0: "text_batch_size", 1: "image_batch_size"},
+        "text_embeds": {0: "text_batch_size"}, "image_embeds": {0: "image_batch_size"}}),
     _t("feature-extraction", None, "AutoModel", {"last_hidden_state": {0: BATCH, 1: SEQ}}),
 )}
 # Speech encoder-decoders (Whisper) do automatic-speech-recognition as several graphs; CTC models as one.
