@@ -218,6 +218,8 @@ BAD = {
     "huge_config": (_huge, [], "larger than 1048576 bytes"),
     "deep_config": (_deep, [], "nests"),
     "wrong_type": (_edit_config(vocab_size="100"), [], "vocab_size is \"100\"; it must be a positive integer"),
+    "sub_config_type": (_edit_config(text_config=[1]), [], "text_config is [1], not an object"),
+    "sub_config_field": (_edit_config(vision_config={"image_size": -3}), [], "vision_config.image_size is -3"),
     "archs_not_list": (_edit_config(architectures="BertModel"), [], "not a list of class names"),
     "link_out": (_link_out, [], "links outside the model directory"),
     "config_outgrows_weights": (_edit_config(num_hidden_layers=40, hidden_size=256, intermediate_size=1024,
