@@ -77,9 +77,11 @@ def for_task(model: Any, task: Task, arch: str) -> Any:
 
 
 def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, Any], safetensors: bool,
-                    options: Any, stored: int = 0) -> Any:
+                    options: Any, stored: int | None = None) -> Any:
     """``from_pretrained`` of the class that does ``task``: the directory's own class when it does it, else the
-    task's Auto class (never a download; remote code only with --trust-remote-code)."""
+    task's Auto class (never a download; remote code only with --trust-remote-code). With safetensors, a config
+    describing more parameters than the files hold (``stored`` elements; counted here when None) is refused
+    first."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
@@ -98,6 +100,10 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
     if remote:
         _private_modules_cache()
     elif safetensors:
+        if stored is None:  # the elements the weight files hold (their headers, checked again here)
+            from .weights import stored_elements, weight_files
+
+            stored = stored_elements(weight_files(directory, bool(getattr(options, "trust_pickle", False)))[1])
         _check_size(cls, directory, stored)
     try:
         model = cls.from_pretrained(str(directory), local_files_only=True, trust_remote_code=bool(remote),
