@@ -364,3 +364,14 @@ def test_a_plugin_loader_reads_directories_through_matches_directory(plugin, tmp
     (tmp_path / "empty").mkdir()
     with pytest.raises(cann_export.ExportError, match="is a directory but not a model directory any loader reads"):
         cann_export.export(str(tmp_path / "empty"), tmp_path / "e.onnx", export_format="onnx")
+
+
+def test_default_output_name_of_a_directory_keeps_its_whole_name(tmp_path):
+    from cann_export.cli.main import _default_output
+
+    (tmp_path / "Qwen2.5-0.5B").mkdir()
+    snapshot = tmp_path / "models--org--tiny.v2" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    assert _default_output(str(tmp_path / "Qwen2.5-0.5B") + "/", "onnx") == "Qwen2.5-0.5B.onnx"
+    assert _default_output(str(snapshot), "atc_ready") == "tiny.v2_atc_ready"
+    assert _default_output("m.pt2", "onnx") == "m.onnx"
