@@ -56,6 +56,9 @@ class HfDirectoryLoader:
         return hf_files.is_model_directory(path)
 
     def load(self, path: Path, options: Any) -> LoadedModel:
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub is first imported (its constants)
         from .config import read_config, read_json
         from .model import load_pretrained
         from .tasks import TASKS, detect
