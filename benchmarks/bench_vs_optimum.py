@@ -1,0 +1,247 @@
+#!/usr/bin/env python
+"""Benchmark ``cann-export MODEL --format onnx`` against ``optimum-cli export onnx`` on the same models.
+
+Models (benchmarks/optimum_models.py, random weights from configs, written with ``save_pretrained``; nothing is
+downloaded): DistilBERT 4 layers dim 256 seq 128 (text-classification), ViT-small/16 (image-classification),
+GPT-2 small (text-generation-with-past). Both sides validate: Optimum by default (onnxruntime against the
+PyTorch model at its per-task atol), cann-export by its parity stage (5 input sets, fp32 tolerance and the float64
+noise floor).
+
+Our side is ``cann-export DIR --format onnx --task T`` when this checkout reads a Hugging Face directory
+(``cann_export.hf``), else ``cann-export NAME.pt2 --format onnx`` on a positional torch.export capture of the
+same model at the same shapes (the path the issue measured); the table says which. A task this checkout cannot
+export (GPT-2 with past needs the multi-graph bundle) is a row marked unavailable, with the reason.
+
+Optimum runs from a side virtualenv this script makes (``benchmarks/.optimum-venv``: optimum-onnx pinned with the
+transformers it supports and the same CPU torch, so nothing large downloads); when it cannot be installed the
+benchmark says so and exits 0 without a table.
+
+Each pair runs interleaved (the order alternates), ``--repeat`` times; medians of wall time (spawn to exit) and
+peak RSS (``os.wait4``'s ``ru_maxrss``: the process and its reaped children, the larger) are reported, with
+ratios ours / Optimum. The stages Optimum does not run (our parity beyond its one check, lint, device
+precision) are a separate line from our stage timings. Results go to ``benchmarks/results/vs_optimum.json``.
+
+Usage::
+
+    python benchmarks/bench_vs_optimum.py [--repeat 3] [--models distilbert,vit,gpt2] [--ours auto|dir|pt2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".optimum-venv"
+PINS = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0", "transformers>=4.36,<4.58"]
+MODELS = ("distilbert", "vit", "gpt2")
+TARGET_WALL, TARGET_RSS = 1.0, 1.2
+STAGE_LINE = re.compile(r"^\[(\d+)/\d+\] (\S+) \.\.\. (.*) \(([\d.]+)s\)\s*$")
+# stages Optimum has no counterpart for: what we keep that it skips
+EXTRA_STAGES = ("lint", "annotate")
+
+SITE_CUSTOMIZE = '''\
+import sys
+
+sys.modules.setdefault("torchvision", None)  # its wheel here does not load against the CPU torch; unused
+'''
+
+
+def optimum_cli(venv: Path, install: bool) -> tuple[Path | None, str]:
+    """The side venv's optimum-cli, made when missing (and ``install``); or None and why not."""
+    cli = venv / "bin" / "optimum-cli"
+    if cli.exists():
+        return cli, "present"
+    if not install:
+        return None, f"{cli} is missing and --no-install was given"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *PINS], check=True, capture_output=True,
+                       text=True, timeout=1800)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        err = getattr(e, "stderr", "") or str(e)
+        shutil.rmtree(venv, ignore_errors=True)
+        return None, f"pip install {' '.join(PINS)} failed: {err.strip().splitlines()[-1] if err.strip() else e}"
+    return (cli, "installed") if cli.exists() else (None, "optimum-cli not found after the install")
+
+
+def run_measured(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
+    """Spawn ``cmd`` (stdout+stderr to ``log``), reap it with os.wait4: wall seconds, peak RSS MiB, rc."""
+    with open(log, "wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.005)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    kib = usage.ru_maxrss / 1024 if sys.platform == "darwin" else usage.ru_maxrss
+    return {"wall_s": round(wall, 3), "peak_mib": round(kib / 1024, 1), "rc": proc.returncode}
+
+
+def tail(path: Path, n: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def our_cli() -> list[str]:
+    exe = Path(sys.executable).with_name("cann-export")
+    return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
+
+
+def reads_directories(env: dict) -> bool:
+    """Whether this checkout's cann-export takes a Hugging Face directory (the ``hf`` work has landed)."""
+    code = "import importlib.util as u; print(bool(u.find_spec('cann_export.hf')))"
+    probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    return probe.stdout.strip() == "True"
+
+
+def our_command(name: str, info: dict, tmp: Path, path_kind: str, out: Path) -> list[str] | str:
+    """Our side's command, or why this checkout cannot export the model."""
+    if path_kind == "dir":
+        return [*our_cli(), str(tmp / name), "--format", "onnx", "--task", info["task"], "-o", str(out),
+                "--overwrite"]
+    if info["task"].endswith("-with-past"):
+        return ("unavailable: a decoder with past exports as prefill + decode graphs (the multi-graph bundle), "
+                "which needs a Hugging Face directory and the multi-graph work; neither is in this checkout")
+    return [*our_cli(), str(tmp / f"{name}.pt2"), "--format", "onnx", "-o", str(out), "--overwrite"]
+
+
+def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path) -> list[str]:
+    cmd = [str(cli), "export", "onnx", "--model", str(tmp / name), "--task", info["task"]]
+    if "input_ids" in info["inputs"]:
+        batch, seq = info["inputs"]["input_ids"]
+        cmd += ["--batch_size", str(batch), "--sequence_length", str(seq)]
+    return [*cmd, str(out)]
+
+
+def stages(log: Path) -> dict[str, float]:
+    found = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = STAGE_LINE.match(line.strip())
+        if m:
+            found[m.group(2)] = float(m.group(4))
+    return found
+
+
+def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: argparse.Namespace,
+          env: dict, opt_env: dict) -> dict:
+    ours_probe = our_command(name, info, tmp, path_kind, tmp / "probe")
+    runs: dict[str, list[dict]] = {"ours": [], "optimum": []}
+    for rep in range(args.repeat):
+        for side in (("ours", "optimum") if rep % 2 == 0 else ("optimum", "ours")):
+            if side == "ours" and isinstance(ours_probe, str):
+                continue
+            out = tmp / f"{name}-{side}-{rep}"
+            cmd = (our_command(name, info, tmp, path_kind, out / "model.onnx") if side == "ours"
+                   else optimum_command(cli, name, info, tmp, out))
+            log = tmp / f"{name}-{side}-{rep}.log"
+            m = run_measured(cmd, env if side == "ours" else opt_env, log, args.timeout)
+            if m["rc"] != 0:
+                raise SystemExit(f"{side} run for {name} failed (rc {m['rc']}): {' '.join(cmd)}\n{tail(log)}")
+            if side == "ours":
+                m["stages"] = stages(log)
+            runs[side].append(m)
+            shutil.rmtree(out, ignore_errors=True)
+            print(f"  {name} {rep + 1}/{args.repeat} {side:8s} {m['wall_s']:7.2f} s {m['peak_mib']:8.1f} MiB",
+                  file=sys.stderr, flush=True)
+    row = {"task": info["task"], "about": info["about"], "path": path_kind, "runs": runs,
+           "optimum_wall_s": statistics.median(r["wall_s"] for r in runs["optimum"]),
+           "optimum_peak_mib": statistics.median(r["peak_mib"] for r in runs["optimum"])}
+    if isinstance(ours_probe, str):
+        return {**row, "unavailable": ours_probe}
+    wall = statistics.median(r["wall_s"] for r in runs["ours"])
+    rss = statistics.median(r["peak_mib"] for r in runs["ours"])
+    names = list(runs["ours"][0]["stages"])
+    return {**row, "ours_wall_s": wall, "ours_peak_mib": rss, "wall_ratio": wall / row["optimum_wall_s"],
+            "rss_ratio": rss / row["optimum_peak_mib"],
+            "stage_median_s": {s: statistics.median(r["stages"].get(s, 0.0) for r in runs["ours"]) for s in names}}
+
+
+def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
+    print(f"\ncann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved pairs)")
+    print("| model | ours via | ours wall s | Optimum wall s | wall ratio | ours MiB | Optimum MiB | RSS ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        if "unavailable" in r:
+            print(f"| {name} ({r['task']}) | - | - | {r['optimum_wall_s']:.2f} | unavailable | - | "
+                  f"{r['optimum_peak_mib']:.0f} | unavailable |")
+            continue
+        flag_w = "" if r["wall_ratio"] <= TARGET_WALL else " !"
+        flag_r = "" if r["rss_ratio"] <= TARGET_RSS else " !"
+        print(f"| {name} ({r['task']}) | {r['path']} | {r['ours_wall_s']:.2f} | {r['optimum_wall_s']:.2f} | "
+              f"{r['wall_ratio']:.2f}{flag_w} | {r['ours_peak_mib']:.0f} | {r['optimum_peak_mib']:.0f} | "
+              f"{r['rss_ratio']:.2f}{flag_r} |")
+    print(f"targets: wall <= {TARGET_WALL}x, peak RSS <= {TARGET_RSS}x Optimum ('!' = missed)")
+    for name, r in rows.items():
+        if "unavailable" in r:
+            print(f"  {name}: {r['unavailable']}")
+            continue
+        st = r["stage_median_s"]
+        print(f"  {name} our stages (s): " + ", ".join(f"{s} {v:.2f}" for s, v in st.items() if v >= 0.01))
+        extra = {s: st.get(s, 0.0) for s in EXTRA_STAGES}
+        print(f"  {name} work Optimum skips, in our wall time: parity on 5 input sets with the float64 noise "
+              f"floor (validate {st.get('validate', 0.0):.2f} s), " +
+              ", ".join(f"{s} {v:.2f} s" for s, v in extra.items()) +
+              " (device precision and the ATC lint run only for atc_ready/om, not --format onnx)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--ours", choices=("auto", "dir", "pt2"), default="auto",
+                    help="our input: the model directory (needs cann_export.hf) or a .pt2 capture")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
+    ap.add_argument("--venv", type=Path, default=VENV)
+    ap.add_argument("--output", type=Path, default=HERE / "results" / "vs_optimum.json")
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    if not models or set(models) - set(MODELS) or args.repeat < 1:
+        ap.error(f"--models takes a subset of {','.join(MODELS)}; --repeat must be >= 1")
+    cli, how = optimum_cli(args.venv, not args.no_install)
+    if cli is None:
+        print(f"skipped: Optimum is not available ({how}); nothing was measured")
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="bench-optimum-"))
+    try:
+        (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
+        env = dict(os.environ, PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
+        opt_env = dict(env, PYTHONPATH=str(tmp))
+        setup = subprocess.run([sys.executable, str(HERE / "optimum_models.py"), str(tmp), ",".join(models)],
+                               env=env, capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            raise SystemExit(f"building the models failed:\n{setup.stderr[-3000:]}")
+        infos = {d["name"]: d for d in map(json.loads, setup.stdout.strip().splitlines()) if d}
+        path_kind = args.ours if args.ours != "auto" else ("dir" if reads_directories(env) else "pt2")
+        print(f"ours via {path_kind}; Optimum {how} in {args.venv}", file=sys.stderr, flush=True)
+        rows = {n: bench(n, infos[n], tmp, cli, path_kind, args, env, opt_env) for n in models}
+        print_table(rows, args)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "ours_via": path_kind,
+            "optimum_pins": PINS, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "models": {n: {**infos[n], **rows[n]} for n in models}}, indent=2) + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
