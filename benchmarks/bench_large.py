@@ -21,11 +21,16 @@ benchlarge:stack --model-kwargs {"depth": N} --example-inputs X.safetensors`` ru
 (``os.wait4``'s ``ru_maxrss``: the CLI and its sandbox child, the larger of the two) over the weight bytes is the
 figure of merit (target <= 1.5). Results go to ``benchmarks/results/large_safetensors.json``.
 
+``--hf`` does the same for a Hugging Face directory: a Llama (hidden 2048, 9 layers, vocabulary 32000: 2.38 GB of
+fp32 weights) written by ``save_pretrained``, then ``cann-export DIR --format onnx --task text-generation``.
+Results go to ``benchmarks/results/large_hf.json``.
+
 Usage::
 
     python benchmarks/bench_large.py [--depth 18 --depth 36] [--format onnx] [--exporter auto]
     python benchmarks/bench_large.py --load [--depth 18] [--runs 3]
     python benchmarks/bench_large.py --safetensors [--depth 36] [--format onnx]
+    python benchmarks/bench_large.py --hf [--format onnx]
 """
 from __future__ import annotations
 
@@ -147,6 +152,43 @@ print(json.dumps({"weights_bytes": sum(v.numel() * v.element_size() for v in sta
 """
 
 
+HF_SAVE_CHILD = r"""
+import json, sys
+sys.modules.setdefault("torchvision", None)  # its wheel here does not load against the CPU torch; unused
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+torch.manual_seed(0)
+cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=9, num_attention_heads=16,
+                  num_key_value_heads=16, vocab_size=32000, max_position_embeddings=256, tie_word_embeddings=False)
+model = LlamaForCausalLM(cfg).eval()
+model.save_pretrained(sys.argv[1])
+print(json.dumps({"weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}))
+"""
+
+
+def run_hf_case(fmt: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-large-hf-") as tmp:
+        Path(tmp, "sitecustomize.py").write_text('import sys\nsys.modules.setdefault("torchvision", None)\n')
+        env = _child_env()
+        env["PYTHONPATH"] = os.pathsep.join([tmp, env["PYTHONPATH"]])
+        setup = subprocess.run([sys.executable, "-c", HF_SAVE_CHILD, str(Path(tmp) / "llama")], env=env,
+                               capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            return {"depth": 9, "error": setup.stderr.strip().splitlines()[-3:]}
+        weights = json.loads(setup.stdout.strip().splitlines()[-1])["weights_bytes"]
+        out = Path(tmp) / ("model.onnx" if fmt == "onnx" else "bundle")
+        m = _measured([*_cli(), str(Path(tmp) / "llama"), "--format", fmt, "--task", "text-generation", "-o", str(out),
+                       "--json"], env)
+    if m["rc"] != 0:
+        return {"depth": 9, "error": m["stderr"].strip().splitlines()[-3:]}
+    result = json.loads(m["stdout"].strip().splitlines()[-1])
+    return {"depth": 9, "model": "llama", "format": fmt, "weights_bytes": weights,
+            "peak_rss_bytes": m["peak_rss_bytes"], "peak_over_weights": m["peak_rss_bytes"] / weights,
+            "wall_s": m["wall_s"], "ok": result.get("ok"), "parity_passed": (result.get("parity") or {}).get("passed"),
+            "exporter": (result.get("onnx") or {}).get("exporter")}
+
+
 def _cli() -> list[str]:
     exe = Path(sys.executable).with_name("cann-export")
     return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
@@ -199,7 +241,8 @@ def run_safetensors_case(depth: int, width: int, fmt: str) -> dict:
 
 
 def main_safetensors(args: argparse.Namespace) -> None:
-    rows = [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])]
+    rows = ([run_hf_case(args.format)] if args.hf else
+            [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
     print(f"{'weights GB':>10} {'peak RSS GB':>11} {'peak/weights':>12} {'wall s':>7}  exporter   parity")
     for r in rows:
         if "error" in r:
@@ -207,7 +250,8 @@ def main_safetensors(args: argparse.Namespace) -> None:
             continue
         print(f"{r['weights_bytes'] / 1e9:>10.2f} {r['peak_rss_bytes'] / 1e9:>11.2f} {r['peak_over_weights']:>12.2f} "
               f"{r['wall_s']:>7.1f}  {r['exporter'] or '?':<10} {r['parity_passed']}")
-    out = args.results.with_name("large_safetensors.json") if args.results.name == "large.json" else args.results
+    name = "large_hf.json" if args.hf else "large_safetensors.json"
+    out = args.results.with_name(name) if args.results.name == "large.json" else args.results
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
 
@@ -264,8 +308,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="rounds per --load case (the median is reported)")
     ap.add_argument("--safetensors", action="store_true",
                     help="measure `cann-export W.safetensors --model-class ...` as its own process (default depth 36)")
+    ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
     args = ap.parse_args()
-    if args.safetensors:
+    if args.safetensors or args.hf:
         main_safetensors(args)
         return
     if args.load:
