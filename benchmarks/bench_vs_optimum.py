@@ -19,7 +19,8 @@ cannot be installed the benchmark says so and exits 0 without a table.
 
 Each pair runs interleaved (the order alternates), ``--repeat`` times; medians of wall time (spawn to exit) and
 peak RSS (``os.wait4``'s ``ru_maxrss``: the process and its reaped children, the larger) are reported, with
-ratios ours / Optimum. The stages Optimum does not run (our parity beyond its one check, lint, device
+ratios ours / Optimum; user+sys CPU seconds (the same ``os.wait4``) too, steadier than wall time on a
+shared machine. The stages Optimum does not run (our parity beyond its one check, lint, device
 precision) are a separate line from our stage timings. Results go to ``benchmarks/results/vs_optimum.json``.
 
 Usage::
@@ -111,7 +112,8 @@ def run_measured(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
         wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     kib = usage.ru_maxrss / 1024 if sys.platform == "darwin" else usage.ru_maxrss
-    return {"wall_s": round(wall, 3), "peak_mib": round(kib / 1024, 1), "rc": proc.returncode}
+    return {"wall_s": round(wall, 3), "peak_mib": round(kib / 1024, 1), "rc": proc.returncode,
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
 
 
 def tail(path: Path, n: int = 15) -> str:
@@ -180,35 +182,39 @@ def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: arg
                 m["stages"] = stages(log)
             runs[side].append(m)
             shutil.rmtree(out, ignore_errors=True)
-            print(f"  {name} {rep + 1}/{args.repeat} {side:8s} {m['wall_s']:7.2f} s {m['peak_mib']:8.1f} MiB",
+            print(f"  {name} {rep + 1}/{args.repeat} {side:8s} {m['wall_s']:7.2f} s {m['peak_mib']:8.1f} MiB "
+                  f"cpu {m['cpu_s']:.1f} s",
                   file=sys.stderr, flush=True)
     row = {"task": info["task"], "about": info["about"], "path": path_kind, "runs": runs,
            "optimum_wall_s": statistics.median(r["wall_s"] for r in runs["optimum"]),
-           "optimum_peak_mib": statistics.median(r["peak_mib"] for r in runs["optimum"])}
+           "optimum_peak_mib": statistics.median(r["peak_mib"] for r in runs["optimum"]),
+           "optimum_cpu_s": statistics.median(r["cpu_s"] for r in runs["optimum"])}
     if isinstance(ours_probe, str):
         return {**row, "unavailable": ours_probe}
     wall = statistics.median(r["wall_s"] for r in runs["ours"])
+    cpu = statistics.median(r["cpu_s"] for r in runs["ours"])
     rss = statistics.median(r["peak_mib"] for r in runs["ours"])
     names = list(runs["ours"][0]["stages"])
     return {**row, "ours_wall_s": wall, "ours_peak_mib": rss, "wall_ratio": wall / row["optimum_wall_s"],
-            "rss_ratio": rss / row["optimum_peak_mib"],
+            "rss_ratio": rss / row["optimum_peak_mib"], "ours_cpu_s": cpu, "cpu_ratio": cpu / row["optimum_cpu_s"],
             "stage_median_s": {s: statistics.median(r["stages"].get(s, 0.0) for r in runs["ours"]) for s in names}}
 
 
 def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
     print(f"\ncann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved pairs)")
-    print("| model | ours via | ours wall s | Optimum wall s | wall ratio | ours MiB | Optimum MiB | RSS ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | ours via | ours wall s | Optimum wall s | wall ratio | ours MiB | Optimum MiB | RSS ratio "
+          "| CPU s ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         if "unavailable" in r:
             print(f"| {name} ({r['task']}) | - | - | {r['optimum_wall_s']:.2f} | unavailable | - | "
-                  f"{r['optimum_peak_mib']:.0f} | unavailable |")
+                  f"{r['optimum_peak_mib']:.0f} | unavailable | - |")
             continue
         flag_w = "" if r["wall_ratio"] <= TARGET_WALL else " !"
         flag_r = "" if r["rss_ratio"] <= TARGET_RSS else " !"
         print(f"| {name} ({r['task']}) | {r['path']} | {r['ours_wall_s']:.2f} | {r['optimum_wall_s']:.2f} | "
               f"{r['wall_ratio']:.2f}{flag_w} | {r['ours_peak_mib']:.0f} | {r['optimum_peak_mib']:.0f} | "
-              f"{r['rss_ratio']:.2f}{flag_r} |")
+              f"{r['rss_ratio']:.2f}{flag_r} | {r['cpu_ratio']:.2f} |")
     print(f"targets: wall <= {TARGET_WALL}x, peak RSS <= {TARGET_RSS}x Optimum ('!' = missed)")
     for name, r in rows.items():
         if "unavailable" in r:
