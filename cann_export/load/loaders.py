@@ -253,14 +253,16 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
             return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "") if keys else "none"
         raise LoadError(f"weights do not match {options.model_class}: missing keys: {show(missing)}; "
                         f"unexpected keys: {show(unexpected)}. Check --model-class and --model-kwargs", path=path)
-    try:
-        if skeleton is None:
-            model.load_state_dict(state, strict=True)
-        else:
+    if skeleton is not None:
+        try:
             assign_state(model, state)
+            if not meta_tensors(model):
+                return model
+        except RuntimeError:
+            pass  # the copying load below reports it, in its own words
+        model = factory(**kwargs)  # a tensor the state_dict does not reach, or a module that refuses assign
+    try:
+        model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise LoadError(f"weights do not fit {options.model_class}: {' '.join(str(e).split())[:500]}", path=path) from e
-    if skeleton is not None and meta_tensors(model):  # a tensor the state_dict does not reach: the copying way
-        model = factory(**kwargs)
-        model.load_state_dict(state, strict=True)
     return model
