@@ -56,9 +56,10 @@ def test_skeleton_parameters_take_no_memory_and_the_patch_is_undone():
     assert torch.nn.Module.register_parameter is original and torch.nn.Linear(2, 2).weight.device.type == "cpu"
 
 
-def test_a_factory_that_reads_its_weights_falls_back_to_the_copying_load():
-    ref, state = _state(meta_models.reads_its_weights)
-    model = _load("helpers.meta_models:reads_its_weights", dict(state))
+@pytest.mark.parametrize("name", ["reads_its_weights", "keeps_a_derived_tensor"])
+def test_a_factory_that_computes_with_its_weights_falls_back_to_the_copying_load(name):
+    ref, state = _state(getattr(meta_models, name))
+    model = _load(f"helpers.meta_models:{name}", dict(state))
     x = torch.randn(3, 8)
     assert torch.equal(model(x), ref(x))
 

@@ -46,9 +46,18 @@ def build_skeleton(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any |
 
 
 def meta_tensors(model: Any) -> list[str]:
-    """Names of the parameters and buffers still on the meta device."""
-    return [n for n, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers())
-            if t.device.type == "meta"]
+    """Names of the parameters, buffers and plain tensor attributes (a tensor, or a list/tuple of them, that
+    ``__init__`` derived from a weight) still on the meta device."""
+    import torch
+
+    found = [n for n, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers())
+             if t.device.type == "meta"]
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for attr, value in vars(module).items():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in items):
+                found.append(f"{prefix}.{attr}" if prefix else attr)
+    return found
 
 
 def assign_state(model: Any, state: dict[str, Any]) -> None:

@@ -35,3 +35,19 @@ class ReadsItsWeights(nn.Module):
 
 def reads_its_weights():
     return ReadsItsWeights()
+
+
+class KeepsADerivedTensor(nn.Module):
+    """Keeps a plain tensor attribute computed from its weight in ``__init__`` (not a buffer: no state_dict key)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.scale = self.lin.weight.detach().abs().mean() * 0 + 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def keeps_a_derived_tensor():
+    return KeepsADerivedTensor()
