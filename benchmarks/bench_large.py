@@ -15,19 +15,33 @@ reported) times: the load stage (``load.stage.load_path``: re-pack, checks, torc
 torch.export.load of the user's file. Added = re-pack + (copy load - file load). Results go to
 ``benchmarks/results/large_load.json``.
 
+``--safetensors`` measures the command users run on saved weights: a setup child saves the stack's weights as one
+.safetensors file (depth 36: 2.42 GB) and its input, then ``cann-export W.safetensors --format onnx --model-class
+benchlarge:stack --model-kwargs {"depth": N} --example-inputs X.safetensors`` runs as its own process; its peak RSS
+(``os.wait4``'s ``ru_maxrss``: the CLI and its sandbox child, the larger of the two) over the weight bytes is the
+figure of merit (target <= 1.5). Results go to ``benchmarks/results/large_safetensors.json``.
+
+``--hf`` does the same for a Hugging Face directory: a Llama (hidden 2048, 9 layers, vocabulary 32000: 2.38 GB of
+fp32 weights) written by ``save_pretrained``, then ``cann-export DIR --format onnx --task text-generation``.
+Results go to ``benchmarks/results/large_hf.json``.
+
 Usage::
 
     python benchmarks/bench_large.py [--depth 18 --depth 36] [--format onnx] [--exporter auto]
     python benchmarks/bench_large.py --load [--depth 18] [--runs 3]
+    python benchmarks/bench_large.py --safetensors [--depth 36] [--format onnx]
+    python benchmarks/bench_large.py --hf [--format onnx]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -109,6 +123,140 @@ print(json.dumps({"depth": depth, "width": width, "pt2_bytes": path.stat().st_si
 """
 
 
+STACK_MODULE = '''\
+"""The benchmark's architecture, importable as ``benchlarge`` (the temp dir is on PYTHONPATH)."""
+
+
+def stack(depth=36, width=4096):
+    import torch
+
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+'''
+
+SAVE_CHILD = r"""
+import json, sys
+import torch
+from safetensors.torch import save_file
+import benchlarge
+
+depth, width, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.manual_seed(0)
+with torch.no_grad():
+    model = benchlarge.stack(depth, width)
+    for m in model:
+        m.weight.mul_(1.0 / width ** 0.5)
+state = model.state_dict()
+save_file(state, f"{tmp}/weights.safetensors")
+save_file({"input": torch.randn(1, width)}, f"{tmp}/inputs.safetensors")
+print(json.dumps({"weights_bytes": sum(v.numel() * v.element_size() for v in state.values())}))
+"""
+
+
+HF_SAVE_CHILD = r"""
+import json, sys
+sys.modules.setdefault("torchvision", None)  # its wheel here does not load against the CPU torch; unused
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+torch.manual_seed(0)
+cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=9, num_attention_heads=16,
+                  num_key_value_heads=16, vocab_size=32000, max_position_embeddings=256, tie_word_embeddings=False)
+model = LlamaForCausalLM(cfg).eval()
+model.save_pretrained(sys.argv[1])
+print(json.dumps({"weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}))
+"""
+
+
+def run_hf_case(fmt: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-large-hf-") as tmp:
+        Path(tmp, "sitecustomize.py").write_text('import sys\nsys.modules.setdefault("torchvision", None)\n')
+        env = _child_env()
+        env["PYTHONPATH"] = os.pathsep.join([tmp, env["PYTHONPATH"]])
+        setup = subprocess.run([sys.executable, "-c", HF_SAVE_CHILD, str(Path(tmp) / "llama")], env=env,
+                               capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            return {"depth": 9, "error": setup.stderr.strip().splitlines()[-3:]}
+        weights = json.loads(setup.stdout.strip().splitlines()[-1])["weights_bytes"]
+        out = Path(tmp) / ("model.onnx" if fmt == "onnx" else "bundle")
+        m = _measured([*_cli(), str(Path(tmp) / "llama"), "--format", fmt, "--task", "text-generation", "-o", str(out),
+                       "--json"], env)
+    if m["rc"] not in (0, 1):  # 1: written, parity failed; its memory is still the measurement
+        return {"depth": 9, "error": m["stderr"].strip().splitlines()[-3:]}
+    result = json.loads(m["stdout"].strip().splitlines()[-1])
+    lines = [line for line in m["stderr"].splitlines() if "max_abs" in line or "FAIL" in line][:12]
+    return {"depth": 9, "model": "llama", "rc": m["rc"], "parity_lines": lines, "format": fmt, "weights_bytes": weights,
+            "peak_rss_bytes": m["peak_rss_bytes"], "peak_over_weights": m["peak_rss_bytes"] / weights,
+            "wall_s": m["wall_s"], "ok": result.get("ok"), "parity_passed": (result.get("parity") or {}).get("passed"),
+            "exporter": (result.get("onnx") or {}).get("exporter")}
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("cann-export")
+    return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
+
+
+def _measured(cmd: list[str], env: dict, timeout: float = 1800) -> dict:
+    """Run ``cmd``; wall seconds, rc, stdout/stderr and peak RSS of it and its reaped children (os.wait4)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"wall_s": wall, "rc": proc.returncode, "peak_rss_bytes": usage.ru_maxrss * 1024,
+                "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")}
+
+
+def run_safetensors_case(depth: int, width: int, fmt: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-large-st-") as tmp:
+        Path(tmp, "benchlarge.py").write_text(STACK_MODULE)
+        env = _child_env()
+        env["PYTHONPATH"] = os.pathsep.join([tmp, env["PYTHONPATH"]])
+        setup = subprocess.run([sys.executable, "-c", SAVE_CHILD, str(depth), str(width), tmp], env=env,
+                               capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            return {"depth": depth, "width": width, "error": setup.stderr.strip().splitlines()[-3:]}
+        weights = json.loads(setup.stdout.strip().splitlines()[-1])["weights_bytes"]
+        out = Path(tmp) / ("model.onnx" if fmt == "onnx" else "bundle")
+        cmd = [*_cli(), str(Path(tmp) / "weights.safetensors"), "--format", fmt, "-o", str(out),
+               "--model-class", "benchlarge:stack", "--model-kwargs", json.dumps({"depth": depth, "width": width}),
+               "--example-inputs", str(Path(tmp) / "inputs.safetensors"), "--json"]
+        m = _measured(cmd, env)
+    if m["rc"] != 0:
+        return {"depth": depth, "width": width, "error": m["stderr"].strip().splitlines()[-3:]}
+    result = json.loads(m["stdout"].strip().splitlines()[-1])
+    return {"depth": depth, "width": width, "format": fmt, "weights_bytes": weights,
+            "peak_rss_bytes": m["peak_rss_bytes"], "peak_over_weights": m["peak_rss_bytes"] / weights,
+            "wall_s": m["wall_s"], "ok": result.get("ok"), "parity_passed": (result.get("parity") or {}).get("passed"),
+            "exporter": (result.get("onnx") or {}).get("exporter")}
+
+
+def main_safetensors(args: argparse.Namespace) -> None:
+    rows = ([run_hf_case(args.format)] if args.hf else
+            [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
+    print(f"{'weights GB':>10} {'peak RSS GB':>11} {'peak/weights':>12} {'wall s':>7}  exporter   parity")
+    for r in rows:
+        if "error" in r:
+            print(f"depth {r['depth']}: FAILED {' | '.join(r['error'])}")
+            continue
+        print(f"{r['weights_bytes'] / 1e9:>10.2f} {r['peak_rss_bytes'] / 1e9:>11.2f} {r['peak_over_weights']:>12.2f} "
+              f"{r['wall_s']:>7.1f}  {r['exporter'] or '?':<10} {r['parity_passed']}")
+    name = "large_hf.json" if args.hf else "large_safetensors.json"
+    out = args.results.with_name(name) if args.results.name == "large.json" else args.results
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
 def _child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
@@ -159,7 +307,13 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=HERE / "results" / "large.json")
     ap.add_argument("--load", action="store_true", help="time the load stage of a saved .pt2 and the re-pack's share")
     ap.add_argument("--runs", type=int, default=3, help="rounds per --load case (the median is reported)")
+    ap.add_argument("--safetensors", action="store_true",
+                    help="measure `cann-export W.safetensors --model-class ...` as its own process (default depth 36)")
+    ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
     args = ap.parse_args()
+    if args.safetensors or args.hf:
+        main_safetensors(args)
+        return
     if args.load:
         main_load(args)
         return

@@ -14,6 +14,7 @@ from ..errors import LoadError
 from .allowlist import TORCH_SAVE, TORCHSCRIPT
 from .archive_safety import check_export_archive, load_exported_program, unsafe_globals
 from .archives import open_checked, zip_names
+from .meta_build import assign_state, build_skeleton, meta_tensors
 from .repack import Canonical, canonical_copy
 
 _CHECKPOINT_KEYS = ("model", "state_dict", "model_state_dict", "module", "weights")
@@ -233,10 +234,12 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
             f"holds a state_dict ({len(state)} tensors) but no architecture; pass --model-class "
             "pkg.module:Callable [--model-kwargs JSON] (model_class= in Python) to rebuild the module", path=path)
     factory = import_callable(options.model_class)
+    kwargs = options.model_kwargs or {}
+    skeleton = build_skeleton(factory, kwargs)  # parameters on meta: the file's tensors are assigned, not copied
     try:
-        model = factory(**(options.model_kwargs or {}))
+        model = skeleton if skeleton is not None else factory(**kwargs)
     except Exception as e:
-        raise LoadError(f"{options.model_class}(**{_echo(json.dumps(options.model_kwargs or {}))}) raised "
+        raise LoadError(f"{options.model_class}(**{_echo(json.dumps(kwargs))}) raised "
                         f"{type(e).__name__}: {_echo(str(e))}; check --model-kwargs") from e
     if not isinstance(model, torch.nn.Module):
         raise LoadError(f"{options.model_class} returned {type(model).__name__}, not a torch.nn.Module")
@@ -250,6 +253,14 @@ def build_from_state_dict(state: dict[str, Any], options: Any, path: Path) -> An
             return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "") if keys else "none"
         raise LoadError(f"weights do not match {options.model_class}: missing keys: {show(missing)}; "
                         f"unexpected keys: {show(unexpected)}. Check --model-class and --model-kwargs", path=path)
+    if skeleton is not None:
+        try:
+            assign_state(model, state)
+            if not meta_tensors(model):
+                return model
+        except RuntimeError:
+            pass  # the copying load below reports it, in its own words
+        model = factory(**kwargs)  # a tensor the state_dict does not reach, or a module that refuses assign
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
