@@ -62,7 +62,7 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         return _skip(ctx, f"{size} bytes of weights is past {min(ctx.options.external_data_threshold, MAX_BYTES)} "
                           "(a second copy of large weights is not written)")
     inputs = ctx.example_inputs
-    if loaded.kind == "module":
+    if loaded.kind == "module" and not loaded.extras.get("positional"):
         args, kwargs = _positional(model, dict(inputs))
     else:
         args, kwargs = tuple(inputs[n] for n in ctx.input_names), {}

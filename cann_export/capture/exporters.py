@@ -39,9 +39,10 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
 
 
 def call_args(ctx: Any) -> tuple[tuple, dict]:
-    """Modules take named inputs; TorchScript and torch.export graphs take them in order."""
+    """Modules take named inputs; TorchScript and torch.export graphs (and modules that declare
+    ``graph_input_names``) take them in order."""
     inputs = ctx.example_inputs
-    if ctx.loaded.kind == "module":
+    if ctx.loaded.kind == "module" and not ctx.loaded.extras.get("positional"):
         return (), dict(inputs)
     return tuple(inputs[n] for n in ctx.input_names), {}
 

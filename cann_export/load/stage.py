@@ -24,7 +24,8 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
-        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
+        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module",
+                                 extras=declared_inputs(src))
     elif isinstance(src, (str, Path)):
         ctx.loaded = load_path(Path(src), ctx.options, manager.registry().loaders())
     else:
@@ -32,6 +33,18 @@ def load(ctx: ExportContext) -> str | None:
                                "or the path of a model file")
     ctx.model = ctx.loaded.model
     return ctx.loaded.kind
+
+
+def declared_inputs(module: Any) -> dict[str, Any]:
+    """A module whose graph inputs are not Python identifiers (Optimum's ``past_key_values.0.key``) declares
+    them in order as ``graph_input_names`` and takes them positionally (and by name in eager calls); capture
+    then passes them in that order. Any other module: nothing declared."""
+    names = getattr(module, "graph_input_names", None)
+    if not isinstance(names, (list, tuple)) or not names:
+        return {}
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise errors.LoadError("graph_input_names must be distinct non-empty strings, one per forward input")
+    return {"input_names": list(names), "positional": True}
 
 
 def _private_copy(module: Any, share_weights: bool = False) -> Any:
