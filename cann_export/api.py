@@ -93,6 +93,22 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     return _result(ctx)
 
 
+def export_multi(model: Any, output_path: str | Path, *, task: str | None = None, kv_cache: Any = None,
+                 sequence_length: int = 7, progress: ProgressFn | None = None, **options: Any) -> Any:
+    """Export a transformers decoder (``text-generation-with-past``) or encoder-decoder
+    (``text2text-generation-with-past``) as the several graphs a deployment runs, never one ``If``-merged
+    graph: ``prefill`` + ``decode`` (``kv_cache="static:N"``: a fixed window of N cache slots for ATC's
+    static-shape path), or ``encoder`` + ``decoder`` + ``decoder_with_past``. One atc_ready bundle directory:
+    ``components/<name>/`` (each a complete bundle with its own parity and device verdict), the top-level
+    manifest (components, connections, overall verdict) and ``atc/convert.sh`` (one ATC command per graph).
+    ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
+    from .components.bundle import export_plan
+    from .components.plan import plan_for
+
+    plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
+    return export_plan(plan, output_path, progress=progress, **options)
+
+
 def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:
     """The options checked against the registries and the output checked replaceable, before any heavy work."""
     formats = manager.registry().formats()
@@ -165,6 +181,12 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         if expect_sha256 is not None and digest != expect_sha256.lower():
             raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
                                        "this is not the bundle that was pinned", path=path)
+        from .components.check import is_multi, validate_multi
+
+        if container is None and is_multi(directory):  # several graphs: each component validated
+            report = validate_multi(directory, path, tolerance=tolerance, soc_versions=socs, **tolerance_values)
+            report["bundle"] = str(bundle)
+            return report
         checked = rederive.check_bundle(directory, container=container, raise_on_difference=False)
         try:
             report, parity_diffs = rederive.rederive_parity(checked, tol, explicit, socs)
@@ -188,7 +210,10 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity, and
     what the bundle's Format adds (``describe``)."""
     from .bundle.inspect import describe
+    from .components.check import describe_multi, is_multi
 
+    if is_multi(Path(path)):
+        return {**describe_multi(Path(path)), "path": str(path)}
     return describe(Path(path))
 
 

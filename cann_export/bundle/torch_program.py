@@ -57,12 +57,15 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     model, loaded = ctx.model, ctx.loaded
     if loaded is None or loaded.kind not in ("module", "exported_program") or not isinstance(model, torch.nn.Module):
         return _skip(ctx, f"a {getattr(loaded, 'kind', 'unknown')} model has no torch.export form")
+    if loaded.extras.get("positional"):  # a program's inputs are Python names; these graph inputs are not
+        return _skip(ctx, "the module declares graph_input_names (such as past_key_values.0.key) that a "
+                          "torch.export program cannot carry as its input names")
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     if size > min(ctx.options.external_data_threshold, MAX_BYTES):
         return _skip(ctx, f"{size} bytes of weights is past {min(ctx.options.external_data_threshold, MAX_BYTES)} "
                           "(a second copy of large weights is not written)")
     inputs = ctx.example_inputs
-    if loaded.kind == "module" and not loaded.extras.get("positional"):
+    if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))
     else:
         args, kwargs = tuple(inputs[n] for n in ctx.input_names), {}

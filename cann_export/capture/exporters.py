@@ -77,22 +77,24 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    shapes = ctx.loaded.extras.get("dynamic_shapes") if ctx.loaded is not None else None
+    dynamic = {"dynamic_shapes": (shapes,)} if shapes else {}  # declared by the module (graph_dynamic_shapes)
     if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
-                                        ctx)
+        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True},
+                                                          **dynamic), ctx)
     try:
-        program = torch.export.export(model, args, kwargs=kwargs, strict=False)
+        program = torch.export.export(model, args, kwargs=kwargs, strict=False, **dynamic)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
-        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options), ctx)
-    try:
-        return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options, **dynamic), ctx)
+    try:  # the declared dynamic_shapes again: torch.onnx names the graph's symbolic dims after them
+        return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options, **dynamic), ctx)
     except Exception as e:
         if "Cannot view a tensor" not in _chain_text(e):
             raise
     # torch.onnx's decomposition turns reshape into view from strides its type-promotion pass then disagrees
     # with (sdpa outputs; Swin, T5): a contiguous copy before each view/reshape makes both passes agree.
     contiguous_before_views(program)
-    return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+    return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options, **dynamic), ctx)
 
 
 def _optimized(program: Any, ctx: Any) -> Any:

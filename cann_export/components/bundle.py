@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atc.lint import DYNAMIC_HINTS
 from ..errors import ExportError, OptionsError
 from .plan import Plan
 
@@ -73,10 +74,13 @@ def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, prog
         for comp in plan.components:
             where = staging / COMPONENTS_DIR / comp.name
             where.parent.mkdir(exist_ok=True)
+            hints = dict(options.get("atc_hints") or {})
+            if getattr(comp.module, "graph_dynamic_axes", None) and not any(h in hints for h in DYNAMIC_HINTS):
+                hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
             try:
                 result = api.export(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
                                     progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
-                                    **options)
+                                    **{**options, "atc_hints": hints})
             except ExportError as e:
                 e.args = (f"component {comp.name!r}: {e.args[0] if e.args else e}",)
                 if hasattr(e, "message"):

@@ -51,7 +51,7 @@ def parse_kv_cache(value: Any) -> int | None:
     return length
 
 
-def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 8) -> Plan:
+def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7) -> Plan:
     """The plan for a transformers model: a decoder-only model (``is_encoder_decoder`` false, with an LM head)
     or an encoder-decoder; ``task`` (Optimum's name) must agree when given."""
     config = getattr(model, "config", None)
@@ -94,20 +94,27 @@ def _loop(component: str, names: list[str]) -> list[tuple[str, str, str, str]]:
     return [(component, n, component, n.replace("present.", "past_key_values.", 1)) for n in names]
 
 
-def decoder_plan(model: Any, prompt: int = 8) -> Plan:
-    """``prefill`` (the prompt) then ``decode`` (one token on a growing cache)."""
+# the example batch of the graphs with dynamic axes: 2, so torch.export does not specialize the batch to 1
+EXAMPLE_BATCH = 2
+
+
+def decoder_plan(model: Any, prompt: int = 7) -> Plan:
+    """``prefill`` (the prompt) then ``decode`` (one token on a growing cache); batch and lengths dynamic."""
     import torch
 
     from .wrappers import DecoderPrefill, DecoderStep
 
     model = model.eval()
     prefill, step = DecoderPrefill(model), DecoderStep(model)
-    ids = _ids(model.config, (1, prompt), 0)
-    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(prompt)[None]}
+    batch = EXAMPLE_BATCH
+    ids = _ids(model.config, (batch, prompt), 0)
+    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(prompt)[None].repeat(batch, 1)}
     with torch.no_grad():
         present = {k: v for k, v in prefill(**feed).items() if k != "logits"}
-    nxt = {"input_ids": _ids(model.config, (1, 1), 1), "attention_mask": torch.ones(1, prompt + 1, dtype=torch.long),
-           "position_ids": torch.tensor([[prompt]]), **_past(present)}
+    nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
+           "attention_mask": torch.ones(batch, prompt + 1, dtype=torch.long),
+           "position_ids": torch.full((batch, 1), prompt), **_past(present)}
     names = list(present)
     return Plan("decoder-with-past", [Component("prefill", "prefill", prefill, feed),
                                       Component("decode", "decode", step, nxt)],
@@ -143,7 +150,7 @@ def static_decoder_plan(model: Any, length: int) -> Plan:
                  "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"})
 
 
-def seq2seq_plan(model: Any, source: int = 8) -> Plan:
+def seq2seq_plan(model: Any, source: int = 7) -> Plan:
     """``encoder``, ``decoder`` (the first decoder step, which also yields the cross-attention cache) and
     ``decoder_with_past`` (one token on the cache)."""
     import torch
@@ -152,16 +159,17 @@ def seq2seq_plan(model: Any, source: int = 8) -> Plan:
 
     model = model.eval()
     encoder, decoder, with_past = Seq2SeqEncoder(model), Seq2SeqDecoder(model), Seq2SeqDecoderWithPast(model)
-    ids = _ids(model.config, (1, source), 0)
+    batch = EXAMPLE_BATCH
+    ids = _ids(model.config, (batch, source), 0)
     enc_feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     start = getattr(model.config, "decoder_start_token_id", None)
-    first = torch.tensor([[start if isinstance(start, int) and start >= 0 else 0]])
+    first = torch.full((batch, 1), start if isinstance(start, int) and start >= 0 else 0)
     with torch.no_grad():
         hidden = encoder(**enc_feed)["last_hidden_state"]
         dec_feed = {"input_ids": first, "encoder_attention_mask": enc_feed["attention_mask"],
                     "encoder_hidden_states": hidden}
         present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
-    past_feed = {"input_ids": _ids(model.config, (1, 1), 1), "encoder_attention_mask": enc_feed["attention_mask"],
+    past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), "encoder_attention_mask": enc_feed["attention_mask"],
                  **_past(present)}
     names = list(present)
     own = [n for n in names if ".decoder." in n]

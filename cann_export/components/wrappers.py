@@ -28,14 +28,67 @@ def kv_names(layers: int, prefix: str, parts: tuple[str, ...] = ("",)) -> list[s
             for kv in ("key", "value")]
 
 
+MAX_BATCH = 64
+
+
+def max_positions(config: Any) -> int:
+    """The longest sequence the model takes (its position table), 4096 for relative positions (T5)."""
+    for key in ("n_positions", "max_position_embeddings", "max_target_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 2:
+            return value
+    return 4096
+
+
 class _Graph(nn.Module):
-    """A graph over named tensors: ``graph_input_names`` in order (capture passes them positionally)."""
+    """A graph over named tensors: ``graph_input_names`` in order (capture passes them positionally), and
+    ``graph_dynamic_axes``: per input, the axes that vary (Optimum's axis names; ``NAME + 1`` for an axis one
+    longer than NAME), with ``dim_bounds`` (name -> (min, max))."""
 
     graph_input_names: tuple[str, ...] = ()
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.graph_dynamic_axes: dict[str, dict[int, str]] = {}
+        seq = max_positions(model.config)
+        self.dim_bounds: dict[str, tuple[int, int]] = {"batch_size": (1, MAX_BATCH)}
+        for name in ("sequence_length", "encoder_sequence_length", "decoder_sequence_length"):
+            self.dim_bounds[name] = (1, seq)
+        for name in ("past_sequence_length", "past_decoder_sequence_length"):
+            self.dim_bounds[name] = (1, seq - 1)
+
+    def graph_dynamic_shapes(self) -> tuple[dict[int, Any], ...]:
+        """``graph_dynamic_axes`` as torch.export Dims, one dict per input in order (for torch.onnx.export)."""
+        from torch.export import Dim
+
+        dims: dict[str, Any] = {}
+
+        def dim(label: str) -> Any:
+            base, _, plus = label.partition(" + ")
+            if base not in dims:
+                low, high = self.dim_bounds[base]
+                dims[base] = Dim(base, min=low, max=high)
+            return dims[base] + int(plus) if plus else dims[base]
+
+        return tuple({axis: dim(label) for axis, label in self.graph_dynamic_axes.get(n, {}).items()}
+                     for n in self.graph_input_names)
+
+    def shape_ranges(self, feed: dict[str, torch.Tensor]) -> str:
+        """ATC's ``input_shape_range`` for the dynamic axes: ``name:[lo~hi,...]`` per input, static axes as is."""
+        parts = []
+        for name in self.graph_input_names:
+            axes = self.graph_dynamic_axes.get(name, {})
+            dims = []
+            for axis, size in enumerate(feed[name].shape):
+                if axis not in axes:
+                    dims.append(str(size))
+                    continue
+                base, _, plus = axes[axis].partition(" + ")
+                low, high = self.dim_bounds[base]
+                dims.append(f"{low + int(plus or 0)}~{high + int(plus or 0)}")
+            parts.append(f"{name}:[{','.join(dims)}]")
+        return ";".join(parts)
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
         feed = dict(zip(self.graph_input_names, args, strict=False))
@@ -73,6 +126,7 @@ class DecoderPrefill(_Graph):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.graph_input_names = ("input_ids", "attention_mask", "position_ids")
+        self.graph_dynamic_axes = {n: {0: "batch_size", 1: "sequence_length"} for n in self.graph_input_names}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from transformers import DynamicCache
@@ -90,6 +144,9 @@ class DecoderStep(_Graph):
         super().__init__(model)
         self.past = kv_names(num_layers(model.config), "past_key_values")
         self.graph_input_names = ("input_ids", "attention_mask", "position_ids", *self.past)
+        self.graph_dynamic_axes = {"input_ids": {0: "batch_size"}, "position_ids": {0: "batch_size"},
+                                   "attention_mask": {0: "batch_size", 1: "past_sequence_length + 1"},
+                                   **{n: {0: "batch_size", 2: "past_sequence_length"} for n in self.past}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _dynamic_cache([feed[n] for n in self.past], self.model.config)
@@ -104,6 +161,10 @@ class StaticDecoderStep(DecoderStep):
     slots (unused ones masked by ``attention_mask`` = 0, which covers the slots and the new token:
     ``length + 1``) and ``present.*`` is the window shifted by one: the oldest slot drops, the new token's
     key/value enters last, so every shape is the same at every step."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.graph_dynamic_axes = {}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = super().compute(feed)
@@ -122,6 +183,7 @@ class Seq2SeqEncoder(_Graph):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.graph_input_names = ("input_ids", "attention_mask")
+        self.graph_dynamic_axes = {n: {0: "batch_size", 1: "encoder_sequence_length"} for n in self.graph_input_names}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = self.model.get_encoder()(input_ids=feed["input_ids"], attention_mask=feed["attention_mask"])
@@ -135,6 +197,9 @@ class Seq2SeqDecoder(_Graph):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.graph_input_names = ("input_ids", "encoder_attention_mask", "encoder_hidden_states")
+        self.graph_dynamic_axes = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
+                                   "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
+                                   "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _seq2seq_cache([], [], self.model.config)
@@ -164,6 +229,10 @@ class Seq2SeqDecoderWithPast(_Graph):
         layers = num_layers(model.config)
         self.past = kv_names(layers, "past_key_values", ("decoder", "encoder"))
         self.graph_input_names = ("input_ids", "encoder_attention_mask", *self.past)
+        self.graph_dynamic_axes = {"input_ids": {0: "batch_size"},
+                                   "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
+                                   **{n: {0: "batch_size", 2: "past_decoder_sequence_length" if ".decoder." in n
+                                          else "encoder_sequence_length"} for n in self.past}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = [feed[n] for n in self.past if ".decoder." in n]

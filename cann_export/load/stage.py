@@ -38,13 +38,18 @@ def load(ctx: ExportContext) -> str | None:
 def declared_inputs(module: Any) -> dict[str, Any]:
     """A module whose graph inputs are not Python identifiers (Optimum's ``past_key_values.0.key``) declares
     them in order as ``graph_input_names`` and takes them positionally (and by name in eager calls); capture
-    then passes them in that order. Any other module: nothing declared."""
+    then passes them in that order (and ``graph_dynamic_shapes()``, when it has one, as torch.export's
+    dynamic_shapes). Any other module: nothing declared."""
     names = getattr(module, "graph_input_names", None)
     if not isinstance(names, (list, tuple)) or not names:
         return {}
     if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
         raise errors.LoadError("graph_input_names must be distinct non-empty strings, one per forward input")
-    return {"input_names": list(names), "positional": True}
+    extras: dict[str, Any] = {"input_names": list(names), "positional": True}
+    shapes = getattr(module, "graph_dynamic_shapes", None)
+    if callable(shapes):  # torch.export Dims per input, in order: capture makes those axes symbolic
+        extras["dynamic_shapes"] = shapes()
+    return extras
 
 
 def _private_copy(module: Any, share_weights: bool = False) -> Any:
