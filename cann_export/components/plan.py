@@ -128,10 +128,10 @@ def static_decoder_plan(model: Any, length: int) -> Plan:
     tokens; ``decode`` takes a window of ``length`` cache slots and returns it shifted by the new token."""
     import torch
 
-    from .wrappers import DecoderPrefill, StaticDecoderStep
+    from .wrappers import StaticDecoderStep, StaticPrefill
 
     model = model.eval()
-    prefill, step = DecoderPrefill(model), StaticDecoderStep(model)
+    prefill, step = StaticPrefill(model), StaticDecoderStep(model)
     prompt = max(1, length // 2)
     mask = torch.cat([torch.zeros(1, length - prompt, dtype=torch.long), torch.ones(1, prompt, dtype=torch.long)], 1)
     feed = {"input_ids": _ids(model.config, (1, length), 0), "attention_mask": mask,

@@ -156,6 +156,22 @@ class DecoderStep(_Graph):
         return {"logits": out.logits, **dict(zip(kv_names(len(flat) // 2, "present"), flat, strict=True))}
 
 
+class StaticPrefill(DecoderPrefill):
+    """The fixed-length prompt: exactly as many tokens as the cache has slots, left-padded (``attention_mask``
+    0). A padding position attends to nothing, so what a runtime computes there is arbitrary: its logits and
+    cache slots are zeros, the same in every runtime (decode masks those slots anyway)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.graph_dynamic_axes = {}
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = super().compute(feed)
+        keep = feed["attention_mask"] != 0
+        return {k: torch.where(keep[:, :, None] if k == "logits" else keep[:, None, :, None], v, torch.zeros_like(v))
+                for k, v in out.items()}
+
+
 class StaticDecoderStep(DecoderStep):
     """The fixed-length form for ATC's static-shape path: ``past_key_values.*`` hold exactly ``length``
     slots (unused ones masked by ``attention_mask`` = 0, which covers the slots and the new token:
