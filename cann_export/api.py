@@ -81,6 +81,10 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     recorded and ``result.ok`` is False.
     ``trace``: a path for the stage timeline (Chrome trace JSON).
     """
+    from .components.source import multi_task
+
+    if multi_task(model, options):  # a decoder with past / an encoder-decoder: one bundle of several graphs
+        return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
     if trace is not None:
         from .pipeline.timeline import StageTimeline
 
@@ -104,9 +108,17 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
     from .components.bundle import export_plan
     from .components.plan import plan_for
+    from .components.source import load_directory
 
+    options.pop("trust_remote_code", None)
+    kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
+    task = options.pop("task", None) if task is None else task
+    carried: dict[str, bytes] = {}
+    if isinstance(model, (str, Path)):
+        plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
+        model, task, carried = load_directory(Path(model), task, options)
     plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
-    return export_plan(plan, output_path, progress=progress, **options)
+    return export_plan(plan, output_path, progress=progress, carried=carried, **options)
 
 
 def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:

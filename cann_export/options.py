@@ -212,6 +212,8 @@ class ExportOptions:
     trust_pickle: bool = False
     task: str | None = None  # a Hugging Face directory's task (Optimum's names); None: detected from config.json
     trust_remote_code: bool = False  # a directory whose config.json has an auto_map (its own Python) may load
+    # a decoder's cache for a multi-graph export: None / "dynamic" (growing) or "static:N" (N fixed slots)
+    kv_cache: str | None = None
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
     example_inputs_file: str | None = None
@@ -276,6 +278,10 @@ class ExportOptions:
             raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
+        if self.kv_cache is not None:
+            from .components.plan import parse_kv_cache
+
+            parse_kv_cache(self.kv_cache)
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):

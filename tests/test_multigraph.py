@@ -51,10 +51,14 @@ def bundles(tmp_path_factory):
     root = tmp_path_factory.mktemp("multigraph")
     models = {"gpt2": _gpt2(), "llama": _llama(), "t5": _t5()}
     out = {}
-    for name, kv in (("gpt2", None), ("llama", None), ("t5", None), ("gpt2_static", "static:16")):
-        model = models[name.split("_")[0]]
-        result = api.export_multi(model, root / name, kv_cache=kv, **OPTIONS)
-        out[name] = (model, root / name, result)
+    for name in ("gpt2", "llama", "t5"):
+        out[name] = (models[name], root / name, api.export_multi(models[name], root / name, **OPTIONS))
+    # the fixed-length form from a save_pretrained directory, through the CLI
+    models["gpt2"].save_pretrained(root / "gpt2-dir")
+    res = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "-o", str(root / "gpt2_static"), "--kv-cache", "static:16",
+                                   "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out["gpt2_static"] = (models["gpt2"], root / "gpt2_static", json.loads(res.stdout))
     return out
 
 
@@ -134,8 +138,9 @@ def test_decoder_graphs_have_optimum_names_and_symbolic_axes(bundles):
 
 def test_static_cache_runs_in_onnxruntime_and_matches_eager(bundles):
     model, bundle, result = bundles["gpt2_static"]
-    assert result.ok and result.manifest["run"]["cache_length"] == 16
-    manifest = result.manifest
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert result["ok"] and manifest["run"]["cache_length"] == 16 and manifest["kind"] == "decoder-with-static-cache"
+    assert (bundle / "hf" / "config.json").is_file() and "hf/config.json" in manifest["files"]
     prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
     for s in (prefill, decode):  # every shape fixed: what ATC's static path needs
         assert all(isinstance(d, int) for v in (*s.get_inputs(), *s.get_outputs()) for d in v.shape)
@@ -197,7 +202,7 @@ def test_no_if_node_and_a_verdict_per_component(bundles):
             assert own["parity"]["device"]["mode"] == "force_fp16"
             assert top["parity"]["components"][comp["name"]] is True
         script = (bundle / "atc" / "convert.sh").read_text()
-        assert script.count("bash components/") == len(top["components"]) == len(result.components)
+        assert script.count("bash components/") == len(top["components"]) == len(top["parity"]["components"])
 
 
 def test_validate_inspect_cli_and_zoo_round_trip(bundles, tmp_path):
@@ -205,7 +210,7 @@ def test_validate_inspect_cli_and_zoo_round_trip(bundles, tmp_path):
     runner = CliRunner()
     res = runner.invoke(cli, ["validate", str(bundle), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    report = json.loads(res.output)
+    report = json.loads(res.stdout)
     assert report["ok"] is True and set(report["components"]) == {"prefill", "decode"}
     assert all(c["passed"] for c in report["components"].values())
     res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)

@@ -47,6 +47,8 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
     with _TrainProgress() as train_progress:  # closed however the export ends
         result = api.export(model, out, export_format, progress=_progress, trace=trace,
                             train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+    if hasattr(result, "components"):  # a multi-graph bundle
+        return _print_multi_export(result, as_json)
     if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
         click.echo(result.manifest["halted"], err=True)
         return 0
@@ -54,6 +56,18 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
         click.echo(to_json(result.to_dict()))
     else:
         _print_result(result)
+    return 0 if result.ok else EXIT_PARITY_FAILED
+
+
+def _print_multi_export(result: Any, as_json: bool) -> int:
+    if as_json:
+        click.echo(to_json(result.to_dict()))
+    else:
+        click.echo(f"wrote {result.output} ({result.kind}: {len(result.components)} graphs, one ATC command each "
+                   f"in atc/convert.sh)")
+        for name, c in result.components.items():
+            click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
+                       f"{'ok' if c['fp32_passed'] else 'FAIL'}, device {'ok' if c['device_passed'] else 'FAIL'})")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 

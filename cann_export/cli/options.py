@@ -65,6 +65,9 @@ def flags() -> dict[str, Flag]:
                              "trust)."),
         "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
                      "feature-extraction, ...); default: detected from config.json's architectures."),
+        "kv_cache": Flag("A decoder's KV cache, exported as prefill + decode graphs: 'dynamic' (a growing cache, "
+                         "symbolic lengths) or 'static:N' (N fixed slots: every shape static, for ATC's static "
+                         "path). Implies --task text-generation-with-past.", decls=("--kv-cache",)),
         "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
                                   "classes, which run on load; inside the load sandbox)."),
         "sandbox": Flag("", variants=(("--require-sandbox", "require", "Fail when the model file cannot load in the "

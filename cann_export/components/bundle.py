@@ -48,9 +48,11 @@ def convert_script(names: list[str]) -> str:
 
 
 def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, progress: Any = None,
-                metadata: dict[str, str] | None = None, **options: Any) -> MultiResult:
+                metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
+                **options: Any) -> MultiResult:
     """Export every component of ``plan`` into one bundle at ``output`` (see the module docstring). ``options``
-    are export()'s keyword options, applied to every component."""
+    are export()'s keyword options, applied to every component; ``carried``: files written beside the
+    components (a model directory's config and tokenizer files, ``{"hf/NAME": bytes}``)."""
     from .. import api
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
@@ -87,6 +89,10 @@ def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, prog
                     e.message = f"component {comp.name!r}: {e.message}"
                 raise
             results[comp.name] = result
+        for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
         (staging / "atc").mkdir()
         script = staging / CONVERT
         atomic.write_text(script, convert_script([c.name for c in plan.components]))

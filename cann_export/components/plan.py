@@ -13,7 +13,7 @@ from ..errors import OptionsError
 NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_STATIC_LENGTH = 32768
 DECODER_TASKS = ("text-generation-with-past",)
-SEQ2SEQ_TASKS = ("text2text-generation-with-past",)
+SEQ2SEQ_TASKS = ("text2text-generation-with-past", "text2text-generation")
 
 
 @dataclass
@@ -51,9 +51,17 @@ def parse_kv_cache(value: Any) -> int | None:
     return length
 
 
-def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7) -> Plan:
+def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7,
+             check_only: bool = False) -> Plan | None:
     """The plan for a transformers model: a decoder-only model (``is_encoder_decoder`` false, with an LM head)
-    or an encoder-decoder; ``task`` (Optimum's name) must agree when given."""
+    or an encoder-decoder; ``task`` (Optimum's name) must agree when given. ``check_only``: only check the
+    options (no model yet)."""
+    if check_only:
+        parse_kv_cache(kv_cache)
+        if task is not None and task not in (*DECODER_TASKS, *SEQ2SEQ_TASKS):
+            raise OptionsError(f"task {task!r} does not export as several graphs; use "
+                               f"{' or '.join((*DECODER_TASKS, *SEQ2SEQ_TASKS))}")
+        return None
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "forward"):
         raise OptionsError("multi-graph export takes a transformers model (with a .config); got "
@@ -70,7 +78,7 @@ def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence
         if length is not None:
             raise OptionsError("--kv-cache static:N is for decoder-only models; an encoder-decoder exports "
                                "encoder, decoder and decoder_with_past")
-        return seq2seq_plan(model, sequence_length)
+        return seq2seq_plan(model, sequence_length, with_past=task != "text2text-generation")
     return decoder_plan(model, sequence_length) if length is None else static_decoder_plan(model, length)
 
 
@@ -150,7 +158,7 @@ def static_decoder_plan(model: Any, length: int) -> Plan:
                  "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"})
 
 
-def seq2seq_plan(model: Any, source: int = 7) -> Plan:
+def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
     """``encoder``, ``decoder`` (the first decoder step, which also yields the cross-attention cache) and
     ``decoder_with_past`` (one token on the cache)."""
     import torch
@@ -158,7 +166,7 @@ def seq2seq_plan(model: Any, source: int = 7) -> Plan:
     from .wrappers import Seq2SeqDecoder, Seq2SeqDecoderWithPast, Seq2SeqEncoder
 
     model = model.eval()
-    encoder, decoder, with_past = Seq2SeqEncoder(model), Seq2SeqDecoder(model), Seq2SeqDecoderWithPast(model)
+    encoder, decoder, stepper = Seq2SeqEncoder(model), Seq2SeqDecoder(model), Seq2SeqDecoderWithPast(model)
     batch = EXAMPLE_BATCH
     ids = _ids(model.config, (batch, source), 0)
     enc_feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -174,10 +182,14 @@ def seq2seq_plan(model: Any, source: int = 7) -> Plan:
     names = list(present)
     own = [n for n in names if ".decoder." in n]
     connections = [("encoder", "last_hidden_state", "decoder", "encoder_hidden_states")]
+    if not with_past:  # Optimum's text2text-generation: the decoder re-reads the whole prefix every step
+        return Plan("encoder-decoder", [Component("encoder", "encoder", encoder, enc_feed),
+                                        Component("decoder", "decoder", decoder, dec_feed)],
+                    connections, {"loop": "decoder", "logits": "logits", "cache": "none"})
     connections += [("decoder", n, "decoder_with_past", n.replace("present.", "past_key_values.", 1)) for n in names]
     connections += _loop("decoder_with_past", own)
     return Plan("encoder-decoder-with-past", [Component("encoder", "encoder", encoder, enc_feed),
                                               Component("decoder", "decoder", decoder, dec_feed),
-                                              Component("decoder_with_past", "decoder_with_past", with_past,
+                                              Component("decoder_with_past", "decoder_with_past", stepper,
                                                         past_feed)],
                 connections, {"loop": "decoder_with_past", "logits": "logits", "cache": "dynamic"})
