@@ -191,7 +191,7 @@ def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
 
 
 def test_no_if_node_and_a_verdict_per_component(bundles):
-    for name, (_, bundle, result) in bundles.items():
+    for name, (_, bundle, _result) in bundles.items():
         top = json.loads((bundle / "manifest.json").read_text())
         assert top["schema"] == "cann-export/bundle/2" and top["parity"]["passed"] is True
         for comp in top["components"]:
@@ -277,3 +277,21 @@ def test_bad_multi_options_are_refused_before_any_work(tmp_path):
     with pytest.raises(OptionsError, match="atc_ready"):
         api.export_multi(model, tmp_path / "x", export_format="onnx")
     assert not (tmp_path / "x").exists()
+
+
+def test_convert_runs_one_atc_command_per_graph(bundles, tmp_path, monkeypatch):
+    import os
+
+    from helpers.fake_atc import fake_atc, path_without_atc
+
+    bin_dir = fake_atc(tmp_path / "bin", tmp_path / "argv")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_atc()]))
+    _, bundle, _ = bundles["t5"]
+    res = CliRunner().invoke(cli, ["convert", str(bundle), "-o", str(tmp_path / "om"), "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(res.stdout)["components"]) == {"encoder", "decoder", "decoder_with_past"}
+    oms = {p.stem: p.read_text() for p in (tmp_path / "om").glob("*.om")}
+    assert set(oms) == {"encoder", "decoder", "decoder_with_past"}
+    assert "past_key_values.1.encoder.value:" in oms["decoder_with_past"]
+    assert "encoder_hidden_states:" in oms["decoder"] and "past_key_values" not in oms["encoder"]

@@ -323,6 +323,10 @@ def convert(artifact: str | Path, output: str | Path | None = None, soc_version:
                             stage="convert")
     if soc_version is not None:
         rederive.check_soc(soc_version)
+    from ..components.check import convert_multi, is_multi
+
+    if is_multi(path):  # several graphs: one ATC run each, every .om in one output directory
+        return convert_multi(path, output, soc_version, overwrite)
     with open_bundle(path) as (bundle, container):
         try:
             checked = rederive.check_bundle(bundle, container=container, stage="convert")

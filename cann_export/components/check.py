@@ -188,3 +188,34 @@ def describe_multi(directory: Path) -> dict[str, Any]:
                            for c in manifest["components"]},
             "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
             "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"])}
+
+
+def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool) -> dict[str, Any]:
+    """``cann-export convert`` of a multi-graph bundle: one ATC run per graph (each the single-graph
+    ``convert`` of its component, which re-derives the command from the validated options), every ``.om``
+    (``<component>.om`` and its ``.atc.log``) in one output directory committed at once."""
+    from ..bundle.om import convert
+    from ..bundle.rederive import BundleMismatchError
+    from ..fs import atomic
+
+    path = Path(path)
+    manifest, diffs = check_multi(path)
+    if diffs:
+        raise BundleMismatchError(diffs, path=path, stage="convert")
+    out = Path(output) if output else path.with_name(f"{path.name}_om")
+    atomic.check_target(out, overwrite)
+    staging = atomic.staging_dir(out)
+    results = {}
+    try:
+        for c in manifest["components"]:
+            results[c["name"]] = convert(path / c["path"], staging / f"{c['name']}.om", soc_version, False)
+        atomic.commit_dir(staging, out, overwrite)
+        staging = None
+    finally:
+        if staging is not None:
+            atomic.discard(staging)
+    for name, r in results.items():  # the paths where they now are
+        r["output"], r["log"] = str(out / f"{name}.om"), str(out / f"{name}.atc.log")
+    first = next(iter(results.values()))
+    return {"ok": True, "input": str(path), "output": str(out), "soc_version": first["soc_version"],
+            "log": ", ".join(r["log"] for r in results.values()), "components": results}
