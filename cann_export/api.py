@@ -116,6 +116,10 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     carried: dict[str, bytes] = {}
     if isinstance(model, (str, Path)):
         plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
+        if options.get("sandbox") == "require":
+            raise errors.OptionsError("a multi-graph export loads the model directory in this process (safetensors "
+                                      "only, transformers' own classes), not in the load sandbox; drop "
+                                      "--require-sandbox or export a single-graph task", path=str(model))
         model, task, carried = load_directory(Path(model), task, options)
     plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
     return export_plan(plan, output_path, progress=progress, carried=carried, **options)
