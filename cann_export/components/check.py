@@ -132,9 +132,9 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
         for end, key, kind in (("from", "output", "outputs"), ("to", "input", "inputs")):
             comp, value = conn[end]["component"], conn[end][key]
             if comp not in {c["name"] for c in manifest["components"]}:
-                diffs.append(f"connections[{k}].{end}: unknown component {comp[:80]!r}")
+                diffs.append(f"manifest.json connections[{k}].{end}: unknown component {comp[:80]!r}")
             elif comp in names and value not in names[comp][kind]:
-                diffs.append(f"connections[{k}].{end}: component {comp!r} has no {key} {value[:80]!r}")
+                diffs.append(f"manifest.json connections[{k}].{end}: component {comp!r} has no {key} {value[:80]!r}")
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
