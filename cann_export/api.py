@@ -114,6 +114,12 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
     task = options.pop("task", None) if task is None else task
     carried: dict[str, bytes] = {}
+    fmt = options.get("export_format", "atc_ready")
+    if fmt != "atc_ready":
+        raise errors.OptionsError(f"{task or 'a decoder with past / encoder-decoder'} exports several graphs, as an "
+                                  f"atc_ready bundle directory of components, not --format {fmt}; pass --format "
+                                  "atc_ready (`cann-export convert` then compiles every graph)",
+                                  path=str(model) if isinstance(model, (str, Path)) else None)
     if isinstance(model, (str, Path)):
         plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
         if options.get("sandbox") == "require":

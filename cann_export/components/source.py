@@ -26,12 +26,15 @@ def multi_task(model: Any, options: dict[str, Any]) -> str | bool:
         from ..hf.config import read_config
         from ..hf.tasks import detect
 
-        directory, roots = hf_files.resolve(path)
-        config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
-        config = read_config(directory, bool(options.get("trust_remote_code")))
-        if "auto_map" in config and task is None:
-            return bool(options.get("kv_cache"))  # the single-graph loader names what remote code needs
-        _, found = detect(config, task, config_path)
+        try:  # whatever cannot be told here, the single-graph loader refuses with its own message
+            directory, roots = hf_files.resolve(path)
+            config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
+            config = read_config(directory, bool(options.get("trust_remote_code")))
+            if "auto_map" in config:
+                return bool(options.get("kv_cache"))
+            _, found = detect(config, task, config_path)
+        except LoadError:
+            return bool(options.get("kv_cache"))
         return found.name if found.graphs > 1 else bool(options.get("kv_cache"))
     if task is not None:
         from ..hf.tasks import ALL_TASK_NAMES, TASKS
