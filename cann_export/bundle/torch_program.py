@@ -65,7 +65,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))
     else:
-        args, kwargs = tuple(inputs[n] for n in ctx.input_names), {}
+        from ..inputs.calling import split_call
+
+        args, kwargs = split_call(loaded.kind, inputs, ctx.input_names, loaded.extras.get("keyword_inputs", ()))
     target = staging / PROGRAM_FILE
     try:
         import contextlib

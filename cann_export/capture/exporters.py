@@ -39,11 +39,12 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
 
 
 def call_args(ctx: Any) -> tuple[tuple, dict]:
-    """Modules take named inputs; TorchScript and torch.export graphs take them in order."""
-    inputs = ctx.example_inputs
-    if ctx.loaded.kind == "module":
-        return (), dict(inputs)
-    return tuple(inputs[n] for n in ctx.input_names), {}
+    """Modules take named inputs; TorchScript graphs take them in order; torch.export programs as captured
+    (by position, and by name those captured as keywords)."""
+    from ..inputs.calling import split_call
+
+    return split_call(ctx.loaded.kind, ctx.example_inputs, ctx.input_names,
+                      ctx.loaded.extras.get("keyword_inputs", ()))
 
 
 class DynamoExporter:
@@ -209,7 +210,7 @@ class TorchScriptExporter:
 
         args, kwargs = call_args(ctx)
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
-            model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
+            model, args = _Positional(model, len(args), list(kwargs)), (*args, *kwargs.values())
         caught: list = []
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
                 _fixed_mode(model, ctx):
@@ -249,8 +250,9 @@ def _fixed_mode(model: Any, ctx: Any) -> Iterator[None]:
                 model.__dict__[name] = value
 
 
-def _Positional(model: Any, names: list[str]) -> Any:
-    """Wrap ``model`` so it takes exactly the named inputs, in order, as positional tensors."""
+def _Positional(model: Any, leading: int, names: list[str]) -> Any:
+    """Wrap ``model`` so it takes exactly its inputs, in order, as positional tensors: the first ``leading`` are
+    passed on by position, the rest by the keyword ``names``."""
     import torch
 
     class Positional(torch.nn.Module):
@@ -259,6 +261,8 @@ def _Positional(model: Any, names: list[str]) -> Any:
             self.model = model
 
         def forward(self, *tensors: Any) -> Any:
-            return self.model(**dict(zip(names, tensors, strict=False)))
+            return self.model(*tensors[:leading], **dict(zip(names, tensors[leading:], strict=False)))
 
-    return Positional().train(model.training)  # the exporter restores the wrapper's mode recursively
+    wrapper = Positional()
+    wrapper.training = model.training  # the exporter restores the wrapper's mode recursively (not train(): an
+    return wrapper  # unlifted torch.export program raises on it before _fixed_mode makes it a no-op)
