@@ -114,6 +114,7 @@ class Warnings:
     atc_hints: list[str] | None = None  # from resolving --atc-hint
     inputs: str | None = None  # example inputs inferred from the first layer
     torch_program: str | None = None  # why the bundle has no torch/program.pt2
+    dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
 
     def to_dict(self) -> dict[str, Any]:
         return compact(self)
@@ -212,6 +213,8 @@ class ExportContext:
     model: Any = None  # the model the next stage works on (eval, stripped, fake-quant)
     explicit_inputs: Any = None  # export(example_inputs=...): a tensor, a tuple, a dict or a file path
     input_names: list[str] = field(default_factory=list)  # the graph's inputs, in order
+    # the dynamic axes (cann_export.dynamic.DynamicAxis): resolved in prepare, those the graph kept after capture
+    dynamic_axes: list[Any] = field(default_factory=list)
     example_inputs: dict[str, Any] = field(default_factory=dict)  # name -> tensor the capture runs on
     input_sets: list[dict[str, Any]] = field(default_factory=list)  # parity inputs: the example, then variants
     # what each input set is (inputs.tensors.set_label): index, source, kind, role (verdict / probe)

@@ -75,15 +75,18 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
     import torch
 
+    from .dynamic_dims import dynamic_shapes
+
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    shapes = dynamic_shapes(ctx)
     if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
-                                        ctx)
+        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes,
+                                                          **{**options, "optimize": True}), ctx)
     try:
-        program = torch.export.export(model, args, kwargs=kwargs, strict=False)
+        program = _program(model, args, kwargs, shapes, ctx)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
-        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options), ctx)
+        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes, **options), ctx)
     try:
         return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
     except Exception as e:
@@ -93,6 +96,20 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     # with (sdpa outputs; Swin, T5): a contiguous copy before each view/reshape makes both passes agree.
     contiguous_before_views(program)
     return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+
+
+def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: Any) -> Any:
+    """torch.export with the dynamic axes; when the model specialises one (a constraint violation), the static
+    program, with the reason noted (the capture stage then warns for each axis the graph fixed)."""
+    import torch
+
+    if shapes is None:
+        return torch.export.export(model, args, kwargs=kwargs, strict=False)
+    try:
+        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
+    except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {' '.join(str(e).split())[:300]}"]
+    return torch.export.export(model, args, kwargs=kwargs, strict=False)
 
 
 def _optimized(program: Any, ctx: Any) -> Any:
@@ -215,10 +232,12 @@ class TorchScriptExporter:
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
                 _fixed_mode(model, ctx):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
+            from .dynamic_dims import torchscript_axes
+
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
-                do_constant_folding=True,
+                do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
             )
             graph = large_graph.load_captured(path, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper

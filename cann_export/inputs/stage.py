@@ -21,7 +21,14 @@ def prepare(ctx: ExportContext) -> str | None:
     feed, source = example_inputs(ctx, accepted)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
+    from .dynamic_axes import resolve, shape_sets
+
+    ctx.dynamic_axes = resolve(ctx)
     variants, labels = _variants(ctx, feed)
+    if ctx.dynamic_axes and ctx.options.validate:  # parity at every gear, or the range's ends and middle
+        extra, extra_labels = shape_sets(ctx, ctx.dynamic_axes, 1 + len(variants))
+        variants, labels = variants + extra, labels + extra_labels
+        ctx.reports.reference.input_sets["shapes"] = len(extra)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)

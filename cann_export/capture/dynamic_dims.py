@@ -1,0 +1,83 @@
+"""Dynamic axes into the captured graph: ``dynamic_shapes`` (one ``torch.export.Dim`` per dimension name) for
+torch.export / the dynamo exporter, ``dynamic_axes`` for the TorchScript exporter; afterwards the graph's
+symbolic dims are given the axes' names (dynamo writes its symbols, ``s77``) and an axis the graph fixed is a
+warning naming it (a static graph from a dynamic source)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def dynamic_shapes(ctx: Any) -> dict[str, Any] | None:
+    """``{input: {axis: Dim} | None}`` over every graph input, or None when no axis is dynamic."""
+    axes = ctx.dynamic_axes
+    if not axes:
+        return None
+    import torch
+
+    dims: dict[str, Any] = {}
+    out: dict[str, Any] = {n: None for n in ctx.input_names}
+    for a in axes:
+        if a.name not in dims:
+            dims[a.name] = torch.export.Dim(a.name, min=a.min, max=a.max)
+        out[a.input] = {**(out[a.input] or {}), a.axis: dims[a.name]}
+    return out
+
+
+def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
+    axes = ctx.dynamic_axes
+    if not axes:
+        return None
+    out: dict[str, dict[int, str]] = {}
+    for a in axes:
+        out.setdefault(a.input, {})[a.axis] = a.name
+    return out
+
+
+def name_dims(ctx: Any) -> None:
+    """Rename the graph's symbolic dims after the axes (everywhere they occur, output expressions included);
+    keep in ``ctx.dynamic_axes`` only the axes the graph kept; warn for each one it fixed."""
+    model, axes = ctx.onnx_model, ctx.dynamic_axes
+    if not axes or not hasattr(model, "graph"):
+        return
+    inputs = {v.name: v for v in model.graph.input}
+    renames: dict[str, str] = {}
+    kept, lost = [], []
+    for a in axes:
+        value = inputs.get(a.input)
+        dims = value.type.tensor_type.shape.dim if value is not None else []
+        if a.axis < len(dims) and dims[a.axis].dim_param:
+            renames.setdefault(dims[a.axis].dim_param, a.name)
+            kept.append(a)
+        else:
+            fixed = dims[a.axis].dim_value if a.axis < len(dims) else "?"
+            lost.append(f"{a.input}:{a.axis} ({a.name}, {a.min}..{a.max}, from {a.source}) is static ({fixed}) in the "
+                        f"exported graph: the exporter specialised it; ATC gets a static shape and the graph accepts "
+                        f"only that size")
+    if renames:
+        _rename(model, renames)
+    ctx.dynamic_axes = kept
+    if lost:
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
+
+
+def _rename(model: Any, renames: dict[str, str]) -> None:
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(renames, key=len, reverse=True)) + r")\b")
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    for value in values:
+        if not value.type.HasField("tensor_type"):
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: renames[m.group(1)], dim.dim_param)
+
+
+def graph_dims(model: Any) -> dict[str, list[int | str]]:
+    """{input: [size or dim name]} of a graph's inputs (initializers left out)."""
+    initializers = {i.name for i in model.graph.initializer}
+    out: dict[str, list[int | str]] = {}
+    for v in model.graph.input:
+        if v.name in initializers or not v.type.HasField("tensor_type"):
+            continue
+        out[v.name] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    return out
