@@ -94,6 +94,7 @@ class ParityReport:
     failing_sets: list[dict[str, Any]] | None = None  # each failing (set, output): the set's kind and metrics
     probes: dict[str, Any] | None = None  # the specialisation probes' own verdict (not the fp32 verdict sets)
     trace_specialized: dict[str, Any] | None = None
+    shapes: list[dict[str, Any]] | None = None  # a dynamic graph: the fp32 and device verdicts per shape
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParityReport:

@@ -5,7 +5,7 @@ sizes ATC builds profiles for); the model's inputs are checked against them in t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import OptionsError
@@ -161,3 +161,19 @@ def check_unique(axes: list[DynamicAxis]) -> None:
         if (a.input, a.axis) in seen:
             raise OptionsError(f"{FLAG} names {a.input}:{a.axis} twice; give each input's axis once")
         seen.add((a.input, a.axis))
+
+
+def from_records(records: Any, where: str = "manifest atc.dynamic.axes") -> list[DynamicAxis]:
+    """Axes from their ``to_dict()`` records (a manifest: untrusted), each re-checked as ``--dynamic`` is."""
+    if not isinstance(records, list) or len(records) > 256:
+        raise OptionsError(f"{where} is not a list of axis records")
+    out = []
+    for r in records:
+        if not isinstance(r, dict) or not isinstance(r.get("input"), str) or not isinstance(r.get("name"), str):
+            raise OptionsError(f"{where}: {str(r)[:120]} is not an axis record")
+        gears = r.get("gears")
+        spec = ",".join(map(str, gears)) if isinstance(gears, list) else f"{r.get('min')}..{r.get('max')}"
+        (axis,) = parse_dynamic(f"{r['input']}:{r.get('axis')}={r['name']}:{spec}", where)
+        source = r.get("source")
+        out.append(replace(axis, source=source if isinstance(source, str) else "manifest"))
+    return out

@@ -173,6 +173,14 @@ def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any
         raise ValidateError(f"atc.precision_mode {precision!r} is not one ATC accepts")
     opts = ExportOptions(soc_version=atc["soc_version"], precision_mode=precision, atc_hints=hints)
     atc_hints.resolve(opts)  # normalises every hint, refuses unknown ones and combinations ATC refuses
+    dynamic = atc.get("dynamic")
+    if dynamic is not None:  # the graph's dynamic axes and the CANN release their ATC form was rendered for
+        from ..dynamic import from_records
+        from ..options import _is_version
+
+        if not isinstance(dynamic, dict) or not _is_version(str(dynamic.get("cann_version"))):
+            raise ValidateError("atc.dynamic is not {cann_version, form, axes}")
+        opts.cann_version, opts.dynamic = str(dynamic["cann_version"]), from_records(dynamic.get("axes"))
     opts.soc_version = check_soc(soc_version or opts.soc_version)
     return opts
 
@@ -333,6 +341,10 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
                                 tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
                                 float_expected=rerun["float_expected"])
+    from ..validators.parity import shape_verdicts
+
+    report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,
+                            checked.module_paths, "quantization" in manifest)
     return report, mode, rerun
 
 

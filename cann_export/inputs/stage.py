@@ -31,6 +31,11 @@ def prepare(ctx: ExportContext) -> str | None:
         ctx.reports.reference.input_sets["shapes"] = len(extra)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
+    if ctx.dynamic_axes:  # every set names its shape, so parity reports a verdict per shape
+        from .dynamic_axes import example_point
+
+        for label in ctx.input_set_labels:
+            label.setdefault("shape", example_point(ctx.dynamic_axes, feed))
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
