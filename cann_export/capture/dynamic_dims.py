@@ -59,6 +59,21 @@ def name_dims(ctx: Any) -> None:
     ctx.dynamic_axes = kept
     if lost:
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
+        _drop_fixed_shapes(ctx, {a.name for a in axes} - {a.name for a in kept})
+
+
+def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
+    """Parity's sets at other sizes of a fixed axis cannot run on the static graph: they go, with the count."""
+    from ..inputs.dynamic_axes import keep_sets
+
+    labels = ctx.input_set_labels
+    example = (labels[0].get("shape") or {}) if labels else {}
+    keep = [s for s, label in enumerate(labels)
+            if all((label.get("shape") or {}).get(n) == example.get(n) for n in fixed)]
+    if len(keep) < len(ctx.input_sets):
+        keep_sets(ctx, keep)
+        counts = ctx.reports.reference.input_sets
+        counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
 
 
 def _rename(model: Any, renames: dict[str, str]) -> None:

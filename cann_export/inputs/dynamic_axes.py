@@ -70,6 +70,11 @@ def _complete(a: DynamicAxis, feed: dict[str, Any]) -> DynamicAxis:
     name = a.name or ("batch" if a.axis == 0 else f"{a.input}_dim{a.axis}")
     low = a.min if a.min is not None else 1
     high = a.max if a.max is not None else max(DEFAULT_BATCH_MAX if a.axis == 0 else DEFAULT_FACTOR * size, low)
+    if not low <= size <= high:
+        raise errors.OptionsError(f"{FLAG} {a.input}:{a.axis}={name}: the example input's size {size} is outside "
+                                  f"{low}..{high}; the graph is captured at the example's shape, so widen the range "
+                                  f"(or the gears) to include {size}, or give an example of a size inside it "
+                                  "(--input-shape / --example-inputs)")
     return replace(a, name=name, min=low, max=high)
 
 
@@ -147,3 +152,16 @@ def _shown(point: dict[str, int]) -> str:
 
 def example_point(axes: list[DynamicAxis], feed: dict[str, Any]) -> dict[str, int]:
     return {a.name: int(feed[a.input].shape[a.axis]) for a in axes}
+
+
+def keep_sets(ctx: Any, keep: list[int]) -> None:
+    """Only the input sets ``keep`` (and their reference outputs, noise and labels, re-indexed) stay: the shape
+    sets of an axis the captured graph fixed cannot run on it."""
+    count = len(ctx.input_sets)
+    for name in ("input_sets", "input_set_labels", "reference_outputs", "reference_noise", "int8_noise",
+                 "float_reference_outputs"):
+        values = getattr(ctx, name)
+        if values and len(values) == count:
+            setattr(ctx, name, [values[s] for s in keep])
+    for index, label in enumerate(ctx.input_set_labels):
+        label["index"] = index
