@@ -110,6 +110,20 @@ def test_validate_rederives_the_dynamic_command_and_shapes(batch_bundle):
     assert [s["passed"] for s in report["shapes"]] == [True] * 4
 
 
+def test_validate_refuses_a_manifest_whose_shape_verdicts_were_edited(batch_bundle, tmp_path):
+    import shutil
+
+    from cann_export.errors import ValidateError
+
+    copy = tmp_path / "edited"
+    shutil.copytree(batch_bundle[0], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["parity"]["shapes"][1]["shape"] = {"batch": 3}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match="parity.shapes"):
+        cann_export.validate(copy)
+
+
 @pytest.fixture(scope="module")
 def kwargs_programs(work):
     torch.manual_seed(0)

@@ -370,6 +370,13 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> li
             if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
                 diffs.append(f"{where}[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
                              f"{got[o['name']]}")
+    claimed_shapes = recorded.get("shapes")
+    derived_shapes = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} for r in report.get("shapes") or []]
+    if claimed_shapes is not None or derived_shapes:
+        claimed = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} if isinstance(r, dict) else r
+                   for r in (claimed_shapes if isinstance(claimed_shapes, list) else [claimed_shapes])]
+        if claimed != derived_shapes:
+            diffs.append(f"parity.shapes: the manifest says {_short(claimed)}, re-derived {_short(derived_shapes)}")
     return diffs
 
 
