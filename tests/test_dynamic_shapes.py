@@ -278,3 +278,35 @@ def test_a_batch_gear_hint_renders_minus_one_in_the_batch_position(work):
     line = convert_line(work / "hint")
     assert result.ok
     assert "--input_shape=x:-1,3,8,8" in line and "--dynamic_batch_size=1,2,4,8" in line
+
+
+def test_a_loaders_task_axes_become_symbolic_dims_with_default_ranges(plugin, tmp_path):
+    """A loader's Optimum-style axes ({input: {axis: name}}, as the Hugging Face loader gives) with no range:
+    batch 1..64 on axis 0, else 1..4x the example's size; the mask follows input_ids."""
+    from cann_export import LoadedModel, hookimpl
+
+    class TokensLoader:
+        name = "tokens-test"
+        priority = 1000
+
+        def matches(self, path):
+            return path.suffix == ".tokens"
+
+        def load(self, path, options):
+            torch.manual_seed(0)
+            feed = {"input_ids": torch.randint(0, 50, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+            return LoadedModel(Tokens().eval(), "module", example_inputs=feed,
+                               extras={"dynamic_axes": {"input_ids": {0: "batch_size", 1: "sequence_length"}}})
+
+    @hookimpl
+    def register_loaders(register):
+        register(TokensLoader())
+
+    plugin({"register_loaders": register_loaders}, "tokens-loader")
+    (tmp_path / "m.tokens").write_text("")
+    result = cann_export.export(str(tmp_path / "m.tokens"), tmp_path / "b", sandbox="off")
+    assert result.ok
+    assert dims(tmp_path / "b" / "model.onnx") == {"input_ids": ["batch_size", "sequence_length"],
+                                                   "attention_mask": ["batch_size", "sequence_length"]}
+    assert ("'--input_shape=input_ids:1~64,1~32;attention_mask:1~64,1~32'" in convert_line(tmp_path / "b"))
+    assert len(result.parity["shapes"]) == 7 and all(s["passed"] for s in result.parity["shapes"])

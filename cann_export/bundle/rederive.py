@@ -311,7 +311,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
 
     from ..inputs.parity_data import (read_bundle_float_outputs, read_bundle_int8_noise, read_bundle_labels,
                                       read_bundle_noise, read_bundle_parity)
-    from ..validators.parity import parity_report, verdict_sets, with_device_parity
+    from ..validators.parity import example_shape, parity_report, verdict_sets, with_device_parity
 
     manifest, directory = checked.manifest, checked.directory
     feeds, expected, _ = read_bundle_parity(directory, manifest)
@@ -333,7 +333,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     precision = manifest["parity"].get("precision") or {}
     # the device model the export ran: a bundle written before SoC device models emulated Inf/NaN mode
     overflow = (precision.get("device_model") or {}).get("overflow_mode", INF_NAN)
-    chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only, as at export
+    chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))  # the device sets, as at export
     floats = read_bundle_float_outputs(directory, expected) if "quantization" in manifest else None
     rerun = {"model": onnx.load(str(model_path)), "mode": mode, "keep": checked.keep_nodes,
              "feeds": [feeds[s] for s in chosen], "expected": [expected[s] for s in chosen], "tolerance": tolerance,

@@ -142,6 +142,13 @@ def _verdict(report: dict[str, Any], failed: list[dict[str, Any]], probe_outputs
                             + (f"; {others} more failing set(s) in failing_sets" if others > 0 else ""))
 
 
+def example_shape(labels: list[dict[str, Any]] | None, sets: list[int]) -> list[int]:
+    """Of ``sets``, those at the example's shape (a dynamic graph's other shapes are judged per shape)."""
+    if not labels or "shape" not in labels[0]:
+        return sets
+    return [s for s in sets if labels[s].get("shape") == labels[0]["shape"]]
+
+
 def verdict_sets(labels: list[dict[str, Any]], count: int) -> list[int]:
     """Indices of the input sets that decide (device parity runs on these only)."""
     labels = labels or unlabelled(count)
@@ -200,7 +207,8 @@ class ParityValidator:
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
-        chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only
+        # the device verdict: realistic sets only, at the example's shape (other shapes: shape_verdicts, once each)
+        chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))
         known = quantized and len(ctx.float_reference_outputs) == len(feeds)  # the int8 device yardstick
         floats = [ctx.float_reference_outputs[s] for s in chosen] if known else None
         report = with_device_parity(report, model, effective_precision(ctx.options), keep,
@@ -227,7 +235,7 @@ def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, 
         device = device_check(model, precision["mode"], keep, feeds, expected, names, tolerance, paths,
                               model_of_soc.get("overflow_mode", "saturation"),
                               deq_scale_for(model_of_soc.get("soc_version", "Ascend310P3")))
-    add_shape_verdicts(report, labels, device)
+    add_shape_verdicts(report, labels, device, (report.get("device") or {}).get("passed"))
     return report
 
 

@@ -1,6 +1,7 @@
 """Parity per shape of a dynamic graph: the fp32 and device-precision verdicts at the example's shape and at
 each extra shape (every gear, or the range's ends and middle: inputs/dynamic_axes.py), each reported, all
-needed for the overall verdict (the overall fp32 and device verdicts already cover every set)."""
+needed for the overall verdict. The overall fp32 verdict covers every set; the report's device run is the
+example's shape, each other shape's device run is made here, once."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,9 +19,11 @@ def groups(labels: list[dict[str, Any]] | None) -> list[tuple[dict[str, int] | N
     return list(out.values()) if len(out) > 1 else []
 
 
-def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, device: Any = None) -> None:
+def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, device: Any = None,
+                       example_device: bool | None = None) -> None:
     """``report["shapes"]``: per shape, its fp32 verdict (no failing verdict set of that shape) and, with
-    ``device`` (indices -> passed), its device verdict."""
+    ``device`` (indices -> passed), its device verdict; the example's shape's is ``example_device`` (the
+    report's own device run, on those sets only)."""
     found = groups(labels)
     if not found or "outputs" not in report:
         return
@@ -33,7 +36,8 @@ def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | No
         row: dict[str, Any] = {"shape": shape, "input_sets": sets,
                                "fp32": bool(fp32)}
         if device is not None and report.get("device") is not None:
-            row["device"] = bool(device(sets))
+            first = shape == (labels[0].get("shape") if labels else None)
+            row["device"] = bool(example_device) if first and example_device is not None else bool(device(sets))
         row["passed"] = row["fp32"] and row.get("device", True)
         rows.append(row)
     report["shapes"] = rows
