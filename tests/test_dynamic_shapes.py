@@ -94,6 +94,17 @@ def test_pt2_dim_renders_a_range_on_cann8_and_gears_on_cann7(batch_bundle):
     assert lint_model(onnx.load(str(bundle / "model.onnx")), "7.0", {}, dynamic=axes)["passed"]
 
 
+def test_lint_of_the_bundle_rederives_its_dynamic_form(batch_bundle):
+    from cann_export.cli.main import _register_plugin_commands
+
+    _register_plugin_commands()
+    bundle, _ = batch_bundle
+    assert CliRunner().invoke(cli, ["lint", str(bundle), "--cann-version", "8.0"]).exit_code == 0
+    older = CliRunner().invoke(cli, ["lint", str(bundle), "--cann-version", "7.0", "--json"])
+    assert older.exit_code == 1  # convert.sh holds 1~16, which ATC takes from CANN 8.0 on
+    assert [f["rule"] for f in json.loads(older.stdout)["findings"]] == ["dynamic-range-version"]
+
+
 def test_parity_runs_at_the_range_ends_and_middle(batch_bundle):
     bundle, _ = batch_bundle
     shapes = json.loads((bundle / "manifest.json").read_text())["parity"]["shapes"]
