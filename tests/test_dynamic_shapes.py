@@ -80,6 +80,8 @@ def test_pt2_dim_becomes_a_symbolic_onnx_dim_that_onnxruntime_runs(batch_bundle)
     for n in (1, 7):
         (out,) = sess.run(None, {"x": np.random.randn(n, 3, 8, 8).astype(np.float32)})
         assert out.shape == (n, 4)
+    program = torch.export.load(str(bundle / "torch" / "program.pt2"))  # the bundle's program keeps the Dim
+    assert [(int(r.lower), int(r.upper)) for r in program.range_constraints.values()] == [(1, 16)]
 
 
 def test_pt2_dim_renders_a_range_on_cann8_and_gears_on_cann7(batch_bundle):

@@ -32,14 +32,20 @@ def _positional(model: Any, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
     return tuple(kwargs[n] for n in lead), {}
 
 
-def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool) -> Any:
-    """torch.export with the batch dimension free (Dim.AUTO: torch keeps it static where the model needs
-    it), so the loaded program takes any batch size; static shapes when that capture fails."""
+def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool, dynamic: dict | None = None) -> Any:
+    """torch.export with the export's dynamic axes (``dynamic``: capture/dynamic_dims.dynamic_shapes), else the
+    batch dimension free (Dim.AUTO: torch keeps it static where the model needs it), so the loaded program
+    takes any batch size; static shapes when that capture fails."""
     import inspect
 
     import torch
 
-    if by_name:
+    if dynamic is not None:
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic, strict=False)
+        except Exception:  # noqa: BLE001 - the static program below still serves
+            pass
+    elif by_name:
         names = [p for p in inspect.signature(model.forward).parameters][:len(args)]
         feed = {**dict(zip(names, args, strict=False)), **kwargs}
         dynamic = {n: ({0: torch.export.Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None)
@@ -77,7 +83,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         form = ctx.program_form(model) if ctx.program_form is not None else contextlib.nullcontext()
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad(), form:
             warnings.simplefilter("ignore")
-            program = _export(model, args, kwargs, loaded.kind == "module")
+            from ..capture.dynamic_dims import dynamic_shapes
+
+            program = _export(model, args, kwargs, loaded.kind == "module", dynamic_shapes(ctx))
         # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that
         # torch.export.load exec()s; the .pt2 checker refuses any (validate checks this file with it). Loading
         # derives the same input checks from the graph's symbols and range constraints, so none is lost.
