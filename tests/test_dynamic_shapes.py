@@ -323,3 +323,18 @@ def test_a_loaders_task_axes_become_symbolic_dims_with_default_ranges(plugin, tm
                                                    "attention_mask": ["batch_size", "sequence_length"]}
     assert ("'--input_shape=input_ids:1~64,1~32;attention_mask:1~64,1~32'" in convert_line(tmp_path / "b"))
     assert len(result.parity["shapes"]) == 7 and all(s["passed"] for s in result.parity["shapes"])
+
+
+@pytest.mark.parametrize("value,ok", [("x:1~16,3,224,224", True), ("x:-1,3,224,224;y:-1,4", True),
+                                      ("x:1~,3", False), ("x:-2,3", False), ("x:1~16~32,3", False)])
+def test_the_input_shape_hint_takes_ranges_and_minus_one(value, ok):
+    from cann_export.atc import hints
+    from cann_export.options import ExportOptions
+
+    opts = ExportOptions(atc_hints={"input_shape": value})
+    if ok:
+        hints.resolve(opts)
+        assert opts.atc_hints["input_shape"] == value
+    else:
+        with pytest.raises(OptionsError, match="input_shape"):
+            hints.resolve(opts)
