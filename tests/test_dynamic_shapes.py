@@ -207,10 +207,12 @@ def test_gears_are_the_parity_points(work):
     assert "--dynamic_batch_size=1,2,4,8" in convert_line(work / "gears")
 
 
-def test_minus_one_in_input_shape_is_a_dynamic_axis_with_the_default_range(work):
-    result = cann_export.export(Conv(), work / "minus.onnx", "onnx", input_shapes=["x:-1,3,8,8"])
-    assert result.ok
-    assert dims(work / "minus.onnx") == {"x": ["batch", 3, 8, 8]}
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_minus_one_in_input_shape_is_a_dynamic_axis_with_the_default_range(work, exporter):
+    result = cann_export.export(Conv(), work / f"minus_{exporter}.onnx", "onnx", input_shapes=["x:-1,3,8,8"],
+                                exporter=exporter)
+    assert result.ok and result.onnx["exporter"] == exporter
+    assert dims(work / f"minus_{exporter}.onnx") == {"x": ["batch", 3, 8, 8]}
     assert [s["shape"]["batch"] for s in result.parity["shapes"]] == [2, 1, 32, 64]
 
 
