@@ -218,6 +218,8 @@ class ExportOptions:
     model_class: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     trust_pickle: bool = False
+    task: str | None = None  # a Hugging Face directory's task (Optimum's names); None: detected from config.json
+    trust_remote_code: bool = False  # a directory whose config.json has an auto_map (its own Python) may load
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
     # dynamic axes (cann_export.dynamic): "--dynamic" strings, DynamicAxis objects or {input: {axis: "dim:1..16"}}

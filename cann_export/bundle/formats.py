@@ -96,6 +96,7 @@ class AtcReadyFormat:
         from .torch_program import write_program  # the zoo loads the model back from this program
 
         files += write_program(ctx, staging)
+        files += write_carried(ctx, staging)
         if ctx.options.validate and ctx.input_sets:
             files += write_parity_data(ctx, staging / "parity")
         training = staging / "training"
@@ -122,6 +123,37 @@ class AtcReadyFormat:
             return commit_archive(staging, ctx.output_path, ctx.options.overwrite)
         atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
         return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
+
+
+MAX_CARRIED_BYTES = 64 << 20
+
+
+def write_carried(ctx: ExportContext, staging: Path) -> list[Path]:
+    """The files the loader read to carry along (``LoadedModel.extras["bundle_files"]``, ``{relative path:
+    bytes}``: a model directory's config and tokenizer files), written under ``staging``; the manifest's file
+    table lists them like every other file. Each path must be a plain relative path of at most two parts."""
+    import re
+
+    from ..errors import WriteError
+
+    carried = ctx.loaded.extras.get("bundle_files") if ctx.loaded is not None else None
+    if not carried:
+        return []
+    part = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+    written, total = [], 0
+    for rel, data in carried.items():
+        parts = str(rel).split("/")
+        if not (1 <= len(parts) <= 2 and all(part.fullmatch(p) and ".." not in p for p in parts)
+                and isinstance(data, bytes)) or rel in ("manifest.json", "model.onnx", "parity.json"):
+            raise WriteError(f"a loader asked to carry {str(rel)[:80]!r}, not a plain relative file name; refused")
+        total += len(data)
+        if total > MAX_CARRIED_BYTES:
+            raise WriteError(f"the files to carry into the bundle pass {MAX_CARRIED_BYTES >> 20} MB; refused at {rel}")
+        target = staging.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_bytes(target, data)
+        written.append(target)
+    return written
 
 
 def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:

@@ -90,6 +90,9 @@ def _default_output(model: str, export_format: str) -> str:
     from ..hooks.manager import registry
 
     stem = os.path.splitext(os.path.basename(model.rstrip("/")))[0] or "model"
+    if os.path.isdir(model):  # a hub-cache folder or snapshot (models--org--name/...): the repo's name, not a hash
+        repo = next((p for p in reversed(Path(model).resolve().parts) if p.startswith("models--")), "")
+        stem = repo.rsplit("--", 1)[-1] if repo.count("--") >= 2 else stem
     fmt = registry().formats().get(export_format)
     if fmt is None or fmt.is_directory:  # an unknown format is refused by export, naming the known ones
         return f"{stem}_{export_format}"

@@ -63,6 +63,10 @@ def flags() -> dict[str, Flag]:
         "model_kwargs": Flag("JSON object of keyword arguments for --model-class.", parse=opts_mod.parse_model_kwargs),
         "trust_pickle": Flag("Allow unpickling a whole nn.Module (runs code from the file: only for files you "
                              "trust)."),
+        "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
+                     "feature-extraction, ...); default: detected from config.json's architectures."),
+        "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
+                                  "classes, which run on load; inside the load sandbox)."),
         "sandbox": Flag("", variants=(("--require-sandbox", "require", "Fail when the model file cannot load in the "
                                                                        "sandbox (Landlock + seccomp); for CI."),
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),

@@ -243,6 +243,16 @@ def write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (as ``write_text``)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def check_target(target: Path, overwrite: bool, protect: tuple = ()) -> None:
     """Refuse an output that exists (without ``overwrite``) or that ``overwrite`` must not replace: anything
     cann-export did not write, the current directory or its parents, a zoo root, the paths in ``protect``."""

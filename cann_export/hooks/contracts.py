@@ -32,6 +32,17 @@ class Loader(Protocol):
     def load(self, path: Path, options: ExportOptions) -> LoadedModel: ...
 
 
+class LoaderOptional(Protocol):
+    def matches_directory(self, path: Path) -> bool:
+        """Whether this loader reads the model directory ``path`` (a directory is refused unless one does).
+        Default: it reads no directory."""
+
+    def adopt(self, module: Any, options: ExportOptions, inputs_given: bool) -> LoadedModel | None:
+        """An in-memory ``nn.Module`` (the caller's, already copied) as this loader would load it from a file,
+        or None to leave it as it is; ``inputs_given``: the caller passed example inputs (or a call was
+        recorded). Default: None."""
+
+
 @runtime_checkable
 class Pass(Protocol):
     """A strip/optimize pass, run in ascending ``order``. It implements at least one of the methods of
@@ -224,13 +235,14 @@ CONTRACTS: dict[str, type] = {
 }
 
 OPTIONAL: dict[type, tuple[str, ...]] = {
+    Loader: ("matches_directory", "adopt"),
     Pass: PASS_METHODS,
     Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info",
              "runs_programs"),
     AtcHint: ("render",),
 }
 """The members each contract lets a plugin leave out (their signatures: ``PassOptional``,
-``FormatOptional``, ``AtcHintOptional``)."""
+``FormatOptional``, ``AtcHintOptional``, ``LoaderOptional``)."""
 
 
 def optional(obj: Any, contract: type, name: str) -> Callable[..., Any] | None:

@@ -36,6 +36,7 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.lint_command",
     "cann_export.plugins.stages",
     "cann_export.plugins.inputs",
+    "cann_export.plugins.hf",
 )
 
 

@@ -27,14 +27,36 @@ def load(ctx: ExportContext) -> str | None:
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
-        ctx.loaded = LoadedModel(_private_copy(src, share_weights=not ctx.options.quantize), "module")
+        copy = _private_copy(src, share_weights=not ctx.options.quantize)
+        ctx.loaded = _adopted(copy, ctx) or LoadedModel(copy, "module")
     elif isinstance(src, (str, Path)):
         ctx.loaded = load_path(Path(src), ctx.options, manager.registry().loaders())
     else:
         raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
                                "or the path of a model file")
+    if ctx.options.task is not None and "task" not in ctx.loaded.extras:
+        raise errors.OptionsError(f"--task {ctx.options.task} applies to a model directory (a transformers "
+                                  "save_pretrained directory) or an in-memory transformers model; this model has "
+                                  "no tasks. Drop --task", path=str(src) if isinstance(src, (str, Path)) else None)
     ctx.model = ctx.loaded.model
     return ctx.loaded.kind
+
+
+def _adopted(module: Any, ctx: ExportContext) -> LoadedModel | None:
+    """The first loader that adopts an in-memory module (``Loader.adopt``: e.g. a transformers model gets its
+    task's names and inputs, as its directory would), else None."""
+    from ..hooks.contracts import Loader, optional
+    from ..inputs.tracking import recorded_inputs
+
+    opts = ctx.options
+    given = bool(ctx.explicit_inputs is not None or opts.example_inputs_file or opts.input_shapes
+                 or recorded_inputs(ctx.source) is not None)
+    for loader in sorted(manager.registry().loaders().values(), key=lambda x: -x.priority):
+        adopt = optional(loader, Loader, "adopt")
+        loaded = adopt(module, opts, given) if adopt else None
+        if loaded is not None:
+            return loaded
+    return None
 
 
 def _private_copy(module: Any, share_weights: bool = False) -> Any:
@@ -59,7 +81,7 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
     if not path.exists():
         raise errors.LoadError("model file not found; check the path", path=path)
     if path.is_dir():
-        raise errors.LoadError("is a directory; pass a model file (.pt2, .pt, .pth, .safetensors)", path=path)
+        return _load_directory(path, options, loaders)
     check_regular_file(path, "model file")
     for loader in sorted(loaders.values(), key=lambda x: -x.priority):
         if loader.matches(path):
@@ -68,6 +90,22 @@ def load_path(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
             loaded.source_sha256 = sha256_file(path)
             return loaded
     raise errors.LoadError("no loader understands this file", path=path)
+
+
+def _load_directory(path: Path, options: Any, loaders: dict[str, Any]) -> LoadedModel:
+    """A model directory, read by the first loader (by priority) whose ``matches_directory`` takes it; the
+    loader sets ``source_sha256`` over the files it read."""
+    from ..hooks.contracts import Loader, optional
+
+    for loader in sorted(loaders.values(), key=lambda x: -x.priority):
+        matches = optional(loader, Loader, "matches_directory")
+        if matches is not None and matches(path):
+            loaded = loader.load(path, options)
+            loaded.source_path = str(path)
+            return loaded
+    raise errors.LoadError("is a directory but not a model directory any loader reads (a transformers directory "
+                           "has config.json); pass a model file (.pt2, .pt, .pth, .safetensors) or a directory "
+                           "written by save_pretrained", path=path)
 
 
 def check_regular_file(path: Path, what: str) -> None:

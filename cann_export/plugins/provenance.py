@@ -34,4 +34,5 @@ def provenance(ctx: Any) -> dict[str, str]:
         "source": loaded.source_path or f"<in-memory {type(ctx.model).__name__}>",
         "source_kind": loaded.kind,
         "source_sha256": loaded.source_sha256 or "",
+        **({"task": str(loaded.extras["task"])} if loaded.extras.get("task") else {}),
     }

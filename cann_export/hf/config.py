@@ -1,0 +1,99 @@
+"""config.json of a model directory, read as hostile input: bounded size and depth, checked types and ranges,
+remote code (``auto_map``) refused unless trusted. Nothing from the file is imported, called or opened."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadError
+
+MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KB; a hostile one must not exhaust memory
+MAX_DEPTH = 16
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+# integer fields the dummy inputs and the task read: each must be a positive int below its bound
+INT_BOUNDS = {
+    "vocab_size": 1 << 24, "max_position_embeddings": 1 << 22, "n_positions": 1 << 22, "type_vocab_size": 1 << 12,
+    "image_size": 1 << 14, "num_channels": 1 << 10, "num_mel_bins": 1 << 12, "max_source_positions": 1 << 20,
+    "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20, "sampling_rate": 1 << 22,
+}
+_HINT = "re-save it with transformers' save_pretrained"
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
+
+
+def read_json(path: Path, what: str, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A JSON object from ``path``: at most ``limit`` bytes, nesting at most MAX_DEPTH, else a LoadError."""
+    from ..fs.regular import check_regular_file
+
+    check_regular_file(path, what, f"{what} must be a regular file; {_HINT}")
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise LoadError(f"{path.name} is larger than {limit} bytes, far past any real {what}; refused unread. "
+                        f"Check the directory holds the model's own {path.name} ({_HINT})", path=path)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except RecursionError as e:
+        raise LoadError(f"{path.name} nests too deeply to be a {what}; {_HINT}", path=path) from e
+    except (UnicodeDecodeError, ValueError) as e:
+        raise LoadError(f"{path.name} is not valid JSON ({errors_gist(e)}); {_HINT}", path=path) from e
+    if not isinstance(value, dict):
+        raise LoadError(f"{path.name} must hold a JSON object, not {type(value).__name__}; {_HINT}", path=path)
+    if _depth(value) > MAX_DEPTH:
+        raise LoadError(f"{path.name} nests deeper than {MAX_DEPTH} levels, which no {what} does; {_HINT}",
+                        path=path)
+    return value
+
+
+def errors_gist(e: BaseException) -> str:
+    from ..errors import gist
+
+    return gist(e, 160)
+
+
+def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
+    """config.json of ``directory``, checked: ``model_type`` and ``architectures`` are identifiers, the integer
+    fields in INT_BOUNDS are positive ints in range, and ``auto_map`` (remote code) needs ``trust_remote_code``."""
+    path = directory / "config.json"
+    config = read_json(path, "config.json")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not IDENT.fullmatch(model_type):
+        raise LoadError(f"config.json's model_type is {_shown(model_type)}, not a transformers model type; {_HINT}",
+                        path=path)
+    archs = config.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not archs or len(archs) > 8
+                              or not all(isinstance(a, str) and IDENT.fullmatch(a) for a in archs)):
+        raise LoadError(f"config.json's architectures is {_shown(archs)}, not a list of class names such as "
+                        f"[\"BertForSequenceClassification\"]; {_HINT}", path=path)
+    for name, bound in INT_BOUNDS.items():
+        value = config.get(name)
+        if name == "image_size" and isinstance(value, list) and len(value) == 2:
+            value = max(value) if all(_int(v) for v in value) else value
+        if value is not None and (not _int(value) or not 0 < value <= bound):
+            raise LoadError(f"config.json's {name} is {_shown(value)}; it must be a positive integer up to {bound}. "
+                            f"Fix the field or {_HINT}", path=path)
+    if "auto_map" in config and not trust_remote_code:
+        raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "
+                        f"({_shown(config['auto_map'])}), which would run on load. Pass --trust-remote-code "
+                        "(trust_remote_code=True) only if you trust that code; it then runs inside the load sandbox",
+                        path=path)
+    return config
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,116 @@
+"""Dummy inputs of a task from the model's config, named, typed and shaped as Optimum's dummy input generators
+make them (int64 ids and masks, batch 2, sequence 16 bounded by the position table; pixel_values from
+image_size / num_channels; input_features from num_mel_bins and the encoder's positions; input_values from
+the sampling rate), with Optimum's axis names for each (``dynamic_axes``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .tasks import BATCH, SEQ
+
+DUMMY_BATCH, DUMMY_SEQ = 2, 16
+AXES = {
+    "input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}, "token_type_ids": {0: BATCH, 1: SEQ},
+    "position_ids": {0: BATCH, 1: SEQ},
+    "pixel_values": {0: BATCH, 1: "num_channels", 2: "height", 3: "width"},
+    "input_features": {0: BATCH, 1: "feature_size", 2: "encoder_sequence_length"},
+    "input_values": {0: BATCH, 1: SEQ},
+}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One dummy input: ``kind`` "ids" (uniform in [0, high)), "mask" (ones), "zeros", "positions" (arange)
+    or "float" (standard normal)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    high: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "kind": self.kind, "high": self.high}
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    return default if value is None else value
+
+
+def _image_size(config: Any) -> tuple[int, int]:
+    size = _get(config, "image_size", 224)
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    return int(size), int(size)
+
+
+def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | None = None) -> list[InputSpec]:
+    """The inputs a model whose forward takes ``params`` gets for ``task``, in forward's order."""
+    positions = _get(config, "max_position_embeddings") or _get(config, "n_positions") or DUMMY_SEQ
+    seq = max(1, min(DUMMY_SEQ, int(positions)))
+    batch = DUMMY_BATCH
+    specs: list[InputSpec] = []
+    for name in params:
+        if name == "input_ids":
+            specs.append(InputSpec(name, (batch, seq), "ids", int(_get(config, "vocab_size", 2))))
+        elif name == "attention_mask" and "input_ids" in params:  # audio models: input_values only (Optimum)
+            specs.append(InputSpec(name, (batch, seq), "mask"))
+        elif name == "token_type_ids" and int(_get(config, "type_vocab_size", 0)) > 1:
+            specs.append(InputSpec(name, (batch, seq), "zeros"))
+        elif name == "position_ids" and task.startswith("text-generation"):
+            specs.append(InputSpec(name, (batch, seq), "positions"))
+        elif name == "pixel_values":
+            height, width = _image_size(config)
+            specs.append(InputSpec(name, (batch, int(_get(config, "num_channels", 3)), height, width), "float"))
+        elif name == "input_features":
+            frames = 2 * int(_get(config, "max_source_positions", 1500))
+            specs.append(InputSpec(name, (batch, int(_get(config, "num_mel_bins", 80)), frames), "float"))
+        elif name == "input_values":
+            specs.append(InputSpec(name, (batch, _audio_samples(sampling_rate)), "float"))
+    return specs
+
+
+def _audio_samples(sampling_rate: int | None) -> int:
+    """A tenth of a second of audio (1600 samples at 16 kHz)."""
+    return max(400, int(sampling_rate or 16000) // 10)
+
+
+def tensors(specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """The seeded tensors of ``specs`` (InputSpec dicts): ids and masks int64, features float32."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    for spec in specs:
+        shape, kind = tuple(spec["shape"]), spec["kind"]
+        if kind == "ids":
+            out[spec["name"]] = torch.randint(0, max(1, spec["high"]), shape, generator=gen, dtype=torch.int64)
+        elif kind == "mask":
+            out[spec["name"]] = torch.ones(shape, dtype=torch.int64)
+        elif kind == "zeros":
+            out[spec["name"]] = torch.zeros(shape, dtype=torch.int64)
+        elif kind == "positions":
+            out[spec["name"]] = torch.arange(shape[-1], dtype=torch.int64).expand(shape).contiguous()
+        else:
+            out[spec["name"]] = torch.randn(shape, generator=gen, dtype=torch.float32)
+    return out
+
+
+def dynamic_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]]) -> dict[str, dict[int, str]]:
+    """Optimum's axis names of every input and output: ``{name: {axis: axis name}}``."""
+    return {**{s.name: dict(AXES[s.name]) for s in specs}, **{k: dict(v) for k, v in outputs.items()}}
+
+
+@dataclass(frozen=True)
+class TaskDummyInputs:
+    """The prepare stage's inputs for a Hugging Face model without other inputs: its task's dummy inputs."""
+
+    name: str = "hf_task"
+    priority: int = 45  # below what the caller gave, the archive's and a recorded call; above first-layer guessing
+
+    def provide(self, ctx: Any) -> tuple[dict[str, Any], str] | None:
+        hf = ctx.loaded.extras.get("hf") if ctx.loaded is not None else None
+        if not isinstance(hf, dict) or "dummy_inputs" not in hf:
+            return None
+        return tensors(hf["dummy_inputs"], ctx.options.seed), f"the {hf['task']} task's dummy inputs (config.json)"

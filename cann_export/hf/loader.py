@@ -1,0 +1,107 @@
+"""The Loader of Hugging Face model directories, and its adoption of in-memory transformers models: both give
+a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``extras``:
+
+- ``task``: the task's name (Optimum's);
+- ``input_names``: Optimum's input names in forward's order;
+- ``dynamic_axes``: ``{input or output name: {axis: Optimum's axis name}}`` (the dynamic-shape stage's input);
+- ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs;
+- ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
+  which bundle formats carry and list in the manifest's file table."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..context import LoadedModel
+from . import files as hf_files
+
+
+def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
+    from .inputs import dummy_specs, dynamic_axes
+    from .model import forward_parameters, task_module
+
+    model_type = str(config.get("model_type", ""))
+    wrapped, outputs = task_module(model, task, arch, model_type)
+    specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
+    hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
+          "dummy_inputs": [s.to_dict() for s in specs]}
+    return LoadedModel(wrapped, "module", extras={"task": task.name, "input_names": [s.name for s in specs],
+                                                 "dynamic_axes": dynamic_axes(specs, outputs), "hf": hf})
+
+
+def _single_graph(task: Any, path: Any) -> None:
+    from ..errors import LoadError
+
+    if task.graphs > 1:
+        raise LoadError(f"task {task.name} exports {task.graphs} graphs (decoder with past / encoder-decoder), which "
+                        "a single-graph export cannot hold; pass --task feature-extraction (the encoder) or a "
+                        "single-graph task of the model", path=path)
+
+
+class HfDirectoryLoader:
+    """A transformers ``save_pretrained`` directory or a hub-cache snapshot (never a download)."""
+
+    name = "hf-directory"
+    priority = 60
+
+    def matches(self, path: Path) -> bool:
+        return False  # files are other loaders'; directories come through matches_directory
+
+    def matches_directory(self, path: Path) -> bool:
+        return hf_files.is_model_directory(path)
+
+    def load(self, path: Path, options: Any) -> LoadedModel:
+        from .config import read_config, read_json
+        from .model import load_pretrained
+        from .tasks import TASKS, detect
+        from .weights import weight_files
+
+        directory, roots = hf_files.resolve(Path(path))
+        config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
+        config = read_config(directory, bool(options.trust_remote_code))
+        if "auto_map" in config and not (config.get("architectures") and _known(config["architectures"][0])):
+            from ..errors import LoadError
+
+            if options.task is None:
+                raise LoadError("config.json's auto_map names remote code, whose task cannot be told from the "
+                                "config; pass --task too", path=config_path)
+            arch, task = (config.get("architectures") or ["remote"])[0], TASKS.get(options.task)
+            if task is None:
+                detect(config, options.task, config_path)  # names the valid tasks
+        else:
+            arch, task = detect(config, options.task, config_path)
+        _single_graph(task, config_path)
+        safetensors, weights = weight_files(directory, bool(options.trust_pickle))
+        for weight in weights:
+            hf_files.check_inside(weight, roots)
+        carried = hf_files.companions(directory, roots)
+        sampling_rate = None
+        if (directory / "preprocessor_config.json").exists():
+            rate = read_json(directory / "preprocessor_config.json", "preprocessor_config.json").get("sampling_rate")
+            sampling_rate = rate if isinstance(rate, int) and 0 < rate <= 1 << 22 else None
+        model = load_pretrained(directory, arch, task, config, safetensors, options)
+        loaded = _loaded(model, config, arch, task, sampling_rate)
+        loaded.extras["bundle_files"] = carried
+        loaded.extras["hf"]["directory"] = str(directory)
+        loaded.source_sha256 = hf_files.directory_digest(weights, carried)
+        return loaded
+
+    def adopt(self, module: Any, options: Any, inputs_given: bool) -> LoadedModel | None:
+        """An in-memory transformers model: the same task, names and dummy inputs as its directory would get,
+        when the caller gave no inputs or asked for a task (else the module is exported as called)."""
+        from .model import for_task, is_pretrained
+        from .tasks import detect
+
+        if not is_pretrained(module) or (inputs_given and options.task is None):
+            return None
+        config = module.config.to_dict()
+        config["architectures"] = [type(module).__name__]
+        arch, task = detect(config, options.task, f"<in-memory {type(module).__name__}>")
+        _single_graph(task, None)
+        return _loaded(for_task(module, task, arch), config, arch, task, None)
+
+
+def _known(arch: str) -> bool:
+    from .tasks import known_class
+
+    return known_class(arch)

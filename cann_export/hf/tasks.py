@@ -1,0 +1,139 @@
+"""Optimum's task names, detected from config.json's ``architectures`` through transformers' own auto-model
+tables (``MODEL_FOR_*_MAPPING_NAMES``), never the hub; each task with Optimum's input, output and axis names
+(optimum/exporters/onnx/base.py ``_TASK_TO_COMMON_OUTPUTS`` and model_configs.py).
+
+The table is shared: ``TASKS[name]`` says which auto class loads a task, what it outputs and whether it is one
+graph (``graphs == 1``, exported here) or several (decoders with past, encoder-decoders: the multi-graph
+bundle's components read the same table)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LoadError
+
+BATCH, SEQ = "batch_size", "sequence_length"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    mapping: str | None  # transformers' MODEL_FOR_*_MAPPING_NAMES whose classes do this task (None: any model)
+    auto_class: str  # the transformers Auto class that loads it when the directory's class does another task
+    outputs: tuple[tuple[str, dict[int, str]], ...]  # Optimum's output names and their dynamic axes
+    graphs: int = 1  # 1: a single graph; 2+: prefill/decode or encoder/decoder graphs (multi-graph bundles)
+
+
+def _t(name: str, mapping: str | None, auto: str, outputs: dict[str, dict[int, str]], graphs: int = 1) -> Task:
+    return Task(name, mapping, auto, tuple(outputs.items()), graphs)
+
+
+# In detection order: the first task whose mapping holds the directory's class is the default.
+TASKS: dict[str, Task] = {t.name: t for t in (
+    _t("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering",
+       {"start_logits": {0: BATCH, 1: SEQ}, "end_logits": {0: BATCH, 1: SEQ}}),
+    _t("token-classification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification",
+       {"logits": {0: BATCH, 1: SEQ}}),
+    _t("text-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+       "AutoModelForSequenceClassification", {"logits": {0: BATCH}}),
+    _t("fill-mask", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", {"logits": {0: BATCH, 1: SEQ}}),
+    _t("text-generation", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM",
+       {"logits": {0: BATCH, 1: SEQ}}),
+    _t("text-generation-with-past", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM",
+       {"logits": {0: BATCH, 1: SEQ}}, graphs=2),
+    _t("text2text-generation", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM",
+       {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=2),
+    _t("text2text-generation-with-past", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM",
+       {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=3),
+    _t("automatic-speech-recognition", "MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC",
+       {"logits": {0: BATCH, 1: SEQ}}),
+    _t("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification",
+       {"logits": {0: BATCH}}),
+    _t("object-detection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection",
+       {"logits": {0: BATCH, 1: "num_queries"}, "pred_boxes": {0: BATCH, 1: "num_queries"}}),
+    _t("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification",
+       {"logits": {0: BATCH}}),
+    _t("feature-extraction", None, "AutoModel", {"last_hidden_state": {0: BATCH, 1: SEQ}}),
+)}
+# Speech encoder-decoders (Whisper) do automatic-speech-recognition as several graphs; CTC models as one.
+SEQ2SEQ_SPEECH = "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"
+ASR_SEQ2SEQ = (_t("automatic-speech-recognition", SEQ2SEQ_SPEECH, "AutoModelForSpeechSeq2Seq",
+                  {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=2),
+               _t("automatic-speech-recognition-with-past", SEQ2SEQ_SPEECH, "AutoModelForSpeechSeq2Seq",
+                  {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=3))
+# Classes in no auto table that Optimum still exports (their own OnnxConfigs): feature-extraction, own outputs.
+EXTRA_FEATURE_CLASSES = {
+    "CLIPTextModelWithProjection": {"text_embeds": {0: BATCH}, "last_hidden_state": {0: BATCH, 1: SEQ}},
+    "CLIPVisionModelWithProjection": {"image_embeds": {0: BATCH}, "last_hidden_state": {0: BATCH, 1: SEQ}},
+}
+# model types whose feature-extraction also outputs pooler_output in Optimum (CLIPTextOnnxConfig, ViT-based)
+POOLER_TYPES = ("clip_text_model", "clip_vision_model", "siglip_text_model", "siglip_vision_model")
+ALL_TASK_NAMES = tuple(dict.fromkeys([*TASKS, *(t.name for t in ASR_SEQ2SEQ)]))
+
+
+def _mapping(name: str) -> dict[str, Any]:
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, name, {})
+
+
+def _classes(mapping: str) -> set[str]:
+    out: set[str] = set()
+    for value in _mapping(mapping).values():
+        out.update(value if isinstance(value, (tuple, list)) else (value,))
+    return out
+
+
+def known_class(arch: str) -> bool:
+    """``arch`` names a class of transformers' own auto tables (so importing it from transformers is safe)."""
+    from transformers.models.auto import modeling_auto
+
+    return arch in EXTRA_FEATURE_CLASSES or any(
+        arch in _classes(name) for name in dir(modeling_auto) if name.endswith("_MAPPING_NAMES")
+        and name != "CONFIG_MAPPING_NAMES")
+
+
+def tasks_of(arch: str) -> list[Task]:
+    """The tasks ``arch`` does, default first (feature-extraction always: the base model, or the encoder of an
+    encoder-decoder)."""
+    found = [t for t in TASKS.values() if t.mapping is not None and arch in _classes(t.mapping)]
+    if arch in _classes(SEQ2SEQ_SPEECH):
+        found = [*ASR_SEQ2SEQ, *found]
+    if arch in EXTRA_FEATURE_CLASSES or known_class(arch):
+        found.append(TASKS["feature-extraction"])
+    return found
+
+
+def detect(config: dict[str, Any], requested: str | None, path: Any = None) -> tuple[str, Task]:
+    """(the architecture, its task): ``requested`` (--task) when the architecture does it, else its default."""
+    archs = config.get("architectures") or []
+    if not archs:
+        raise LoadError("config.json names no architectures, so the task cannot be told; re-save the model with "
+                        "save_pretrained (which records the class), or add e.g. \"architectures\": "
+                        "[\"BertForSequenceClassification\"]", path=path)
+    if requested is not None and requested not in ALL_TASK_NAMES:
+        raise LoadError(f"--task {requested!r} is not a task name; use one of {', '.join(ALL_TASK_NAMES)}", path=path)
+    arch = archs[0]
+    found = tasks_of(arch)
+    if not found:
+        raise LoadError(f"config.json's architecture {arch!r} is not a transformers class with an export task (none "
+                        "of transformers' auto-model tables lists it); a custom class needs --trust-remote-code and "
+                        "--task, or export it from Python with cann_export.export(model, ...)", path=path)
+    if requested is None:
+        return arch, found[0]
+    for task in found:
+        if task.name == requested:
+            return arch, task
+    names = ", ".join(dict.fromkeys(t.name for t in found))
+    raise LoadError(f"--task {requested} is not a task of {arch} (config.json's architectures); it does: {names}. "
+                    "Pass one of those, or a directory saved from a class with that head", path=path)
+
+
+def outputs_of(task: Task, arch: str, model_type: str) -> dict[str, dict[int, str]]:
+    """Optimum's output names and axes for ``task`` on ``arch``."""
+    if task.name == "feature-extraction" and arch in EXTRA_FEATURE_CLASSES:
+        return dict(EXTRA_FEATURE_CLASSES[arch])
+    outputs = dict(task.outputs)
+    if task.name == "feature-extraction" and model_type in POOLER_TYPES:
+        outputs["pooler_output"] = {0: BATCH}
+    return outputs

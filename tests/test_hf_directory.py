@@ -1,0 +1,307 @@
+"""Hugging Face model directories (save_pretrained, tiny configs, random weights) exported through the CLI with
+no flags but --task where detection picks a multi-graph task: Optimum's input/output names, the graph in
+onnxruntime against transformers' eager outputs; the bundle carries config and tokenizer files; every bad
+directory is refused with exit 2 and nothing written."""
+import json
+import os
+import struct
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from helpers import hf_dirs
+
+from cann_export.cli.main import cli
+
+ONNX_TYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32"}
+
+
+def invoke(args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (model directory, exported .onnx), each exported once for the module."""
+    root = tmp_path_factory.mktemp("hf")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            directory = hf_dirs.save(name, root / name)
+            out = root / f"{name}.onnx"
+            case = hf_dirs.CASES[name]
+            result = invoke([directory, "--format", "onnx", "-o", out, *(["--task", case.task] if case.flag else [])])
+            assert result.exit_code == 0, result.output
+            cache[name] = (directory, out)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(hf_dirs.CASES))
+def test_directory_exports_with_optimum_names_and_matches_transformers(name, exported, run_ort):
+    case = hf_dirs.CASES[name]
+    directory, out = exported(name)
+    graph = onnx.load(str(out), load_external_data=False)
+    assert [i.name for i in graph.graph.input] == case.inputs
+    assert [o.name for o in graph.graph.output] == case.outputs
+    props = {p.key: p.value for p in graph.metadata_props}
+    assert props["cann_export.task"] == case.task and props["cann_export.source_kind"] == "module"
+    shapes = {i.name: ([d.dim_value for d in i.type.tensor_type.shape.dim], ONNX_TYPES[i.type.tensor_type.elem_type])
+              for i in graph.graph.input}
+    assert all(kind == "int64" for n, (_, kind) in shapes.items() if n in ("input_ids", "attention_mask"))
+    feeds = hf_dirs.feeds_like(shapes, case.kwargs.get("vocab_size", 2))
+    names, got = run_ort(out, feeds)
+    want = hf_dirs.eager(name, directory, feeds)
+    for n, value in zip(names, got, strict=True):
+        np.testing.assert_allclose(value, want[n], atol=2e-4, rtol=1e-3, err_msg=f"{name}: {n}")
+
+
+def _tokenizer_files(directory):
+    (directory / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                                   + [f"w{i}" for i in range(95)]) + "\n")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
+    (directory / "notes.md").write_text("not carried: not on the allow-list")
+
+
+def _hub_cache(tmp_path, name="bert"):
+    """A hub-cache repo folder (models--org--tiny-bert): blobs, one snapshot of links into them, refs/main."""
+    repo = tmp_path / "hub" / "models--org--tiny-bert"
+    plain = hf_dirs.save(name, tmp_path / "plain", max_shard_size="40KB")  # sharded: an index and several files
+    _tokenizer_files(plain)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for i, f in enumerate(sorted(plain.iterdir())):
+        blob = repo / "blobs" / f"{i:040x}"
+        f.rename(blob)
+        os.symlink(os.path.relpath(blob, repo / "snapshots" / commit), repo / "snapshots" / commit / f.name)
+    return repo, commit
+
+
+def test_hub_cache_snapshot_exports_an_atc_ready_bundle_carrying_config_and_tokenizer(tmp_path, monkeypatch):
+    repo, commit = _hub_cache(tmp_path)
+    snapshot = repo / "snapshots" / commit
+    assert len([p for p in snapshot.iterdir() if p.name.endswith(".safetensors")]) > 1
+    monkeypatch.chdir(tmp_path)
+    result = invoke([repo, "--json"])  # no flags: the repo folder, refs/main's snapshot, the default name
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "tiny-bert_atc_ready"
+    manifest = json.loads((out / "manifest.json").read_text())
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        assert (out / "hf" / name).read_bytes() == (snapshot / name).read_bytes()
+        assert f"hf/{name}" in manifest["files"]
+    assert not (out / "hf" / "notes.md").exists() and not (out / "hf" / "model.safetensors.index.json").exists()
+    assert manifest["provenance"]["task"] == "text-classification"
+    assert [i["name"] for i in manifest["model"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert manifest["parity"]["passed"] is True
+    check = invoke(["validate", out, "--json"])
+    assert check.exit_code == 0, check.output
+    (out / "hf" / "vocab.txt").write_text("tampered\n")  # a carried file is in the file table: validate sees it
+    assert invoke(["validate", out]).exit_code == 2
+
+
+def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_path):
+    """cann.torch.export(model=<PreTrainedModel>) without inputs: the same task, names and dummy inputs."""
+    import transformers
+
+    import cann
+
+    directory, from_dir = exported("distilbert")
+    model = transformers.DistilBertForQuestionAnswering.from_pretrained(str(directory))
+    out = tmp_path / "mem.onnx"
+    result = cann.torch.export(model=model, output_path=str(out), export_format="onnx")
+    assert result.ok
+    a, b = onnx.load(str(out)), onnx.load(str(from_dir))
+    for graph_a, graph_b in ((a.graph.input, b.graph.input), (a.graph.output, b.graph.output)):
+        assert [v.name for v in graph_a] == [v.name for v in graph_b]
+    assert [v.name for v in a.graph.output] == ["start_logits", "end_logits"]
+
+
+def _bert(tmp_path):
+    return hf_dirs.save("bert", tmp_path / "bert")
+
+
+def _no_config(d):
+    (d / "config.json").unlink()
+
+
+def _diffusers(d):
+    (d / "config.json").unlink()
+    (d / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+
+
+def _edit_config(**changes):
+    def edit(d):
+        config = json.loads((d / "config.json").read_text())
+        config.update(changes)
+        (d / "config.json").write_text(json.dumps(config))
+    return edit
+
+
+def _no_weights(d):
+    (d / "model.safetensors").unlink()
+
+
+def _truncated(d):
+    path = d / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+
+
+def _missing_shard(d):
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+
+
+def _escaping_shard(d):
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/x.safetensors"}}))
+
+
+def _pickled(d):
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+
+
+def _huge(d):
+    (d / "config.json").write_text(json.dumps({"model_type": "bert", "pad": "x" * (2 << 20)}))
+
+
+def _deep(d):
+    (d / "config.json").write_text('{"model_type": "bert", "a": ' + "[" * 5000 + "]" * 5000 + "}")
+
+
+def _header_lies(d):
+    path = d / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 1 << 40) + data[8:])
+
+
+def _link_out(d):
+    outside = d.parent / "secret.txt"
+    outside.write_text("not the model's")
+    os.symlink(outside, d / "tokenizer.json")
+
+
+BAD = {
+    "no_config": (_no_config, [], "not a transformers model: there is no config.json"),
+    "diffusers": (_diffusers, [], "diffusers pipeline"),
+    "no_task_arch": (_edit_config(architectures=["MyCustomNet"]), [], "'MyCustomNet' is not a transformers class"),
+    "task_unsupported": (lambda d: None, ["--task", "image-classification"],
+                         "it does: text-classification, feature-extraction"),
+    "task_unknown": (lambda d: None, ["--task", "translation"], "is not a task name"),
+    "no_weights": (_no_weights, [], "no weights"),
+    "truncated": (_truncated, [], "truncated"),
+    "header_lies": (_header_lies, [], "header claims"),
+    "missing_shard": (_missing_shard, [],
+                      "model-00001-of-00002.safetensors, model-00002-of-00002.safetensors are missing"),
+    "escaping_shard": (_escaping_shard, [], "not a plain *.safetensors file name"),
+    "pickled": (_pickled, [], "pytorch_model.bin) and no model.safetensors is there; unpickling can run code"),
+    "remote_code": (_edit_config(auto_map={"AutoModel": "modeling_evil.EvilModel"}), [], "--trust-remote-code"),
+    "huge_config": (_huge, [], "larger than 1048576 bytes"),
+    "deep_config": (_deep, [], "nests"),
+    "wrong_type": (_edit_config(vocab_size="100"), [], "vocab_size is \"100\"; it must be a positive integer"),
+    "archs_not_list": (_edit_config(architectures="BertModel"), [], "not a list of class names"),
+    "link_out": (_link_out, [], "links outside the model directory"),
+    "multi_graph": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+                    ["--task", "text-generation-with-past"], "exports 2 graphs"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_directories_are_refused_naming_the_file_and_the_fix(case, tmp_path):
+    mutate, flags, expected = BAD[case]
+    directory = _bert(tmp_path)
+    mutate(directory)
+    before = set(tmp_path.iterdir())
+    result = invoke([directory, "--format", "onnx", "-o", tmp_path / "out.onnx", *flags])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert expected in message, message
+    assert "[load]" in message and "Traceback" not in result.output
+    assert set(tmp_path.iterdir()) == before  # nothing written, no staging left behind
+
+
+def test_pickled_weights_load_with_trust_pickle(tmp_path, run_ort):
+    directory = hf_dirs.save("roberta", tmp_path / "roberta")
+    _pickled(directory)
+    out = tmp_path / "r.onnx"
+    result = invoke([directory, "--format", "onnx", "-o", out, "--trust-pickle", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    graph = onnx.load(str(out))
+    shapes = {i.name: ([d.dim_value for d in i.type.tensor_type.shape.dim], "int64") for i in graph.graph.input}
+    feeds = hf_dirs.feeds_like(shapes, 100)
+    names, got = run_ort(out, feeds)
+    np.testing.assert_allclose(got[0], hf_dirs.eager("roberta", directory, feeds)["logits"], atol=2e-4, rtol=1e-3)
+
+
+REMOTE_CONFIG = '''from transformers import PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny_remote"
+
+    def __init__(self, vocab_size=50, hidden_size=16, **kwargs):
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        super().__init__(**kwargs)
+'''
+REMOTE_MODEL = '''import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .configuration_tiny import TinyConfig
+
+
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.emb = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.proj = torch.nn.Linear(config.hidden_size, config.hidden_size)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, return_dict=True):
+        h = torch.tanh(self.proj(self.emb(input_ids)))
+        return BaseModelOutput(last_hidden_state=h * attention_mask[..., None])
+'''
+
+
+def test_remote_code_runs_only_with_trust_remote_code_and_a_task(tmp_path, run_ort):
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path / "remote"
+    d.mkdir()
+    (d / "configuration_tiny.py").write_text(REMOTE_CONFIG)
+    (d / "modeling_tiny.py").write_text(REMOTE_MODEL)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["TinyModel"], "model_type": "tiny_remote", "vocab_size": 50, "hidden_size": 16,
+        "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"}}))
+    g = torch.Generator().manual_seed(0)
+    weights = {"emb.weight": torch.randn(50, 16, generator=g), "proj.weight": torch.randn(16, 16, generator=g),
+               "proj.bias": torch.randn(16, generator=g)}
+    save_file(weights, str(d / "model.safetensors"))
+    out = tmp_path / "remote.onnx"
+    refused = invoke([d, "--format", "onnx", "-o", out, "--task", "feature-extraction"])
+    assert refused.exit_code == 2 and "auto_map" in refused.output and "--trust-remote-code" in refused.output
+    no_task = invoke([d, "--format", "onnx", "-o", out, "--trust-remote-code"])
+    assert no_task.exit_code == 2 and "pass --task too" in " ".join(no_task.output.split())
+    assert not out.exists()
+    result = invoke([d, "--format", "onnx", "-o", out, "--trust-remote-code", "--task", "feature-extraction"])
+    assert result.exit_code == 0, result.output
+    ids = torch.randint(0, 50, (2, 16), generator=g)
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, -4:] = 0
+    names, got = run_ort(out, {"input_ids": ids, "attention_mask": mask})
+    want = torch.tanh(weights["emb.weight"][ids] @ weights["proj.weight"].T + weights["proj.bias"]) * mask[..., None]
+    assert names == ["last_hidden_state"]
+    np.testing.assert_allclose(got[0], want.numpy(), atol=1e-5)
+    assert not list((tmp_path / "remote").glob("__pycache__"))  # nothing was written into the model directory
