@@ -83,9 +83,11 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         form = ctx.program_form(model) if ctx.program_form is not None else contextlib.nullcontext()
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad(), form:
             warnings.simplefilter("ignore")
-            from ..capture.dynamic_dims import dynamic_shapes
+            from ..capture.dynamic_dims import dynamic_shapes, named_forward
 
-            program = _export(model, args, kwargs, loaded.kind == "module", dynamic_shapes(ctx))
+            shapes = dynamic_shapes(ctx)
+            with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
+                program = _export(model, args, kwargs, loaded.kind == "module", shapes)
         # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that
         # torch.export.load exec()s; the .pt2 checker refuses any (validate checks this file with it). Loading
         # derives the same input checks from the graph's symbols and range constraints, so none is lost.

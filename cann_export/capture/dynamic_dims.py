@@ -4,12 +4,15 @@ symbolic dims are given the axes' names (dynamo writes its symbols, ``s77``) and
 warning naming it (a static graph from a dynamic source)."""
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 
 def dynamic_shapes(ctx: Any) -> dict[str, Any] | None:
-    """``{input: {axis: Dim} | None}`` over every graph input, or None when no axis is dynamic."""
+    """``{input: {axis: Dim} | None}`` over every graph input, or None when no axis is dynamic (a forward that
+    gathers ``**inputs`` is exported under ``named_forward``)."""
     axes = ctx.dynamic_axes
     if not axes:
         return None
@@ -22,6 +25,36 @@ def dynamic_shapes(ctx: Any) -> dict[str, Any] | None:
             dims[a.name] = torch.export.Dim(a.name, min=a.min, max=a.max)
         out[a.input] = {**(out[a.input] or {}), a.axis: dims[a.name]}
     return out
+
+
+@contextlib.contextmanager
+def named_forward(model: Any, names: list[str]) -> Iterator[None]:
+    """While torch.export runs: a ``forward(self, **inputs)`` (a wrapper's) shows the signature ``(name, ...)``,
+    since torch.export keys ``dynamic_shapes`` by forward's parameters and cannot split a ``**kwargs`` one."""
+    import inspect
+    import types
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        params = {}
+    gathers = any(p.kind == p.VAR_KEYWORD for p in params.values()) and not set(names) <= set(params)
+    if not gathers or "forward" in vars(model):
+        yield
+        return
+    original = type(model).forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P("self", P.POSITIONAL_OR_KEYWORD), *(P(n, P.POSITIONAL_OR_KEYWORD) for n in names)])
+    model.forward = types.MethodType(forward, model)
+    try:
+        yield
+    finally:
+        del model.forward
 
 
 def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:

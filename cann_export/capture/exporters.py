@@ -75,18 +75,24 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
     import torch
 
-    from .dynamic_dims import dynamic_shapes
+    from .dynamic_dims import dynamic_shapes, named_forward
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
     shapes = dynamic_shapes(ctx)
+    named = named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext()
     if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes,
-                                                          **{**options, "optimize": True}), ctx)
+        with named:
+            onnx_program = torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes,
+                                             **{**options, "optimize": True})
+        return large_graph.dynamo_graph(onnx_program, ctx)
     try:
-        program = _program(model, args, kwargs, shapes, ctx)
+        with named:
+            program = _program(model, args, kwargs, shapes, ctx)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
-        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes, **options), ctx)
+        with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
+            onnx_program = torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes, **options)
+        return _optimized(onnx_program, ctx)
     try:
         return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
     except Exception as e:
@@ -99,8 +105,9 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
 
 def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: Any) -> Any:
-    """torch.export with the dynamic axes; when the model specialises one (a constraint violation), the static
-    program, with the reason noted (the capture stage then warns for each axis the graph fixed)."""
+    """torch.export with the dynamic axes; when the model specialises one (a constraint violation), each axis
+    dynamic where torch can keep it (Dim.AUTO), else the static program, with the reason noted (the capture
+    stage then warns for each axis the graph fixed)."""
     import torch
 
     if shapes is None:
@@ -109,6 +116,11 @@ def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: An
         return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
     except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
         ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {' '.join(str(e).split())[:300]}"]
+    try:  # Dim.AUTO: torch keeps each axis dynamic where the model allows and specialises the others
+        auto = {n: ({axis: torch.export.Dim.AUTO for axis in v} if v else None) for n, v in shapes.items()}
+        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=auto)
+    except Exception as e:  # noqa: BLE001
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes (auto): {' '.join(str(e).split())[:300]}"]
     return torch.export.export(model, args, kwargs=kwargs, strict=False)
 
 

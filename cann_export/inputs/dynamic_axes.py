@@ -124,26 +124,64 @@ def shape_points(axes: list[DynamicAxis], feed: dict[str, Any]) -> list[dict[str
     return points
 
 
-def shape_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Two input sets per extra shape (the example's kind of data, seeded; and a second draw), with labels that
-    name the shape (``label["shape"]``)."""
+def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
+    """Per extra shape: (point, two input sets: the example's kind of data, seeded, and a second draw, labels
+    naming the shape in ``label["shape"]``)."""
     from ..options import InputSpec
     from .tensors import set_label, tensors_from_specs
 
     feed = ctx.example_inputs
-    sets, labels = [], []
     for k, point in enumerate(shape_points(axes, feed)):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]
         specs = [InputSpec(n, tuple(s), str(feed[n].dtype).replace("torch.", "")) for n, s in shapes.items()]
+        sets, labels = [], []
         for draw in range(2):
             sets.append(tensors_from_specs(specs, ctx.model, ctx.options.seed + 101 + 2 * k + draw))
-            label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}",
-                              start + len(labels))
+            label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}", start + draw)
             label["shape"] = dict(point)
             labels.append(label)
-    return sets, labels
+        yield point, sets, labels
+
+
+def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
+    """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
+    names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
+    in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
+    from .reference import reference_outputs
+
+    failed: dict[str, str] = {}
+    if ctx.options.validate:
+        feed = ctx.example_inputs
+        example = example_point(ctx.dynamic_axes, feed)
+        for point, sets, labels in _point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)):
+            varied = next(n for n in point if point[n] != example[n])
+            if varied in failed:
+                continue
+            try:
+                _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+            except errors.PrepareError as e:
+                failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
+                continue
+            for index, label in enumerate(labels, start=len(ctx.input_sets)):
+                label["index"] = index
+            ctx.input_sets += sets
+            ctx.input_set_labels += labels
+            ctx.reference_outputs += outputs
+    for name, why in failed.items():
+        axes = [a for a in ctx.dynamic_axes if a.name == name]
+        asked = [a for a in axes if a.source in (FLAG, "--input-shape")]
+        if asked:
+            raise errors.OptionsError(f"{asked[0].source} {asked[0].input}:{asked[0].axis}={name}: {why}; narrow the "
+                                      "range (or the gears) to sizes the model takes")
+        ctx.dynamic_axes = [a for a in ctx.dynamic_axes if a.name != name]
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
+            f"{a.input}:{a.axis} ({name}, from {a.source}) is exported static: {why}" for a in axes)]
+    point = example_point(ctx.dynamic_axes, ctx.example_inputs)
+    for label in ctx.input_set_labels:
+        label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
+    ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
 
 
 def _shown(point: dict[str, int]) -> str:

@@ -21,26 +21,21 @@ def prepare(ctx: ExportContext) -> str | None:
     feed, source = example_inputs(ctx, accepted)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
-    from .dynamic_axes import resolve, shape_sets
+    from .dynamic_axes import resolve
 
     ctx.dynamic_axes = resolve(ctx)
     variants, labels = _variants(ctx, feed)
-    if ctx.dynamic_axes and ctx.options.validate:  # parity at every gear, or the range's ends and middle
-        extra, extra_labels = shape_sets(ctx, ctx.dynamic_axes, 1 + len(variants))
-        variants, labels = variants + extra, labels + extra_labels
-        ctx.reports.reference.input_sets["shapes"] = len(extra)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
-    if ctx.dynamic_axes:  # every set names its shape, so parity reports a verdict per shape
-        from .dynamic_axes import example_point
-
-        for label in ctx.input_set_labels:
-            label.setdefault("shape", example_point(ctx.dynamic_axes, feed))
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
         return prepare_quantization(ctx, source, accepted)
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+    if ctx.dynamic_axes:  # parity at every gear, or the range's ends and middle; every set names its shape
+        from .dynamic_axes import add_shape_sets
+
+        add_shape_sets(ctx, source, accepted)
     if ctx.options.validate:  # the reference's own float noise on the verdict sets (the fp32 parity floor)
         from .float_noise import fp64_noise
 
