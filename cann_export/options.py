@@ -224,6 +224,7 @@ class ExportOptions:
     input_shapes: list[InputSpec] = field(default_factory=list)
     # dynamic axes (cann_export.dynamic): "--dynamic" strings, DynamicAxis objects or {input: {axis: "dim:1..16"}}
     dynamic: list[Any] = field(default_factory=list)
+    static_shapes: bool = False  # no dynamic axes at all (a .pt2's Dims, a loader's task axes): the example's shapes
     example_inputs_file: str | None = None
     external_data: str = "auto"
     # bytes of weights past which (in "auto") the graph lives on disk from capture on and ships its weights in
@@ -301,6 +302,9 @@ class ExportOptions:
 
         self.dynamic = as_axes(self.dynamic)
         check_unique(self.dynamic)
+        if self.static_shapes and (self.dynamic or any(-1 in spec.shape for spec in self.input_shapes
+                                                       if isinstance(spec, InputSpec))):
+            raise OptionsError("--static-shapes with --dynamic or -1 in --input-shape: pass one or the other")
         check_input_names(self.input_shapes)
         check_metadata(self.metadata)
         self.tolerance.check()

@@ -14,6 +14,8 @@ from ..dynamic import DEFAULT_BATCH_MAX, DEFAULT_FACTOR, FLAG, DynamicAxis, chec
 def resolve(ctx: Any) -> list[DynamicAxis]:
     """Every dynamic axis of this export (OptionsError for one the inputs do not have)."""
     feed, extras = ctx.example_inputs, ctx.loaded.extras
+    if ctx.options.static_shapes:
+        return []
     program = extras.get("program_dims") or {}
     found: dict[tuple[str, int], DynamicAxis] = {}
     symbols: dict[str, str] = {}
