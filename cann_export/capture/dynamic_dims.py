@@ -84,9 +84,10 @@ def name_dims(ctx: Any) -> None:
             kept.append(a)
         else:
             fixed = dims[a.axis].dim_value if a.axis < len(dims) else "?"
+            why = ("torch.export specialises an example size of 1: give an example of size >= 2" if fixed == 1
+                   else "the exporter specialised it (the model's code fixes that size)")
             lost.append(f"{a.input}:{a.axis} ({a.name}, {a.min}..{a.max}, from {a.source}) is static ({fixed}) in the "
-                        f"exported graph: the exporter specialised it; ATC gets a static shape and the graph accepts "
-                        f"only that size")
+                        f"exported graph: {why}; ATC gets a static shape and the graph accepts only that size")
     if renames:
         _rename(model, renames)
     ctx.dynamic_axes = kept
