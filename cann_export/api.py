@@ -68,6 +68,10 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
 
         kwargs["input_shapes"] = [s if isinstance(s, InputSpec) else parse_input_shape(s)
                                   for s in kwargs["input_shapes"]]
+    if "dynamic" in kwargs:
+        from .dynamic import as_axes
+
+        kwargs["dynamic"] = as_axes(kwargs["dynamic"])
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
 
 

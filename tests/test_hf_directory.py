@@ -40,6 +40,17 @@ def exported(tmp_path_factory):
     return get
 
 
+def dummy_sizes(directory, case):
+    """(input, axis) -> the size to run a dynamic axis at: 3 for the batch, else the task's dummy input's."""
+    from cann_export.hooks.manager import registry
+    from cann_export.load.stage import load_path
+    from cann_export.options import ExportOptions
+
+    loaded = load_path(directory, ExportOptions(task=case.task if case.flag else None), registry().loaders())
+    return {(spec["name"], axis): 3 if axis == 0 else size
+            for spec in loaded.extras["hf"]["dummy_inputs"] for axis, size in enumerate(spec["shape"])}
+
+
 @pytest.mark.parametrize("name", list(hf_dirs.CASES))
 def test_directory_exports_with_optimum_names_and_matches_transformers(name, exported, run_ort):
     case = hf_dirs.CASES[name]
@@ -49,8 +60,9 @@ def test_directory_exports_with_optimum_names_and_matches_transformers(name, exp
     assert [o.name for o in graph.graph.output] == case.outputs
     props = {p.key: p.value for p in graph.metadata_props}
     assert props["cann_export.task"] == case.task and props["cann_export.source_kind"] == "module"
-    shapes = {i.name: ([d.dim_value for d in i.type.tensor_type.shape.dim], ONNX_TYPES[i.type.tensor_type.elem_type])
-              for i in graph.graph.input}
+    sizes = dummy_sizes(directory, case)  # a dynamic axis (a symbolic dim): batch 3, else the dummy input's size
+    shapes = {i.name: ([d.dim_value or sizes[(i.name, axis)] for axis, d in enumerate(i.type.tensor_type.shape.dim)],
+                       ONNX_TYPES[i.type.tensor_type.elem_type]) for i in graph.graph.input}
     assert all(kind == "int64" for n, (_, kind) in shapes.items() if n in ("input_ids", "attention_mask"))
     feeds = hf_dirs.feeds_like(shapes, case.kwargs.get("vocab_size", 2))
     names, got = run_ort(out, feeds)

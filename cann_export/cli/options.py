@@ -75,6 +75,10 @@ def flags() -> dict[str, Flag]:
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
+        "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...]: dynamic axes, e.g. input_ids:0=batch:1..16,"
+                        "1=seq:1..512 or x:0=batch:1,2,4,8 (gears); repeatable.", multiple=True, parse=list),
+        "static_shapes": Flag("Export every input at the example's shape: no dynamic axes from a .pt2's Dims or a "
+                              "Hugging Face task's axes."),
         "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",
                                     decls=("--example-inputs",), path=True),
         "opset": Flag("ONNX opset (a format headed for ATC: the opsets it declares, 11..18 for atc_ready/om)."),

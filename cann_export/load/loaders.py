@@ -14,6 +14,7 @@ from ..errors import LoadError
 from .allowlist import TORCH_SAVE, TORCHSCRIPT
 from .archive_safety import check_export_archive, load_exported_program, unsafe_globals
 from .archives import open_checked, zip_names
+from .program_extras import program_extras
 from .repack import Canonical, canonical_copy
 
 _CHECKPOINT_KEYS = ("model", "state_dict", "model_state_dict", "module", "weights")
@@ -47,7 +48,8 @@ class ExportedProgramLoader:
             args, kwargs = ep.example_inputs
             inputs = dict(zip(names, args, strict=False))
             inputs.update(kwargs or {})
-        return LoadedModel(module, "exported_program", example_inputs=inputs, extras={"input_names": names})
+        return LoadedModel(module, "exported_program", example_inputs=inputs,
+                           extras={"input_names": names, **program_extras(ep)})
 
 
 class TorchScriptLoader:

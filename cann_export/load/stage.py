@@ -20,7 +20,10 @@ def load(ctx: ExportContext) -> str | None:
         if src.example_inputs is not None:
             ex = dict(zip(names, src.example_inputs[0], strict=False))
             ex.update(src.example_inputs[1] or {})
-        ctx.loaded = LoadedModel(src.module(), "exported_program", ex, extras={"input_names": names})
+        from .program_extras import program_extras
+
+        ctx.loaded = LoadedModel(src.module(), "exported_program", ex,
+                                 extras={"input_names": names, **program_extras(src)})
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
