@@ -276,7 +276,24 @@ def test_bad_multi_options_are_refused_before_any_work(tmp_path):
         api.export_multi(model, tmp_path / "x", task="text2text-generation-with-past")
     with pytest.raises(OptionsError, match="atc_ready"):
         api.export_multi(model, tmp_path / "x", export_format="onnx")
-    assert not (tmp_path / "x").exists()
+    with pytest.raises(OptionsError, match="soc"):  # refused inside the first component: nothing left behind
+        api.export_multi(model, tmp_path / "x", soc_version="Kirin990")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m["components"][0].update(path="../../etc"), "components[0].path: not components/prefill"),
+    (lambda m: m["components"][1].update(name="Decode; rm -rf"), "components[1]: no name of the form"),
+    (lambda m: m["components"].append(dict(m["components"][0])), "'prefill' listed twice"),
+    (lambda m: m["parity"].update(passed="yes"), "parity.passed"),
+])
+def test_hostile_top_level_manifest_is_refused(bundles, tmp_path, edit, words):
+    bundle = _copy(bundles, tmp_path)
+    f = bundle / "manifest.json"
+    data = json.loads(f.read_text())
+    edit(data)
+    f.write_text(json.dumps(data))
+    assert words in " ".join(_refused(bundle).split())
 
 
 def test_convert_runs_one_atc_command_per_graph(bundles, tmp_path, monkeypatch):
