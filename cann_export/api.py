@@ -112,8 +112,6 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
     from .components.bundle import export_plan
     from .components.plan import plan_for
-    from .components.source import load_directory
-
     options.pop("trust_remote_code", None)
     kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
     task = options.pop("task", None) if task is None else task
@@ -124,13 +122,11 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
                                   f"atc_ready bundle directory of components, not --format {fmt}; pass --format "
                                   "atc_ready (`cann-export convert` then compiles every graph)",
                                   path=str(model) if isinstance(model, (str, Path)) else None)
-    if isinstance(model, (str, Path)):
+    if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
+        from .components.confined import export_directory
+
         plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
-        if options.get("sandbox") == "require":
-            raise errors.OptionsError("a multi-graph export loads the model directory in this process (safetensors "
-                                      "only, transformers' own classes), not in the load sandbox; drop "
-                                      "--require-sandbox or export a single-graph task", path=str(model))
-        model, task, carried = load_directory(Path(model), task, options)
+        return export_directory(Path(model), Path(output_path), task, kv_cache, sequence_length, progress, options)
     plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
     return export_plan(plan, output_path, progress=progress, carried=carried, **options)
 

@@ -141,6 +141,9 @@ def test_static_cache_runs_in_onnxruntime_and_matches_eager(bundles):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert result["ok"] and manifest["run"]["cache_length"] == 16 and manifest["kind"] == "decoder-with-static-cache"
     assert (bundle / "hf" / "config.json").is_file() and "hf/config.json" in manifest["files"]
+    from cann_export.sandbox import confine
+
+    assert manifest["sandbox"]["kind"] == (confine.probe().kind if confine.probe().available else "none")
     prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
     for s in (prefill, decode):  # every shape fixed: what ATC's static path needs
         assert all(isinstance(d, int) for v in (*s.get_inputs(), *s.get_outputs()) for d in v.shape)

@@ -49,7 +49,7 @@ def convert_script(names: list[str]) -> str:
 
 def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, progress: Any = None,
                 metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
-                **options: Any) -> MultiResult:
+                sandbox_record: dict[str, Any] | None = None, **options: Any) -> MultiResult:
     """Export every component of ``plan`` into one bundle at ``output`` (see the module docstring). ``options``
     are export()'s keyword options, applied to every component; ``carried``: files written beside the
     components (a model directory's config and tokenizer files, ``{"hf/NAME": bytes}``)."""
@@ -98,6 +98,8 @@ def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, prog
         atomic.write_text(script, convert_script([c.name for c in plan.components]))
         script.chmod(0o755)
         manifest = build_manifest(plan, results, staging)
+        if sandbox_record is not None:  # where the model directory was loaded (confined or why not)
+            manifest["sandbox"] = dict(sandbox_record)
         atomic.write_text(staging / "manifest.json", dumps(manifest))
         digest = digests.sha256_file(staging / "manifest.json")
         atomic.commit_dir(staging, output, overwrite)
