@@ -126,9 +126,10 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
         from .components.confined import export_directory
 
         plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
-        return export_directory(Path(model), Path(output_path), task, kv_cache, sequence_length, progress, options)
+        return export_directory(Path(model), Path(output_path), export, (task, kv_cache, sequence_length), progress,
+                                options)
     plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
-    return export_plan(plan, output_path, progress=progress, carried=carried, **options)
+    return export_plan(plan, output_path, export, progress=progress, carried=carried, **options)
 
 
 def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:
@@ -206,7 +207,8 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         from .components.check import is_multi, validate_multi
 
         if container is None and is_multi(directory):  # several graphs: each component validated
-            report = validate_multi(directory, path, tolerance=tolerance, soc_versions=socs, **tolerance_values)
+            report = validate_multi(directory, path, validate, tolerance=tolerance, soc_versions=socs,
+                                    **tolerance_values)
             report["bundle"] = str(bundle)
             return report
         checked = rederive.check_bundle(directory, container=container, raise_on_difference=False)
@@ -235,7 +237,7 @@ def inspect(path: str | Path) -> dict[str, Any]:
     from .components.check import describe_multi, is_multi
 
     if is_multi(Path(path)):
-        return {**describe_multi(Path(path)), "path": str(path)}
+        return {**describe_multi(Path(path), inspect), "path": str(path)}
     return describe(Path(path))
 
 

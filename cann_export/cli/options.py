@@ -54,15 +54,9 @@ def _registered(name: str, extra: tuple[str, ...] = ()) -> Any:
     return Registered(name, extra)
 
 
-def flags() -> dict[str, Flag]:
+def _model_flags() -> dict[str, Flag]:
+    """A model directory's task, remote code and a decoder's cache form."""
     return {
-        "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
-                              "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
-                              ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
-        "model_class": Flag("pkg.module:Callable that builds the module for a state_dict / safetensors file."),
-        "model_kwargs": Flag("JSON object of keyword arguments for --model-class.", parse=opts_mod.parse_model_kwargs),
-        "trust_pickle": Flag("Allow unpickling a whole nn.Module (runs code from the file: only for files you "
-                             "trust)."),
         "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
                      "feature-extraction, ...); default: detected from config.json's architectures."),
         "kv_cache": Flag("A decoder's KV cache, exported as prefill + decode graphs: 'dynamic' (a growing cache, "
@@ -70,6 +64,18 @@ def flags() -> dict[str, Flag]:
                          "path). Implies --task text-generation-with-past.", decls=("--kv-cache",)),
         "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
                                   "classes, which run on load; inside the load sandbox)."),
+    }
+
+
+def flags() -> dict[str, Flag]:
+    return {**_model_flags(),
+        "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
+                              "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
+                              ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
+        "model_class": Flag("pkg.module:Callable that builds the module for a state_dict / safetensors file."),
+        "model_kwargs": Flag("JSON object of keyword arguments for --model-class.", parse=opts_mod.parse_model_kwargs),
+        "trust_pickle": Flag("Allow unpickling a whole nn.Module (runs code from the file: only for files you "
+                             "trust)."),
         "sandbox": Flag("", variants=(("--require-sandbox", "require", "Fail when the model file cannot load in the "
                                                                        "sandbox (Landlock + seccomp); for CI."),
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),

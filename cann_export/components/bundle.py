@@ -47,48 +47,22 @@ def convert_script(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, progress: Any = None,
+def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: bool = False, progress: Any = None,
                 metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
                 sandbox_record: dict[str, Any] | None = None, **options: Any) -> MultiResult:
-    """Export every component of ``plan`` into one bundle at ``output`` (see the module docstring). ``options``
-    are export()'s keyword options, applied to every component; ``carried``: files written beside the
-    components (a model directory's config and tokenizer files, ``{"hf/NAME": bytes}``)."""
-    from .. import api
+    """Export every component of ``plan`` with ``export_one`` (api.export) into one bundle at ``output`` (see
+    the module docstring). ``options`` are export()'s keyword options, applied to every component;
+    ``carried``: files written beside the components (a model directory's config and tokenizer files,
+    ``{"hf/NAME": bytes}``)."""
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
-    fmt = options.pop("export_format", "atc_ready")
-    if fmt != "atc_ready":
-        raise OptionsError(f"a multi-graph model ({plan.kind}) exports as an atc_ready bundle directory of "
-                           f"components, not --format {fmt}; pass --format atc_ready (convert it with "
-                           "`cann-export convert` or atc/convert.sh)")
-    if "publish" in options and options["publish"]:
-        raise OptionsError("--publish is not supported for a multi-graph export yet; export, then "
-                           "`cann-export zoo publish BUNDLE NAME`")
-    output = Path(output)
-    if output.suffix:
-        raise OptionsError(f"a multi-graph bundle is a directory; pass an output without a suffix, not "
-                           f"{output.name}", path=output)
+    output = _check(plan, Path(output), options)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
     try:
-        results = {}
-        for comp in plan.components:
-            where = staging / COMPONENTS_DIR / comp.name
-            where.parent.mkdir(exist_ok=True)
-            hints = dict(options.get("atc_hints") or {})
-            if getattr(comp.module, "graph_dynamic_axes", None) and not any(h in hints for h in DYNAMIC_HINTS):
-                hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
-            try:
-                result = api.export(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
-                                    progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
-                                    **{**options, "atc_hints": hints})
-            except ExportError as e:
-                e.args = (f"component {comp.name!r}: {e.args[0] if e.args else e}",)
-                if hasattr(e, "message"):
-                    e.message = f"component {comp.name!r}: {e.message}"
-                raise
-            results[comp.name] = result
+        results = {comp.name: _export_component(comp, staging, export_one, progress, metadata, options)
+                   for comp in plan.components}
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +84,41 @@ def export_plan(plan: Plan, output: str | Path, *, overwrite: bool = False, prog
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}
     return MultiResult(ok=manifest["parity"]["passed"], output=str(output), kind=plan.kind, components=summary,
                        manifest=manifest, manifest_sha256=digest)
+
+
+def _check(plan: Plan, output: Path, options: dict[str, Any]) -> Path:
+    fmt = options.pop("export_format", "atc_ready")
+    if fmt != "atc_ready":
+        raise OptionsError(f"a multi-graph model ({plan.kind}) exports as an atc_ready bundle directory of "
+                           f"components, not --format {fmt}; pass --format atc_ready (convert it with "
+                           "`cann-export convert` or atc/convert.sh)")
+    if options.get("publish"):
+        raise OptionsError("--publish is not supported for a multi-graph export yet; export, then "
+                           "`cann-export zoo publish BUNDLE NAME`")
+    if output.suffix:
+        raise OptionsError(f"a multi-graph bundle is a directory; pass an output without a suffix, not "
+                           f"{output.name}", path=output)
+    return output
+
+
+def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, metadata: dict[str, str] | None,
+                      options: dict[str, Any]) -> Any:
+    """One component into ``staging/components/<name>``; its dynamic axes get an ATC range unless the caller
+    gave a dynamic hint; an error names the component."""
+    where = staging / COMPONENTS_DIR / comp.name
+    where.parent.mkdir(exist_ok=True)
+    hints = dict(options.get("atc_hints") or {})
+    if getattr(comp.module, "graph_dynamic_axes", None) and not any(h in hints for h in DYNAMIC_HINTS):
+        hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
+    try:
+        return export_one(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
+                          progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
+                          **{**options, "atc_hints": hints})
+    except ExportError as e:
+        e.args = (f"component {comp.name!r}: {e.args[0] if e.args else e}",)
+        if hasattr(e, "message"):
+            e.message = f"component {comp.name!r}: {e.message}"
+        raise
 
 
 def _prefixed(progress: Any, name: str) -> Any:

@@ -152,10 +152,9 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     return manifest, diffs
 
 
-def validate_multi(directory: Path, path: Path, **validate_options: Any) -> dict[str, Any]:
-    """Check the bundle (``check_multi``), then validate every component; the verdict is passed only when every
-    component's re-derived parity passed."""
-    from .. import api
+def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_options: Any) -> dict[str, Any]:
+    """Check the bundle (``check_multi``), then validate every component with ``validate_one`` (api.validate);
+    the verdict is passed only when every component's re-derived parity passed."""
     from ..bundle.rederive import BundleMismatchError
     from ..bundle.read import manifest_sha256
 
@@ -165,7 +164,7 @@ def validate_multi(directory: Path, path: Path, **validate_options: Any) -> dict
     reports = {}
     for c in manifest["components"]:
         try:
-            reports[c["name"]] = api.validate(directory / c["path"], **validate_options)
+            reports[c["name"]] = validate_one(directory / c["path"], **validate_options)
         except ValidateError as e:
             e.args = (f"component {c['name']!r}: {e.args[0] if e.args else e}",)
             raise
@@ -174,9 +173,9 @@ def validate_multi(directory: Path, path: Path, **validate_options: Any) -> dict
             "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory)}
 
 
-def describe_multi(directory: Path) -> dict[str, Any]:
-    """What ``inspect`` shows: the components (each as inspect shows a bundle), connections and verdict."""
-    from .. import api
+def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
+    """What ``inspect`` shows: the components (each as ``inspect_one``, api.inspect, shows a bundle),
+    connections and verdict."""
     from ..bundle.rederive import BundleMismatchError
     from ..bundle.read import manifest_sha256
 
@@ -184,17 +183,18 @@ def describe_multi(directory: Path) -> dict[str, Any]:
     if diffs:
         raise BundleMismatchError(diffs, path=directory, stage="inspect")
     return {"kind": "multi-graph", "schema": SCHEMA, "bundle_kind": manifest.get("kind"),
-            "components": {c["name"]: {"role": c.get("role"), **api.inspect(directory / c["path"])}
+            "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"])}
                            for c in manifest["components"]},
             "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
             "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"])}
 
 
-def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool) -> dict[str, Any]:
+def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,
+                  convert_one: Any) -> dict[str, Any]:
     """``cann-export convert`` of a multi-graph bundle: one ATC run per graph (each the single-graph
     ``convert`` of its component, which re-derives the command from the validated options), every ``.om``
-    (``<component>.om`` and its ``.atc.log``) in one output directory committed at once."""
-    from ..bundle.om import convert
+    (``<component>.om`` and its ``.atc.log``) in one output directory committed at once. ``convert_one``:
+    bundle.om's single-graph convert."""
     from ..bundle.rederive import BundleMismatchError
     from ..fs import atomic
 
@@ -208,7 +208,7 @@ def convert_multi(path: Path, output: str | Path | None, soc_version: str | None
     results = {}
     try:
         for c in manifest["components"]:
-            results[c["name"]] = convert(path / c["path"], staging / f"{c['name']}.om", soc_version, False)
+            results[c["name"]] = convert_one(path / c["path"], staging / f"{c['name']}.om", soc_version, False)
         atomic.commit_dir(staging, out, overwrite)
         staging = None
     finally:

@@ -15,14 +15,11 @@ from .bundle import MultiResult
 DENIES = ["writes outside the export's staging directory", "execve", "sockets", "signals to other processes"]
 
 
-def export_directory(path: Path, output: Path, task: str | None, kv_cache: Any, sequence_length: int,
-                     progress: Any, options: dict[str, Any]) -> MultiResult:
-    """Load ``path`` and export its graphs into ``output``; confined when the machine can (``sandbox``
-    option: "auto", "require" or "off")."""
-    from ..sandbox import child, confine
-    from .bundle import export_plan
-    from .plan import plan_for
-    from .source import load_directory
+def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+                     options: dict[str, Any]) -> MultiResult:
+    """Load ``path`` and export its graphs (``what``: task, kv_cache, sequence length) with ``export_one``
+    (api.export) into ``output``; confined when the machine can (``sandbox`` option: auto, require, off)."""
+    from ..sandbox import confine
 
     mode = options.get("sandbox", "auto")
     support = confine.probe() if mode != "off" else None
@@ -32,11 +29,27 @@ def export_directory(path: Path, output: Path, task: str | None, kv_cache: Any, 
         if mode == "require":
             raise OptionsError(f"--require-sandbox: the load cannot run sandboxed: {why}; drop --require-sandbox "
                                "or run where Landlock and seccomp are available", path=str(path))
-        model, task, carried = load_directory(path, task, options)
-        plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
-        return export_plan(plan, output, progress=progress, carried=carried,
-                           sandbox_record={"kind": "none", "reason": why}, **options)
-    from ..fs import atomic, digests
+        return _export(path, output, export_one, what, progress, {"kind": "none", "reason": why}, options)
+    return _confined(path, output, export_one, what, progress, support, options)
+
+
+def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+            record: dict[str, Any], options: dict[str, Any]) -> MultiResult:
+    from .bundle import export_plan
+    from .plan import plan_for
+    from .source import load_directory
+
+    task, kv_cache, length = what
+    model, found, carried = load_directory(path, task, options)
+    plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=length)
+    return export_plan(plan, output, export_one, progress=progress, carried=carried, sandbox_record=record,
+                       **options)
+
+
+def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+              support: Any, options: dict[str, Any]) -> MultiResult:
+    from ..fs import atomic
+    from ..sandbox import child
 
     overwrite = bool(options.pop("overwrite", False))
     atomic.check_target(output, overwrite, (str(path),))
@@ -52,38 +65,45 @@ def export_directory(path: Path, output: Path, task: str | None, kv_cache: Any, 
             def forward(index: int, stage: str, status: str, seconds: float) -> None:
                 send({"progress": [index, stage, status, seconds]})
 
-            model, found, carried = load_directory(path, task, options)
-            plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=sequence_length)
-            result = export_plan(plan, box / "bundle", progress=forward, carried=carried, sandbox_record=record,
-                                 **options)
-            return {"ok": result.ok, "kind": result.kind, "components": result.components}
-
-        def on_event(message: dict[str, Any]) -> None:
-            event = message.get("progress")
-            if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
-                raise child.ChildFailed("the sandboxed child sent a malformed progress event")
-            if progress:
-                progress(event[0], str(event[1]), str(event[2]), float(event[3]))
+            result = _export(path, box / "bundle", export_one, what, forward, record, options)
+            return {"ok": result.ok, "components": result.components}
 
         try:
-            data = child.run(body, [box], support, on_event)
+            data = child.run(body, [box], support, _events(progress))
         except child.ChildFailed as e:
             raise ExportError(f"{e}. The model directory ran in the load sandbox ({support.kind}); nothing was "
                               "written. A crafted file, or a load that needs more memory than is free",
                               path=str(path), stage="load") from e
-        bundle = box / "bundle"
-        if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
-            raise ExportError("the sandboxed child wrote no bundle where it was told to", path=str(path),
-                              stage="write")
-        from .check import check_multi
-
-        manifest, diffs = check_multi(bundle)  # what the child wrote must hold together before it moves
-        if diffs:
-            raise ExportError("the sandboxed child's bundle does not match its manifest: " + "; ".join(diffs[:5]),
-                              path=str(path), stage="write")
-        digest = digests.sha256_file(bundle / "manifest.json")
-        atomic.commit_dir(bundle, output, overwrite)
+        manifest, digest = _checked(box / "bundle", path)
+        atomic.commit_dir(box / "bundle", output, overwrite)
     finally:
         atomic.discard(box)
     return MultiResult(ok=bool(data.get("ok")), output=str(output), kind=manifest["kind"],
                        components=dict(data.get("components") or {}), manifest=manifest, manifest_sha256=digest)
+
+
+def _events(progress: Any) -> Any:
+    from ..sandbox import child
+
+    def on_event(message: dict[str, Any]) -> None:
+        event = message.get("progress")
+        if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
+            raise child.ChildFailed("the sandboxed child sent a malformed progress event")
+        if progress:
+            progress(event[0], str(event[1]), str(event[2]), float(event[3]))
+
+    return on_event
+
+
+def _checked(bundle: Path, path: Path) -> tuple[dict[str, Any], str]:
+    """What the child wrote must be a plain directory that holds together before it moves into place."""
+    from ..fs import digests
+    from .check import check_multi
+
+    if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
+        raise ExportError("the sandboxed child wrote no bundle where it was told to", path=str(path), stage="write")
+    manifest, diffs = check_multi(bundle)
+    if diffs:
+        raise ExportError("the sandboxed child's bundle does not match its manifest: " + "; ".join(diffs[:5]),
+                          path=str(path), stage="write")
+    return manifest, digests.sha256_file(bundle / "manifest.json")
