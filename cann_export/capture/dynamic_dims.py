@@ -88,12 +88,22 @@ def name_dims(ctx: Any) -> None:
                    else "the exporter specialised it (the model's code fixes that size)")
             lost.append(f"{a.input}:{a.axis} ({a.name}, {a.min}..{a.max}, from {a.source}) is static ({fixed}) in the "
                         f"exported graph: {why}; ATC gets a static shape and the graph accepts only that size")
+    fixed = {a.name for a in axes if a not in kept}
+    for a in [a for a in kept if a.name in fixed]:  # one size for the name: where the graph fixed it, everywhere
+        dim = inputs[a.input].type.tensor_type.shape.dim[a.axis]
+        size = int(ctx.example_inputs[a.input].shape[a.axis])
+        renames.pop(dim.dim_param, None)
+        dim.Clear()
+        dim.dim_value = size
+        lost.append(f"{a.input}:{a.axis} ({a.name}, from {a.source}) is exported static ({size}) as well: the graph "
+                    f"fixed {a.name} on another input")
+    kept = [a for a in kept if a.name not in fixed]
     if renames:
         _rename(model, renames)
     ctx.dynamic_axes = kept
     if lost:
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
-        _drop_fixed_shapes(ctx, {a.name for a in axes} - {a.name for a in kept})
+        _drop_fixed_shapes(ctx, fixed)
 
 
 def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:

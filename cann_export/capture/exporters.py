@@ -72,14 +72,27 @@ class DynamoExporter:
 
 
 def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
-    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
+    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph. With dynamic
+    axes a conversion that fails is tried again static (the capture stage warns for each axis)."""
+    from .dynamic_dims import dynamic_shapes
+
+    shapes = dynamic_shapes(ctx)
+    if shapes is None:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+    try:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)
+    except Exception as e:  # noqa: BLE001 - torch.onnx's symbolic-shape failures: the static graph may still export
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
+    return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+
+
+def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any, shapes: dict | None) -> Any:
     import torch
 
-    from .dynamic_dims import dynamic_shapes, named_forward
+    from .dynamic_dims import named_forward
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
-    shapes = dynamic_shapes(ctx)
     named = named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext()
     if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
         with named:
