@@ -116,6 +116,9 @@ def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
             if all((label.get("shape") or {}).get(n) == example.get(n) for n in fixed)]
     if len(keep) < len(ctx.input_sets):
         keep_sets(ctx, keep)
+    for label in ctx.input_set_labels:  # the fixed dimensions are no longer part of a set's shape
+        if isinstance(label.get("shape"), dict):
+            label["shape"] = {n: v for n, v in label["shape"].items() if n not in fixed}
         counts = ctx.reports.reference.input_sets
         counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
 

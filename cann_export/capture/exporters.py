@@ -118,22 +118,28 @@ def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any,
 
 
 def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: Any) -> Any:
-    """torch.export with the dynamic axes; when the model specialises one (a constraint violation), each axis
-    dynamic where torch can keep it (Dim.AUTO), else the static program, with the reason noted (the capture
-    stage then warns for each axis the graph fixed)."""
+    """torch.export with the dynamic axes; a dimension torch says the model specialises ("You marked batch as
+    dynamic but your code specialized it") is dropped and the capture tried again, then the static program, with
+    the reasons noted (the capture stage warns for each axis the graph fixed)."""
+    import re
+
     import torch
 
-    if shapes is None:
-        return torch.export.export(model, args, kwargs=kwargs, strict=False)
-    try:
-        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
-    except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {' '.join(str(e).split())[:300]}"]
-    try:  # Dim.AUTO: torch keeps each axis dynamic where the model allows and specialises the others
-        auto = {n: ({axis: torch.export.Dim.AUTO for axis in v} if v else None) for n, v in shapes.items()}
-        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=auto)
-    except Exception as e:  # noqa: BLE001
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes (auto): {' '.join(str(e).split())[:300]}"]
+    for _ in range(4):
+        if not shapes:
+            break
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
+        except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
+            text = " ".join(str(e).split())
+            ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {text[:300]}"]
+            fixed = set(re.findall(r"You marked (\w+) as dynamic but your code specialized it", text))
+            if not fixed:
+                break
+            shapes = {n: ({a: d for a, d in v.items() if getattr(d, "__name__", None) not in fixed} or None)
+                      if v else None for n, v in shapes.items()}
+            if not any(shapes.values()):
+                break
     return torch.export.export(model, args, kwargs=kwargs, strict=False)
 
 
