@@ -47,6 +47,18 @@ class Specialises(torch.nn.Module):
         return self.lin(x).reshape(2, -1)  # the batch of 2 is baked in
 
 
+class FixedSeq(torch.nn.Module):
+    """Runs at any size, but branches on the sequence length: torch.export specialises it, not the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+
+    def forward(self, input_ids):
+        out = self.emb(input_ids)
+        return out * 2 if input_ids.shape[1] == 8 else out
+
+
 def dims(path: Path) -> dict[str, list]:
     model = onnx.load(str(path))
     return {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
@@ -348,3 +360,13 @@ def test_static_shapes_turns_every_source_off(batch_bundle, work):
     assert result.ok and dims(work / "static.onnx") == {"x": [2, 3, 8, 8]} and "shapes" not in result.parity
     with pytest.raises(OptionsError, match="--static-shapes"):
         cann_export.export(Conv(), work / "x.onnx", "onnx", static_shapes=True, dynamic="x:0=b:1..4")
+
+
+def test_an_axis_torch_specialises_is_dropped_and_the_others_kept(work):
+    result = cann_export.export(FixedSeq(), work / "fixedseq.onnx", "onnx", input_shapes=["input_ids:2,8"],
+                                dynamic="input_ids:0=batch:1..16,1=seq:4..16")
+    assert result.ok
+    assert dims(work / "fixedseq.onnx") == {"input_ids": ["batch", 8]}
+    assert [s["shape"] for s in result.parity["shapes"]] == [{"batch": 2}, {"batch": 1}, {"batch": 8}, {"batch": 16}]
+    (warning,) = result.manifest["warnings"]["dynamic"]
+    assert warning.startswith("input_ids:1 (seq, 4..16, from --dynamic) is static (8)")

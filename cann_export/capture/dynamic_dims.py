@@ -88,12 +88,22 @@ def name_dims(ctx: Any) -> None:
                    else "the exporter specialised it (the model's code fixes that size)")
             lost.append(f"{a.input}:{a.axis} ({a.name}, {a.min}..{a.max}, from {a.source}) is static ({fixed}) in the "
                         f"exported graph: {why}; ATC gets a static shape and the graph accepts only that size")
+    fixed = {a.name for a in axes if a not in kept}
+    for a in [a for a in kept if a.name in fixed]:  # one size for the name: where the graph fixed it, everywhere
+        dim = inputs[a.input].type.tensor_type.shape.dim[a.axis]
+        size = int(ctx.example_inputs[a.input].shape[a.axis])
+        renames.pop(dim.dim_param, None)
+        dim.Clear()
+        dim.dim_value = size
+        lost.append(f"{a.input}:{a.axis} ({a.name}, from {a.source}) is exported static ({size}) as well: the graph "
+                    f"fixed {a.name} on another input")
+    kept = [a for a in kept if a.name not in fixed]
     if renames:
         _rename(model, renames)
     ctx.dynamic_axes = kept
     if lost:
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
-        _drop_fixed_shapes(ctx, {a.name for a in axes} - {a.name for a in kept})
+        _drop_fixed_shapes(ctx, fixed)
 
 
 def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
@@ -106,6 +116,9 @@ def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
             if all((label.get("shape") or {}).get(n) == example.get(n) for n in fixed)]
     if len(keep) < len(ctx.input_sets):
         keep_sets(ctx, keep)
+    for label in ctx.input_set_labels:  # the fixed dimensions are no longer part of a set's shape
+        if isinstance(label.get("shape"), dict):
+            label["shape"] = {n: v for n, v in label["shape"].items() if n not in fixed}
         counts = ctx.reports.reference.input_sets
         counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
 

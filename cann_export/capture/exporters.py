@@ -74,17 +74,30 @@ class DynamoExporter:
 
 
 def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
-    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
+    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph. With dynamic
+    axes a conversion that fails is tried again static (the capture stage warns for each axis)."""
+    from .dynamic_dims import dynamic_shapes
+
+    declared = ctx.loaded.extras.get("dynamic_shapes") if ctx.loaded is not None else None
+    if declared:  # a module's own graph_dynamic_shapes (positional inputs, derived dims such as past + 1)
+        return _declared_graph(model, args, kwargs, opset, {"dynamic_shapes": (declared,)}, ctx)
+    shapes = dynamic_shapes(ctx)
+    if shapes is None:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+    try:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)
+    except Exception as e:  # noqa: BLE001 - torch.onnx's symbolic-shape failures: the static graph may still export
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
+    return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+
+
+def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any, shapes: dict | None) -> Any:
     import torch
 
-    from .dynamic_dims import dynamic_shapes, named_forward
+    from .dynamic_dims import named_forward
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
-    declared = ctx.loaded.extras.get("dynamic_shapes") if ctx.loaded is not None else None
-    if declared:  # a module's own graph_dynamic_shapes (positional inputs, derived dims such as past + 1)
-        return _declared_graph(model, args, kwargs, options, {"dynamic_shapes": (declared,)}, ctx)
-    shapes = dynamic_shapes(ctx)
     named = named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext()
     if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
         with named:
@@ -109,10 +122,13 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
 
 
-def _declared_graph(model: Any, args: tuple, kwargs: dict, options: dict, dynamic: dict, ctx: Any) -> Any:
+def _declared_graph(model: Any, args: tuple, kwargs: dict, opset: int, dynamic: dict, ctx: Any) -> Any:
     """The capture of a module that declares its dynamic shapes: passed to torch.export and again to
     torch.onnx, which names the graph's symbolic dims after the declared Dims."""
     import torch
+
+    options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
+               "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
 
     if large_graph.state(ctx) is not None:
         return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True},
@@ -131,22 +147,28 @@ def _declared_graph(model: Any, args: tuple, kwargs: dict, options: dict, dynami
 
 
 def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: Any) -> Any:
-    """torch.export with the dynamic axes; when the model specialises one (a constraint violation), each axis
-    dynamic where torch can keep it (Dim.AUTO), else the static program, with the reason noted (the capture
-    stage then warns for each axis the graph fixed)."""
+    """torch.export with the dynamic axes; a dimension torch says the model specialises ("You marked batch as
+    dynamic but your code specialized it") is dropped and the capture tried again, then the static program, with
+    the reasons noted (the capture stage warns for each axis the graph fixed)."""
+    import re
+
     import torch
 
-    if shapes is None:
-        return torch.export.export(model, args, kwargs=kwargs, strict=False)
-    try:
-        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
-    except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {' '.join(str(e).split())[:300]}"]
-    try:  # Dim.AUTO: torch keeps each axis dynamic where the model allows and specialises the others
-        auto = {n: ({axis: torch.export.Dim.AUTO for axis in v} if v else None) for n, v in shapes.items()}
-        return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=auto)
-    except Exception as e:  # noqa: BLE001
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes (auto): {' '.join(str(e).split())[:300]}"]
+    for _ in range(4):
+        if not shapes:
+            break
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
+        except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
+            text = " ".join(str(e).split())
+            ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {text[:300]}"]
+            fixed = set(re.findall(r"You marked (\w+) as dynamic but your code specialized it", text))
+            if not fixed:
+                break
+            shapes = {n: ({a: d for a, d in v.items() if getattr(d, "__name__", None) not in fixed} or None)
+                      if v else None for n, v in shapes.items()}
+            if not any(shapes.values()):
+                break
     return torch.export.export(model, args, kwargs=kwargs, strict=False)
 
 

@@ -4,6 +4,8 @@
 parity runs at every gear, or at the range's ends and middle."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +37,8 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     for a in asked:
         _check_asked(a, feed, program, ctx.loaded.kind)
         found[(a.input, a.axis)] = a
-    axes = [_complete(a, feed) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
+    limit = _position_limit(ctx.model)
+    axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
     axes = _propagate(axes, feed)
     _check_names(axes)
     return sorted(axes, key=lambda a: (list(feed).index(a.input), a.axis))
@@ -66,12 +69,25 @@ def _check_asked(a: DynamicAxis, feed: dict[str, Any], program: dict, kind: str)
                 f"({low}..{high if high else 'unbounded'}); give sizes inside it")
 
 
-def _complete(a: DynamicAxis, feed: dict[str, Any]) -> DynamicAxis:
-    """A name and a range for an axis given without: batch 1..64 on axis 0, else 1..4 x the example's size."""
+def _position_limit(model: Any) -> int | None:
+    """A transformers model's position table (config.max_position_embeddings) less RoBERTa's offset of 2 (its
+    positions start after the padding index): the longest sequence its task axes default to."""
+    for module in getattr(model, "modules", lambda: [])():
+        value = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+        if type(value) is int and value > 2:
+            return value - 2
+    return None
+
+
+def _complete(a: DynamicAxis, feed: dict[str, Any], limit: int | None = None) -> DynamicAxis:
+    """A name and a range for an axis given without: batch 1..64 on axis 0, else 1..4 x the example's size (a
+    loader's sequence axis at most the position table, ``limit``)."""
     size = int(feed[a.input].shape[a.axis])
     name = a.name or ("batch" if a.axis == 0 else f"{a.input}_dim{a.axis}")
     low = a.min if a.min is not None else 1
     high = a.max if a.max is not None else max(DEFAULT_BATCH_MAX if a.axis == 0 else DEFAULT_FACTOR * size, low)
+    if a.max is None and limit and a.source == "loader" and "sequence" in name and size <= limit:
+        high = min(high, limit)
     if not low <= size <= high:
         raise errors.OptionsError(f"{FLAG} {a.input}:{a.axis}={name}: the example input's size {size} is outside "
                                   f"{low}..{high}; the graph is captured at the example's shape, so widen the range "
@@ -162,7 +178,8 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             if varied in failed:
                 continue
             try:
-                _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+                with _attributes_kept(ctx.model):
+                    _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
             except errors.PrepareError as e:
                 failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
                 continue
@@ -184,6 +201,19 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     for label in ctx.input_set_labels:
         label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
     ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: Any) -> Iterator[None]:
+    """A forward at another size may reconfigure the model for it (transformers' Swin shrinks window_size and
+    shift_size to a small input): the plain attributes of every module are put back afterwards."""
+    kinds = (int, float, bool, str, tuple, type(None))
+    saved = [(m, {k: v for k, v in vars(m).items() if isinstance(v, kinds)}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, values in saved:
+            module.__dict__.update(values)
 
 
 def _shown(point: dict[str, int]) -> str:
