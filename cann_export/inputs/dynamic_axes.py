@@ -80,7 +80,7 @@ def _position_limit(model: Any) -> int | None:
 
 
 def _complete(a: DynamicAxis, feed: dict[str, Any], limit: int | None = None) -> DynamicAxis:
-    """A name and a range for an axis given without: batch 1..64 on axis 0, else 1..4 x the example's size (a
+    """A name and a range for an axis given without: batch 1..16 on axis 0, else 1..4 x the example's size (a
     loader's sequence axis at most the position table, ``limit``)."""
     size = int(feed[a.input].shape[a.axis])
     name = a.name or ("batch" if a.axis == 0 else f"{a.input}_dim{a.axis}")
