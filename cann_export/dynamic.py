@@ -18,7 +18,7 @@ SYNTAX = ("write it as NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. --dy
 MIN_GEARS, MAX_GEARS = 2, 100
 MAX_BATCH = 2048
 MAX_DIM = 1 << 20
-DEFAULT_BATCH_MAX = 64  # axis 0 with no range given (-1 in --input-shape, a loader's axis without one)
+DEFAULT_BATCH_MAX = 16  # axis 0 with no range given (-1 in --input-shape, a loader's axis): parity runs at its end
 DEFAULT_FACTOR = 4  # another axis with no range: 1 .. 4 x the example's size
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -80,7 +80,7 @@ def _position_limit(model: Any) -> int | None:
 
 
 def _complete(a: DynamicAxis, feed: dict[str, Any], limit: int | None = None) -> DynamicAxis:
-    """A name and a range for an axis given without: batch 1..64 on axis 0, else 1..4 x the example's size (a
+    """A name and a range for an axis given without: batch 1..16 on axis 0, else 1..4 x the example's size (a
     loader's sequence axis at most the position table, ``limit``)."""
     size = int(feed[a.input].shape[a.axis])
     name = a.name or ("batch" if a.axis == 0 else f"{a.input}_dim{a.axis}")
@@ -143,24 +143,37 @@ def shape_points(axes: list[DynamicAxis], feed: dict[str, Any]) -> list[dict[str
 
 
 def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
-    """Per extra shape: (point, two input sets: the example's kind of data, seeded, and a second draw, labels
-    naming the shape in ``label["shape"]``)."""
-    from ..options import InputSpec
-    from .tensors import set_label, tensors_from_specs
+    """Per extra shape: (point, two seeded input sets drawn like the example: floats from N(0, 1), integers
+    (ids, masks, token types) within the example's own values, so within the model's tables; labels naming the
+    shape in ``label["shape"]``)."""
+    import torch
+
+    from .tensors import set_label
 
     feed = ctx.example_inputs
     for k, point in enumerate(shape_points(axes, feed)):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]
-        specs = [InputSpec(n, tuple(s), str(feed[n].dtype).replace("torch.", "")) for n, s in shapes.items()]
         sets, labels = [], []
         for draw in range(2):
-            sets.append(tensors_from_specs(specs, ctx.model, ctx.options.seed + 101 + 2 * k + draw))
+            gen = torch.Generator().manual_seed(ctx.options.seed + 101 + 2 * k + draw)
+            sets.append({n: _like(feed[n], shapes[n], gen) for n in feed})
             label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}", start + draw)
             label["shape"] = dict(point)
             labels.append(label)
         yield point, sets, labels
+
+
+def _like(example: Any, shape: list[int], gen: Any) -> Any:
+    import torch
+
+    if example.dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(example.dtype)
+    if example.dtype == torch.bool or example.numel() == 0:
+        return torch.ones(shape, dtype=example.dtype)
+    low, high = int(example.min()), int(example.max())
+    return torch.randint(low, high + 1, shape, generator=gen, dtype=torch.int64).to(example.dtype)
 
 
 def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
