@@ -17,7 +17,7 @@ import itertools
 from typing import Any
 
 from ..dynamic import MAX_GEARS, DynamicAxis
-from .lint import parse_cann_version
+from .versions import parse_cann_version
 
 GEAR_OPTIONS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims")
 

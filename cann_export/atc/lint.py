@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any
 
 from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset, _nodes, where  # noqa: F401 - lint's API
+from .versions import parse_cann_version  # noqa: F401 - lint's API (plugins/lint_command, tests)
 
 DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
 HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
@@ -28,12 +28,6 @@ def load_table() -> dict[str, Any]:
     from importlib.resources import files
 
     return json.loads(files("cann_export.atc.data").joinpath("atc_onnx_ops.json").read_text(encoding="utf-8"))
-
-
-def parse_cann_version(text: str) -> tuple[int, int] | None:
-    """``"8.0"``, ``"7.0.RC1"``, ``"6.3.RC2"``, ``"8.0.0"`` -> (major, minor); None when it does not parse."""
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.[0-9A-Za-z.]+)?\s*", str(text))
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def opset_range(version: tuple[int, int]) -> tuple[int, int]:

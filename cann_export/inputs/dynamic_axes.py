@@ -25,8 +25,9 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
         for axis, dim in axes.items():
             label = symbols.setdefault(dim["symbol"], "batch" if axis == 0 else f"{name}_dim{axis}")
             found[(name, axis)] = DynamicAxis(name, axis, label, dim["min"] or 1, dim["max"], source="program")
+    shaped = {spec.name for spec in ctx.options.input_shapes}  # the user's --input-shape wins over a loader's axes
     for name, axes in (extras.get("dynamic_axes") or {}).items():
-        for axis, label in dict(axes).items():
+        for axis, label in dict(axes).items() if name not in shaped else ():
             found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label), source="loader"))
     for spec in ctx.options.input_shapes:
         for axis, size in enumerate(spec.shape):
