@@ -133,7 +133,11 @@ def test_decoder_graphs_have_optimum_names_and_symbolic_axes(bundles):
     assert [o.name for o in decode.graph.output] == ["logits"] + [f"present.{i}.{kv}" for i in range(2)
                                                                   for kv in ("key", "value")]
     script = (bundle / "components" / "decode" / "atc" / "convert.sh").read_text()
-    assert "--input_shape_range=" in script and "past_key_values.0.key:[1~64,2,1~63,16]" in script
+    # CANN 8 (the default --cann-version) takes the ranges in --input_shape itself; --input_shape_range is deprecated
+    assert "--input_shape_range" not in script and "past_key_values.0.key:1~64,2,1~63,16" in script
+    assert "--input_shape=" in script and "attention_mask:1~64,2~64" in script
+    lint = json.loads((bundle / "components" / "decode" / "manifest.json").read_text())["lint"]
+    assert "input_shape_range" not in json.dumps(lint)
 
 
 def test_static_cache_runs_in_onnxruntime_and_matches_eager(bundles):

@@ -103,13 +103,20 @@ def _check(plan: Plan, output: Path, options: dict[str, Any]) -> Path:
 
 def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, metadata: dict[str, str] | None,
                       options: dict[str, Any]) -> Any:
-    """One component into ``staging/components/<name>``; its dynamic axes get an ATC range unless the caller
-    gave a dynamic hint; an error names the component."""
+    """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges in the form the target
+    CANN takes unless the caller gave a dynamic hint; an error names the component."""
     where = staging / COMPONENTS_DIR / comp.name
     where.parent.mkdir(exist_ok=True)
     hints = dict(options.get("atc_hints") or {})
-    if getattr(comp.module, "graph_dynamic_axes", None) and not any(h in hints for h in DYNAMIC_HINTS):
-        hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
+    shaped = any(h in hints for h in (*DYNAMIC_HINTS, "input_shape"))
+    if getattr(comp.module, "graph_dynamic_axes", None) and not shaped:
+        from ..atc.dynamic_form import range_cann
+        from ..options import ExportOptions
+
+        if range_cann(options.get("cann_version") or ExportOptions.cann_version):  # CANN 8: ranges in --input_shape
+            hints["input_shape"] = comp.module.shape_ranges(comp.example_inputs, brackets=False)
+        else:
+            hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
     try:
         return export_one(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),

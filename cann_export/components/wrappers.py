@@ -74,8 +74,9 @@ class _Graph(nn.Module):
         return tuple({axis: dim(label) for axis, label in self.graph_dynamic_axes.get(n, {}).items()}
                      for n in self.graph_input_names)
 
-    def shape_ranges(self, feed: dict[str, torch.Tensor]) -> str:
-        """ATC's ``input_shape_range`` for the dynamic axes: ``name:[lo~hi,...]`` per input, static axes as is."""
+    def shape_ranges(self, feed: dict[str, torch.Tensor], brackets: bool = True) -> str:
+        """ATC's ranges for the dynamic axes, static axes as is: ``name:[lo~hi,...]`` per input (the
+        ``input_shape_range`` of CANN < 8), or ``name:lo~hi,...`` (``input_shape`` of CANN >= 8)."""
         parts = []
         for name in self.graph_input_names:
             axes = self.graph_dynamic_axes.get(name, {})
@@ -87,7 +88,7 @@ class _Graph(nn.Module):
                 base, _, plus = axes[axis].partition(" + ")
                 low, high = self.dim_bounds[base]
                 dims.append(f"{low + int(plus or 0)}~{high + int(plus or 0)}")
-            parts.append(f"{name}:[{','.join(dims)}]")
+            parts.append(f"{name}:[{','.join(dims)}]" if brackets else f"{name}:{','.join(dims)}")
         return ";".join(parts)
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
