@@ -234,17 +234,12 @@ _RENAMEAT2 = _renameat2()
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically: a temp name beside it, fsynced, renamed into place."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` (UTF-8) to ``path`` atomically (as ``write_bytes``)."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (as ``write_text``)."""
+    """Write ``data`` to ``path`` atomically: a temp name beside it, fsynced, renamed into place."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
