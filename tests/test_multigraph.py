@@ -322,3 +322,80 @@ def test_convert_runs_one_atc_command_per_graph(bundles, tmp_path, monkeypatch):
     assert set(oms) == {"encoder", "decoder", "decoder_with_past"}
     assert "past_key_values.1.encoder.value:" in oms["decoder_with_past"]
     assert "encoder_hidden_states:" in oms["decoder"] and "past_key_values" not in oms["encoder"]
+
+
+def _edit_manifest(bundle, edit):
+    f = bundle / "manifest.json"
+    data = json.loads(f.read_text())
+    edit(data)
+    f.write_text(json.dumps(data))
+
+
+def test_component_directory_moved_out_and_linked_back_is_refused(bundles, tmp_path):
+    bundle = _copy(bundles, tmp_path)
+    shutil.move(bundle / "components" / "decode", tmp_path / "outside")
+    (bundle / "components" / "decode").symlink_to(tmp_path / "outside", target_is_directory=True)
+    _edit_manifest(bundle, lambda m: m.update(files={k: v for k, v in m["files"].items()
+                                                     if not k.startswith("components/decode/")}))
+    out = " ".join(_refused(bundle).split())
+    assert "components/decode: a link, not a directory inside the bundle" in out
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda b: (b / "components" / "prefill" / "extra.bin").write_bytes(b"x"),
+     "components/prefill/extra.bin: not in the top-level file table"),
+    (lambda b: (b / "components" / "prefill" / "peek").symlink_to("/etc/hostname"),
+     "components/prefill/peek: a link inside a component"),
+    (lambda b: _edit_manifest(b, lambda m: m["files"].pop("components/decode/model.onnx")),
+     "components/decode/model.onnx: not in the top-level file table"),
+])
+def test_component_files_must_be_plain_and_listed_at_the_top(bundles, tmp_path, tamper, words):
+    bundle = _copy(bundles, tmp_path)
+    tamper(bundle)
+    assert words in " ".join(_refused(bundle).split())
+
+
+def _swap_key_value(m):
+    for c in m["connections"]:
+        if c["to"]["input"] == "past_key_values.0.key":
+            c["to"]["input"] = "past_key_values.0.value"
+        elif c["to"]["input"] == "past_key_values.0.value":
+            c["to"]["input"] = "past_key_values.0.key"
+
+
+@pytest.mark.parametrize("name, edit, words", [
+    ("gpt2", _swap_key_value, "manifest.json connections: not the 8 that a decoder-with-past bundle"),
+    ("gpt2", lambda m: m.update(kind="encoder-decoder"), "manifest.json components: ['prefill', 'decode']"),
+    ("gpt2", lambda m: m.update(kind="decoder-with-static-cache"), "manifest.json run: not the run notes"),
+    ("gpt2", lambda m: m["components"][1].update(role="prefill"), "with roles ['prefill', 'prefill']"),
+    ("gpt2", lambda m: m["connections"].pop(), "manifest.json connections: not the 8"),
+    ("gpt2_static", lambda m: m["run"].update(cache_length=8), "not the run notes of a decoder-with-static-cache "
+                                                               "bundle with 16 cache slots"),
+    ("t5", lambda m: m.update(components=m["components"][:2], connections=m["connections"][:1],
+                              kind="encoder-decoder"), "manifest.json run"),
+])
+def test_wiring_kind_and_run_notes_are_re_derived(bundles, tmp_path, name, edit, words):
+    bundle = _copy(bundles, tmp_path, name)
+    _edit_manifest(bundle, edit)
+    assert words in " ".join(_refused(bundle).split())
+
+
+def test_confined_result_comes_from_the_checked_manifest_not_the_child(bundles, tmp_path, monkeypatch):
+    from cann_export.components import confined
+    from cann_export.components.bundle import MultiResult
+    from cann_export.sandbox import confine
+
+    if not confine.probe().available:
+        pytest.skip("no Landlock/seccomp here: the confined path does not run")
+    source = bundles["gpt2"][1]
+
+    def lying_child(path, output, *args):  # a hostile child: a good bundle, a false report
+        shutil.copytree(source, output)
+        return MultiResult(ok=False, output=str(output), kind="x", components={"evil": {"passed": False}})
+
+    monkeypatch.setattr(confined, "_export", lying_child)
+    result = confined.export_directory(tmp_path / "model", tmp_path / "out", None, (None, None, 7), None,
+                                       {"sandbox": "require"})
+    assert result.ok is True and set(result.components) == {"prefill", "decode"}
+    assert all(c["passed"] for c in result.components.values())
+    assert api.validate(tmp_path / "out")["passed"] is True

@@ -9,10 +9,11 @@ from typing import Any
 
 from ..errors import ValidateError
 from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, convert_script
-from .plan import NAME
+from .plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
+MAX_ENTRIES = 10_000  # files and directories walked under the components
 
 
 def is_multi(directory: Path) -> bool:
@@ -101,10 +102,16 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     directory = Path(directory)
     manifest = read_multi(directory)
     diffs = file_problems(directory, manifest)
+    diffs += placement_problems(directory, manifest["files"])
     names: dict[str, dict[str, set[str]]] = {}
+    owns: dict[str, dict[str, Any]] = {}
     verdicts: list[bool] = []
     for c in manifest["components"]:
-        f = directory / c["path"] / "manifest.json"
+        home = directory / c["path"]
+        if home.is_symlink() or (directory / COMPONENTS_DIR).is_symlink():
+            diffs.append(f"{c['path']}: a link, not a directory inside the bundle (refused)")
+            continue
+        f = home / "manifest.json"
         if f.is_symlink() or not f.is_file():
             diffs.append(f"{c['path']}/manifest.json: missing (component {c['name']!r})")
             continue
@@ -118,7 +125,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
         except (ValidateError, KeyError, TypeError) as e:
             diffs.append(f"{c['path']}/manifest.json: unreadable ({e})")
             continue
-        names[c["name"]] = real
+        names[c["name"]], owns[c["name"]] = real, own
         recorded = (manifest["parity"].get("components") or {}).get(c["name"])
         own_passed = (own.get("parity") or {}).get("passed") if isinstance(own.get("parity"), dict) else None
         if recorded is not own_passed:
@@ -135,6 +142,8 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
                 diffs.append(f"manifest.json connections[{k}].{end}: unknown component {comp[:80]!r}")
             elif comp in names and value not in names[comp][kind]:
                 diffs.append(f"manifest.json connections[{k}].{end}: component {comp!r} has no {key} {value[:80]!r}")
+    if len(owns) == len(manifest["components"]):
+        diffs += wiring_problems(manifest, owns)
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
@@ -150,6 +159,65 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if CONVERT not in manifest["files"]:
         diffs.append(f"{CONVERT}: not in the file table")
     return manifest, diffs
+
+
+def placement_problems(directory: Path, files: dict[str, Any]) -> list[str]:
+    """Everything under ``components/`` must be a plain directory or a regular file inside the bundle, and every
+    file listed (with its digest) in the top-level file table; a listed file that is missing is named by
+    ``file_problems``."""
+    import os
+
+    top = directory / COMPONENTS_DIR
+    if top.is_symlink():
+        return [f"{COMPONENTS_DIR}: a link, not a directory inside the bundle (refused)"]
+    problems, count = [], 0
+    for root, dirs, names in os.walk(top):  # never follows a link
+        for name in sorted(dirs) + sorted(names):
+            count += 1
+            if count > MAX_ENTRIES:
+                return problems + [f"{COMPONENTS_DIR}: more than {MAX_ENTRIES} entries (refused)"]
+            p = Path(root) / name
+            rel = p.relative_to(directory).as_posix()
+            if ".cann-tmp-" in rel:
+                continue
+            if p.is_symlink():
+                problems.append(f"{rel[:200]}: a link inside a component (refused)")
+            elif name in names and not p.is_file():
+                problems.append(f"{rel[:200]}: not a regular file (refused)")
+            elif name in names and rel not in files:
+                problems.append(f"{rel[:200]}: not in the top-level file table of manifest.json")
+    return problems
+
+
+def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
+    """The components (names, roles), connections and run notes re-derived from ``kind`` and the graphs'
+    output names (``plan.wiring``, the rule export wrote them with), against the manifest's."""
+    kind = manifest.get("kind")
+    if kind not in KINDS:
+        return [f"manifest.json kind: {str(kind)[:80]!r} is not one of {', '.join(KINDS)}"]
+    recorded = [(c["name"], c.get("role")) for c in manifest["components"]]
+    if recorded != [(n, n) for n in KINDS[kind]]:
+        return [f"manifest.json components: {[n for n, _ in recorded]} with roles {[r for _, r in recorded]} are "
+                f"not those of a {kind} bundle ({', '.join(KINDS[kind])}, each its own role)"]
+    first = "prefill" if "prefill" in KINDS[kind] else "decoder"
+    expected = sorted(wiring(kind, [v["name"] for v in owns[first]["model"]["outputs"]]))
+    actual = sorted((c["from"]["component"], c["from"]["output"], c["to"]["component"], c["to"]["input"])
+                    for c in manifest["connections"])
+    problems = []
+    if actual != expected:
+        wrong = sorted(set(actual) ^ set(expected))[:3]
+        problems.append(f"manifest.json connections: not the {len(expected)} that a {kind} bundle's graphs give "
+                        f"({len(actual)} recorded; differing: {', '.join(map(str, wrong)) or 'duplicates'})")
+    length = None
+    if kind == "decoder-with-static-cache":
+        shapes = {v["name"]: v.get("shape") for v in owns["decode"]["model"]["inputs"]}
+        shape = shapes.get("past_key_values.0.key")
+        length = shape[2] if isinstance(shape, list) and len(shape) == 4 else None
+    if manifest.get("run") != run_notes(kind, length):
+        problems.append(f"manifest.json run: not the run notes of a {kind} bundle "
+                        f"{'with ' + str(length) + ' cache slots ' if length is not None else ''}"
+                        "(re-derived from its graphs)")
+    return problems
 
 
 def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_options: Any) -> dict[str, Any]:

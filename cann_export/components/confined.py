@@ -65,21 +65,20 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
             def forward(index: int, stage: str, status: str, seconds: float) -> None:
                 send({"progress": [index, stage, status, seconds]})
 
-            result = _export(path, box / "bundle", export_one, what, forward, record, options)
-            return {"ok": result.ok, "components": result.components}
+            _export(path, box / "bundle", export_one, what, forward, record, options)
+            return {}
 
         try:
-            data = child.run(body, [box], support, _events(progress))
+            child.run(body, [box], support, _events(progress))
         except child.ChildFailed as e:
             raise ExportError(f"{e}. The model directory ran in the load sandbox ({support.kind}); nothing was "
                               "written. A crafted file, or a load that needs more memory than is free",
                               path=str(path), stage="load") from e
-        manifest, digest = _checked(box / "bundle", path)
+        result = _checked(box / "bundle", path, output)
         atomic.commit_dir(box / "bundle", output, overwrite)
     finally:
         atomic.discard(box)
-    return MultiResult(ok=bool(data.get("ok")), output=str(output), kind=manifest["kind"],
-                       components=dict(data.get("components") or {}), manifest=manifest, manifest_sha256=digest)
+    return result
 
 
 def _events(progress: Any) -> Any:
@@ -95,9 +94,12 @@ def _events(progress: Any) -> Any:
     return on_event
 
 
-def _checked(bundle: Path, path: Path) -> tuple[dict[str, Any], str]:
-    """What the child wrote must be a plain directory that holds together before it moves into place."""
+def _checked(bundle: Path, path: Path, output: Path) -> MultiResult:
+    """What the child wrote must be a plain directory that holds together before it moves into place; the
+    result (verdict, components) comes from the checked manifests, never from the child's message."""
+    from ..bundle.read import load_manifest_file
     from ..fs import digests
+    from .bundle import component_summary
     from .check import check_multi
 
     if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
@@ -106,4 +108,8 @@ def _checked(bundle: Path, path: Path) -> tuple[dict[str, Any], str]:
     if diffs:
         raise ExportError("the sandboxed child's bundle does not match its manifest: " + "; ".join(diffs[:5]),
                           path=str(path), stage="write")
-    return manifest, digests.sha256_file(bundle / "manifest.json")
+    components = {c["name"]: component_summary(load_manifest_file(bundle / c["path"] / "manifest.json"), c["name"])
+                  for c in manifest["components"]}
+    return MultiResult(ok=manifest["parity"]["passed"], output=str(output), kind=manifest["kind"],
+                       components=components, manifest=manifest,
+                       manifest_sha256=digests.sha256_file(bundle / "manifest.json"))

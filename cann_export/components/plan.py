@@ -102,6 +102,35 @@ def _loop(component: str, names: list[str]) -> list[tuple[str, str, str, str]]:
     return [(component, n, component, n.replace("present.", "past_key_values.", 1)) for n in names]
 
 
+# every kind's components, in order; each component's role is its name
+KINDS = {"decoder-with-past": ("prefill", "decode"), "decoder-with-static-cache": ("prefill", "decode"),
+         "encoder-decoder": ("encoder", "decoder"),
+         "encoder-decoder-with-past": ("encoder", "decoder", "decoder_with_past")}
+
+
+def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:
+    """The connections of a ``kind`` bundle from the output names of its first cache-producing graph (prefill,
+    or the seq2seq decoder): export writes them and validate re-derives them with this one rule."""
+    present = [n for n in outputs if n.startswith("present.")]
+    if kind in ("decoder-with-past", "decoder-with-static-cache"):
+        return [("prefill", n, "decode", n.replace("present.", "past_key_values.", 1)) for n in present] \
+            + _loop("decode", present)
+    connections = [("encoder", "last_hidden_state", "decoder", "encoder_hidden_states")]
+    if kind == "encoder-decoder":  # Optimum's text2text-generation: the decoder re-reads the whole prefix
+        return connections
+    return connections + [("decoder", n, "decoder_with_past", n.replace("present.", "past_key_values.", 1))
+                          for n in present] + _loop("decoder_with_past", [n for n in present if ".decoder." in n])
+
+
+def run_notes(kind: str, cache_length: int | None = None) -> dict[str, Any]:
+    """The ``run`` notes of a ``kind`` bundle (``cache_length``: the static cache's slots)."""
+    if kind == "decoder-with-static-cache":
+        return {"loop": "decode", "logits": "logits", "cache": f"static:{cache_length}", "cache_length": cache_length,
+                "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"}
+    loop = {"decoder-with-past": "decode", "encoder-decoder": "decoder"}.get(kind, "decoder_with_past")
+    return {"loop": loop, "logits": "logits", "cache": "none" if kind == "encoder-decoder" else "dynamic"}
+
+
 # the example batch of the graphs with dynamic axes: 2, so torch.export does not specialize the batch to 1
 EXAMPLE_BATCH = 2
 
@@ -123,12 +152,9 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
            "attention_mask": torch.ones(batch, prompt + 1, dtype=torch.long),
            "position_ids": torch.full((batch, 1), prompt), **_past(present)}
-    names = list(present)
-    return Plan("decoder-with-past", [Component("prefill", "prefill", prefill, feed),
-                                      Component("decode", "decode", step, nxt)],
-                [("prefill", n, "decode", n.replace("present.", "past_key_values.", 1)) for n in names]
-                + _loop("decode", names),
-                {"loop": "decode", "logits": "logits", "cache": "dynamic"})
+    kind = "decoder-with-past"
+    return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
+                wiring(kind, list(present)), run_notes(kind))
 
 
 def static_decoder_plan(model: Any, length: int) -> Plan:
@@ -149,13 +175,9 @@ def static_decoder_plan(model: Any, length: int) -> Plan:
     nxt = {"input_ids": _ids(model.config, (1, 1), 1),
            "attention_mask": torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1),
            "position_ids": torch.tensor([[prompt]]), **_past(present)}
-    names = list(present)
-    return Plan("decoder-with-static-cache", [Component("prefill", "prefill", prefill, feed),
-                                              Component("decode", "decode", step, nxt)],
-                [("prefill", n, "decode", n.replace("present.", "past_key_values.", 1)) for n in names]
-                + _loop("decode", names),
-                {"loop": "decode", "logits": "logits", "cache": f"static:{length}", "cache_length": length,
-                 "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"})
+    kind = "decoder-with-static-cache"
+    return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
+                wiring(kind, list(present)), run_notes(kind, length))
 
 
 def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
@@ -179,17 +201,8 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
         present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
     past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), "encoder_attention_mask": enc_feed["attention_mask"],
                  **_past(present)}
-    names = list(present)
-    own = [n for n in names if ".decoder." in n]
-    connections = [("encoder", "last_hidden_state", "decoder", "encoder_hidden_states")]
-    if not with_past:  # Optimum's text2text-generation: the decoder re-reads the whole prefix every step
-        return Plan("encoder-decoder", [Component("encoder", "encoder", encoder, enc_feed),
-                                        Component("decoder", "decoder", decoder, dec_feed)],
-                    connections, {"loop": "decoder", "logits": "logits", "cache": "none"})
-    connections += [("decoder", n, "decoder_with_past", n.replace("present.", "past_key_values.", 1)) for n in names]
-    connections += _loop("decoder_with_past", own)
-    return Plan("encoder-decoder-with-past", [Component("encoder", "encoder", encoder, enc_feed),
-                                              Component("decoder", "decoder", decoder, dec_feed),
-                                              Component("decoder_with_past", "decoder_with_past", stepper,
-                                                        past_feed)],
-                connections, {"loop": "decoder_with_past", "logits": "logits", "cache": "dynamic"})
+    kind = "encoder-decoder-with-past" if with_past else "encoder-decoder"
+    parts = [Component("encoder", "encoder", encoder, enc_feed), Component("decoder", "decoder", decoder, dec_feed)]
+    if with_past:
+        parts.append(Component("decoder_with_past", "decoder_with_past", stepper, past_feed))
+    return Plan(kind, parts, wiring(kind, list(present)), run_notes(kind))
