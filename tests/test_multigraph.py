@@ -346,6 +346,7 @@ def test_component_directory_moved_out_and_linked_back_is_refused(bundles, tmp_p
      "components/prefill/extra.bin: not in the top-level file table"),
     (lambda b: (b / "components" / "prefill" / "peek").symlink_to("/etc/hostname"),
      "components/prefill/peek: a link inside a component"),
+    (lambda b: (b / "components" / "spare").mkdir(), "components/spare: not a component of manifest.json"),
     (lambda b: _edit_manifest(b, lambda m: m["files"].pop("components/decode/model.onnx")),
      "components/decode/model.onnx: not in the top-level file table"),
 ])

@@ -103,6 +103,10 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     manifest = read_multi(directory)
     diffs = file_problems(directory, manifest)
     diffs += placement_problems(directory, manifest["files"])
+    listed = {c["name"] for c in manifest["components"]}
+    if (directory / COMPONENTS_DIR).is_dir() and not (directory / COMPONENTS_DIR).is_symlink():
+        diffs += [f"{COMPONENTS_DIR}/{p.name[:80]}: not a component of manifest.json (refused)"
+                  for p in sorted((directory / COMPONENTS_DIR).iterdir())[:MAX_COMPONENTS + 1] if p.name not in listed]
     names: dict[str, dict[str, set[str]]] = {}
     owns: dict[str, dict[str, Any]] = {}
     verdicts: list[bool] = []
