@@ -96,7 +96,7 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
         for name, bound in INT_BOUNDS.items():
             value = section.get(name)
             if name in ("image_size", "patch_size") and isinstance(value, list) and 1 <= len(value) <= 3:
-                value = max(value) if all(_int(v) for v in value) else value
+                value = max(value) if all(_int(v) and v > 0 for v in value) else value
             if value is not None and (not _int(value) or not 0 < value <= bound):
                 raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be a positive integer up "
                                 f"to {bound}. Fix the field or {_HINT}", path=path)
