@@ -82,6 +82,8 @@ def test_multi_graph_source_refuses_an_index_linking_out(saved, tmp_path):
     from cann_export.components.source import load_directory
 
     directory = _copy(saved, "gpt2_sharded", tmp_path)
+    model, task, carried = load_directory(directory, "text-generation-with-past", {})  # sound: loads
+    assert task == "text-generation-with-past" and "hf/config.json" in carried
     outside = tmp_path / "index.json"
     (directory / "model.safetensors.index.json").rename(outside)
     os.symlink(outside, directory / "model.safetensors.index.json")
