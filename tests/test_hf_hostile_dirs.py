@@ -111,3 +111,14 @@ def test_patch_size_is_bounded_like_the_other_fields(saved, tmp_path):
         (directory / "config.json").write_text(json.dumps({**config, "patch_size": bad}))
         with pytest.raises(LoadError, match="patch_size"):
             read_config(directory, False)
+
+
+def test_pickled_weights_follow_transformers_order_too(tmp_path):
+    """With no safetensors, transformers loads pytorch_model.bin before its index: that is the file named."""
+    import torch
+
+    from cann_export.hf.weights import weight_files
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "missing-1.bin"}}))
+    assert weight_files(tmp_path, True) == (False, [tmp_path / "pytorch_model.bin"])
