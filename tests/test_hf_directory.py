@@ -163,12 +163,14 @@ def _truncated(d):
     path.write_bytes(data[: len(data) - 100])
 
 
-def _missing_shard(d):
+def _missing_shard(d):  # the index is what transformers loads only where no model.safetensors is
+    (d / "model.safetensors").unlink()
     (d / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
 
 
 def _escaping_shard(d):
+    (d / "model.safetensors").unlink()
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/x.safetensors"}}))
 
 

@@ -52,7 +52,7 @@ def load_directory(path: Path, task: str | None, options: dict[str, Any]) -> tup
     from ..hf.config import read_config
     from ..hf.model import load_pretrained
     from ..hf.tasks import TASKS, detect
-    from ..hf.weights import weight_files
+    from ..hf.weights import checked_weights
 
     directory, roots = hf_files.resolve(Path(path))
     config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
@@ -68,9 +68,7 @@ def load_directory(path: Path, task: str | None, options: dict[str, Any]) -> tup
     if found.name not in SUPPORTED:
         raise OptionsError(f"task {found.name} of {arch} does not export as several graphs here yet; supported: "
                            f"{', '.join(SUPPORTED)} (or --task with a single-graph task)", path=config_path)
-    safetensors, weights = weight_files(directory, bool(options.get("trust_pickle")))
-    for weight in weights:
-        hf_files.check_inside(weight, roots)
+    safetensors, _ = checked_weights(directory, roots, bool(options.get("trust_pickle")))
     carried = hf_files.companions(directory, roots)
     opts = SimpleNamespace(trust_remote_code=False, trust_pickle=bool(options.get("trust_pickle")), task=found.name)
     model = load_pretrained(directory, arch, found, config, safetensors, opts)

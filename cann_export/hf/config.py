@@ -16,9 +16,13 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 INT_BOUNDS = {
     "vocab_size": 1 << 24, "max_position_embeddings": 1 << 22, "n_positions": 1 << 22, "type_vocab_size": 1 << 12,
     "image_size": 1 << 14, "num_channels": 1 << 10, "num_mel_bins": 1 << 12, "max_source_positions": 1 << 20,
-    "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20, "sampling_rate": 1 << 22,
+    "patch_size": 1 << 14, "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20,
+    "sampling_rate": 1 << 22,
 }
 _HINT = "re-save it with transformers' save_pretrained"
+# config.json keys that make from_pretrained load another weight file than the one checked (transformers 5's
+# modeling_utils reads ``transformers_weights`` as the file to load, following links, past these checks)
+REDIRECT_KEYS = ("transformers_weights",)
 SUB_CONFIGS = ("text_config", "vision_config", "audio_config")  # composite models' nested configs
 
 
@@ -76,6 +80,14 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
                               or not all(isinstance(a, str) and IDENT.fullmatch(a) for a in archs)):
         raise LoadError(f"config.json's architectures is {_shown(archs)}, not a list of class names such as "
                         f"[\"BertForSequenceClassification\"]; {_HINT}", path=path)
+    for sub in ("", *SUB_CONFIGS):
+        section = config.get(sub) if sub else config
+        for key in REDIRECT_KEYS if isinstance(section, dict) else ():
+            if key in section:
+                raise LoadError(f"config.json's {sub + '.' if sub else ''}{key} ({_shown(section[key])}) makes "
+                                "transformers load another weight file than model.safetensors, past this loader's "
+                                f"checks; refused. Remove the field and keep the weights in model.safetensors "
+                                f"({_HINT})", path=path)
     for sub in SUB_CONFIGS:
         if config.get(sub) is not None and not isinstance(config[sub], dict):
             raise LoadError(f"config.json's {sub} is {_shown(config[sub])}, not an object; {_HINT}", path=path)
@@ -83,8 +95,8 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
     for prefix, section in sections:
         for name, bound in INT_BOUNDS.items():
             value = section.get(name)
-            if name == "image_size" and isinstance(value, list) and len(value) == 2:
-                value = max(value) if all(_int(v) for v in value) else value
+            if name in ("image_size", "patch_size") and isinstance(value, list) and 1 <= len(value) <= 3:
+                value = max(value) if all(_int(v) and v > 0 for v in value) else value
             if value is not None and (not _int(value) or not 0 < value <= bound):
                 raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be a positive integer up "
                                 f"to {bound}. Fix the field or {_HINT}", path=path)

@@ -52,8 +52,24 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
                         "model file (.pt2, .pt, .pth, .safetensors)", path=directory)
     roots = [directory.resolve()]
     if directory.parent.name == "snapshots":  # hub cache: models--org--name/snapshots/<hash>/ links to ../../blobs
-        roots.append((directory.parent.parent / "blobs").resolve())
+        blobs = _blobs(directory.parent.parent)
+        if blobs is not None:
+            roots.append(blobs)
     return directory, roots
+
+
+def _blobs(repo: Path) -> Path | None:
+    """The resolved ``blobs`` folder of a hub-cache repo folder, when there is one: a real folder directly in the
+    repo folder. A ``blobs`` link (to ``/`` it would let a snapshot's links reach any file) is refused."""
+    blobs = repo / "blobs"
+    if not blobs.is_symlink() and not blobs.exists():
+        return None
+    real = blobs.resolve()
+    if blobs.is_symlink() or not real.is_dir() or real.parent != repo.resolve():
+        raise LoadError(f"the hub-cache folder's blobs is a link or lies elsewhere (it resolves to {str(real)[:200]}), "
+                        "so the snapshot's links could reach any file; refused unread. Use a real hub cache, or copy "
+                        "the snapshot's files into a plain directory", path=blobs)
+    return real
 
 
 def _snapshot(repo: Path) -> Path:

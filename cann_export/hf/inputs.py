@@ -10,6 +10,7 @@ from typing import Any
 from .tasks import BATCH, SEQ
 
 DUMMY_BATCH, DUMMY_SEQ = 2, 16
+MAX_DUMMY_ELEMENTS = 1 << 28  # per dummy input (1 GiB of float32): config fields each in range can multiply past it
 # a dynamic sequence axis is checked up to 4x the example's length by default: the example stays a quarter of
 # the longest sequence the position table takes, so every checked length is one the model computes
 SEQ_HEADROOM = 4
@@ -88,7 +89,26 @@ def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | 
             specs.append(InputSpec(name, (batch, int(_get(config, "num_mel_bins", 80)), frames), "float"))
         elif name == "input_values":
             specs.append(InputSpec(name, (batch, _audio_samples(sampling_rate)), "float"))
+    for spec in specs:
+        _check_elements(spec)
     return specs
+
+
+FIELDS = {"pixel_values": "image_size and num_channels", "input_features": "num_mel_bins and max_source_positions",
+          "input_values": "preprocessor_config.json's sampling_rate"}
+
+
+def _check_elements(spec: InputSpec) -> None:
+    from ..errors import LoadError
+
+    count = 1
+    for d in spec.shape:
+        count *= d
+    if count > MAX_DUMMY_ELEMENTS:
+        fields = FIELDS.get(spec.name, "vocab_size and max_position_embeddings")
+        raise LoadError(f"config.json's {fields} make the dummy {spec.name} {list(spec.shape)}, {count:,} elements, "
+                        f"past the {MAX_DUMMY_ELEMENTS:,} any real model's input holds; refused before allocating it. "
+                        "Fix the fields or re-save the model with save_pretrained", path="config.json")
 
 
 def max_sequence(config: Any) -> int:

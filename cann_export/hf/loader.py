@@ -62,7 +62,7 @@ class HfDirectoryLoader:
         from .config import read_config, read_json
         from .model import load_pretrained
         from .tasks import TASKS, detect
-        from .weights import stored_elements, weight_files
+        from .weights import checked_weights, stored_elements
 
         directory, roots = hf_files.resolve(Path(path))
         config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
@@ -79,12 +79,7 @@ class HfDirectoryLoader:
         else:
             arch, task = detect(config, options.task, config_path)
         _single_graph(task, config_path)
-        for name in hf_files.WEIGHT_NAMES:  # the index files are read too: none may link out
-            if (directory / name).exists():
-                hf_files.check_inside(directory / name, roots)
-        safetensors, weights = weight_files(directory, bool(options.trust_pickle))
-        for weight in weights:
-            hf_files.check_inside(weight, roots)
+        safetensors, weights = checked_weights(directory, roots, bool(options.trust_pickle))
         carried = hf_files.companions(directory, roots)
         sampling_rate = None
         if (directory / "preprocessor_config.json").exists():

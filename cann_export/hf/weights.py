@@ -18,13 +18,37 @@ MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 MAX_INDEX = 64 << 20
 
 
+ADAPTER = "adapter_config.json"
+
+
+def checked_weights(directory: Path, roots: list[Path], trust_pickle: bool) -> tuple[bool, list[Path]]:
+    """``weight_files`` of a resolved model directory (``files.resolve``), every weight and index file inside
+    ``roots``: the one check every loader of a directory runs before ``from_pretrained``. A peft adapter
+    (``adapter_config.json``: transformers would load its base model and adapter weights unchecked) is refused."""
+    from .files import WEIGHT_NAMES, check_inside
+
+    if (directory / ADAPTER).exists() or (directory / ADAPTER).is_symlink():
+        raise LoadError(f"the directory holds a peft adapter ({ADAPTER}), whose base model and adapter weights "
+                        "transformers would load past these checks; refused. Merge the adapter into the model "
+                        "(peft's merge_and_unload) and save_pretrained the result", path=directory / ADAPTER)
+    for name in WEIGHT_NAMES:  # the index files are read too: none may link out
+        if (directory / name).exists() or (directory / name).is_symlink():
+            check_inside(directory / name, roots)
+    safetensors, weights = weight_files(directory, trust_pickle)
+    for weight in weights:
+        check_inside(weight, roots)
+    return safetensors, weights
+
+
 def weight_files(directory: Path, trust_pickle: bool) -> tuple[bool, list[Path]]:
-    """(safetensors?, the weight files): safetensors preferred; pickled files refused unless ``trust_pickle``."""
-    if (directory / SAFE_INDEX).exists():
-        return True, [check_safetensors(p) for p in _shards(directory, SAFE_INDEX, ".safetensors")]
+    """(safetensors?, the weight files) in transformers' own order (the file checked is the file it loads):
+    model.safetensors, its index, then pytorch_model.bin, its index; pickled files refused unless
+    ``trust_pickle``."""
     if (directory / SAFE).exists():
         return True, [check_safetensors(directory / SAFE)]
-    pickled = [directory / n for n in (PICKLED_INDEX, PICKLED) if (directory / n).exists()]
+    if (directory / SAFE_INDEX).exists():
+        return True, [check_safetensors(p) for p in _shards(directory, SAFE_INDEX, ".safetensors")]
+    pickled = [directory / n for n in (PICKLED, PICKLED_INDEX) if (directory / n).exists()]
     if pickled:
         if not trust_pickle:
             raise LoadError(f"the weights are a pickled checkpoint ({pickled[0].name}) and no model.safetensors is "
