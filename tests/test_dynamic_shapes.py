@@ -205,8 +205,30 @@ def test_dynamic_seq_gets_dynamic_dims_in_nd_for_older_cann(seq_bundle):
     assert "'--input_shape=input_ids:2,-1;attention_mask:2,-1'" in line
     assert "'--dynamic_dims=8,8;16,16;32,32;64,64'" in line and "--input_format=ND" in line
     shapes = json.loads((bundle / "manifest.json").read_text())["parity"]["shapes"]
-    assert [s["shape"] for s in shapes] == [{"seq": 16}, {"seq": 8}, {"seq": 36}, {"seq": 64}]
+    # parity runs at the gears ATC builds (8, 16, 32, 64), not at the range's middle (36)
+    assert [s["shape"] for s in shapes] == [{"seq": 16}, {"seq": 8}, {"seq": 32}, {"seq": 64}]
     assert all(s["passed"] for s in shapes)
+
+
+def test_more_than_100_dynamic_dims_profiles_are_refused_not_cut(tmp_path):
+    """batch 1..2048 x seq 1..4096 on CANN 7 is 12 x 13 = 156 profiles: refused (exit 2, nothing written), not
+    silently cut to the first 100 (whose largest batch was 128); CANN 8 takes the ranges."""
+    graph = static_graph((2, 16))
+    for d, name in zip(graph.graph.input[0].type.tensor_type.shape.dim, ("batch", "seq"), strict=True):
+        d.dim_param = name
+    axes = parse_dynamic("x:0=batch:1..2048,1=seq:1..4096")
+    with pytest.raises(OptionsError, match=r"156 profiles, past ATC's 100.*--cann-version"):
+        atc_form(graph, axes, "7.0", {})
+    assert atc_form(graph, axes, "8.0", {})["input_shape"] == "x:1~2048,1~4096"
+    out = tmp_path / "out"
+    torch.save(Tokens().state_dict(), str(tmp_path / "tok.pt"))
+    run = CliRunner().invoke(cli, [str(tmp_path / "tok.pt"), "--model-class", f"{__name__}:Tokens", "--input-shape",
+                                   "input_ids:2,16", "--input-shape", "attention_mask:2,16", "--dynamic",
+                                   "input_ids:0=batch:1..2048,1=seq:1..4096", "--cann-version", "7.0", "-o",
+                                   str(out), "--no-sandbox"])
+    assert run.exit_code == 2, run.output
+    assert "--dynamic" in run.output and "profiles" in run.output
+    assert not out.exists()
 
 
 def test_gears_are_the_parity_points(work):
