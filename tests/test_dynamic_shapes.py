@@ -149,6 +149,44 @@ def test_validate_refuses_a_manifest_whose_shape_verdicts_were_edited(batch_bund
         cann_export.validate(copy)
 
 
+def _tampered(bundle: Path, copy: Path, edit) -> Path:
+    """A copy of ``bundle`` whose manifest text (and convert.sh) went through ``edit``, convert.sh's digest kept
+    consistent: what a reviewer who widens a range by hand writes."""
+    import hashlib
+    import shutil
+
+    shutil.copytree(bundle, copy)
+    script = copy / "atc" / "convert.sh"
+    script.write_text(edit(script.read_text()))
+    manifest = json.loads(edit((copy / "manifest.json").read_text()))
+    manifest["files"]["atc/convert.sh"] = {"sha256": hashlib.sha256(script.read_bytes()).hexdigest(),
+                                           "size": script.stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_validate_refuses_a_dynamic_range_widened_after_parity(batch_bundle, tmp_path):
+    from cann_export.errors import ValidateError
+
+    copy = _tampered(batch_bundle[0], tmp_path / "wide", lambda text: text.replace("1~16", "1~2048").replace(
+        '"max": 16', '"max": 2048'))
+    assert "1~2048" in convert_line(copy)
+    with pytest.raises(ValidateError, match=r"manifest.json parity.shapes: parity ran at .*batch 1..2048") as e:
+        cann_export.validate(copy)
+    assert e.value.exit_code == 2
+    run = CliRunner().invoke(cli, ["validate", str(copy)])
+    assert run.exit_code == 2 and "manifest.json" in run.output
+
+
+def test_validate_refuses_a_dynamic_axis_the_graph_does_not_have(batch_bundle, tmp_path):
+    from cann_export.errors import ValidateError
+
+    copy = _tampered(batch_bundle[0], tmp_path / "renamed", lambda text: text.replace('"name": "batch"',
+                                                                                      '"name": "images"'))
+    with pytest.raises(ValidateError, match=r"atc.dynamic.axes: x:0=images is not a symbolic dimension"):
+        cann_export.validate(copy)
+
+
 @pytest.fixture(scope="module")
 def kwargs_programs(work):
     torch.manual_seed(0)
