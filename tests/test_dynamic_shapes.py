@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import origin_models as om
 
 import cann_export
 from cann_export.atc.dynamic_form import atc_form
@@ -185,6 +186,23 @@ def test_validate_refuses_a_dynamic_axis_the_graph_does_not_have(batch_bundle, t
                                                                                       '"name": "images"'))
     with pytest.raises(ValidateError, match=r"atc.dynamic.axes: x:0=images is not a symbolic dimension"):
         cann_export.validate(copy)
+
+
+def test_fix_precision_judges_every_shape_with_the_fixed_keep_set(work):
+    """--fix-precision on a dynamic graph: the other shapes' device verdicts use the keep set the fix found (as
+    validate does), not the one from before the fix (with which fp16 overflows at every shape)."""
+    model, inputs, _ = om.rms_decoder()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    program = torch.export.export(model, (inputs["input_ids"],), dynamic_shapes={"input_ids": {0: batch}})
+    torch.export.save(program, str(work / "rms.pt2"))
+    run = CliRunner().invoke(cli, [str(work / "rms.pt2"), "-o", str(work / "rms"), "--fix-precision", "--soc-version",
+                                   "Ascend910B1", "--json"])
+    assert run.exit_code == 0, run.output
+    manifest = json.loads((work / "rms" / "manifest.json").read_text())
+    assert manifest["parity"]["fixed_by_keep_dtype"]
+    assert [(s["shape"], s["device"]) for s in manifest["parity"]["shapes"]] == [
+        ({"batch": 2}, True), ({"batch": 1}, True), ({"batch": 4}, True)]
+    assert cann_export.validate(work / "rms")["passed"]
 
 
 @pytest.fixture(scope="module")
