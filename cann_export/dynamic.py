@@ -39,11 +39,15 @@ class DynamicAxis:
     source: str = FLAG
     note: str | None = field(default=None, compare=False)
 
-    def points(self) -> list[int]:
-        """The sizes parity runs at: every gear, or the range's ends and middle."""
+    def points(self, gear_form: bool = False) -> list[int]:
+        """The sizes parity runs at: the sizes ATC builds. Every gear asked; a range rendered as gears
+        (``gear_form``: CANN < 8, or gears asked on another axis) its ends and the powers of two between them
+        (atc/dynamic_form.gears_of); a ``~`` range its ends and middle."""
         if self.gears:
             return list(self.gears)
         lo, hi = int(self.min or 1), int(self.max or self.min or 1)
+        if gear_form:
+            return sorted({lo, *(1 << k for k in range(1, 12) if lo < (1 << k) < hi), hi})
         return sorted({lo, (lo + hi) // 2, hi})
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import origin_models as om
 
 import cann_export
 from cann_export.atc.dynamic_form import atc_form
@@ -149,6 +150,61 @@ def test_validate_refuses_a_manifest_whose_shape_verdicts_were_edited(batch_bund
         cann_export.validate(copy)
 
 
+def _tampered(bundle: Path, copy: Path, edit) -> Path:
+    """A copy of ``bundle`` whose manifest text (and convert.sh) went through ``edit``, convert.sh's digest kept
+    consistent: what a reviewer who widens a range by hand writes."""
+    import hashlib
+    import shutil
+
+    shutil.copytree(bundle, copy)
+    script = copy / "atc" / "convert.sh"
+    script.write_text(edit(script.read_text()))
+    manifest = json.loads(edit((copy / "manifest.json").read_text()))
+    manifest["files"]["atc/convert.sh"] = {"sha256": hashlib.sha256(script.read_bytes()).hexdigest(),
+                                           "size": script.stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_validate_refuses_a_dynamic_range_widened_after_parity(batch_bundle, tmp_path):
+    from cann_export.errors import ValidateError
+
+    copy = _tampered(batch_bundle[0], tmp_path / "wide", lambda text: text.replace("1~16", "1~2048").replace(
+        '"max": 16', '"max": 2048'))
+    assert "1~2048" in convert_line(copy)
+    with pytest.raises(ValidateError, match=r"manifest.json parity.shapes: parity ran at .*batch 1..2048") as e:
+        cann_export.validate(copy)
+    assert e.value.exit_code == 2
+    run = CliRunner().invoke(cli, ["validate", str(copy)])
+    assert run.exit_code == 2 and "manifest.json" in run.output
+
+
+def test_validate_refuses_a_dynamic_axis_the_graph_does_not_have(batch_bundle, tmp_path):
+    from cann_export.errors import ValidateError
+
+    copy = _tampered(batch_bundle[0], tmp_path / "renamed", lambda text: text.replace('"name": "batch"',
+                                                                                      '"name": "images"'))
+    with pytest.raises(ValidateError, match=r"atc.dynamic.axes: x:0=images is not a symbolic dimension"):
+        cann_export.validate(copy)
+
+
+def test_fix_precision_judges_every_shape_with_the_fixed_keep_set(work):
+    """--fix-precision on a dynamic graph: the other shapes' device verdicts use the keep set the fix found (as
+    validate does), not the one from before the fix (with which fp16 overflows at every shape)."""
+    model, inputs, _ = om.rms_decoder()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    program = torch.export.export(model, (inputs["input_ids"],), dynamic_shapes={"input_ids": {0: batch}})
+    torch.export.save(program, str(work / "rms.pt2"))
+    run = CliRunner().invoke(cli, [str(work / "rms.pt2"), "-o", str(work / "rms"), "--fix-precision", "--soc-version",
+                                   "Ascend910B1", "--json"])
+    assert run.exit_code == 0, run.output
+    manifest = json.loads((work / "rms" / "manifest.json").read_text())
+    assert manifest["parity"]["fixed_by_keep_dtype"]
+    assert [(s["shape"], s["device"]) for s in manifest["parity"]["shapes"]] == [
+        ({"batch": 2}, True), ({"batch": 1}, True), ({"batch": 4}, True)]
+    assert cann_export.validate(work / "rms")["passed"]
+
+
 @pytest.fixture(scope="module")
 def kwargs_programs(work):
     torch.manual_seed(0)
@@ -205,8 +261,30 @@ def test_dynamic_seq_gets_dynamic_dims_in_nd_for_older_cann(seq_bundle):
     assert "'--input_shape=input_ids:2,-1;attention_mask:2,-1'" in line
     assert "'--dynamic_dims=8,8;16,16;32,32;64,64'" in line and "--input_format=ND" in line
     shapes = json.loads((bundle / "manifest.json").read_text())["parity"]["shapes"]
-    assert [s["shape"] for s in shapes] == [{"seq": 16}, {"seq": 8}, {"seq": 36}, {"seq": 64}]
+    # parity runs at the gears ATC builds (8, 16, 32, 64), not at the range's middle (36)
+    assert [s["shape"] for s in shapes] == [{"seq": 16}, {"seq": 8}, {"seq": 32}, {"seq": 64}]
     assert all(s["passed"] for s in shapes)
+
+
+def test_more_than_100_dynamic_dims_profiles_are_refused_not_cut(tmp_path):
+    """batch 1..2048 x seq 1..4096 on CANN 7 is 12 x 13 = 156 profiles: refused (exit 2, nothing written), not
+    silently cut to the first 100 (whose largest batch was 128); CANN 8 takes the ranges."""
+    graph = static_graph((2, 16))
+    for d, name in zip(graph.graph.input[0].type.tensor_type.shape.dim, ("batch", "seq"), strict=True):
+        d.dim_param = name
+    axes = parse_dynamic("x:0=batch:1..2048,1=seq:1..4096")
+    with pytest.raises(OptionsError, match=r"156 profiles, past ATC's 100.*--cann-version"):
+        atc_form(graph, axes, "7.0", {})
+    assert atc_form(graph, axes, "8.0", {})["input_shape"] == "x:1~2048,1~4096"
+    out = tmp_path / "out"
+    torch.save(Tokens().state_dict(), str(tmp_path / "tok.pt"))
+    run = CliRunner().invoke(cli, [str(tmp_path / "tok.pt"), "--model-class", f"{__name__}:Tokens", "--input-shape",
+                                   "input_ids:2,16", "--input-shape", "attention_mask:2,16", "--dynamic",
+                                   "input_ids:0=batch:1..2048,1=seq:1..4096", "--cann-version", "7.0", "-o",
+                                   str(out), "--no-sandbox"])
+    assert run.exit_code == 2, run.output
+    assert "--dynamic" in run.output and "profiles" in run.output
+    assert not out.exists()
 
 
 def test_gears_are_the_parity_points(work):

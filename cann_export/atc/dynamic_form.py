@@ -17,6 +17,7 @@ import itertools
 from typing import Any
 
 from ..dynamic import MAX_GEARS, DynamicAxis
+from ..errors import OptionsError
 from .versions import parse_cann_version
 
 GEAR_OPTIONS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims")
@@ -30,11 +31,36 @@ def range_cann(cann_version: str) -> bool:
 
 def gears_of(a: DynamicAxis) -> list[int]:
     """An axis's gears: the ones asked, else the range's ends and the powers of two between them."""
-    if a.gears:
-        return list(a.gears)
-    low, high = int(a.min or 1), int(a.max or a.min or 1)
-    inner = [1 << k for k in range(1, 12) if low < (1 << k) < high]
-    return sorted({low, *inner, high})
+    return a.points(gear_form=True)
+
+
+def renders_gears(axes: list[DynamicAxis], cann_version: str, hints: dict[str, Any]) -> bool:
+    """Whether atc_form renders the axes as gears (ATC builds exactly gears_of each axis): gears asked, or a
+    CANN before 8; not when a user's hint gives the form."""
+    if not axes or any(k in hints for k in (*GEAR_OPTIONS, "input_shape_range")):
+        return False
+    return any(a.gears for a in axes) or not range_cann(cann_version)
+
+
+def check_profiles(axes: list[DynamicAxis], cann_version: str, hints: dict[str, Any]) -> None:
+    """OptionsError when the gear form needs more than ATC's 100 --dynamic_dims profiles (the product of the
+    dimensions' gear counts): ATC would refuse them, and cutting them would drop sizes the manifest claims."""
+    if not renders_gears(axes, cann_version, hints):
+        return
+    names: dict[Any, DynamicAxis] = {}
+    for a in axes:
+        names.setdefault(a.name, a)
+    if len(names) < 2:
+        return  # one dimension: its gears, counted by the lint
+    count = 1
+    for a in names.values():
+        count *= len(gears_of(a))
+    if count > MAX_GEARS:
+        shown = " x ".join(f"{n} {len(gears_of(a))} ({a.min}..{a.max})" for n, a in names.items())
+        raise OptionsError(f"--dynamic: on CANN {cann_version} the axes render as --dynamic_dims profiles, one per "
+                           f"combination of gears: {shown} = {count} profiles, past ATC's {MAX_GEARS} (E10001); "
+                           "give fewer gears (narrower ranges or explicit gear lists, e.g. batch:1,8,32) or target "
+                           "CANN >= 8.0 (--cann-version 8.0), which takes ranges")
 
 
 def dims_of(model: Any) -> list[tuple[str, list[int | str]]]:
@@ -91,7 +117,8 @@ def atc_form(model: Any, axes: list[DynamicAxis], cann_version: str, hints: dict
                 "options": {"dynamic_batch_size": ",".join(map(str, gears_of(batch)))}}
     slots = [by_pos[(name, axis)].name for name, dims in inputs for axis in range(len(dims)) if (name, axis) in by_pos]
     first = {a.name: a for a in reversed(axes)}
-    profiles = list(itertools.islice(itertools.product(*(gears_of(first[n]) for n in names)), MAX_GEARS))
+    check_profiles(axes, cann_version, hints)
+    profiles = list(itertools.product(*(gears_of(first[n]) for n in names)))
     rows = [",".join(str(dict(zip(names, p, strict=True))[s]) for s in slots) for p in profiles]
     return {"form": "dynamic_dims", "input_shape": _shape(inputs, minus_one),
             "options": {"dynamic_dims": ";".join(rows), "input_format": "ND"}}

@@ -130,13 +130,18 @@ def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
     return out
 
 
-def shape_points(axes: list[DynamicAxis], feed: dict[str, Any]) -> list[dict[str, int]]:
-    """The sizes parity runs at besides the example's: each dimension at each of its points (every gear, or
-    the range's ends and middle) with the others at the example's size."""
-    example = {a.name: int(feed[a.input].shape[a.axis]) for a in axes}
+def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False) -> list[dict[str, int]]:
+    """The sizes parity runs at besides the example's: each dimension at each of its points (the sizes ATC
+    builds: every gear when the gear form is rendered, ``gear_form``, else the range's ends and middle) with
+    the others at the example's size."""
+    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form)
+
+
+def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool) -> list[dict[str, int]]:
+    """shape_points from the example's size per dimension name (validate re-derives them from a bundle)."""
     points: list[dict[str, int]] = []
     for name, a in symbols(axes).items():
-        for size in a.points():
+        for size in a.points(gear_form):
             point = {**example, name: size}
             if point != example and point not in points:
                 points.append(point)
@@ -149,10 +154,12 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
     shape in ``label["shape"]``)."""
     import torch
 
+    from ..atc.dynamic_form import check_profiles, renders_gears
     from .tensors import set_label
 
-    feed = ctx.example_inputs
-    for k, point in enumerate(shape_points(axes, feed)):
+    feed, opts = ctx.example_inputs, ctx.options
+    check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
+    for k, point in enumerate(shape_points(axes, feed, renders_gears(axes, opts.cann_version, opts.atc_hints))):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]

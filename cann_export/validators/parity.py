@@ -215,8 +215,9 @@ class ParityValidator:
                                     [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
                                     ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
                                     reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats)
-        return shape_verdicts(report, labels, model, keep, feeds, ctx.reference_outputs, ctx.options.tolerance,
-                              ctx.module_paths, quantized)
+        final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
+        return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
+                              ctx.options.tolerance, ctx.module_paths, quantized)
 
 
 def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, model: Any, keep: list[str],

@@ -1,7 +1,7 @@
 """Parity per shape of a dynamic graph: the fp32 and device-precision verdicts at the example's shape and at
-each extra shape (every gear, or the range's ends and middle: inputs/dynamic_axes.py), each reported, all
-needed for the overall verdict. The overall fp32 verdict covers every set; the report's device run is the
-example's shape, each other shape's device run is made here, once."""
+each extra shape (the sizes ATC builds: every gear, or a ~ range's ends and middle: inputs/dynamic_axes.py),
+each reported, all needed for the overall verdict. The overall fp32 verdict covers every set; the report's
+device run is the example's shape, each other shape's device run is made here, once."""
 from __future__ import annotations
 
 from typing import Any
