@@ -62,10 +62,7 @@ class DynamoExporter:
         with quiet_export():
             graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
-        if asked < native and large_graph.state(ctx) is not None:  # weights on disk: no copy to convert in memory
-            ctx.capture_notes = [*ctx.capture_notes,
-                                 f"dynamo: opset {asked}: not converted down (a graph with external data)"]
-        elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
+        if asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
             graph = _down_convert(graph, asked, ctx)
         return graph
 
@@ -166,7 +163,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
 
     def run(m: Any) -> list[Any]:
-        sess = session(m)
+        sess = session(m) if large_graph.state(ctx) is None else large_graph.run_session(m, ctx)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     try:

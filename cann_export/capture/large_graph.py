@@ -273,6 +273,24 @@ def parity_session(path: Path) -> Any:
     module = _SHARED.get(str(path))
     if module is None:
         return None
+    return _fed_session(path, module)
+
+
+def run_session(model: Any, ctx: Any) -> Any:
+    """A session on a slim graph of this export whose data file is in the work directory (the opset check of
+    a down-converted capture), fed the module's tensors where the file holds the same bytes, as parity is."""
+    import onnx
+
+    large = state(ctx)
+    path = large.directory / f".run-{large.attempts}.onnx"  # beside the data file; gone before return
+    onnx.save_model(model, str(path))
+    try:
+        return _fed_session(path, ctx.model)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _fed_session(path: Path, module: Any) -> Any:
     import onnx
     from onnx import helper
     from onnx.external_data_helper import uses_external_data
