@@ -73,9 +73,6 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
-    if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True}),
-                                        ctx)
     try:
         program = torch.export.export(model, args, kwargs=kwargs, strict=False)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
@@ -102,7 +99,7 @@ def _optimized(program: Any, ctx: Any) -> Any:
     folds = remember_folds(graph)
     atc_bound = bool(getattr(ctx.format, "lint", False))
     before = foreign_ops(graph.all_nodes()) if atc_bound else set()
-    program.optimize()
+    program.optimize() if large_graph.state(ctx) is None else large_graph.optimize_keeping_weights(program)
     if atc_bound:
         require_standard(before, foreign_ops(program.model.graph.all_nodes()), "torch.onnx's optimize()")
     restore_folds(program.model.graph, folds)
