@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str]] = {
     # the Python API
     "export": (".api", "export"), "validate": (".api", "validate"), "inspect": (".api", "inspect"),
+    "export_multi": (".api", "export_multi"),
     "ExportResult": (".api", "ExportResult"),
     # the vocabulary of an export
     "ExportOptions": (".options", "ExportOptions"), "Tolerance": (".options", "Tolerance"),

@@ -68,6 +68,10 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
 
         kwargs["input_shapes"] = [s if isinstance(s, InputSpec) else parse_input_shape(s)
                                   for s in kwargs["input_shapes"]]
+    if "dynamic" in kwargs:
+        from .dynamic import as_axes
+
+        kwargs["dynamic"] = as_axes(kwargs["dynamic"])
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
 
 
@@ -81,6 +85,10 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     recorded and ``result.ok`` is False.
     ``trace``: a path for the stage timeline (Chrome trace JSON).
     """
+    from .components.source import multi_task
+
+    if multi_task(model, options):  # a decoder with past / an encoder-decoder: one bundle of several graphs
+        return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
     if trace is not None:
         from .pipeline.timeline import StageTimeline
 
@@ -91,6 +99,37 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
                             manifest={"halted": ctx.halted})
     return _result(ctx)
+
+
+def export_multi(model: Any, output_path: str | Path, *, task: str | None = None, kv_cache: Any = None,
+                 sequence_length: int = 7, progress: ProgressFn | None = None, **options: Any) -> Any:
+    """Export a transformers decoder (``text-generation-with-past``) or encoder-decoder
+    (``text2text-generation-with-past``) as the several graphs a deployment runs, never one ``If``-merged
+    graph: ``prefill`` + ``decode`` (``kv_cache="static:N"``: a fixed window of N cache slots for ATC's
+    static-shape path), or ``encoder`` + ``decoder`` + ``decoder_with_past``. One atc_ready bundle directory:
+    ``components/<name>/`` (each a complete bundle with its own parity and device verdict), the top-level
+    manifest (components, connections, overall verdict) and ``atc/convert.sh`` (one ATC command per graph).
+    ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
+    from .components.bundle import export_plan
+    from .components.plan import plan_for
+    options.pop("trust_remote_code", None)
+    kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
+    task = options.pop("task", None) if task is None else task
+    carried: dict[str, bytes] = {}
+    fmt = options.get("export_format", "atc_ready")
+    if fmt != "atc_ready":
+        raise errors.OptionsError(f"{task or 'a decoder with past / encoder-decoder'} exports several graphs, as an "
+                                  f"atc_ready bundle directory of components, not --format {fmt}; pass --format "
+                                  "atc_ready (`cann-export convert` then compiles every graph)",
+                                  path=str(model) if isinstance(model, (str, Path)) else None)
+    if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
+        from .components.confined import export_directory
+
+        plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
+        return export_directory(Path(model), Path(output_path), export, (task, kv_cache, sequence_length), progress,
+                                options)
+    plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
+    return export_plan(plan, output_path, export, progress=progress, carried=carried, **options)
 
 
 def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any) -> ExportContext:
@@ -165,6 +204,13 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         if expect_sha256 is not None and digest != expect_sha256.lower():
             raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
                                        "this is not the bundle that was pinned", path=path)
+        from .components.check import is_multi, validate_multi
+
+        if container is None and is_multi(directory):  # several graphs: each component validated
+            report = validate_multi(directory, path, validate, tolerance=tolerance, soc_versions=socs,
+                                    **tolerance_values)
+            report["bundle"] = str(bundle)
+            return report
         checked = rederive.check_bundle(directory, container=container, raise_on_difference=False)
         try:
             report, parity_diffs = rederive.rederive_parity(checked, tol, explicit, socs)
@@ -188,7 +234,10 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity, and
     what the bundle's Format adds (``describe``)."""
     from .bundle.inspect import describe
+    from .components.check import describe_multi, is_multi
 
+    if is_multi(Path(path)):
+        return {**describe_multi(Path(path), inspect), "path": str(path)}
     return describe(Path(path))
 
 

@@ -94,6 +94,7 @@ class ParityReport:
     failing_sets: list[dict[str, Any]] | None = None  # each failing (set, output): the set's kind and metrics
     probes: dict[str, Any] | None = None  # the specialisation probes' own verdict (not the fp32 verdict sets)
     trace_specialized: dict[str, Any] | None = None
+    shapes: list[dict[str, Any]] | None = None  # a dynamic graph: the fp32 and device verdicts per shape
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParityReport:
@@ -114,6 +115,7 @@ class Warnings:
     atc_hints: list[str] | None = None  # from resolving --atc-hint
     inputs: str | None = None  # example inputs inferred from the first layer
     torch_program: str | None = None  # why the bundle has no torch/program.pt2
+    dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
 
     def to_dict(self) -> dict[str, Any]:
         return compact(self)
@@ -212,6 +214,8 @@ class ExportContext:
     model: Any = None  # the model the next stage works on (eval, stripped, fake-quant)
     explicit_inputs: Any = None  # export(example_inputs=...): a tensor, a tuple, a dict or a file path
     input_names: list[str] = field(default_factory=list)  # the graph's inputs, in order
+    # the dynamic axes (cann_export.dynamic.DynamicAxis): resolved in prepare, those the graph kept after capture
+    dynamic_axes: list[Any] = field(default_factory=list)
     example_inputs: dict[str, Any] = field(default_factory=dict)  # name -> tensor the capture runs on
     input_sets: list[dict[str, Any]] = field(default_factory=list)  # parity inputs: the example, then variants
     # what each input set is (inputs.tensors.set_label): index, source, kind, role (verdict / probe)

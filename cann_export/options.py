@@ -18,11 +18,19 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: str | None = None  # None: the model decides (cann_export.inputs.signature.spec_dtypes)
 
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        """The shape of the example tensor: a dynamic (-1) dimension is 2 on axis 0 (torch.export specialises
+        sizes 0 and 1), else 16."""
+        return tuple(d if d != -1 else (2 if axis == 0 else 16) for axis, d in enumerate(self.shape))
+
 
 def parse_input_shape(text: str) -> InputSpec:
-    """Parse ``NAME:D1,D2,...[:DTYPE]``."""
+    """Parse ``NAME:D1,D2,...[:DTYPE]``; a dimension of -1 is dynamic with the default range (cann_export.dynamic)
+    and an example size of 2 (axis 0) or 16."""
     parts = text.split(":")
-    hint = "write it as NAME:D1,D2,...[:DTYPE], e.g. input_ids:1,128:int64 or pixel_values:1,3,224,224"
+    hint = ("write it as NAME:D1,D2,...[:DTYPE], e.g. input_ids:1,128:int64 or pixel_values:1,3,224,224 (-1: a "
+            "dynamic dimension with the default range; --dynamic NAME:AXIS=DIM:LO..HI gives its range)")
     if len(parts) not in (2, 3) or not parts[0].strip():
         raise OptionsError(f"--input-shape {text!r} does not parse; {hint}")
     name = parts[0].strip()
@@ -30,8 +38,8 @@ def parse_input_shape(text: str) -> InputSpec:
         shape = tuple(int(d) for d in parts[1].split(",") if d.strip() != "")
     except ValueError as e:
         raise OptionsError(f"--input-shape {text!r}: dimensions must be integers; {hint}") from e
-    if not shape or any(d <= 0 for d in shape):
-        raise OptionsError(f"--input-shape {text!r}: every dimension must be a positive integer; {hint}")
+    if not shape or any(d <= 0 and d != -1 for d in shape):
+        raise OptionsError(f"--input-shape {text!r}: every dimension must be a positive integer or -1; {hint}")
     dtype = parts[2].strip() if len(parts) == 3 else None
     if dtype is not None and dtype not in DTYPES:
         raise OptionsError(f"--input-shape {text!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
@@ -212,8 +220,13 @@ class ExportOptions:
     trust_pickle: bool = False
     task: str | None = None  # a Hugging Face directory's task (Optimum's names); None: detected from config.json
     trust_remote_code: bool = False  # a directory whose config.json has an auto_map (its own Python) may load
+    # a decoder's cache for a multi-graph export: None / "dynamic" (growing) or "static:N" (N fixed slots)
+    kv_cache: str | None = None
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
+    # dynamic axes (cann_export.dynamic): "--dynamic" strings, DynamicAxis objects or {input: {axis: "dim:1..16"}}
+    dynamic: list[Any] = field(default_factory=list)
+    static_shapes: bool = False  # no dynamic axes at all (a .pt2's Dims, a loader's task axes): the example's shapes
     example_inputs_file: str | None = None
     external_data: str = "auto"
     # bytes of weights past which (in "auto") the graph lives on disk from capture on and ships its weights in
@@ -276,6 +289,10 @@ class ExportOptions:
             raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
+        if self.kv_cache is not None:
+            from .components.plan import parse_kv_cache
+
+            parse_kv_cache(self.kv_cache)
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):
@@ -287,6 +304,13 @@ class ExportOptions:
         if self.input_shapes and self.example_inputs_file:
             raise OptionsError("pass either --input-shape or --example-inputs, not both")
         check_soc_version(self.soc_version)
+        from .dynamic import as_axes, check_unique
+
+        self.dynamic = as_axes(self.dynamic)
+        check_unique(self.dynamic)
+        if self.static_shapes and (self.dynamic or any(-1 in spec.shape for spec in self.input_shapes
+                                                       if isinstance(spec, InputSpec))):
+            raise OptionsError("--static-shapes with --dynamic or -1 in --input-shape: pass one or the other")
         check_input_names(self.input_shapes)
         check_metadata(self.metadata)
         self.tolerance.check()

@@ -208,14 +208,15 @@ def test_dynamic_dims_need_a_profile_hint(tmp_path, lint_cli):
     onnx.save(model, str(path))
     assert lint_cli(path, "--atc-hint", "dynamic_batch_size=1,2,4").exit_code == 1
     assert lint_cli(path, "--atc-hint", "dynamic_image_size=16,16;32,32").exit_code == 1
-    assert lint_cli(path, "--atc-hint", "dynamic_dims=1,16;2,32").exit_code == 0
+    assert lint_cli(path, "--atc-hint", "dynamic_dims=1,16;2,32").exit_code == 1  # ATC: dynamic_dims needs ND
+    assert lint_cli(path, "--atc-hint", "dynamic_dims=1,16;2,32", "--atc-hint", "input_format=ND").exit_code == 0
     assert lint_cli(path, "--atc-hint", "input_shape_range=x:[1~4],3,[16~32],16").exit_code == 0
 
 
 def test_zero_dim_input_is_an_error():
     model = graph_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [f32("x", [0, 4])], [f32("y", [0, 4])])
     report = atc_lint.lint_model(model, "8.0", {"dynamic_dims": "1;2"})
-    (finding,) = errors_of(report)
+    (finding,) = errors_of(report, "zero-dim")
     assert finding["rule"] == "zero-dim" and "dimension 0 equal to 0" in finding["message"]
 
 

@@ -108,7 +108,9 @@ BUILTIN_HINTS = (
     HintSpec("optypelist_for_implmode", _name_list),
     HintSpec("fusion_switch", _fusion_switch, custom=True),
     HintSpec("input_format", _choice(INPUT_FORMATS)),
-    HintSpec("input_shape", _pattern(r"[\w./:-]+:-?\d+(,-?\d+)*(;[\w./:-]+:-?\d+(,-?\d+)*)*", "x:1,3,224,224;y:1,10"),
+    HintSpec("input_shape", _pattern(r"[\w./:-]+:(-1|\d+(~\d+)?)(,(-1|\d+(~\d+)?))*"
+                                     r"(;[\w./:-]+:(-1|\d+(~\d+)?)(,(-1|\d+(~\d+)?))*)*",
+                                     "x:1,3,224,224;y:1,10 (-1 or LO~HI for a dynamic dimension)"),
              custom=True),
     HintSpec("dynamic_batch_size", _pattern(r"\d+(,\d+)+", "1,2,4,8"),
              conflicts=("dynamic_image_size", "dynamic_dims", "input_shape_range")),
@@ -140,6 +142,12 @@ def hint_args(spec: Any, value: Any) -> list[str]:
 def input_shape_arg(inputs: list[dict[str, Any]]) -> str:
     return ";".join(f"{i['name']}:{','.join(str(d) if isinstance(d, int) and d > 0 else '-1' for d in i['shape'])}"
                     for i in inputs)
+
+
+def dynamic_axes(ctx: Any) -> list[Any]:
+    """The export's dynamic axes (the ones the graph kept), or for a re-render the options' (the manifest's)."""
+    axes = getattr(ctx, "dynamic_axes", None)
+    return list(axes) if axes is not None else list(getattr(ctx.options, "dynamic", None) or [])
 
 
 def keep_dtype_nodes(entries: list[str], model: Any, module_paths: dict[str, str]) -> tuple[list[str], dict]:
@@ -185,6 +193,7 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports.atc."""
     from ..capture.onnx_utils import describe_values
     from . import amct_run
+    from .dynamic_form import atc_form
     from .hints import effective_precision
 
     opts, hints = ctx.options, ctx.options.atc_hints
@@ -194,15 +203,22 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     quantized = amct_run.is_quantized(ctx.onnx_model)  # Q/DQ: atc converts AMCT's deploy model instead
     args = ["atc", "--framework=5", f"--model={amct_run.DEPLOY_MODEL if quantized else model_file}",
             f"--output={output_stem}",
-            f"--soc_version={opts.soc_version}",
-            f"--input_shape={hints.get('input_shape') or input_shape_arg(describe_values(ctx.onnx_model.graph.input))}"]
+            f"--soc_version={opts.soc_version}"]
+    axes = dynamic_axes(ctx)
+    form = atc_form(ctx.onnx_model, axes, opts.cann_version, hints) if axes or any(k in hints for k in DYNAMIC) \
+        else None
+    args.append(f"--input_shape={hints.get('input_shape') or (form or {}).get('input_shape') or input_shape_arg(describe_values(ctx.onnx_model.graph.input))}")  # noqa: E501
     if "precision_mode_v2" not in hints:
         args.append(f"--precision_mode={opts.precision_mode}")
     specs = registry().atc_hints()
     args += [arg for k in hints if not (specs[k].advisory or getattr(specs[k], "custom", False))
              for arg in hint_args(specs[k], hints[k])]
+    args += [f"--{k}={v}" for k, v in ((form or {}).get("options") or {}).items() if k not in hints]
     report: dict[str, Any] = {"soc_version": opts.soc_version, "precision_mode": effective_precision(ctx.options),
                               "hints": dict(hints), "advisory": {k: hints[k] for k in hints if specs[k].advisory}}
+    if axes:  # what validate re-renders the command from (with the graph's symbolic dims)
+        report["dynamic"] = {"cann_version": str(opts.cann_version), "form": form["form"],
+                             "axes": [a.to_dict() for a in axes]}
     if quantized:
         report["amct"] = {"command": amct_run.command(model_file), "model": model_file,
                           "deploy_model": amct_run.DEPLOY_MODEL, "record_file": amct_run.RECORD_FILE}

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any
 
 from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset, _nodes, where  # noqa: F401 - lint's API
+from .versions import parse_cann_version  # noqa: F401 - lint's API (plugins/lint_command, tests)
 
 DYNAMIC_HINTS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "input_shape_range")
 HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
@@ -30,12 +30,6 @@ def load_table() -> dict[str, Any]:
     return json.loads(files("cann_export.atc.data").joinpath("atc_onnx_ops.json").read_text(encoding="utf-8"))
 
 
-def parse_cann_version(text: str) -> tuple[int, int] | None:
-    """``"8.0"``, ``"7.0.RC1"``, ``"6.3.RC2"``, ``"8.0.0"`` -> (major, minor); None when it does not parse."""
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.[0-9A-Za-z.]+)?\s*", str(text))
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def opset_range(version: tuple[int, int]) -> tuple[int, int]:
     """The ONNX opsets ATC of this CANN release parses (from the ATC guides the table cites)."""
     for row in load_table()["opset_ranges"]:
@@ -45,13 +39,14 @@ def opset_range(version: tuple[int, int]) -> tuple[int, int]:
 
 
 def _fixed_dims(hints: dict[str, Any]) -> dict[str, list[int]]:
-    """``input_shape`` hint ``x:1,3,224,224;y:1,10`` -> {name: dims}."""
+    """``input_shape`` hint ``x:1,3,224,224;y:1~8,10`` -> {name: dims}; a ``LO~HI`` range (CANN >= 8) counts as
+    covered (1), -1 as open (-1)."""
     out: dict[str, list[int]] = {}
     for part in str(hints.get("input_shape") or "").split(";"):
         name, sep, dims = part.rpartition(":")
         if sep and name:
             try:
-                out[name] = [int(d) for d in dims.split(",")]
+                out[name] = [1 if "~" in d else int(d) for d in dims.split(",")]
             except ValueError:
                 continue
     return out
@@ -138,9 +133,18 @@ def _dtype_name(dtype: int) -> str:
 
 
 def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | None = None,
-               precision_mode: str = "force_fp16", module_paths: dict[str, str] | None = None) -> dict[str, Any]:
-    """Lint an onnx.ModelProto; returns the report (see module docstring). Collects every finding."""
+               precision_mode: str = "force_fp16", module_paths: dict[str, str] | None = None,
+               dynamic: list[Any] | None = None) -> dict[str, Any]:
+    """Lint an onnx.ModelProto; returns the report (see module docstring). Collects every finding. ``dynamic``:
+    the export's dynamic axes, whose ATC form (atc/dynamic_form.py) joins the hints as convert.sh passes them."""
+    from . import dynamic_lint
+    from .dynamic_form import atc_form
+
     hints = dict(hints or {})
+    if dynamic or any(k in hints for k in DYNAMIC_HINTS):
+        form = atc_form(model, list(dynamic or []), cann_version, hints)
+        hints = {**{k: v for k, v in form["options"].items() if k not in hints},
+                 "input_shape": hints.get("input_shape") or form["input_shape"], **hints}
     module_paths = module_paths or {}
     table = load_table()
     findings = _Findings()
@@ -148,6 +152,8 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
     _check_opset(cann_version, opset, findings)
     quantized = _check_ops(model, table, module_paths, findings)
     _check_inputs(model, hints, findings)
+    if "input_shape" in hints:
+        dynamic_lint.check(hints, cann_version, findings)
     if quantized:
         from .amct import check_qdq
 
@@ -259,4 +265,5 @@ class AtcLint:
 
     def check(self, ctx: Any) -> dict[str, Any]:
         opts = ctx.options
-        return lint_model(ctx.onnx_model, opts.cann_version, opts.atc_hints, opts.precision_mode, ctx.module_paths)
+        return lint_model(ctx.onnx_model, opts.cann_version, opts.atc_hints, opts.precision_mode, ctx.module_paths,
+                          ctx.dynamic_axes)

@@ -305,6 +305,17 @@ def _stage_inputs(bundle: Path, checked: CheckedBundle, work: Path) -> None:
 
 def convert(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
             overwrite: bool = False) -> dict[str, Any]:
+    """Compile a bundle (see ``convert_one``); a multi-graph bundle gets one ATC run per graph, every ``.om``
+    in one output directory (``components.check.convert_multi``)."""
+    from ..components.check import convert_multi, is_multi
+
+    if is_multi(Path(artifact)):
+        return convert_multi(Path(artifact), output, soc_version, overwrite, convert_one)
+    return convert_one(artifact, output, soc_version, overwrite)
+
+
+def convert_one(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
+                overwrite: bool = False) -> dict[str, Any]:
     """Compile an atc_ready/om bundle (a directory or a single-file bundle) or an om-stub into a real ``.om``
     with ATC (the CI/CD deploy step).
 

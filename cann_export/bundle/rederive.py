@@ -173,6 +173,14 @@ def atc_options(manifest: dict[str, Any], soc_version: str | None = None) -> Any
         raise ValidateError(f"atc.precision_mode {precision!r} is not one ATC accepts")
     opts = ExportOptions(soc_version=atc["soc_version"], precision_mode=precision, atc_hints=hints)
     atc_hints.resolve(opts)  # normalises every hint, refuses unknown ones and combinations ATC refuses
+    dynamic = atc.get("dynamic")
+    if dynamic is not None:  # the graph's dynamic axes and the CANN release their ATC form was rendered for
+        from ..dynamic import from_records
+        from ..options import _is_version
+
+        if not isinstance(dynamic, dict) or not _is_version(str(dynamic.get("cann_version"))):
+            raise ValidateError("atc.dynamic is not {cann_version, form, axes}")
+        opts.cann_version, opts.dynamic = str(dynamic["cann_version"]), from_records(dynamic.get("axes"))
     opts.soc_version = check_soc(soc_version or opts.soc_version)
     return opts
 
@@ -303,7 +311,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
 
     from ..inputs.parity_data import (read_bundle_float_outputs, read_bundle_int8_noise, read_bundle_labels,
                                       read_bundle_noise, read_bundle_parity)
-    from ..validators.parity import parity_report, verdict_sets, with_device_parity
+    from ..validators.parity import example_shape, parity_report, verdict_sets, with_device_parity
 
     manifest, directory = checked.manifest, checked.directory
     feeds, expected, _ = read_bundle_parity(directory, manifest)
@@ -325,7 +333,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     precision = manifest["parity"].get("precision") or {}
     # the device model the export ran: a bundle written before SoC device models emulated Inf/NaN mode
     overflow = (precision.get("device_model") or {}).get("overflow_mode", INF_NAN)
-    chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only, as at export
+    chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))  # the device sets, as at export
     floats = read_bundle_float_outputs(directory, expected) if "quantization" in manifest else None
     rerun = {"model": onnx.load(str(model_path)), "mode": mode, "keep": checked.keep_nodes,
              "feeds": [feeds[s] for s in chosen], "expected": [expected[s] for s in chosen], "tolerance": tolerance,
@@ -333,6 +341,10 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
     report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
                                 tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
                                 float_expected=rerun["float_expected"])
+    from ..validators.parity import shape_verdicts
+
+    report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,
+                            checked.module_paths, "quantization" in manifest)
     return report, mode, rerun
 
 
@@ -358,6 +370,13 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> li
             if isinstance(o, dict) and o.get("name") in got and o.get("passed") != got[o["name"]]:
                 diffs.append(f"{where}[{o['name']}].passed: the manifest says {o.get('passed')}, re-derived "
                              f"{got[o['name']]}")
+    claimed_shapes = recorded.get("shapes")
+    derived_shapes = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} for r in report.get("shapes") or []]
+    if claimed_shapes is not None or derived_shapes:
+        claimed = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} if isinstance(r, dict) else r
+                   for r in (claimed_shapes if isinstance(claimed_shapes, list) else [claimed_shapes])]
+        if claimed != derived_shapes:
+            diffs.append(f"parity.shapes: the manifest says {_short(claimed)}, re-derived {_short(derived_shapes)}")
     return diffs
 
 

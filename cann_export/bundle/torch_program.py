@@ -32,14 +32,20 @@ def _positional(model: Any, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, An
     return tuple(kwargs[n] for n in lead), {}
 
 
-def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool) -> Any:
-    """torch.export with the batch dimension free (Dim.AUTO: torch keeps it static where the model needs
-    it), so the loaded program takes any batch size; static shapes when that capture fails."""
+def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool, dynamic: dict | None = None) -> Any:
+    """torch.export with the export's dynamic axes (``dynamic``: capture/dynamic_dims.dynamic_shapes), else the
+    batch dimension free (Dim.AUTO: torch keeps it static where the model needs it), so the loaded program
+    takes any batch size; static shapes when that capture fails."""
     import inspect
 
     import torch
 
-    if by_name:
+    if dynamic is not None:
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic, strict=False)
+        except Exception:  # noqa: BLE001 - the static program below still serves
+            pass
+    elif by_name:
         names = [p for p in inspect.signature(model.forward).parameters][:len(args)]
         feed = {**dict(zip(names, args, strict=False)), **kwargs}
         dynamic = {n: ({0: torch.export.Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None)
@@ -57,6 +63,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     model, loaded = ctx.model, ctx.loaded
     if loaded is None or loaded.kind not in ("module", "exported_program") or not isinstance(model, torch.nn.Module):
         return _skip(ctx, f"a {getattr(loaded, 'kind', 'unknown')} model has no torch.export form")
+    if loaded.extras.get("positional"):  # a program's inputs are Python names; these graph inputs are not
+        return _skip(ctx, "the module declares graph_input_names (such as past_key_values.0.key) that a "
+                          "torch.export program cannot carry as its input names")
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     if size > min(ctx.options.external_data_threshold, MAX_BYTES):
         return _skip(ctx, f"{size} bytes of weights is past {min(ctx.options.external_data_threshold, MAX_BYTES)} "
@@ -65,7 +74,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))
     else:
-        args, kwargs = tuple(inputs[n] for n in ctx.input_names), {}
+        from ..inputs.calling import split_call
+
+        args, kwargs = split_call(loaded.kind, inputs, ctx.input_names, loaded.extras.get("keyword_inputs", ()))
     target = staging / PROGRAM_FILE
     try:
         import contextlib
@@ -75,7 +86,11 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
         form = ctx.program_form(model) if ctx.program_form is not None else contextlib.nullcontext()
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), torch.no_grad(), form:
             warnings.simplefilter("ignore")
-            program = _export(model, args, kwargs, loaded.kind == "module")
+            from ..capture.dynamic_dims import dynamic_shapes, named_forward
+
+            shapes = dynamic_shapes(ctx)
+            with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
+                program = _export(model, args, kwargs, loaded.kind == "module", shapes)
         # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that
         # torch.export.load exec()s; the .pt2 checker refuses any (validate checks this file with it). Loading
         # derives the same input checks from the graph's symbols and range constraints, so none is lost.

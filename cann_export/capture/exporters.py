@@ -39,11 +39,14 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
 
 
 def call_args(ctx: Any) -> tuple[tuple, dict]:
-    """Modules take named inputs; TorchScript and torch.export graphs take them in order."""
-    inputs = ctx.example_inputs
-    if ctx.loaded.kind == "module":
-        return (), dict(inputs)
-    return tuple(inputs[n] for n in ctx.input_names), {}
+    """Modules take named inputs (those that declare ``graph_input_names`` in order); TorchScript graphs take
+    them in order; torch.export programs as captured (by position, and by name those captured as keywords)."""
+    from ..inputs.calling import split_call
+
+    if ctx.loaded.kind == "module" and ctx.loaded.extras.get("positional"):
+        return tuple(ctx.example_inputs[n] for n in ctx.input_names), {}
+    return split_call(ctx.loaded.kind, ctx.example_inputs, ctx.input_names,
+                      ctx.loaded.extras.get("keyword_inputs", ()))
 
 
 class DynamoExporter:
@@ -68,15 +71,38 @@ class DynamoExporter:
 
 
 def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
-    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph."""
+    """torch.export, then torch.onnx; a known conversion failure is worked around on the FX graph. With dynamic
+    axes a conversion that fails is tried again static (the capture stage warns for each axis)."""
+    from .dynamic_dims import dynamic_shapes
+
+    declared = ctx.loaded.extras.get("dynamic_shapes") if ctx.loaded is not None else None
+    if declared:  # a module's own graph_dynamic_shapes (positional inputs, derived dims such as past + 1)
+        return _declared_graph(model, args, kwargs, opset, {"dynamic_shapes": (declared,)}, ctx)
+    shapes = dynamic_shapes(ctx)
+    if shapes is None:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+    try:
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)
+    except Exception as e:  # noqa: BLE001 - torch.onnx's symbolic-shape failures: the static graph may still export
+        ctx.capture_notes = [*ctx.capture_notes, f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
+    return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+
+
+def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any, shapes: dict | None) -> Any:
     import torch
+
+    from .dynamic_dims import named_forward
 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+    named = named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext()
     try:
-        program = torch.export.export(model, args, kwargs=kwargs, strict=False)
+        with named:
+            program = _program(model, args, kwargs, shapes, ctx)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
-        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options), ctx)
+        with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
+            onnx_program = torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes, **options)
+        return _optimized(onnx_program, ctx)
     try:
         return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
     except Exception as e:
@@ -86,6 +112,53 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     # with (sdpa outputs; Swin, T5): a contiguous copy before each view/reshape makes both passes agree.
     contiguous_before_views(program)
     return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options), ctx)
+
+
+def _declared_graph(model: Any, args: tuple, kwargs: dict, opset: int, dynamic: dict, ctx: Any) -> Any:
+    """The capture of a module that declares its dynamic shapes: passed to torch.export and again to
+    torch.onnx, which names the graph's symbolic dims after the declared Dims."""
+    import torch
+
+    options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
+               "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
+
+    try:
+        program = torch.export.export(model, args, kwargs=kwargs, strict=False, **dynamic)
+    except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
+        return _optimized(torch.onnx.export(model, args, kwargs=kwargs, **options, **dynamic), ctx)
+    try:
+        return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options, **dynamic), ctx)
+    except Exception as e:
+        if "Cannot view a tensor" not in _chain_text(e):
+            raise
+    contiguous_before_views(program)
+    return _optimized(torch.onnx.export(program, args, kwargs=kwargs, **options, **dynamic), ctx)
+
+
+def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: Any) -> Any:
+    """torch.export with the dynamic axes; a dimension torch says the model specialises ("You marked batch as
+    dynamic but your code specialized it") is dropped and the capture tried again, then the static program, with
+    the reasons noted (the capture stage warns for each axis the graph fixed)."""
+    import re
+
+    import torch
+
+    for _ in range(4):
+        if not shapes:
+            break
+        try:
+            return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
+        except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
+            text = " ".join(str(e).split())
+            ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {text[:300]}"]
+            fixed = set(re.findall(r"You marked (\w+) as dynamic but your code specialized it", text))
+            if not fixed:
+                break
+            shapes = {n: ({a: d for a, d in v.items() if getattr(d, "__name__", None) not in fixed} or None)
+                      if v else None for n, v in shapes.items()}
+            if not any(shapes.values()):
+                break
+    return torch.export.export(model, args, kwargs=kwargs, strict=False)
 
 
 def _optimized(program: Any, ctx: Any) -> Any:
@@ -203,15 +276,17 @@ class TorchScriptExporter:
 
         args, kwargs = call_args(ctx)
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
-            model, args = _Positional(model, list(kwargs)), tuple(kwargs.values())
+            model, args = _Positional(model, len(args), list(kwargs)), (*args, *kwargs.values())
         caught: list = []
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
                 _fixed_mode(model, ctx):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
+            from .dynamic_dims import torchscript_axes
+
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
                 input_names=list(ctx.input_names), output_names=list(ctx.output_names),
-                do_constant_folding=True,
+                do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
             )
             graph = large_graph.load_captured(path, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
@@ -243,8 +318,9 @@ def _fixed_mode(model: Any, ctx: Any) -> Iterator[None]:
                 model.__dict__[name] = value
 
 
-def _Positional(model: Any, names: list[str]) -> Any:
-    """Wrap ``model`` so it takes exactly the named inputs, in order, as positional tensors."""
+def _Positional(model: Any, leading: int, names: list[str]) -> Any:
+    """Wrap ``model`` so it takes exactly its inputs, in order, as positional tensors: the first ``leading`` are
+    passed on by position, the rest by the keyword ``names``."""
     import torch
 
     class Positional(torch.nn.Module):
@@ -253,6 +329,8 @@ def _Positional(model: Any, names: list[str]) -> Any:
             self.model = model
 
         def forward(self, *tensors: Any) -> Any:
-            return self.model(**dict(zip(names, tensors, strict=False)))
+            return self.model(*tensors[:leading], **dict(zip(names, tensors[leading:], strict=False)))
 
-    return Positional().train(model.training)  # the exporter restores the wrapper's mode recursively
+    wrapper = Positional()
+    wrapper.training = model.training  # the exporter restores the wrapper's mode recursively (not train(): an
+    return wrapper  # unlifted torch.export program raises on it before _fixed_mode makes it a no-op)

@@ -34,6 +34,9 @@ def capture(ctx: ExportContext) -> str | None:
     if chosen is None:
         raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
+    from .dynamic_dims import name_dims
+
+    name_dims(ctx)  # the symbolic dims named after the axes; an axis the graph fixed is a warning
     return _record(ctx, name, attempts, traced)
 
 

@@ -47,6 +47,8 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
     with _TrainProgress() as train_progress:  # closed however the export ends
         result = api.export(model, out, export_format, progress=_progress, trace=trace,
                             train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+    if hasattr(result, "components"):  # a multi-graph bundle
+        return _print_multi_export(result, as_json)
     if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
         click.echo(result.manifest["halted"], err=True)
         return 0
@@ -54,6 +56,18 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
         click.echo(to_json(result.to_dict()))
     else:
         _print_result(result)
+    return 0 if result.ok else EXIT_PARITY_FAILED
+
+
+def _print_multi_export(result: Any, as_json: bool) -> int:
+    if as_json:
+        click.echo(to_json(result.to_dict()))
+    else:
+        click.echo(f"wrote {result.output} ({result.kind}: {len(result.components)} graphs, one ATC command each "
+                   f"in atc/convert.sh)")
+        for name, c in result.components.items():
+            click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
+                       f"{'ok' if c['fp32_passed'] else 'FAIL'}, device {'ok' if c['device_passed'] else 'FAIL'})")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
@@ -195,6 +209,8 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
 
     report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
                           soc_versions=list(soc_versions))
+    if "components" in report:  # a multi-graph bundle: one verdict per graph
+        return _print_multi_validate(bundle, report, as_json)
     summary = summarize_parity(report)
     if as_json:
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
@@ -213,6 +229,25 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 
+def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) -> int:
+    from ..bundle.manifest import summarize_parity
+
+    parts = {name: {"passed": r["passed"], "manifest_sha256": r["manifest_sha256"], "parity": summarize_parity(r),
+                    **({"socs": r["socs"]} if "socs" in r else {})} for name, r in report["components"].items()}
+    if as_json:
+        click.echo(to_json({"ok": report["passed"], "bundle": bundle, "kind": report.get("kind"),
+                            "manifest_sha256": report["manifest_sha256"], "components": parts}))
+    else:
+        click.echo(f"{bundle}: {len(parts)} graphs, parity {'passed' if report['passed'] else 'FAILED'} (re-derived; "
+                   f"manifest sha256 {report['manifest_sha256']})")
+        for name, part in parts.items():
+            device = (part["parity"].get("device") or {}).get("passed")
+            click.echo(f"  {name}: {'passed' if part['passed'] else 'FAILED'} (fp32 "
+                       f"{'ok' if part['parity'].get('fp32', {}).get('passed') else 'FAIL'}, device "
+                       f"{'ok' if device else 'FAIL' if device is False else 'n/a'})")
+    return 0 if report["passed"] else EXIT_PARITY_FAILED
+
+
 @cli.command("inspect")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True)
@@ -225,6 +260,8 @@ def inspect_cmd(path: str, as_json: bool) -> int:
     if as_json:
         click.echo(to_json(info))
         return 0
+    if info.get("kind") == "multi-graph":
+        return _print_multi_inspect(info)
     click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
     for title in ("inputs", "outputs"):
         click.echo(f"{title}:")
@@ -246,6 +283,22 @@ def inspect_cmd(path: str, as_json: bool) -> int:
                    + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
         if p.get("first_divergence"):
             click.echo(f"  {p['first_divergence']['message']}")
+    return 0
+
+
+def _print_multi_inspect(info: dict[str, Any]) -> int:
+    click.echo(f"{info['path']} (multi-graph bundle: {info['bundle_kind']}, {len(info['components'])} graphs; "
+               f"parity recorded {'passed' if info['parity'].get('passed') else 'FAILED'})")
+    for name, comp in info["components"].items():
+        click.echo(f"[{name}] role {comp['role']}, opset {comp['opset']}, {comp['nodes']} nodes")
+        for title in ("inputs", "outputs"):
+            click.echo(f"  {title}: " + ", ".join(f"{v['name']}{v['shape']}" for v in comp[title]))
+    feeds = {}
+    for c in info["connections"]:
+        key = f"{c['from']['component']} -> {c['to']['component']}"
+        feeds[key] = feeds.get(key, 0) + 1
+    click.echo("connections: " + "; ".join(f"{k} ({n} tensors)" for k, n in feeds.items()))
+    click.echo(f"manifest sha256: {info['manifest_sha256']}")
     return 0
 
 

@@ -54,8 +54,21 @@ def _registered(name: str, extra: tuple[str, ...] = ()) -> Any:
     return Registered(name, extra)
 
 
-def flags() -> dict[str, Flag]:
+def _model_flags() -> dict[str, Flag]:
+    """A model directory's task, remote code and a decoder's cache form."""
     return {
+        "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
+                     "feature-extraction, ...); default: detected from config.json's architectures."),
+        "kv_cache": Flag("A decoder's KV cache, exported as prefill + decode graphs: 'dynamic' (a growing cache, "
+                         "symbolic lengths) or 'static:N' (N fixed slots: every shape static, for ATC's static "
+                         "path). Implies --task text-generation-with-past.", decls=("--kv-cache",)),
+        "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
+                                  "classes, which run on load; inside the load sandbox)."),
+    }
+
+
+def flags() -> dict[str, Flag]:
+    return {**_model_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
@@ -63,15 +76,15 @@ def flags() -> dict[str, Flag]:
         "model_kwargs": Flag("JSON object of keyword arguments for --model-class.", parse=opts_mod.parse_model_kwargs),
         "trust_pickle": Flag("Allow unpickling a whole nn.Module (runs code from the file: only for files you "
                              "trust)."),
-        "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
-                     "feature-extraction, ...); default: detected from config.json's architectures."),
-        "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
-                                  "classes, which run on load; inside the load sandbox)."),
         "sandbox": Flag("", variants=(("--require-sandbox", "require", "Fail when the model file cannot load in the "
                                                                        "sandbox (Landlock + seccomp); for CI."),
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
+        "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...]: dynamic axes, e.g. input_ids:0=batch:1..16,"
+                        "1=seq:1..512 or x:0=batch:1,2,4,8 (gears); repeatable.", multiple=True, parse=list),
+        "static_shapes": Flag("Export every input at the example's shape: no dynamic axes from a .pt2's Dims or a "
+                              "Hugging Face task's axes."),
         "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",
                                     decls=("--example-inputs",), path=True),
         "opset": Flag("ONNX opset (a format headed for ATC: the opsets it declares, 11..18 for atc_ready/om)."),

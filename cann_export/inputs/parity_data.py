@@ -180,5 +180,13 @@ def read_bundle_labels(bundle: Path, sets: int) -> list[dict[str, Any]] | None:
     ok = (isinstance(labels, list) and len(labels) == sets
           and all(isinstance(x, dict) and x.get("role") in ("verdict", "probe") and isinstance(x.get("kind"), str)
                   and isinstance(x.get("source"), str) for x in labels))
-    return [{"index": s, "source": x["source"], "kind": x["kind"], "role": x["role"]}
+    return [{"index": s, "source": x["source"], "kind": x["kind"], "role": x["role"], **_shape(x)}
             for s, x in enumerate(labels)] if ok else None
+
+
+def _shape(label: dict[str, Any]) -> dict[str, Any]:
+    """A set's dynamic-axis sizes (inputs.dynamic_axes.shape_sets), kept when well formed."""
+    shape = label.get("shape")
+    good = (isinstance(shape, dict) and len(shape) <= 64 and all(isinstance(k, str) and type(v) is int and v > 0
+                                                                 for k, v in shape.items()))
+    return {"shape": dict(shape)} if good else {}

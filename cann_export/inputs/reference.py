@@ -5,6 +5,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
+from .calling import call
 from .tensors import flatten_outputs
 
 
@@ -22,7 +23,8 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     with torch.no_grad():
         for one in ctx.input_sets if input_sets is None else input_sets:
             try:
-                out = _call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names)
+                out = call(model, ctx.loaded.kind, to_device(one, device), ctx.input_names,
+                           ctx.loaded.extras.get("keyword_inputs", ()))
             except Exception as e:  # any failure here is the user's file or class
                 raise errors.PrepareError(
                     f"the model's forward failed on the inputs from {source}: {type(e).__name__}: "
@@ -36,9 +38,3 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
                             else t.detach().cpu().numpy() for t in tensors])
     to_device(model, "cpu")  # capture and the exporters run on the CPU
     return names, outputs
-
-
-def _call(model: Any, kind: str, feed: dict[str, Any], names: list[str]) -> Any:
-    if kind == "module":
-        return model(**feed)
-    return model(*[feed[n] for n in names])

@@ -49,7 +49,7 @@ def spec_dtypes(model: Any, specs: list[InputSpec]) -> tuple[dict[str, str], dic
     dtypes = {s.name: s.dtype or signature_dtype(model, s.name) for s in specs}
     if is_transformers_model(model):
         dtypes.update({n: "int64" for n, d in dtypes.items() if d is None and _HF_MASK.search(n)})
-    rows = embedding_rows(model, {s.name: s.shape for s in specs}, dtypes)
+    rows = embedding_rows(model, {s.name: s.example_shape for s in specs}, dtypes)
     return {n: d or ("int64" if n in rows else "float32") for n, d in dtypes.items()}, rows
 
 

@@ -21,6 +21,9 @@ def prepare(ctx: ExportContext) -> str | None:
     feed, source = example_inputs(ctx, accepted)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
+    from .dynamic_axes import resolve
+
+    ctx.dynamic_axes = resolve(ctx)
     variants, labels = _variants(ctx, feed)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
@@ -29,6 +32,10 @@ def prepare(ctx: ExportContext) -> str | None:
 
         return prepare_quantization(ctx, source, accepted)
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+    if ctx.dynamic_axes:  # parity at every gear, or the range's ends and middle; every set names its shape
+        from .dynamic_axes import add_shape_sets
+
+        add_shape_sets(ctx, source, accepted)
     if ctx.options.validate:  # the reference's own float noise on the verdict sets (the fp32 parity floor)
         from .float_noise import fp64_noise
 

@@ -76,17 +76,17 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
     for spec in specs:
         dtype = getattr(torch, dtypes[spec.name])
         if dtype.is_floating_point:
-            out[spec.name] = torch.randn(spec.shape, generator=gen).to(dtype)
+            out[spec.name] = torch.randn(spec.example_shape, generator=gen).to(dtype)
         elif dtype == torch.bool or (_is_mask(spec.name) and spec.name not in rows):
-            mask = padded_mask(spec.shape, dtype, gen)
-            if len(spec.shape) >= 2:
-                mask.view(-1, spec.shape[-1])[0] = 1  # the first row unpadded, the others padded
+            mask = padded_mask(spec.example_shape, dtype, gen)
+            if len(spec.example_shape) >= 2:
+                mask.view(-1, spec.example_shape[-1])[0] = 1  # the first row unpadded, the others padded
             else:
-                mask = torch.ones(spec.shape, dtype=dtype)
+                mask = torch.ones(spec.example_shape, dtype=dtype)
             out[spec.name] = mask
         else:
             high = min(rows.get(spec.name) or embedding_vocab(model, spec.name), 2**31 - 1)
-            out[spec.name] = torch.randint(0, high, spec.shape, generator=gen, dtype=torch.int64).to(dtype)
+            out[spec.name] = torch.randint(0, high, spec.example_shape, generator=gen, dtype=torch.int64).to(dtype)
     return out
 
 

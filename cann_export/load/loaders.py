@@ -15,6 +15,7 @@ from .allowlist import TORCH_SAVE, TORCHSCRIPT
 from .archive_safety import check_export_archive, load_exported_program, unsafe_globals
 from .archives import open_checked, zip_names
 from .meta_build import assign_state, build_skeleton, meta_tensors
+from .program_extras import program_extras
 from .repack import Canonical, canonical_copy
 
 _CHECKPOINT_KEYS = ("model", "state_dict", "model_state_dict", "module", "weights")
@@ -48,7 +49,8 @@ class ExportedProgramLoader:
             args, kwargs = ep.example_inputs
             inputs = dict(zip(names, args, strict=False))
             inputs.update(kwargs or {})
-        return LoadedModel(module, "exported_program", example_inputs=inputs, extras={"input_names": names})
+        return LoadedModel(module, "exported_program", example_inputs=inputs,
+                           extras={"input_names": names, **program_extras(ep)})
 
 
 class TorchScriptLoader:

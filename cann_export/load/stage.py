@@ -20,12 +20,17 @@ def load(ctx: ExportContext) -> str | None:
         if src.example_inputs is not None:
             ex = dict(zip(names, src.example_inputs[0], strict=False))
             ex.update(src.example_inputs[1] or {})
-        ctx.loaded = LoadedModel(src.module(), "exported_program", ex, extras={"input_names": names})
+        from .program_extras import program_extras
+
+        ctx.loaded = LoadedModel(src.module(), "exported_program", ex,
+                                 extras={"input_names": names, **program_extras(src)})
     elif isinstance(src, torch.jit.ScriptModule):
         ctx.loaded = LoadedModel(src, "torchscript")
     elif isinstance(src, torch.nn.Module):
         copy = _private_copy(src, share_weights=not ctx.options.quantize)
-        ctx.loaded = _adopted(copy, ctx) or LoadedModel(copy, "module")
+        declared = declared_inputs(src)
+        ctx.loaded = (LoadedModel(copy, "module", extras=declared) if declared else None) \
+            or _adopted(copy, ctx) or LoadedModel(copy, "module")
     elif isinstance(src, (str, Path)):
         ctx.loaded = load_path(Path(src), ctx.options, manager.registry().loaders())
     else:
@@ -37,6 +42,23 @@ def load(ctx: ExportContext) -> str | None:
                                   "no tasks. Drop --task", path=str(src) if isinstance(src, (str, Path)) else None)
     ctx.model = ctx.loaded.model
     return ctx.loaded.kind
+
+
+def declared_inputs(module: Any) -> dict[str, Any]:
+    """A module whose graph inputs are not Python identifiers (Optimum's ``past_key_values.0.key``) declares
+    them in order as ``graph_input_names`` and takes them positionally (and by name in eager calls); capture
+    then passes them in that order (and ``graph_dynamic_shapes()``, when it has one, as torch.export's
+    dynamic_shapes). Any other module: nothing declared."""
+    names = getattr(module, "graph_input_names", None)
+    if not isinstance(names, (list, tuple)) or not names:
+        return {}
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise errors.LoadError("graph_input_names must be distinct non-empty strings, one per forward input")
+    extras: dict[str, Any] = {"input_names": list(names), "positional": True}
+    shapes = getattr(module, "graph_dynamic_shapes", None)
+    if callable(shapes):  # torch.export Dims per input, in order: capture makes those axes symbolic
+        extras["dynamic_shapes"] = shapes()
+    return extras
 
 
 def _adopted(module: Any, ctx: ExportContext) -> LoadedModel | None:

@@ -37,6 +37,10 @@ def stage_artifact(staged: Any, path: Path) -> None:
         staged.artifacts[key] = entry
         staged.lineage.append({"target": key, "onnx_sha256": staged.known[f"artifacts/{key}/{path.name}"]["sha256"]})
         return
+    from ..components.check import is_multi
+
+    if path.is_dir() and is_multi(path):
+        return _stage_multi(staged, path)
     try:
         with open_artifact(path) as bundle:
             manifest = read_bundle(bundle)
@@ -89,3 +93,40 @@ def _stage_bundle_program(staged: Any, program: Path, key: str) -> None:
         raise ZooError(f"refused the artifact's torch.export program: {e.message}", path=str(program)) from e
     staged.copy(program, PROGRAM)
     staged.architecture = {"kind": "torch.export", "file": PROGRAM, "from_artifact": key}
+
+
+def _stage_multi(staged: Any, path: Path) -> None:
+    """A multi-graph bundle (components/<name>/ sub-bundles): the top-level manifest, every component's
+    manifest digest and files, and every component's graph and ATC options checked before anything is copied."""
+    from ..bundle.rederive import check_bundle
+    from ..components.check import check_multi
+    from ..errors import ValidateError
+
+    try:
+        manifest, diffs = check_multi(path)
+        for c in manifest["components"] if not diffs else []:
+            checked = check_bundle(path / c["path"], raise_on_difference=False)
+            diffs += [f"{c['path']}: {d}" for d in checked.differences]
+    except ValidateError as e:
+        raise ZooError(f"refused to publish a damaged multi-graph bundle: {e.message}", path=path) from e
+    if diffs:
+        raise ZooError("refused to publish a damaged multi-graph bundle: " + "; ".join(diffs[:10]), path=path)
+    first = (manifest["components"][0]["path"]) + "/manifest.json"
+    from ..bundle.read import load_manifest_file
+
+    atc = load_manifest_file(path / first).get("atc") or {}
+    key = target_key("atc_ready", atc.get("soc_version"), atc.get("precision_mode"))
+    if key in staged.artifacts:
+        raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+    base = f"artifacts/{key}"
+    for rel in sorted(manifest["files"]) + ["manifest.json"]:
+        staged.copy(path / rel, f"{base}/{rel}")
+    staged.artifacts[key] = {
+        "format": "atc_ready", "soc_version": atc.get("soc_version"), "precision_mode": atc.get("precision_mode"),
+        "path": base, "model_file": "manifest.json", "bundle": True, "multi_graph": manifest.get("kind"),
+        "components": [c["name"] for c in manifest["components"]], "parity": manifest.get("parity"),
+    }
+    staged.lineage.append({"target": key, "components": {
+        c["name"]: {"manifest_sha256": c["manifest_sha256"],
+                    "onnx_sha256": (manifest["files"].get(f"{c['path']}/model.onnx") or {}).get("sha256")}
+        for c in manifest["components"]}})

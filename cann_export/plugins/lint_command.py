@@ -53,6 +53,13 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
             except (ValueError, TypeError):
                 hints = {}
     hints.update(extra_hints)
+    if path.is_dir() and checked.options is not None and checked.options.dynamic:
+        from ..atc.dynamic_form import atc_form
+
+        # the dynamic form convert.sh holds (rendered for the bundle's CANN release), linted as options
+        form = atc_form(model, list(checked.options.dynamic), checked.options.cann_version, hints)
+        hints = {**{k: v for k, v in form["options"].items() if k not in hints},
+                 "input_shape": hints.get("input_shape") or form["input_shape"], **hints}
     return model, hints, hints.get("precision_mode") or precision
 
 

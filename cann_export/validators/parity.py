@@ -142,6 +142,13 @@ def _verdict(report: dict[str, Any], failed: list[dict[str, Any]], probe_outputs
                             + (f"; {others} more failing set(s) in failing_sets" if others > 0 else ""))
 
 
+def example_shape(labels: list[dict[str, Any]] | None, sets: list[int]) -> list[int]:
+    """Of ``sets``, those at the example's shape (a dynamic graph's other shapes are judged per shape)."""
+    if not labels or "shape" not in labels[0]:
+        return sets
+    return [s for s in sets if labels[s].get("shape") == labels[0]["shape"]]
+
+
 def verdict_sets(labels: list[dict[str, Any]], count: int) -> list[int]:
     """Indices of the input sets that decide (device parity runs on these only)."""
     labels = labels or unlabelled(count)
@@ -184,11 +191,15 @@ class ParityValidator:
                                  "pytorch float model (eval mode)", quantized=True, labels=labels)
             ctx.reports.quantization_report().int8_vs_float = {
                 "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine")} for o in cost.get("outputs", [])]}
+        from .shape_parity import add_shape_verdicts
+
         if not ctx.format.device_parity or "outputs" not in report or not report["outputs"]:
+            add_shape_verdicts(report, labels)
             return report
         if ctx.large_graph is not None:
             from ..capture.large_graph import device_parity_note
 
+            add_shape_verdicts(report, labels)
             return device_parity_note(report, ctx)
         import onnx
 
@@ -196,13 +207,36 @@ class ParityValidator:
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
-        chosen = verdict_sets(labels or [], len(feeds))  # the device verdict: realistic sets only
+        # the device verdict: realistic sets only, at the example's shape (other shapes: shape_verdicts, once each)
+        chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))
         known = quantized and len(ctx.float_reference_outputs) == len(feeds)  # the int8 device yardstick
         floats = [ctx.float_reference_outputs[s] for s in chosen] if known else None
-        return with_device_parity(report, model, effective_precision(ctx.options), keep, [feeds[s] for s in chosen],
-                                  [ctx.reference_outputs[s] for s in chosen], ctx.options.tolerance,
-                                  ctx.module_paths, fix=ctx.options.fix_precision, reports=ctx.reports,
-                                  soc=ctx.options.soc_version, float_expected=floats)
+        report = with_device_parity(report, model, effective_precision(ctx.options), keep,
+                                    [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
+                                    ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
+                                    reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats)
+        return shape_verdicts(report, labels, model, keep, feeds, ctx.reference_outputs, ctx.options.tolerance,
+                              ctx.module_paths, quantized)
+
+
+def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, model: Any, keep: list[str],
+                   feeds: list, expected: list, tolerance: Any, paths: dict[str, str],
+                   quantized: bool) -> dict[str, Any]:
+    """``report["shapes"]`` (validators/shape_parity.py) with the device verdict per shape, under the mode and
+    device model the device run used (a Q/DQ graph: fp32 per shape only)."""
+    from .int8_device import deq_scale_for
+    from .shape_parity import add_shape_verdicts, device_check, groups
+
+    precision = report.get("precision") or {}
+    device = None
+    if groups(labels) and report.get("device") is not None and not quantized:
+        model_of_soc = precision.get("device_model") or {}
+        names = [o["name"] for o in report["outputs"]]
+        device = device_check(model, precision["mode"], keep, feeds, expected, names, tolerance, paths,
+                              model_of_soc.get("overflow_mode", "saturation"),
+                              deq_scale_for(model_of_soc.get("soc_version", "Ascend310P3")))
+    add_shape_verdicts(report, labels, device, (report.get("device") or {}).get("passed"))
+    return report
 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:

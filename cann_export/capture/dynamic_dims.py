@@ -1,0 +1,145 @@
+"""Dynamic axes into the captured graph: ``dynamic_shapes`` (one ``torch.export.Dim`` per dimension name) for
+torch.export / the dynamo exporter, ``dynamic_axes`` for the TorchScript exporter; afterwards the graph's
+symbolic dims are given the axes' names (dynamo writes its symbols, ``s77``) and an axis the graph fixed is a
+warning naming it (a static graph from a dynamic source)."""
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+
+def dynamic_shapes(ctx: Any) -> dict[str, Any] | None:
+    """``{input: {axis: Dim} | None}`` over every graph input, or None when no axis is dynamic (a forward that
+    gathers ``**inputs`` is exported under ``named_forward``)."""
+    axes = ctx.dynamic_axes
+    if not axes:
+        return None
+    import torch
+
+    dims: dict[str, Any] = {}
+    out: dict[str, Any] = {n: None for n in ctx.input_names}
+    for a in axes:
+        if a.name not in dims:
+            dims[a.name] = torch.export.Dim(a.name, min=a.min, max=a.max)
+        out[a.input] = {**(out[a.input] or {}), a.axis: dims[a.name]}
+    return out
+
+
+@contextlib.contextmanager
+def named_forward(model: Any, names: list[str]) -> Iterator[None]:
+    """While torch.export runs: a ``forward(self, **inputs)`` (a wrapper's) shows the signature ``(name, ...)``,
+    since torch.export keys ``dynamic_shapes`` by forward's parameters and cannot split a ``**kwargs`` one."""
+    import inspect
+    import types
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        params = {}
+    gathers = any(p.kind == p.VAR_KEYWORD for p in params.values()) and not set(names) <= set(params)
+    if not gathers or "forward" in vars(model):
+        yield
+        return
+    original = type(model).forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P("self", P.POSITIONAL_OR_KEYWORD), *(P(n, P.POSITIONAL_OR_KEYWORD) for n in names)])
+    model.forward = types.MethodType(forward, model)
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
+    axes = ctx.dynamic_axes
+    if not axes:
+        return None
+    out: dict[str, dict[int, str]] = {}
+    for a in axes:
+        out.setdefault(a.input, {})[a.axis] = a.name
+    return out
+
+
+def name_dims(ctx: Any) -> None:
+    """Rename the graph's symbolic dims after the axes (everywhere they occur, output expressions included);
+    keep in ``ctx.dynamic_axes`` only the axes the graph kept; warn for each one it fixed."""
+    model, axes = ctx.onnx_model, ctx.dynamic_axes
+    if not axes or not hasattr(model, "graph"):
+        return
+    inputs = {v.name: v for v in model.graph.input}
+    renames: dict[str, str] = {}
+    kept, lost = [], []
+    for a in axes:
+        value = inputs.get(a.input)
+        dims = value.type.tensor_type.shape.dim if value is not None else []
+        if a.axis < len(dims) and dims[a.axis].dim_param:
+            renames.setdefault(dims[a.axis].dim_param, a.name)
+            kept.append(a)
+        else:
+            fixed = dims[a.axis].dim_value if a.axis < len(dims) else "?"
+            why = ("torch.export specialises an example size of 1: give an example of size >= 2" if fixed == 1
+                   else "the exporter specialised it (the model's code fixes that size)")
+            lost.append(f"{a.input}:{a.axis} ({a.name}, {a.min}..{a.max}, from {a.source}) is static ({fixed}) in the "
+                        f"exported graph: {why}; ATC gets a static shape and the graph accepts only that size")
+    fixed = {a.name for a in axes if a not in kept}
+    for a in [a for a in kept if a.name in fixed]:  # one size for the name: where the graph fixed it, everywhere
+        dim = inputs[a.input].type.tensor_type.shape.dim[a.axis]
+        size = int(ctx.example_inputs[a.input].shape[a.axis])
+        renames.pop(dim.dim_param, None)
+        dim.Clear()
+        dim.dim_value = size
+        lost.append(f"{a.input}:{a.axis} ({a.name}, from {a.source}) is exported static ({size}) as well: the graph "
+                    f"fixed {a.name} on another input")
+    kept = [a for a in kept if a.name not in fixed]
+    if renames:
+        _rename(model, renames)
+    ctx.dynamic_axes = kept
+    if lost:
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
+        _drop_fixed_shapes(ctx, fixed)
+
+
+def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
+    """Parity's sets at other sizes of a fixed axis cannot run on the static graph: they go, with the count."""
+    from ..inputs.dynamic_axes import keep_sets
+
+    labels = ctx.input_set_labels
+    example = (labels[0].get("shape") or {}) if labels else {}
+    keep = [s for s, label in enumerate(labels)
+            if all((label.get("shape") or {}).get(n) == example.get(n) for n in fixed)]
+    if len(keep) < len(ctx.input_sets):
+        keep_sets(ctx, keep)
+    for label in ctx.input_set_labels:  # the fixed dimensions are no longer part of a set's shape
+        if isinstance(label.get("shape"), dict):
+            label["shape"] = {n: v for n, v in label["shape"].items() if n not in fixed}
+        counts = ctx.reports.reference.input_sets
+        counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
+
+
+def _rename(model: Any, renames: dict[str, str]) -> None:
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(renames, key=len, reverse=True)) + r")\b")
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    for value in values:
+        if not value.type.HasField("tensor_type"):
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: renames[m.group(1)], dim.dim_param)
+
+
+def graph_dims(model: Any) -> dict[str, list[int | str]]:
+    """{input: [size or dim name]} of a graph's inputs (initializers left out)."""
+    initializers = {i.name for i in model.graph.initializer}
+    out: dict[str, list[int | str]] = {}
+    for v in model.graph.input:
+        if v.name in initializers or not v.type.HasField("tensor_type"):
+            continue
+        out[v.name] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    return out

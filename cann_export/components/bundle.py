@@ -1,0 +1,176 @@
+"""Writing a multi-graph bundle: each component exported by the single-graph pipeline (``api.export``, format
+atc_ready) into ``components/<name>/`` of one staging directory, then the top-level ``manifest.json``
+(schema ``cann-export/bundle/2``: the components with the sha256 of their manifests, the connections, the
+overall verdict and the file table) and ``atc/convert.sh`` (one ATC command per graph, each the component's
+own script), then the whole directory committed in one rename (nothing is left on failure)."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..atc.lint import DYNAMIC_HINTS
+from ..errors import ExportError, OptionsError
+from .plan import Plan
+
+SCHEMA = "cann-export/bundle/2"
+COMPONENTS_DIR = "components"
+CONVERT = "atc/convert.sh"
+
+
+@dataclass
+class MultiResult:
+    """What a multi-graph export produced: ``ok`` only when every component's parity (fp32 and device) passed."""
+
+    ok: bool
+    output: str
+    kind: str
+    components: dict[str, dict[str, Any]]
+    manifest: dict[str, Any] = field(repr=False, default_factory=dict)
+    manifest_sha256: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "format": "atc_ready", "output": self.output, "kind": self.kind,
+                "components": self.components, "connections": self.manifest.get("connections", []),
+                "parity": self.manifest.get("parity", {}), "manifest_sha256": self.manifest_sha256}
+
+
+def convert_script(names: list[str]) -> str:
+    """The top-level ATC script: every component's own ``atc/convert.sh`` (one ATC command each), in order;
+    extra arguments go to every command. A function of the component names only, so validate re-derives it."""
+    lines = ["#!/usr/bin/env bash",
+             "# Converts every graph of this bundle to an Ascend offline model (.om), one ATC command per graph.",
+             "# Run on a machine with CANN installed; each graph's .om is written in its own directory.",
+             "set -euo pipefail", 'cd "$(dirname "$0")/.."']
+    lines += [f'bash {shlex.quote(f"{COMPONENTS_DIR}/{n}/atc/convert.sh")} "$@"' for n in names]
+    return "\n".join(lines) + "\n"
+
+
+def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: bool = False, progress: Any = None,
+                metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
+                sandbox_record: dict[str, Any] | None = None, **options: Any) -> MultiResult:
+    """Export every component of ``plan`` with ``export_one`` (api.export) into one bundle at ``output`` (see
+    the module docstring). ``options`` are export()'s keyword options, applied to every component;
+    ``carried``: files written beside the components (a model directory's config and tokenizer files,
+    ``{"hf/NAME": bytes}``)."""
+    from ..fs import atomic, digests
+    from ..fs.jsonio import dumps
+
+    output = _check(plan, Path(output), options)
+    atomic.check_target(output, overwrite)
+    staging = atomic.staging_dir(output)
+    try:
+        results = {comp.name: _export_component(comp, staging, export_one, progress, metadata, options)
+                   for comp in plan.components}
+        for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        (staging / "atc").mkdir()
+        script = staging / CONVERT
+        atomic.write_text(script, convert_script([c.name for c in plan.components]))
+        script.chmod(0o755)
+        manifest = build_manifest(plan, results, staging)
+        if sandbox_record is not None:  # where the model directory was loaded (confined or why not)
+            manifest["sandbox"] = dict(sandbox_record)
+        atomic.write_text(staging / "manifest.json", dumps(manifest))
+        digest = digests.sha256_file(staging / "manifest.json")
+        atomic.commit_dir(staging, output, overwrite)
+        staging = None
+    finally:
+        if staging is not None:
+            atomic.discard(staging)
+    summary = {name: component_summary(r.manifest, name) for name, r in results.items()}
+    return MultiResult(ok=manifest["parity"]["passed"], output=str(output), kind=plan.kind, components=summary,
+                       manifest=manifest, manifest_sha256=digest)
+
+
+def _check(plan: Plan, output: Path, options: dict[str, Any]) -> Path:
+    fmt = options.pop("export_format", "atc_ready")
+    if fmt != "atc_ready":
+        raise OptionsError(f"a multi-graph model ({plan.kind}) exports as an atc_ready bundle directory of "
+                           f"components, not --format {fmt}; pass --format atc_ready (convert it with "
+                           "`cann-export convert` or atc/convert.sh)")
+    if options.get("publish"):
+        raise OptionsError("--publish is not supported for a multi-graph export yet; export, then "
+                           "`cann-export zoo publish BUNDLE NAME`")
+    if output.suffix:
+        raise OptionsError(f"a multi-graph bundle is a directory; pass an output without a suffix, not "
+                           f"{output.name}", path=output)
+    return output
+
+
+def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, metadata: dict[str, str] | None,
+                      options: dict[str, Any]) -> Any:
+    """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges in the form the target
+    CANN takes unless the caller gave a dynamic hint; an error names the component."""
+    where = staging / COMPONENTS_DIR / comp.name
+    where.parent.mkdir(exist_ok=True)
+    hints = dict(options.get("atc_hints") or {})
+    shaped = any(h in hints for h in (*DYNAMIC_HINTS, "input_shape"))
+    if getattr(comp.module, "graph_dynamic_axes", None) and not shaped:
+        from ..atc.dynamic_form import range_cann
+        from ..options import ExportOptions
+
+        if range_cann(options.get("cann_version") or ExportOptions.cann_version):  # CANN 8: ranges in --input_shape
+            hints["input_shape"] = comp.module.shape_ranges(comp.example_inputs, brackets=False)
+        else:
+            hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
+    try:
+        return export_one(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
+                          progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
+                          **{**options, "atc_hints": hints})
+    except ExportError as e:
+        e.args = (f"component {comp.name!r}: {e.args[0] if e.args else e}",)
+        if hasattr(e, "message"):
+            e.message = f"component {comp.name!r}: {e.message}"
+        raise
+
+
+def _prefixed(progress: Any, name: str) -> Any:
+    if progress is None:
+        return None
+
+    def report(index: int, stage: str, status: str, seconds: float) -> None:
+        progress(index, f"{name}:{stage}", status, seconds)
+
+    return report
+
+
+def component_summary(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """A component's entry in the top-level verdict: fp32 and device parity, from its own manifest."""
+    parity = manifest.get("parity") or {}
+    fp32 = (parity.get("fp32") or {}).get("passed") if isinstance(parity.get("fp32"), dict) else None
+    device = (parity.get("device") or {}).get("passed") if isinstance(parity.get("device"), dict) else None
+    return {"passed": parity.get("passed") is True, "fp32_passed": fp32, "device_passed": device,
+            "path": f"{COMPONENTS_DIR}/{name}"}
+
+
+def build_manifest(plan: Plan, results: dict[str, Any], root: Path) -> dict[str, Any]:
+    from ..fs import digests
+
+    components = []
+    for comp in plan.components:
+        m = results[comp.name].manifest
+        components.append({
+            "name": comp.name, "role": comp.role, "path": f"{COMPONENTS_DIR}/{comp.name}",
+            "manifest_sha256": digests.sha256_file(root / COMPONENTS_DIR / comp.name / "manifest.json"),
+            "inputs": [v["name"] for v in m["model"]["inputs"]], "outputs": [v["name"] for v in m["model"]["outputs"]],
+        })
+    verdicts = {c.name: component_summary(results[c.name].manifest, c.name) for c in plan.components}
+    first = results[plan.components[0].name].manifest
+    return {
+        "schema": SCHEMA,
+        "format": "atc_ready",
+        "kind": plan.kind,
+        "components": components,
+        "connections": [{"from": {"component": a, "output": o}, "to": {"component": b, "input": i}}
+                        for a, o, b, i in plan.connections],
+        "run": dict(plan.notes),
+        "parity": {"passed": all(v["passed"] for v in verdicts.values()),
+                   "components": {n: v["passed"] for n, v in verdicts.items()}},
+        "atc": {"script": CONVERT, "soc_version": (first.get("atc") or {}).get("soc_version")},
+        "provenance": dict(first.get("provenance") or {}),
+        "files": digests.file_table(root),
+    }

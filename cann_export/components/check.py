@@ -1,0 +1,221 @@
+"""Reading a multi-graph bundle back: its top-level manifest's shape (bounded, allow-listed names), the file
+table, each component's manifest against the sha256 recorded for it, every connection against the graphs'
+real input and output names, and the top-level ATC script re-rendered; then every component is validated
+(re-derived) by the single-graph ``validate``. Any difference is a refusal (exit 2) naming the file."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ValidateError
+from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, convert_script
+from .plan import NAME
+
+MAX_COMPONENTS = 64
+MAX_CONNECTIONS = 100_000
+
+
+def is_multi(directory: Path) -> bool:
+    """Whether ``directory`` holds a multi-graph bundle (its manifest.json names this schema)."""
+    import json
+
+    f = Path(directory) / "manifest.json"
+    if not Path(directory).is_dir() or not f.is_file() or f.is_symlink():
+        return False
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    if SCHEMA.encode() not in head:
+        return False
+    try:
+        from ..bundle.read import load_manifest_file
+
+        data = load_manifest_file(f)
+    except (ValidateError, json.JSONDecodeError):
+        return True  # claims the schema: read_multi names why it cannot be read
+    return isinstance(data, dict) and data.get("schema") == SCHEMA
+
+
+def read_multi(directory: Path) -> dict[str, Any]:
+    """The top-level manifest after its shape is checked (every problem named)."""
+    from ..bundle.read import load_manifest_file
+
+    path = Path(directory) / "manifest.json"
+    manifest = load_manifest_file(path)
+    problems = shape_problems(manifest)
+    if problems:
+        raise ValidateError("manifest.json of the multi-graph bundle is malformed: " + "; ".join(problems[:20])
+                            + ". The bundle is damaged or was edited; export it again", path=path)
+    return manifest
+
+
+def shape_problems(manifest: Any) -> list[str]:
+    from ..bundle.read import _file_table_problems
+
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        return [f"schema: not {SCHEMA}"]
+    problems = []
+    comps = manifest.get("components")
+    if not isinstance(comps, list) or not 1 <= len(comps) <= MAX_COMPONENTS:
+        return [f"components: missing or not a list of 1..{MAX_COMPONENTS} components"]
+    seen = set()
+    for k, c in enumerate(comps):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not NAME.fullmatch(c["name"]):
+            problems.append(f"components[{k}]: no name of the form {NAME.pattern}")
+            continue
+        name = c["name"]
+        if name in seen:
+            problems.append(f"components[{k}]: {name!r} listed twice")
+        seen.add(name)
+        if c.get("path") != f"{COMPONENTS_DIR}/{name}":
+            problems.append(f"components[{k}].path: not {COMPONENTS_DIR}/{name}")
+        if not isinstance(c.get("manifest_sha256"), str):
+            problems.append(f"components[{k}].manifest_sha256: missing")
+        for key in ("inputs", "outputs"):
+            if not isinstance(c.get(key), list) or not all(isinstance(v, str) for v in c[key]):
+                problems.append(f"components[{k}].{key}: not a list of names")
+    conns = manifest.get("connections")
+    if not isinstance(conns, list) or len(conns) > MAX_CONNECTIONS:
+        problems.append("connections: missing or not a list")
+    else:
+        for k, conn in enumerate(conns):
+            ok = isinstance(conn, dict) and all(
+                isinstance(conn.get(end), dict) and isinstance(conn[end].get("component"), str)
+                and isinstance(conn[end].get(key), str) for end, key in (("from", "output"), ("to", "input")))
+            if not ok:
+                problems.append(f"connections[{k}]: not {{from: {{component, output}}, to: {{component, input}}}}")
+    parity = manifest.get("parity")
+    if not isinstance(parity, dict) or not isinstance(parity.get("passed"), bool):
+        problems.append("parity.passed: missing or not true/false")
+    return problems + _file_table_problems(manifest.get("files"))
+
+
+def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
+    """The manifest and every difference between it and the bundle (files, component manifests, connections,
+    the ATC script); the components' own contents are checked by their validate."""
+    from ..bundle.read import file_problems, load_manifest_file
+    from ..fs import digests
+
+    directory = Path(directory)
+    manifest = read_multi(directory)
+    diffs = file_problems(directory, manifest)
+    names: dict[str, dict[str, set[str]]] = {}
+    verdicts: list[bool] = []
+    for c in manifest["components"]:
+        f = directory / c["path"] / "manifest.json"
+        if f.is_symlink() or not f.is_file():
+            diffs.append(f"{c['path']}/manifest.json: missing (component {c['name']!r})")
+            continue
+        if digests.sha256_file(f) != c["manifest_sha256"]:
+            diffs.append(f"{c['path']}/manifest.json: sha256 differs from the one recorded for component "
+                         f"{c['name']!r} (the component was changed)")
+        try:
+            own = load_manifest_file(f)
+            model = own["model"]
+            real = {"inputs": {v["name"] for v in model["inputs"]}, "outputs": {v["name"] for v in model["outputs"]}}
+        except (ValidateError, KeyError, TypeError) as e:
+            diffs.append(f"{c['path']}/manifest.json: unreadable ({e})")
+            continue
+        names[c["name"]] = real
+        recorded = (manifest["parity"].get("components") or {}).get(c["name"])
+        own_passed = (own.get("parity") or {}).get("passed") if isinstance(own.get("parity"), dict) else None
+        if recorded is not own_passed:
+            diffs.append(f"manifest.json parity.components.{c['name']}: records {recorded!r}, "
+                         f"{c['path']}/manifest.json records {own_passed!r}")
+        verdicts.append(own_passed is True)
+        for key in ("inputs", "outputs"):
+            if set(c[key]) != real[key]:
+                diffs.append(f"manifest.json components[{c['name']}].{key}: differ from {c['path']}/manifest.json")
+    for k, conn in enumerate(manifest["connections"]):
+        for end, key, kind in (("from", "output", "outputs"), ("to", "input", "inputs")):
+            comp, value = conn[end]["component"], conn[end][key]
+            if comp not in {c["name"] for c in manifest["components"]}:
+                diffs.append(f"manifest.json connections[{k}].{end}: unknown component {comp[:80]!r}")
+            elif comp in names and value not in names[comp][kind]:
+                diffs.append(f"manifest.json connections[{k}].{end}: component {comp!r} has no {key} {value[:80]!r}")
+    if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
+        diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
+                     f"{'all' if all(verdicts) else 'do not all'} pass")
+    script = directory / CONVERT
+    expected = convert_script([c["name"] for c in manifest["components"]])
+    try:
+        actual = script.read_text(encoding="utf-8") if script.is_file() and not script.is_symlink() else None
+    except (OSError, UnicodeDecodeError):
+        actual = None
+    if actual != expected:
+        diffs.append(f"{CONVERT}: not the script this tool renders for components "
+                     f"{', '.join(c['name'] for c in manifest['components'])}")
+    if CONVERT not in manifest["files"]:
+        diffs.append(f"{CONVERT}: not in the file table")
+    return manifest, diffs
+
+
+def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_options: Any) -> dict[str, Any]:
+    """Check the bundle (``check_multi``), then validate every component with ``validate_one`` (api.validate);
+    the verdict is passed only when every component's re-derived parity passed."""
+    from ..bundle.rederive import BundleMismatchError
+    from ..bundle.read import manifest_sha256
+
+    manifest, diffs = check_multi(directory)
+    if diffs:
+        raise BundleMismatchError(diffs, path=path)
+    reports = {}
+    for c in manifest["components"]:
+        try:
+            reports[c["name"]] = validate_one(directory / c["path"], **validate_options)
+        except ValidateError as e:
+            e.args = (f"component {c['name']!r}: {e.args[0] if e.args else e}",)
+            raise
+    passed = all(r["passed"] for r in reports.values())
+    return {"passed": passed, "kind": manifest.get("kind"), "components": reports,
+            "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory)}
+
+
+def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
+    """What ``inspect`` shows: the components (each as ``inspect_one``, api.inspect, shows a bundle),
+    connections and verdict."""
+    from ..bundle.rederive import BundleMismatchError
+    from ..bundle.read import manifest_sha256
+
+    manifest, diffs = check_multi(directory)
+    if diffs:
+        raise BundleMismatchError(diffs, path=directory, stage="inspect")
+    return {"kind": "multi-graph", "schema": SCHEMA, "bundle_kind": manifest.get("kind"),
+            "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"])}
+                           for c in manifest["components"]},
+            "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
+            "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"])}
+
+
+def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,
+                  convert_one: Any) -> dict[str, Any]:
+    """``cann-export convert`` of a multi-graph bundle: one ATC run per graph (each the single-graph
+    ``convert`` of its component, which re-derives the command from the validated options), every ``.om``
+    (``<component>.om`` and its ``.atc.log``) in one output directory committed at once. ``convert_one``:
+    bundle.om's single-graph convert."""
+    from ..bundle.rederive import BundleMismatchError
+    from ..fs import atomic
+
+    path = Path(path)
+    manifest, diffs = check_multi(path)
+    if diffs:
+        raise BundleMismatchError(diffs, path=path, stage="convert")
+    out = Path(output) if output else path.with_name(f"{path.name}_om")
+    atomic.check_target(out, overwrite)
+    staging = atomic.staging_dir(out)
+    results = {}
+    try:
+        for c in manifest["components"]:
+            results[c["name"]] = convert_one(path / c["path"], staging / f"{c['name']}.om", soc_version, False)
+        atomic.commit_dir(staging, out, overwrite)
+        staging = None
+    finally:
+        if staging is not None:
+            atomic.discard(staging)
+    for name, r in results.items():  # the paths where they now are
+        r["output"], r["log"] = str(out / f"{name}.om"), str(out / f"{name}.atc.log")
+    first = next(iter(results.values()))
+    return {"ok": True, "input": str(path), "output": str(out), "soc_version": first["soc_version"],
+            "log": ", ".join(r["log"] for r in results.values()), "components": results}

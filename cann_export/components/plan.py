@@ -1,0 +1,195 @@
+"""Which graphs a model deploys as, with their example inputs and how they connect: a decoder with past
+(``prefill`` + ``decode``, or the fixed-length ``prefill`` + ``decode`` of ``kv_cache="static:N"``) and an
+encoder-decoder (``encoder`` + ``decoder`` + ``decoder_with_past``). The example inputs of a later graph come
+from running the earlier ones eagerly, so every graph is exported on the tensors it really receives."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OptionsError
+
+NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+MAX_STATIC_LENGTH = 32768
+DECODER_TASKS = ("text-generation-with-past",)
+SEQ2SEQ_TASKS = ("text2text-generation-with-past", "text2text-generation")
+
+
+@dataclass
+class Component:
+    """One graph of a multi-graph bundle: its name (its directory, ``components/<name>``), its role, the module
+    to export and its example inputs, by graph input name."""
+
+    name: str
+    role: str
+    module: Any
+    example_inputs: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """The graphs and the ``connections`` between them: each ``(from component, output, to component, input)``
+    says which output feeds which input (a component feeding itself is a loop, such as decode's cache)."""
+
+    kind: str
+    components: list[Component]
+    connections: list[tuple[str, str, str, str]]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_kv_cache(value: Any) -> int | None:
+    """``None`` / ``"dynamic"``: a growing cache (None); ``"static:N"`` or an int N: a fixed window of N slots."""
+    if value is None or value == "dynamic":
+        return None
+    text = str(value)
+    m = re.fullmatch(r"(?:static:)?(\d{1,6})", text) if not isinstance(value, bool) else None
+    length = int(m.group(1)) if m else 0
+    if not m or not 2 <= length <= MAX_STATIC_LENGTH:
+        raise OptionsError(f"--kv-cache {text!r} is not 'dynamic' or 'static:N' with N in 2..{MAX_STATIC_LENGTH} "
+                           "(the fixed number of cache slots, e.g. static:256)")
+    return length
+
+
+def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7,
+             check_only: bool = False) -> Plan | None:
+    """The plan for a transformers model: a decoder-only model (``is_encoder_decoder`` false, with an LM head)
+    or an encoder-decoder; ``task`` (Optimum's name) must agree when given. ``check_only``: only check the
+    options (no model yet)."""
+    if check_only:
+        parse_kv_cache(kv_cache)
+        if task is not None and task not in (*DECODER_TASKS, *SEQ2SEQ_TASKS):
+            raise OptionsError(f"task {task!r} does not export as several graphs; use "
+                               f"{' or '.join((*DECODER_TASKS, *SEQ2SEQ_TASKS))}")
+        return None
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "forward"):
+        raise OptionsError("multi-graph export takes a transformers model (with a .config); got "
+                           f"{type(model).__name__}")
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    wanted = SEQ2SEQ_TASKS if seq2seq else DECODER_TASKS
+    if task is not None and task not in wanted:
+        raise OptionsError(f"task {task!r} does not export as several graphs for a {config.model_type} model; "
+                           f"use {' or '.join(wanted)}")
+    if not 1 <= sequence_length <= 4096:
+        raise OptionsError("sequence_length must be in 1..4096")
+    length = parse_kv_cache(kv_cache)
+    if seq2seq:
+        if length is not None:
+            raise OptionsError("--kv-cache static:N is for decoder-only models; an encoder-decoder exports "
+                               "encoder, decoder and decoder_with_past")
+        return seq2seq_plan(model, sequence_length, with_past=task != "text2text-generation")
+    return decoder_plan(model, sequence_length) if length is None else static_decoder_plan(model, length)
+
+
+def _vocab(config: Any) -> int:
+    vocab = getattr(config, "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 2 else 2
+
+
+def _ids(config: Any, shape: tuple[int, ...], seed: int) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, _vocab(config), shape, generator=gen)
+
+
+def _past(present: dict[str, Any]) -> dict[str, Any]:
+    return {k.replace("present.", "past_key_values.", 1): v for k, v in present.items() if k.startswith("present.")}
+
+
+def _loop(component: str, names: list[str]) -> list[tuple[str, str, str, str]]:
+    return [(component, n, component, n.replace("present.", "past_key_values.", 1)) for n in names]
+
+
+# the example batch of the graphs with dynamic axes: 2, so torch.export does not specialize the batch to 1
+EXAMPLE_BATCH = 2
+
+
+def decoder_plan(model: Any, prompt: int = 7) -> Plan:
+    """``prefill`` (the prompt) then ``decode`` (one token on a growing cache); batch and lengths dynamic."""
+    import torch
+
+    from .wrappers import DecoderPrefill, DecoderStep
+
+    model = model.eval()
+    prefill, step = DecoderPrefill(model), DecoderStep(model)
+    batch = EXAMPLE_BATCH
+    ids = _ids(model.config, (batch, prompt), 0)
+    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(prompt)[None].repeat(batch, 1)}
+    with torch.no_grad():
+        present = {k: v for k, v in prefill(**feed).items() if k != "logits"}
+    nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
+           "attention_mask": torch.ones(batch, prompt + 1, dtype=torch.long),
+           "position_ids": torch.full((batch, 1), prompt), **_past(present)}
+    names = list(present)
+    return Plan("decoder-with-past", [Component("prefill", "prefill", prefill, feed),
+                                      Component("decode", "decode", step, nxt)],
+                [("prefill", n, "decode", n.replace("present.", "past_key_values.", 1)) for n in names]
+                + _loop("decode", names),
+                {"loop": "decode", "logits": "logits", "cache": "dynamic"})
+
+
+def static_decoder_plan(model: Any, length: int) -> Plan:
+    """Every shape fixed for ATC's static path: ``prefill`` takes a left-padded prompt of exactly ``length``
+    tokens; ``decode`` takes a window of ``length`` cache slots and returns it shifted by the new token."""
+    import torch
+
+    from .wrappers import StaticDecoderStep, StaticPrefill
+
+    model = model.eval()
+    prefill, step = StaticPrefill(model), StaticDecoderStep(model)
+    prompt = max(1, length // 2)
+    mask = torch.cat([torch.zeros(1, length - prompt, dtype=torch.long), torch.ones(1, prompt, dtype=torch.long)], 1)
+    feed = {"input_ids": _ids(model.config, (1, length), 0), "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+    with torch.no_grad():
+        present = {k: v for k, v in prefill(**feed).items() if k != "logits"}
+    nxt = {"input_ids": _ids(model.config, (1, 1), 1),
+           "attention_mask": torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1),
+           "position_ids": torch.tensor([[prompt]]), **_past(present)}
+    names = list(present)
+    return Plan("decoder-with-static-cache", [Component("prefill", "prefill", prefill, feed),
+                                              Component("decode", "decode", step, nxt)],
+                [("prefill", n, "decode", n.replace("present.", "past_key_values.", 1)) for n in names]
+                + _loop("decode", names),
+                {"loop": "decode", "logits": "logits", "cache": f"static:{length}", "cache_length": length,
+                 "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"})
+
+
+def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
+    """``encoder``, ``decoder`` (the first decoder step, which also yields the cross-attention cache) and
+    ``decoder_with_past`` (one token on the cache)."""
+    import torch
+
+    from .wrappers import Seq2SeqDecoder, Seq2SeqDecoderWithPast, Seq2SeqEncoder
+
+    model = model.eval()
+    encoder, decoder, stepper = Seq2SeqEncoder(model), Seq2SeqDecoder(model), Seq2SeqDecoderWithPast(model)
+    batch = EXAMPLE_BATCH
+    ids = _ids(model.config, (batch, source), 0)
+    enc_feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    start = getattr(model.config, "decoder_start_token_id", None)
+    first = torch.full((batch, 1), start if isinstance(start, int) and start >= 0 else 0)
+    with torch.no_grad():
+        hidden = encoder(**enc_feed)["last_hidden_state"]
+        dec_feed = {"input_ids": first, "encoder_attention_mask": enc_feed["attention_mask"],
+                    "encoder_hidden_states": hidden}
+        present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
+    past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), "encoder_attention_mask": enc_feed["attention_mask"],
+                 **_past(present)}
+    names = list(present)
+    own = [n for n in names if ".decoder." in n]
+    connections = [("encoder", "last_hidden_state", "decoder", "encoder_hidden_states")]
+    if not with_past:  # Optimum's text2text-generation: the decoder re-reads the whole prefix every step
+        return Plan("encoder-decoder", [Component("encoder", "encoder", encoder, enc_feed),
+                                        Component("decoder", "decoder", decoder, dec_feed)],
+                    connections, {"loop": "decoder", "logits": "logits", "cache": "none"})
+    connections += [("decoder", n, "decoder_with_past", n.replace("present.", "past_key_values.", 1)) for n in names]
+    connections += _loop("decoder_with_past", own)
+    return Plan("encoder-decoder-with-past", [Component("encoder", "encoder", encoder, enc_feed),
+                                              Component("decoder", "decoder", decoder, dec_feed),
+                                              Component("decoder_with_past", "decoder_with_past", stepper,
+                                                        past_feed)],
+                connections, {"loop": "decoder_with_past", "logits": "logits", "cache": "dynamic"})

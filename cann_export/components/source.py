@@ -1,0 +1,77 @@
+"""Where a multi-graph export starts: which calls are multi-graph (a task of several graphs, or ``kv_cache``),
+and a Hugging Face model directory loaded with the hf package's checks (its config read within bounds, the task
+detected from it, safetensors only unless --trust-pickle, files inside the directory, no remote code unless
+allowed), the config and tokenizer files carried into the bundle."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadError, OptionsError
+
+# Optimum's tasks this package exports as several graphs (the hf task table marks them graphs > 1)
+SUPPORTED = ("text-generation-with-past", "text2text-generation", "text2text-generation-with-past")
+
+
+def multi_task(model: Any, options: dict[str, Any]) -> str | bool:
+    """The multi-graph task of this export call (True: ``kv_cache`` asks for one, the model decides which),
+    else False: a single-graph export."""
+    task = options.get("task")
+    if isinstance(model, (str, Path)):
+        from ..hf import files as hf_files
+
+        path = Path(model)
+        if not (path.is_dir() and hf_files.is_model_directory(path)):
+            return bool(options.get("kv_cache"))
+        from ..hf.config import read_config
+        from ..hf.tasks import detect
+
+        try:  # whatever cannot be told here, the single-graph loader refuses with its own message
+            directory, roots = hf_files.resolve(path)
+            config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
+            config = read_config(directory, bool(options.get("trust_remote_code")))
+            if "auto_map" in config:
+                return bool(options.get("kv_cache"))
+            _, found = detect(config, task, config_path)
+        except LoadError:
+            return bool(options.get("kv_cache"))
+        return found.name if found.graphs > 1 else bool(options.get("kv_cache"))
+    if task is not None:
+        from ..hf.tasks import ALL_TASK_NAMES, TASKS
+
+        if task in ALL_TASK_NAMES and getattr(TASKS.get(task), "graphs", 1) > 1:
+            return task
+    return bool(options.get("kv_cache"))
+
+
+def load_directory(path: Path, task: str | None, options: dict[str, Any]) -> tuple[Any, str, dict[str, bytes]]:
+    """(the transformers model, its task, the files to carry) for a model directory."""
+    from types import SimpleNamespace
+
+    from ..hf import files as hf_files
+    from ..hf.config import read_config
+    from ..hf.model import load_pretrained
+    from ..hf.tasks import TASKS, detect
+    from ..hf.weights import weight_files
+
+    directory, roots = hf_files.resolve(Path(path))
+    config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
+    trust_remote = bool(options.get("trust_remote_code"))
+    config = read_config(directory, trust_remote)
+    if "auto_map" in config:
+        raise LoadError("config.json's auto_map names remote code; a multi-graph export loads only transformers' "
+                        "own classes. Export the model from Python (cann_export.export_multi(model, ...))",
+                        path=config_path)
+    arch, found = detect(config, task, config_path)
+    if found.name == "text-generation":  # asked for several graphs (--kv-cache): the decoder with its cache
+        found = TASKS["text-generation-with-past"]
+    if found.name not in SUPPORTED:
+        raise OptionsError(f"task {found.name} of {arch} does not export as several graphs here yet; supported: "
+                           f"{', '.join(SUPPORTED)} (or --task with a single-graph task)", path=config_path)
+    safetensors, weights = weight_files(directory, bool(options.get("trust_pickle")))
+    for weight in weights:
+        hf_files.check_inside(weight, roots)
+    carried = hf_files.companions(directory, roots)
+    opts = SimpleNamespace(trust_remote_code=False, trust_pickle=bool(options.get("trust_pickle")), task=found.name)
+    model = load_pretrained(directory, arch, found, config, safetensors, opts)
+    return model, found.name, carried

@@ -1,0 +1,251 @@
+"""The dynamic axes of an export, resolved in the prepare stage against the example inputs: a .pt2's
+``torch.export.Dim``s, a loader's axes (``LoadedModel.extras["dynamic_axes"]``, Optimum-style), ``-1`` in
+``--input-shape`` and ``--dynamic`` (the user's last word), each named and given a range; and the input sets
+parity runs at every gear, or at the range's ends and middle."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from .. import errors
+from ..dynamic import DEFAULT_BATCH_MAX, DEFAULT_FACTOR, FLAG, DynamicAxis, check_unique
+
+
+def resolve(ctx: Any) -> list[DynamicAxis]:
+    """Every dynamic axis of this export (OptionsError for one the inputs do not have)."""
+    feed, extras = ctx.example_inputs, ctx.loaded.extras
+    if ctx.options.static_shapes:
+        return []
+    program = extras.get("program_dims") or {}
+    found: dict[tuple[str, int], DynamicAxis] = {}
+    symbols: dict[str, str] = {}
+    for name, axes in program.items():
+        for axis, dim in axes.items():
+            label = symbols.setdefault(dim["symbol"], "batch" if axis == 0 else f"{name}_dim{axis}")
+            found[(name, axis)] = DynamicAxis(name, axis, label, dim["min"] or 1, dim["max"], source="program")
+    shaped = {spec.name for spec in ctx.options.input_shapes}  # the user's --input-shape wins over a loader's axes
+    for name, axes in (extras.get("dynamic_axes") or {}).items():
+        for axis, label in dict(axes).items() if name not in shaped else ():
+            found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label), source="loader"))
+    for spec in ctx.options.input_shapes:
+        for axis, size in enumerate(spec.shape):
+            if size == -1:
+                found[(spec.name, axis)] = DynamicAxis(spec.name, axis, None, source="--input-shape")
+    asked = list(ctx.options.dynamic)
+    check_unique(asked)
+    for a in asked:
+        _check_asked(a, feed, program, ctx.loaded.kind)
+        found[(a.input, a.axis)] = a
+    limit = _position_limit(ctx.model)
+    axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
+    axes = _propagate(axes, feed)
+    _check_names(axes)
+    return sorted(axes, key=lambda a: (list(feed).index(a.input), a.axis))
+
+
+def _check_asked(a: DynamicAxis, feed: dict[str, Any], program: dict, kind: str) -> None:
+    if a.input not in feed:
+        raise errors.OptionsError(f"{FLAG} names input {a.input!r}, which the model does not take; its inputs are "
+                                  f"{', '.join(feed)}; pass one of those")
+    rank = feed[a.input].dim()
+    if a.axis >= rank:
+        raise errors.OptionsError(f"{FLAG} {a.input}:{a.axis}: {a.input} has {rank} dimension(s) (shape "
+                                  f"{list(feed[a.input].shape)}), so axis {a.axis} does not exist; pass an axis in "
+                                  f"0..{rank - 1}")
+    if kind == "exported_program":
+        dim = program.get(a.input, {}).get(a.axis)
+        if dim is None:
+            raise errors.OptionsError(
+                f"{FLAG} {a.input}:{a.axis}: the .pt2 was captured with that axis static "
+                f"({feed[a.input].shape[a.axis]}); a torch.export program keeps the shapes it was captured with. "
+                f"Re-export it with dynamic_shapes={{'{a.input}': {{{a.axis}: torch.export.Dim(...)}}}} or drop "
+                f"{FLAG} for it")
+        low, high = dim["min"] or 1, dim["max"]
+        outside = [v for v in (a.gears or (a.min, a.max)) if v is not None and (v < low or (high and v > high))]
+        if outside:
+            raise errors.OptionsError(
+                f"{FLAG} {a.input}:{a.axis}: {outside[0]} is outside the range the .pt2's Dim allows "
+                f"({low}..{high if high else 'unbounded'}); give sizes inside it")
+
+
+def _position_limit(model: Any) -> int | None:
+    """A transformers model's position table (config.max_position_embeddings) less RoBERTa's offset of 2 (its
+    positions start after the padding index): the longest sequence its task axes default to."""
+    for module in getattr(model, "modules", lambda: [])():
+        value = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+        if type(value) is int and value > 2:
+            return value - 2
+    return None
+
+
+def _complete(a: DynamicAxis, feed: dict[str, Any], limit: int | None = None) -> DynamicAxis:
+    """A name and a range for an axis given without: batch 1..16 on axis 0, else 1..4 x the example's size (a
+    loader's sequence axis at most the position table, ``limit``)."""
+    size = int(feed[a.input].shape[a.axis])
+    name = a.name or ("batch" if a.axis == 0 else f"{a.input}_dim{a.axis}")
+    low = a.min if a.min is not None else 1
+    high = a.max if a.max is not None else max(DEFAULT_BATCH_MAX if a.axis == 0 else DEFAULT_FACTOR * size, low)
+    if a.max is None and limit and a.source == "loader" and "sequence" in name and size <= limit:
+        high = min(high, limit)
+    if not low <= size <= high:
+        raise errors.OptionsError(f"{FLAG} {a.input}:{a.axis}={name}: the example input's size {size} is outside "
+                                  f"{low}..{high}; the graph is captured at the example's shape, so widen the range "
+                                  f"(or the gears) to include {size}, or give an example of a size inside it "
+                                  "(--input-shape / --example-inputs)")
+    return replace(a, name=name, min=low, max=high)
+
+
+def _propagate(axes: list[DynamicAxis], feed: dict[str, Any]) -> list[DynamicAxis]:
+    """An axis of one input is dynamic on the inputs of the same example shape too (attention_mask with
+    input_ids): torch.export refuses a graph where they differ, and so would a deployed model."""
+    have = {(a.input, a.axis) for a in axes}
+    out = list(axes)
+    for a in axes:
+        shape = tuple(feed[a.input].shape)
+        for other, tensor in feed.items():
+            if other != a.input and tuple(tensor.shape) == shape and (other, a.axis) not in have:
+                out.append(replace(a, input=other, source=f"{a.source} (as {a.input})"))
+                have.add((other, a.axis))
+    return out
+
+
+def _check_names(axes: list[DynamicAxis]) -> None:
+    """Axes that share a name are one symbol: the same range and gears."""
+    by_name: dict[str, DynamicAxis] = {}
+    for a in axes:
+        first = by_name.setdefault(a.name, a)
+        if (first.min, first.max, first.gears) != (a.min, a.max, a.gears):
+            raise errors.OptionsError(f"{FLAG}: dimension {a.name!r} is {first.input}:{first.axis} "
+                                      f"({first.min}..{first.max}) and {a.input}:{a.axis} ({a.min}..{a.max}); "
+                                      "axes of one name share one size: give them the same range, or other names")
+
+
+def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
+    """One axis per dimension name (its range and gears)."""
+    out: dict[str, DynamicAxis] = {}
+    for a in axes:
+        out.setdefault(a.name, a)
+    return out
+
+
+def shape_points(axes: list[DynamicAxis], feed: dict[str, Any]) -> list[dict[str, int]]:
+    """The sizes parity runs at besides the example's: each dimension at each of its points (every gear, or
+    the range's ends and middle) with the others at the example's size."""
+    example = {a.name: int(feed[a.input].shape[a.axis]) for a in axes}
+    points: list[dict[str, int]] = []
+    for name, a in symbols(axes).items():
+        for size in a.points():
+            point = {**example, name: size}
+            if point != example and point not in points:
+                points.append(point)
+    return points
+
+
+def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
+    """Per extra shape: (point, two seeded input sets drawn like the example: floats from N(0, 1), integers
+    (ids, masks, token types) within the example's own values, so within the model's tables; labels naming the
+    shape in ``label["shape"]``)."""
+    import torch
+
+    from .tensors import set_label
+
+    feed = ctx.example_inputs
+    for k, point in enumerate(shape_points(axes, feed)):
+        shapes = {n: list(t.shape) for n, t in feed.items()}
+        for a in axes:
+            shapes[a.input][a.axis] = point[a.name]
+        sets, labels = [], []
+        for draw in range(2):
+            gen = torch.Generator().manual_seed(ctx.options.seed + 101 + 2 * k + draw)
+            sets.append({n: _like(feed[n], shapes[n], gen) for n in feed})
+            label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}", start + draw)
+            label["shape"] = dict(point)
+            labels.append(label)
+        yield point, sets, labels
+
+
+def _like(example: Any, shape: list[int], gen: Any) -> Any:
+    import torch
+
+    if example.dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(example.dtype)
+    if example.dtype == torch.bool or example.numel() == 0:
+        return torch.ones(shape, dtype=example.dtype)
+    low, high = int(example.min()), int(example.max())
+    return torch.randint(low, high + 1, shape, generator=gen, dtype=torch.int64).to(example.dtype)
+
+
+def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
+    """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
+    names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
+    in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
+    from .reference import reference_outputs
+
+    failed: dict[str, str] = {}
+    if ctx.options.validate:
+        feed = ctx.example_inputs
+        example = example_point(ctx.dynamic_axes, feed)
+        for point, sets, labels in _point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)):
+            varied = next(n for n in point if point[n] != example[n])
+            if varied in failed:
+                continue
+            try:
+                with _attributes_kept(ctx.model):
+                    _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+            except errors.PrepareError as e:
+                failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
+                continue
+            for index, label in enumerate(labels, start=len(ctx.input_sets)):
+                label["index"] = index
+            ctx.input_sets += sets
+            ctx.input_set_labels += labels
+            ctx.reference_outputs += outputs
+    for name, why in failed.items():
+        axes = [a for a in ctx.dynamic_axes if a.name == name]
+        asked = [a for a in axes if a.source in (FLAG, "--input-shape")]
+        if asked:
+            raise errors.OptionsError(f"{asked[0].source} {asked[0].input}:{asked[0].axis}={name}: {why}; narrow the "
+                                      "range (or the gears) to sizes the model takes")
+        ctx.dynamic_axes = [a for a in ctx.dynamic_axes if a.name != name]
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
+            f"{a.input}:{a.axis} ({name}, from {a.source}) is exported static: {why}" for a in axes)]
+    point = example_point(ctx.dynamic_axes, ctx.example_inputs)
+    for label in ctx.input_set_labels:
+        label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
+    ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: Any) -> Iterator[None]:
+    """A forward at another size may reconfigure the model for it (transformers' Swin shrinks window_size and
+    shift_size to a small input): the plain attributes of every module are put back afterwards."""
+    kinds = (int, float, bool, str, tuple, type(None))
+    saved = [(m, {k: v for k, v in vars(m).items() if isinstance(v, kinds)}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, values in saved:
+            module.__dict__.update(values)
+
+
+def _shown(point: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items())
+
+
+def example_point(axes: list[DynamicAxis], feed: dict[str, Any]) -> dict[str, int]:
+    return {a.name: int(feed[a.input].shape[a.axis]) for a in axes}
+
+
+def keep_sets(ctx: Any, keep: list[int]) -> None:
+    """Only the input sets ``keep`` (and their reference outputs, noise and labels, re-indexed) stay: the shape
+    sets of an axis the captured graph fixed cannot run on it."""
+    count = len(ctx.input_sets)
+    for name in ("input_sets", "input_set_labels", "reference_outputs", "reference_noise", "int8_noise",
+                 "float_reference_outputs"):
+        values = getattr(ctx, name)
+        if values and len(values) == count:
+            setattr(ctx, name, [values[s] for s in keep])
+    for index, label in enumerate(ctx.input_set_labels):
+        label["index"] = index

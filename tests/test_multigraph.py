@@ -1,0 +1,324 @@
+"""Several graphs in one bundle: GPT-2 and Llama as prefill + decode (growing and fixed-length cache), T5 as
+encoder + decoder + decoder_with_past. Each graph runs in onnxruntime, driven only by the bundle's own
+connections, and a 4-token greedy generation equals transformers' generate(); validate, inspect and the zoo
+re-derive every component; a tampered or missing component, or a connection naming an unknown output, is
+refused (exit 2) naming the file."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from cann_export import api
+from cann_export.cli.main import cli
+from cann_export.errors import ExportError, OptionsError
+
+STEPS = 4
+OPTIONS = {"num_random_inputs": 1}
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=96, n_positions=64,
+                                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _llama():
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _t5():
+    torch.manual_seed(2)
+    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)
+    return transformers.T5ForConditionalGeneration(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multigraph")
+    models = {"gpt2": _gpt2(), "llama": _llama(), "t5": _t5()}
+    out = {}
+    for name in ("gpt2", "llama", "t5"):
+        out[name] = (models[name], root / name, api.export_multi(models[name], root / name, **OPTIONS))
+    # the fixed-length form from a save_pretrained directory, through the CLI
+    models["gpt2"].save_pretrained(root / "gpt2-dir")
+    res = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "-o", str(root / "gpt2_static"), "--kv-cache", "static:16",
+                                   "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out["gpt2_static"] = (models["gpt2"], root / "gpt2_static", json.loads(res.stdout))
+    return out
+
+
+def _session(bundle, component):
+    return ort.InferenceSession(str(bundle / "components" / component / "model.onnx"),
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(session, feed):
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {k: np.asarray(v) for k, v in feed.items()}), strict=True))
+
+
+def _feeds_from(manifest, source, target, outputs):
+    """What the bundle's connections say ``source``'s outputs give ``target``'s inputs."""
+    return {c["to"]["input"]: outputs[c["from"]["output"]] for c in manifest["connections"]
+            if c["from"]["component"] == source and c["to"]["component"] == target}
+
+
+def _prompt(model, n=5):
+    return torch.randint(1, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(7))
+
+
+def _reference(model, ids, **kw):
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=STEPS,
+                              do_sample=False, **kw)[0, -STEPS:].tolist()
+
+
+def _decoder_generate(bundle, ids):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
+    n = ids.shape[1]
+    out = _run(prefill, {"input_ids": ids.numpy(), "attention_mask": np.ones((1, n), np.int64),
+                         "position_ids": np.arange(n, dtype=np.int64)[None]})
+    tokens, source, logits = [], "prefill", []
+    for step in range(STEPS):
+        logits.append(out["logits"][:, -1])
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        if step == STEPS - 1:
+            break
+        length = n + step
+        past = _feeds_from(manifest, source, "decode", out)
+        out = _run(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
+                            "attention_mask": np.ones((1, length + 1), np.int64),
+                            "position_ids": np.array([[length]], np.int64), **past})
+        source = "decode"
+    return tokens, logits
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_greedy_generation_through_prefill_and_decode_equals_generate(bundles, name):
+    model, bundle, result = bundles[name]
+    assert result.ok, result.to_dict()
+    ids = _prompt(model)
+    tokens, logits = _decoder_generate(bundle, ids)
+    assert tokens == _reference(model, ids)
+    with torch.no_grad():  # the last step's logits, against eager on the whole sequence
+        full = torch.cat([ids, torch.tensor([tokens[:-1]])], 1)
+        eager = model(full).logits[:, -1].numpy()
+    np.testing.assert_allclose(logits[-1], eager, atol=1e-4)
+
+
+def test_decoder_graphs_have_optimum_names_and_symbolic_axes(bundles):
+    _, bundle, _ = bundles["gpt2"]
+    decode = onnx.load(str(bundle / "components" / "decode" / "model.onnx"), load_external_data=False)
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in decode.graph.input}
+    assert list(inputs)[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert inputs["past_key_values.1.value"] == ["batch_size", 2, "past_sequence_length", 16]
+    assert inputs["attention_mask"] == ["batch_size", "past_sequence_length + 1"]
+    assert [o.name for o in decode.graph.output] == ["logits"] + [f"present.{i}.{kv}" for i in range(2)
+                                                                  for kv in ("key", "value")]
+    script = (bundle / "components" / "decode" / "atc" / "convert.sh").read_text()
+    # CANN 8 (the default --cann-version) takes the ranges in --input_shape itself; --input_shape_range is deprecated
+    assert "--input_shape_range" not in script and "past_key_values.0.key:1~64,2,1~63,16" in script
+    assert "--input_shape=" in script and "attention_mask:1~64,2~64" in script
+    lint = json.loads((bundle / "components" / "decode" / "manifest.json").read_text())["lint"]
+    assert "input_shape_range" not in json.dumps(lint)
+
+
+def test_static_cache_runs_in_onnxruntime_and_matches_eager(bundles):
+    model, bundle, result = bundles["gpt2_static"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert result["ok"] and manifest["run"]["cache_length"] == 16 and manifest["kind"] == "decoder-with-static-cache"
+    assert (bundle / "hf" / "config.json").is_file() and "hf/config.json" in manifest["files"]
+    from cann_export.sandbox import confine
+
+    assert manifest["sandbox"]["kind"] == (confine.probe().kind if confine.probe().available else "none")
+    prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
+    for s in (prefill, decode):  # every shape fixed: what ATC's static path needs
+        assert all(isinstance(d, int) for v in (*s.get_inputs(), *s.get_outputs()) for d in v.shape)
+    ids, length = _prompt(model), 16
+    n = ids.shape[1]
+    slots = np.concatenate([np.zeros((1, length - n), np.int64), np.ones((1, n), np.int64)], 1)
+    padded = np.concatenate([np.zeros((1, length - n), np.int64), ids.numpy()], 1)
+    out = _run(prefill, {"input_ids": padded, "attention_mask": slots,
+                         "position_ids": np.clip(slots.cumsum(-1) - 1, 0, None)})
+    tokens, source = [], "prefill"
+    for step in range(STEPS):
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        if step == STEPS - 1:
+            break
+        past = _feeds_from(manifest, source, "decode", out)
+        out = _run(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
+                            "attention_mask": np.concatenate([slots, [[1]]], 1),
+                            "position_ids": np.array([[n + step]], np.int64), **past})
+        slots = np.concatenate([slots[:, 1:], [[1]]], 1)  # the window moved by one slot
+        source = "decode"
+    assert tokens == _reference(model, ids)
+    with torch.no_grad():
+        eager = model(torch.cat([ids, torch.tensor([tokens[:-1]])], 1)).logits[:, -1].numpy()
+    np.testing.assert_allclose(out["logits"][:, -1], eager, atol=1e-4)
+
+
+def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
+    model, bundle, result = bundles["t5"]
+    assert result.ok, result.to_dict()
+    manifest = result.manifest
+    ids = _prompt(model, 6)
+    enc = _run(_session(bundle, "encoder"), {"input_ids": ids.numpy(), "attention_mask": np.ones((1, 6), np.int64)})
+    hidden = _feeds_from(manifest, "encoder", "decoder", enc)
+    out = _run(_session(bundle, "decoder"), {"input_ids": np.array([[0]], np.int64),
+                                             "encoder_attention_mask": np.ones((1, 6), np.int64), **hidden})
+    with_past = _session(bundle, "decoder_with_past")
+    first, tokens, source = out, [], "decoder"
+    for step in range(STEPS):
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        if step == STEPS - 1:
+            break
+        past = {**_feeds_from(manifest, "decoder", "decoder_with_past", first),
+                **_feeds_from(manifest, source, "decoder_with_past", out)}
+        out = _run(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64),
+                               "encoder_attention_mask": np.ones((1, 6), np.int64), **past})
+        source = "decoder_with_past"
+    assert tokens == _reference(model, ids)
+
+
+def test_no_if_node_and_a_verdict_per_component(bundles):
+    for name, (_, bundle, _result) in bundles.items():
+        top = json.loads((bundle / "manifest.json").read_text())
+        assert top["schema"] == "cann-export/bundle/2" and top["parity"]["passed"] is True
+        for comp in top["components"]:
+            graph = onnx.load(str(bundle / comp["path"] / "model.onnx"), load_external_data=False)
+            assert "If" not in {n.op_type for n in graph.graph.node}, (name, comp["name"])
+            own = json.loads((bundle / comp["path"] / "manifest.json").read_text())
+            assert own["parity"]["fp32"]["passed"] and own["parity"]["device"]["passed"], (name, comp["name"])
+            assert own["parity"]["device"]["mode"] == "force_fp16"
+            assert top["parity"]["components"][comp["name"]] is True
+        script = (bundle / "atc" / "convert.sh").read_text()
+        assert script.count("bash components/") == len(top["components"]) == len(top["parity"]["components"])
+
+
+def test_validate_inspect_cli_and_zoo_round_trip(bundles, tmp_path):
+    _, bundle, _ = bundles["gpt2"]
+    runner = CliRunner()
+    res = runner.invoke(cli, ["validate", str(bundle), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["ok"] is True and set(report["components"]) == {"prefill", "decode"}
+    assert all(c["passed"] for c in report["components"].values())
+    res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
+    assert res.exit_code == 0 and "decode" in res.output and "past_key_values.0.key" in res.output
+    from cann_export.model_zoo import api as zoo
+
+    zoo_dir = tmp_path / "zoo"
+    published = zoo.publish(str(bundle), name="gpt2-kv", zoo=str(zoo_dir))
+    loaded = zoo.load_model("gpt2-kv", framework="onnx", zoo=str(zoo_dir))
+    assert api.validate(loaded)["passed"] is True
+    assert zoo.verify("gpt2-kv", zoo=str(zoo_dir))["ok"] is True
+    assert published["kinds"] == ["atc_ready"]
+
+
+def _copy(bundles, tmp_path, name="gpt2"):
+    dst = tmp_path / "copy"
+    shutil.copytree(bundles[name][1], dst)
+    return dst
+
+
+def _refused(path):
+    res = CliRunner().invoke(cli, ["validate", str(path)])
+    assert res.exit_code == 2, res.output
+    return res.output
+
+
+def test_tampered_component_manifest_is_refused(bundles, tmp_path):
+    bundle = _copy(bundles, tmp_path)
+    f = bundle / "components" / "decode" / "manifest.json"
+    data = json.loads(f.read_text())
+    data["parity"]["passed"] = not data["parity"]["passed"]
+    f.write_text(json.dumps(data))
+    out = _refused(bundle)
+    assert "components/decode/manifest.json" in out
+
+
+def test_missing_component_is_refused(bundles, tmp_path):
+    bundle = _copy(bundles, tmp_path)
+    shutil.rmtree(bundle / "components" / "prefill")
+    assert "components/prefill" in _refused(bundle)
+
+
+def test_connection_to_an_unknown_output_is_refused(bundles, tmp_path):
+    bundle = _copy(bundles, tmp_path)
+    f = bundle / "manifest.json"
+    data = json.loads(f.read_text())
+    data["connections"][0]["from"]["output"] = "present.9.key"
+    f.write_text(json.dumps(data))
+    out = _refused(bundle)
+    assert "present.9.key" in out and "manifest.json connections[0].from" in out
+    with pytest.raises(ExportError):
+        from cann_export.model_zoo import api as zoo
+
+        zoo.publish(str(bundle), name="bad", zoo=str(tmp_path / "zoo"))
+
+
+def test_bad_multi_options_are_refused_before_any_work(tmp_path):
+    model = _gpt2()
+    for kv in ("static:1", "static:x", "ring:4"):
+        with pytest.raises(OptionsError, match="kv-cache"):
+            api.export_multi(model, tmp_path / "x", kv_cache=kv)
+    with pytest.raises(OptionsError, match="text-generation-with-past"):
+        api.export_multi(model, tmp_path / "x", task="text2text-generation-with-past")
+    with pytest.raises(OptionsError, match="atc_ready"):
+        api.export_multi(model, tmp_path / "x", export_format="onnx")
+    with pytest.raises(OptionsError, match="soc"):  # refused inside the first component: nothing left behind
+        api.export_multi(model, tmp_path / "x", soc_version="Kirin990")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m["components"][0].update(path="../../etc"), "components[0].path: not components/prefill"),
+    (lambda m: m["components"][1].update(name="Decode; rm -rf"), "components[1]: no name of the form"),
+    (lambda m: m["components"].append(dict(m["components"][0])), "'prefill' listed twice"),
+    (lambda m: m["parity"].update(passed="yes"), "parity.passed"),
+])
+def test_hostile_top_level_manifest_is_refused(bundles, tmp_path, edit, words):
+    bundle = _copy(bundles, tmp_path)
+    f = bundle / "manifest.json"
+    data = json.loads(f.read_text())
+    edit(data)
+    f.write_text(json.dumps(data))
+    assert words in " ".join(_refused(bundle).split())
+
+
+def test_convert_runs_one_atc_command_per_graph(bundles, tmp_path, monkeypatch):
+    import os
+
+    from helpers.fake_atc import fake_atc, path_without_atc
+
+    from cann_export.hooks.manager import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(cli=cli)  # what main() does before running the group
+    bin_dir = fake_atc(tmp_path / "bin", tmp_path / "argv")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_atc()]))
+    _, bundle, _ = bundles["t5"]
+    res = CliRunner().invoke(cli, ["convert", str(bundle), "-o", str(tmp_path / "om"), "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(res.stdout)["components"]) == {"encoder", "decoder", "decoder_with_past"}
+    oms = {p.stem: p.read_text() for p in (tmp_path / "om").glob("*.om")}
+    assert set(oms) == {"encoder", "decoder", "decoder_with_past"}
+    assert "past_key_values.1.encoder.value:" in oms["decoder_with_past"]
+    assert "encoder_hidden_states:" in oms["decoder"] and "past_key_values" not in oms["encoder"]
