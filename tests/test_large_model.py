@@ -121,7 +121,8 @@ def test_large_hf_decoder_keeps_the_dynamo_graph_at_the_asked_opset(tmp_path):
     assert {e.value for t in big.values() for e in t.external_data if e.key == "location"} == {"m.onnx.data"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama", "m.onnx", "m.onnx.data"]
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    shapes = {i.name: ([d if isinstance(d, int) else 2 for d in i.shape], i.type[7:-1]) for i in session.get_inputs()}
+    shapes = {i.name: ([d if isinstance(d, int) else (2, 8)[k > 0] for k, d in enumerate(i.shape)], i.type[7:-1])
+              for i in session.get_inputs()}  # symbolic dims (the task's dynamic axes): batch 2, sequence 8
     feeds = hf_dirs.feeds_like(shapes, vocab=100)
     got = session.run(["logits"], {k: v.numpy() for k, v in feeds.items()})[0]
     with torch.no_grad():
