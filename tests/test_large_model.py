@@ -86,3 +86,45 @@ def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):
     assert "0.weight" not in tampered.weights and len(tampered.weights) == 3
     assert not np.allclose(tampered.run(None, {"input": x.numpy()})[0], model(x).detach().numpy(), atol=1e-7)
     assert large_model.parity_session(out) is None  # outside an export: the plain path
+
+
+def test_large_hf_decoder_keeps_the_dynamo_graph_at_the_asked_opset(tmp_path):
+    """A Hugging Face decoder past the threshold: dynamo's opset-18 graph is down-converted to 17 on its slim
+    proto (weights stay in the data file), so the capture does not fall back to a TorchScript trace specialised
+    on the example's mask path (which failed parity on the 2.4 GB Llama of bench_large.py --hf). The weights in
+    the data file are the module's own tensors, untransposed (a folded Transpose would be a second copy of each
+    in the capture and in parity's onnxruntime session)."""
+    from helpers import hf_dirs
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=96, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()  # q/o_proj: 96 x 96 > onnxscript's 8192-element folding limit
+    model.save_pretrained(str(tmp_path / "llama"))
+    out = tmp_path / "m.onnx"
+    result = cann_export.export(str(tmp_path / "llama"), out, "onnx", external_data_threshold=10_000)
+    assert result.ok and result.parity["passed"] and not result.parity.get("trace_specialized"), result.parity
+    capture = result.manifest["capture"]
+    assert capture["exporter"] == "dynamo" and capture["opset"] == 17, capture
+    assert [a["exporter"] for a in capture["attempts"]] == ["dynamo"]
+    slim = onnx.load(str(out), load_external_data=False)
+    assert next(i.version for i in slim.opset_import if i.domain in ("", "ai.onnx")) == 17
+    big = {t.name.removeprefix("model."): t for t in slim.graph.initializer if uses_external_data(t)}
+    state = model.state_dict()
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"} <= set(big)
+    assert all(list(t.dims) == list(state[name].shape) for name, t in big.items() if name in state), sorted(big)
+    weights = [n for n, v in state.items() if v.numel() > 8192]
+    assert weights and all(n in big for n in weights), (weights, sorted(big))
+    folded = [(n, list(t.dims)) for n, t in big.items() if n not in state and np.prod(t.dims) > 8192]
+    assert not folded, folded  # no transposed copy of a weight
+    assert {e.value for t in big.values() for e in t.external_data if e.key == "location"} == {"m.onnx.data"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama", "m.onnx", "m.onnx.data"]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    shapes = {i.name: ([d if isinstance(d, int) else (2, 8)[k > 0] for k, d in enumerate(i.shape)], i.type[7:-1])
+              for i in session.get_inputs()}  # symbolic dims (the task's dynamic axes): batch 2, sequence 8
+    feeds = hf_dirs.feeds_like(shapes, vocab=100)
+    got = session.run(["logits"], {k: v.numpy() for k, v in feeds.items()})[0]
+    with torch.no_grad():
+        want = model(**feeds).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)

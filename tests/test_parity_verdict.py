@@ -220,3 +220,22 @@ def test_debug_prints_the_whole_chain_of_an_export_error(tmp_path):
     assert debug.exit_code == 2
     assert "Traceback" in debug.stderr and "The above exception was the direct cause" in debug.stderr
     assert "PrepareError" in debug.stderr and "not a readable zip archive" in debug.stderr.splitlines()[-1]
+
+
+def test_reference_problem_is_judged_over_every_set_without_a_joined_copy():
+    """The verdict on a meaningless reference, decided array by array (no float64 concatenation of every set's
+    logits): constant only when every element of every set is finite and equal; non-finite only when none is."""
+    import numpy as np
+
+    from cann_export.validators.metrics import reference_problem
+
+    half = np.full((2, 3), 0.5, np.float32)
+    assert reference_problem([half, half.copy()])["reference"] == "constant"
+    assert "constant 0.5" in reference_problem([half, half.copy()])["reason"]
+    assert reference_problem([half, np.full((1, 3), 0.25, np.float32)]) is None  # equal within each set only
+    assert reference_problem([half, np.array([0.5, np.nan], np.float32)]) is None  # a NaN: not "constant"
+    nan = np.full((2, 2), np.nan, np.float32)
+    assert reference_problem([nan, np.full(3, np.inf, np.float16)])["reference"] == "non_finite"
+    assert reference_problem([nan, np.array([1.0], np.float32)]) is None
+    assert reference_problem([np.zeros(0, np.float32)]) is None
+    assert reference_problem([np.float32(2.0)]) is None  # one element cannot be "constant"

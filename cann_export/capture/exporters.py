@@ -65,10 +65,7 @@ class DynamoExporter:
         with quiet_export():
             graph = _dynamo_graph(model, args, kwargs, native, ctx)
         stamp_from_exporter(graph)
-        if asked < native and large_graph.state(ctx) is not None:  # weights on disk: no copy to convert in memory
-            ctx.capture_notes = [*ctx.capture_notes,
-                                 f"dynamo: opset {asked}: not converted down (a graph with external data)"]
-        elif asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
+        if asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
             graph = _down_convert(graph, asked, ctx)
         return graph
 
@@ -99,11 +96,6 @@ def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any,
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
     named = named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext()
-    if large_graph.state(ctx) is not None:  # past the threshold: straight to disk, weights never in one proto
-        with named:
-            onnx_program = torch.onnx.export(model, args, kwargs=kwargs, dynamic_shapes=shapes,
-                                             **{**options, "optimize": True})
-        return large_graph.dynamo_graph(onnx_program, ctx)
     try:
         with named:
             program = _program(model, args, kwargs, shapes, ctx)
@@ -130,9 +122,6 @@ def _declared_graph(model: Any, args: tuple, kwargs: dict, opset: int, dynamic: 
     options = {"dynamo": True, "opset_version": opset, "input_names": list(ctx.input_names),
                "output_names": list(ctx.output_names), "verbose": False, "report": False, "optimize": False}
 
-    if large_graph.state(ctx) is not None:
-        return large_graph.dynamo_graph(torch.onnx.export(model, args, kwargs=kwargs, **{**options, "optimize": True},
-                                                          **dynamic), ctx)
     try:
         program = torch.export.export(model, args, kwargs=kwargs, strict=False, **dynamic)
     except Exception:  # noqa: BLE001 - torch.onnx tries its other strategies (strict, draft export) itself
@@ -183,7 +172,7 @@ def _optimized(program: Any, ctx: Any) -> Any:
     folds = remember_folds(graph)
     atc_bound = bool(getattr(ctx.format, "lint", False))
     before = foreign_ops(graph.all_nodes()) if atc_bound else set()
-    program.optimize()
+    program.optimize() if large_graph.state(ctx) is None else large_graph.optimize_keeping_weights(program)
     if atc_bound:
         require_standard(before, foreign_ops(program.model.graph.all_nodes()), "torch.onnx's optimize()")
     restore_folds(program.model.graph, folds)
@@ -244,7 +233,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
 
     def run(m: Any) -> list[Any]:
-        sess = session(m)
+        sess = session(m) if large_graph.state(ctx) is None else large_graph.run_session(m, ctx)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     try:

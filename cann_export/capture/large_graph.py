@@ -17,6 +17,7 @@ from typing import Any
 _ALIGN = 4096  # page-aligned tensors let onnxruntime map them instead of copying
 _EMBED_LIMIT = 1024  # tensors below this stay inside the proto
 _PROTO_LIMIT = 2_000_000_000
+_FOLD_LIMIT = 8192  # elements: onnxscript's own constant-folding input limit (it folds a Transpose past it)
 
 
 @dataclass
@@ -102,6 +103,23 @@ def dynamo_graph(program: Any, ctx: Any) -> Any:
     large.directory, large.data = path.parent, path.name + ".data"
     _relocate(model, large, path.parent)
     return model
+
+
+def optimize_keeping_weights(program: Any) -> None:
+    """torch.onnx's optimisation (onnxscript's optimizer, then its fusions) without folding a Transpose of a
+    weight: folded, each transposed weight is a new tensor (the capture holds the weights twice) that the module
+    does not hold (parity's onnxruntime session holds them once more). Kept, the graph's weights are the module's
+    own tensors, and the Transpose is folded where the graph is compiled (ATC, onnxruntime's session)."""
+    import onnxscript
+    from onnxscript.rewriter import onnx_fusions
+
+    def fold(node: Any) -> bool | None:
+        large = any(v is not None and v.const_value is not None and v.const_value.size > _FOLD_LIMIT
+                    for v in node.inputs)
+        return False if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and large else None
+
+    onnxscript.optimizer.optimize_ir(program.model, input_size_limit=_FOLD_LIMIT, should_fold=fold)
+    onnx_fusions.fuse(program.model)
 
 
 def load_captured(path: Path, ctx: Any) -> Any:
@@ -273,6 +291,24 @@ def parity_session(path: Path) -> Any:
     module = _SHARED.get(str(path))
     if module is None:
         return None
+    return _fed_session(path, module)
+
+
+def run_session(model: Any, ctx: Any) -> Any:
+    """A session on a slim graph of this export whose data file is in the work directory (the opset check of
+    a down-converted capture), fed the module's tensors where the file holds the same bytes, as parity is."""
+    import onnx
+
+    large = state(ctx)
+    path = large.directory / f".run-{large.attempts}.onnx"  # beside the data file; gone before return
+    onnx.save_model(model, str(path))
+    try:
+        return _fed_session(path, ctx.model)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _fed_session(path: Path, module: Any) -> Any:
     import onnx
     from onnx import helper
     from onnx.external_data_helper import uses_external_data

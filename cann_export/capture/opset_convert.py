@@ -69,7 +69,8 @@ def _input_names(model: onnx.ModelProto) -> set[str]:
 
 def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
     """A copy of ``model`` without its weights' data, and the weights (still ``model``'s own messages).
-    Each weight left out becomes a graph input of its type and shape, unless it is one already."""
+    Each weight left out becomes a graph input of its type and shape, unless it is one already. A tensor stored
+    as external data (a large model's graph) is always left out: its reference is kept, its file never read."""
     out = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
@@ -80,7 +81,7 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.Tensor
     inputs = _input_names(model)
     weights = []
     for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > _WEIGHT_BYTES:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > _WEIGHT_BYTES:  # external: kept as is
             weights.append(t)
             if t.name not in inputs:
                 out.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))

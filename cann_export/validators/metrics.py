@@ -131,18 +131,26 @@ def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
     arrays = [np.asarray(x) for x in per_set]
     if not arrays or not all(np.issubdtype(x.dtype, np.floating) for x in arrays):
         return None
-    values = np.concatenate([x.astype(np.float64).ravel() for x in arrays])
-    if values.size == 0:
+    # counted array by array (a concatenated float64 copy of every set's logits is GBs at a large vocabulary);
+    # float32/16 -> float64 is exact, so min/max in the array's own dtype decide the same
+    size = finite_count = 0
+    low, high = np.inf, -np.inf
+    for x in arrays:
+        size += x.size
+        count = int(np.count_nonzero(np.isfinite(x))) if x.size else 0
+        finite_count += count
+        if count and count == x.size:
+            low, high = min(low, float(x.min())), max(high, float(x.max()))
+    if size == 0:
         return None
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
+    if finite_count == 0:
         return {"reference": "non_finite",
                 "reason": "the PyTorch reference is NaN/inf in every element of every input set, so agreement "
                           "means nothing; check the weights (e.g. all(torch.isfinite(p).all() for p in "
                           "model.state_dict().values())) and the inputs"}
-    if values.size > 1 and finite.size == values.size and float(finite.max()) == float(finite.min()):
+    if size > 1 and finite_count == size and high == low:
         return {"reference": "constant",
-                "reason": f"the PyTorch reference is the constant {float(finite[0]):.6g} in every element of every "
+                "reason": f"the PyTorch reference is the constant {low:.6g} in every element of every "
                           "input set, so it cannot show a wrong graph; the model ignores its inputs (zeroed or "
                           "saturated weights?): check the weights, or give real data with --parity-data"}
     return None
