@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from .. import options as _options
 from ..errors import ExportError, ValidateError
 from ..hooks.contracts import CheckedBundle, Container, Format, optional
+from .dynamic_check import dynamic_differences
+from .dynamic_check import short as _short
 
 if TYPE_CHECKING:
     from ..options import Tolerance
@@ -217,7 +219,7 @@ def _check_atc(checked: CheckedBundle) -> None:
         return
     atc = manifest["atc"]
     checked.options, checked.command = report["options"], report["command"]
-    diffs.extend(_dynamic_differences(checked))
+    diffs.extend(dynamic_differences(checked))
     checked.keep_nodes = list((report.get("keep_dtype") or {}).get("nodes", []))
     if atc.get("command") is not None and atc["command"] != report["command"]:
         extra = [a for a in atc["command"] if a not in report["command"]]
@@ -238,43 +240,6 @@ def _check_atc(checked: CheckedBundle) -> None:
     if stored_keep != checked.keep_nodes:
         diffs.append(f"atc.keep_dtype: the manifest says {_short(stored_keep)}, the validated options keep "
                      f"{_short(checked.keep_nodes)}")
-
-
-def _dynamic_differences(checked: CheckedBundle) -> list[str]:
-    """Each axis of manifest.atc.dynamic on a symbolic dim of the graph (same input, axis and name), and the
-    manifest's parity.shapes exactly the example's shape and the points of those axes (the sizes the rendered
-    ATC form builds): a range widened without re-running parity is refused."""
-    from ..atc.dynamic_form import dims_of, renders_gears
-    from ..inputs.dynamic_axes import points_from
-
-    opts = checked.options
-    axes = list(getattr(opts, "dynamic", None) or [])
-    if not axes:
-        return []
-    graph, diffs = dict(dims_of(checked.model)), []
-    for a in axes:
-        dims = graph.get(a.input)
-        held = dims[a.axis] if dims is not None and a.axis < len(dims) else None
-        if held != a.name:
-            diffs.append(f"manifest.json atc.dynamic.axes: {a.input}:{a.axis}={a.name} is not a symbolic dimension "
-                         f"of the graph (it holds {held!r} there); the dynamic axes must be the graph's")
-    parity = checked.manifest.get("parity") or {}
-    if diffs or not parity.get("validated"):
-        return diffs
-    rows = parity.get("shapes") if isinstance(parity.get("shapes"), list) else []
-    shapes = [r.get("shape") if isinstance(r, dict) else r for r in rows]
-    names = {a.name for a in axes}
-    example = shapes[0] if shapes else None
-    if not isinstance(example, dict) or set(example) != names \
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in example.values()):
-        return [f"manifest.json parity.shapes: {_short(shapes)} does not start with the example's size of each "
-                f"dynamic dimension {sorted(names)}; export again to run parity at the dynamic axes' sizes"]
-    expected = [example, *points_from(axes, example, renders_gears(axes, opts.cann_version, opts.atc_hints))]
-    if shapes != expected:
-        diffs.append(f"manifest.json parity.shapes: parity ran at {_short(shapes)}, but the atc.dynamic axes "
-                     f"({', '.join(f'{a.name} {a.min}..{a.max}' for a in axes)}) build {_short(expected)}; a range "
-                     "changed after parity ran: export again with the range you deploy")
-    return diffs
 
 
 def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool,
@@ -416,8 +381,3 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> li
         if claimed != derived_shapes:
             diffs.append(f"parity.shapes: the manifest says {_short(claimed)}, re-derived {_short(derived_shapes)}")
     return diffs
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= limit else text[:limit] + " ..."

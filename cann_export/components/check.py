@@ -139,6 +139,19 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
         for key in ("inputs", "outputs"):
             if set(c[key]) != real[key]:
                 diffs.append(f"manifest.json components[{c['name']}].{key}: differ from {c['path']}/manifest.json")
+    diffs += connection_problems(manifest, names)
+    if len(owns) == len(manifest["components"]):
+        diffs += wiring_problems(manifest, owns)
+    if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
+        diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
+                     f"{'all' if all(verdicts) else 'do not all'} pass")
+    diffs += script_problems(directory, manifest)
+    return manifest, diffs
+
+
+def connection_problems(manifest: dict[str, Any], names: dict[str, dict[str, set[str]]]) -> list[str]:
+    """Each connection's ends name a component of the manifest and an input / output that component has."""
+    diffs = []
     for k, conn in enumerate(manifest["connections"]):
         for end, key, kind in (("from", "output", "outputs"), ("to", "input", "inputs")):
             comp, value = conn[end]["component"], conn[end][key]
@@ -146,11 +159,12 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
                 diffs.append(f"manifest.json connections[{k}].{end}: unknown component {comp[:80]!r}")
             elif comp in names and value not in names[comp][kind]:
                 diffs.append(f"manifest.json connections[{k}].{end}: component {comp!r} has no {key} {value[:80]!r}")
-    if len(owns) == len(manifest["components"]):
-        diffs += wiring_problems(manifest, owns)
-    if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
-        diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
-                     f"{'all' if all(verdicts) else 'do not all'} pass")
+    return diffs
+
+
+def script_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """atc/convert.sh is the script this tool renders for the components, and listed in the file table."""
+    diffs = []
     script = directory / CONVERT
     expected = convert_script([c["name"] for c in manifest["components"]])
     try:
@@ -162,7 +176,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
                      f"{', '.join(c['name'] for c in manifest['components'])}")
     if CONVERT not in manifest["files"]:
         diffs.append(f"{CONVERT}: not in the file table")
-    return manifest, diffs
+    return diffs
 
 
 def placement_problems(directory: Path, files: dict[str, Any]) -> list[str]:
