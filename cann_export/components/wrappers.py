@@ -100,7 +100,8 @@ class _Graph(nn.Module):
         return self.compute(feed)
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The graph's outputs by name from its inputs by name: each graph class (prefill, decode, ...) defines it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no compute(): every graph class must")
 
 
 def _dynamic_cache(flat: list[torch.Tensor], config: Any) -> Any:
