@@ -20,9 +20,10 @@ class _Findings(list):
             if module is None:
                 module = next((p.value for p in node.metadata_props if p.key == mp.KEY), None)
             message = f"{where(node, module_paths)}: {message}"
+        source = next((p.value for p in node.metadata_props if p.key == mp.SOURCE), None) if node is not None else None
         self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
                      "module": module, "op_type": op_type or (node.op_type if node is not None else None),
-                     "message": message})
+                     "message": message, **({"source": source} if source else {})})
 
 
 def where(node: Any, module_paths: dict[str, str] | None) -> str:

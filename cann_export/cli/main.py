@@ -9,6 +9,7 @@ import click
 
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
+from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
 
@@ -36,22 +37,28 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
-def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> int:
+@ci_options
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, summary: str | None,
+               junit: str | None, **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
 
-    kwargs = to_api_kwargs(values)
-    export_format = kwargs.pop("export_format")
-    out = output or _default_output(model, export_format)
-    with _TrainProgress() as train_progress:  # closed however the export ends
-        result = api.export(model, out, export_format, progress=_progress, trace=trace,
-                            train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+    ci = CiReports("export", output or model, summary, junit, as_json)
+    with ci.refusal():  # refused before any verdict: CI still gets a failing test case naming the error
+        kwargs = to_api_kwargs(values)
+        export_format = kwargs.pop("export_format")
+        out = ci.path = output or _default_output(model, export_format)
+        with _TrainProgress() as train_progress:  # closed however the export ends
+            result = api.export(model, out, export_format, progress=_progress, trace=trace,
+                                train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
     if hasattr(result, "components"):  # a multi-graph bundle
+        ci.emit(component_manifests(result.output))
         return _print_multi_export(result, as_json)
     if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
         click.echo(result.manifest["halted"], err=True)
         return 0
+    ci.emit({None: result.manifest})
     if as_json:
         click.echo(to_json(result.to_dict()))
     else:
@@ -196,9 +203,11 @@ def _num(value: Any, spec: str = ".3g") -> str:
               help="Refuse unless manifest.json has this sha256 (pin a bundle).")
 @click.option("--soc-version", "soc_versions", multiple=True, metavar="SOC",
               help="Judge the device precision for this SoC's overflow mode (repeat for several; one verdict each).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
+@ci_options
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
-                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool) -> int:
+                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool, summary: str | None,
+                 junit: str | None) -> int:
     """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
 
     Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
@@ -207,10 +216,15 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     from .. import api
     from ..bundle.manifest import summarize_parity
 
-    report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
-                          soc_versions=list(soc_versions))
+    ci = CiReports("validate", bundle, summary, junit, as_json)
+    with ci.refusal():
+        report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
+                              soc_versions=list(soc_versions))
     if "components" in report:  # a multi-graph bundle: one verdict per graph
+        recorded = component_manifests(bundle)
+        ci.emit({name: _validated(recorded[name], r) for name, r in report["components"].items()})
         return _print_multi_validate(bundle, report, as_json)
+    ci.emit({None: _validated(bundle_manifest(bundle), report)})
     summary = summarize_parity(report)
     if as_json:
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
@@ -227,6 +241,14 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
             click.echo(f"  {v['soc_version']} ({v['overflow_mode']} overflow): "
                        f"{'passed' if v['passed'] else 'FAILED'}{tail}")
     return 0 if report["passed"] else EXIT_PARITY_FAILED
+
+
+def _validated(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The re-derived verdict in a manifest's shape, with the bundle's (re-derived, equal) ATC command."""
+    from ..bundle.manifest import summarize_parity
+
+    return {"model": manifest.get("model"), "atc": manifest.get("atc"), "parity": summarize_parity(report),
+            **({"socs": report["socs"]} if "socs" in report else {})}
 
 
 def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) -> int:
