@@ -32,6 +32,8 @@ def describe(path: Path) -> dict[str, Any]:
         raise
     if container is None and single_file.is_bundle_archive(path):
         info["container"] = "archive"
+    if path.is_file():  # a single-file bundle, an om-stub or an .onnx file: the file's own size
+        info["size_bytes"] = path.stat().st_size
     info["path"] = str(path)
     return {**info, **own}
 
@@ -42,8 +44,14 @@ def _describe_bundle(directory: Path, container: Container | None) -> tuple[dict
     info = _describe(directory / manifest["model"]["file"], manifest)
     info["manifest_sha256"] = manifest_sha256(directory)
     info["files"] = sorted(manifest["files"])
+    info["size_bytes"] = (directory / "manifest.json").stat().st_size + sum(
+        int(f.get("size") or 0) for f in manifest["files"].values() if isinstance(f, dict))
+    info["lint"] = manifest.get("lint") or {}
+    info["warnings"] = manifest.get("warnings") or {}
     if has_atc(manifest):
         info["atc"] = {**manifest["atc"], "command": checked.command}
+        info["atc_cfg"] = {rel: (directory / rel).read_text(encoding="utf-8", errors="replace")[:4000]
+                           for rel in info["files"] if rel.startswith("atc/") and rel.endswith(".cfg")}
     own: dict[str, Any] = {}
     for fmt in rederive.artifact_formats(checked):
         extra = optional(fmt, Format, "describe")

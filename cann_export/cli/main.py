@@ -272,9 +272,11 @@ def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) ->
 
 @cli.command("inspect")
 @click.argument("path", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole inspect object as JSON on stdout.")
 def inspect_cmd(path: str, as_json: bool) -> int:
-    """Show what a bundle or an .onnx file holds."""
+    """Show what a bundle, a single-file bundle, an om-stub, a multi-graph bundle or an .onnx file holds: the
+    graph, the target SoC and precision mode, the ATC command and cfg files, lint findings and the verdict
+    recorded at export, checked against the bundle's files first."""
 
     from .. import api
 
@@ -282,45 +284,9 @@ def inspect_cmd(path: str, as_json: bool) -> int:
     if as_json:
         click.echo(to_json(info))
         return 0
-    if info.get("kind") == "multi-graph":
-        return _print_multi_inspect(info)
-    click.echo(f"{info['path']} ({info['kind']}, opset {info['opset']}, {info['nodes']} nodes, {info['producer']})")
-    for title in ("inputs", "outputs"):
-        click.echo(f"{title}:")
-        for v in info[title]:
-            click.echo(f"  {v['name']}: {v['dtype']}{v['shape']}")
-    click.echo("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
-    if info["metadata"]:
-        click.echo("metadata:")
-        for k, v in info["metadata"].items():
-            click.echo(f"  {k} = {v}")
-    if info.get("manifest_sha256"):
-        click.echo(f"manifest sha256: {info['manifest_sha256']}")
-    for note in info.get("notes") or []:  # what the artifact's Format says of it (its describe)
-        click.echo(note)
-    if info.get("parity"):
-        p = info["parity"]
-        click.echo(f"parity recorded at export (`cann-export validate` re-derives it): "
-                   f"{'passed' if p.get('passed') else 'FAILED' if p.get('validated') else 'not validated'}"
-                   + (f" (device precision {p['precision']['mode']})" if p.get("precision") else ""))
-        if p.get("first_divergence"):
-            click.echo(f"  {p['first_divergence']['message']}")
-    return 0
+    from .inspect_view import render
 
-
-def _print_multi_inspect(info: dict[str, Any]) -> int:
-    click.echo(f"{info['path']} (multi-graph bundle: {info['bundle_kind']}, {len(info['components'])} graphs; "
-               f"parity recorded {'passed' if info['parity'].get('passed') else 'FAILED'})")
-    for name, comp in info["components"].items():
-        click.echo(f"[{name}] role {comp['role']}, opset {comp['opset']}, {comp['nodes']} nodes")
-        for title in ("inputs", "outputs"):
-            click.echo(f"  {title}: " + ", ".join(f"{v['name']}{v['shape']}" for v in comp[title]))
-    feeds = {}
-    for c in info["connections"]:
-        key = f"{c['from']['component']} -> {c['to']['component']}"
-        feeds[key] = feeds.get(key, 0) + 1
-    click.echo("connections: " + "; ".join(f"{k} ({n} tensors)" for k, n in feeds.items()))
-    click.echo(f"manifest sha256: {info['manifest_sha256']}")
+    click.echo("\n".join(render(info)))
     return 0
 
 
