@@ -9,6 +9,7 @@ import click
 
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
+from .examples import examples
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
@@ -20,7 +21,9 @@ def _progress(index: int, stage: str, status: str, seconds: float) -> None:
     click.echo(f"[{index}/{len(STAGE_NAMES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
 
 
-@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=examples("cann-export model.pt2 --format atc_ready", "cann-export inspect model_atc_ready",
+                             "cann-export validate model_atc_ready --junit junit.xml", "cann-export export --help"))
 @click.version_option(package_name="cann-export", prog_name="cann-export")
 def cli() -> None:
     """Export PyTorch models to ONNX and ATC-ready bundles for Huawei Ascend NPUs.
@@ -29,7 +32,21 @@ def cli() -> None:
     """
 
 
-@cli.command("export")
+@cli.command("export", epilog=examples(
+    "# one .onnx file (`cann-export MODEL ...` is short for `cann-export export MODEL ...`)",
+    "cann-export export model.pt2 --format onnx -o model.onnx",
+    "# a bundle for ATC (model, shapes and target)",
+    "cann-export model.pt2 -o resnet_bundle --soc-version Ascend910B1 --precision-mode allow_mix_precision",
+    "# loading: a state_dict with the class that builds the module",
+    "cann-export weights.safetensors --model-class mypkg.nets:build --model-kwargs '{\"width\": 64}'",
+    "# shapes: a dynamic batch as ATC gears",
+    "cann-export model.pt2 --input-shape x:1,3,224,224 --dynamic x:0=batch:1,2,4,8",
+    "# parity: real samples; keep what fp16 breaks in fp32",
+    "cann-export model.pt2 --parity-data samples.npz --fix-precision",
+    "# quantization-aware training to int8",
+    "cann-export model.pt2 --qat --calibration-data batches.safetensors --qat-steps 200",
+    "# the model zoo, and CI reports",
+    "cann-export model.pt2 --publish resnet50 --zoo s3://models/zoo --summary summary.md --junit junit.xml"))
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", type=click.Path(path_type=str),
               help="Output path (default: MODEL's stem + format suffix, in the current directory).")
@@ -191,7 +208,10 @@ def _num(value: Any, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-@cli.command("validate")
+@cli.command("validate", epilog=examples(
+    "cann-export validate resnet_bundle",
+    "cann-export validate model.pth --soc-version Ascend310P3 --soc-version Ascend910B1 --junit junit.xml",
+    "cann-export validate resnet_bundle --expect-sha256 3f2a... --json"))
 @click.argument("bundle", type=click.Path(path_type=str))
 @click.option("--atol", type=float, default=None,
               help="Validate under this absolute tolerance instead of the tool's policy.")
@@ -270,7 +290,8 @@ def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) ->
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 
-@cli.command("inspect")
+@cli.command("inspect", epilog=examples("cann-export inspect resnet_bundle", "cann-export inspect model.om --json",
+                                         "cann-export inspect model.onnx"))
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole inspect object as JSON on stdout.")
 def inspect_cmd(path: str, as_json: bool) -> int:
@@ -290,8 +311,9 @@ def inspect_cmd(path: str, as_json: bool) -> int:
     return 0
 
 
-@cli.command("plugins")
-@click.option("--json", "as_json", is_flag=True)
+@cli.command("plugins", epilog=examples("cann-export plugins",
+                                         "CANN_EXPORT_LOAD_PLUGINS=my-format cann-export plugins --json"))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list on stdout.")
 def plugins_cmd(as_json: bool) -> int:
     """List the plugins with their versions and hooks."""
 

@@ -95,8 +95,8 @@ def flags() -> dict[str, Flag]:
                      choices=opts_mod.LINT_MODES),
         "fix_precision": Flag("Keep the nodes (or whole modules) where device precision diverges in fp32 until "
                               "parity passes; says so when it cannot."),
-        "soc_version": Flag("ATC --soc_version; its float overflow mode (saturation, or Inf/NaN on 910B*/910_93*) "
-                            "is the one device-precision parity emulates."),
+        "soc_version": Flag("ATC --soc_version, e.g. Ascend310P3 or Ascend910B1; its float overflow mode (saturation, "
+                            "or Inf/NaN on 910B*/910_93*) is the one device-precision parity emulates."),
         "precision_mode": Flag("ATC --precision_mode (its values are checked, with the list, before any work)."),
         "metadata": Flag("KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.", multiple=True,
                          parse=_key_values("--metadata")),

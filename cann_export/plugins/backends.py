@@ -20,7 +20,9 @@ def register_backends(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def register_commands(cli: Any) -> None:
-    @cli.command("backends")
+    from ..cli.examples import examples
+
+    @cli.command("backends", epilog=examples("cann-export backends", "cann-export backends --json"))
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
     def backends_command(as_json: bool) -> None:
         """List the devices models can run on, and why unavailable ones are not."""

@@ -80,7 +80,10 @@ def _print_report(path: str, report: dict[str, Any]) -> None:
 def register_commands(cli):
     import click
 
-    @cli.command("lint")
+    from ..cli.examples import examples
+
+    @cli.command("lint", epilog=examples("cann-export lint model.onnx --cann-version 7.0.RC1",
+                                         "cann-export lint resnet_bundle --atc-hint precision_mode=force_fp16"))
     @click.argument("path", type=click.Path(path_type=str))
     @click.option("--cann-version", default="8.0", show_default=True, help="Target CANN release (8.0, 7.0.RC1, ...).")
     @click.option("--atc-hint", "atc_hints", multiple=True,

@@ -16,7 +16,10 @@ def register_formats(register):
 def register_commands(cli):
     import click
 
-    @cli.command("convert")
+    from ..cli.examples import examples
+
+    @cli.command("convert", epilog=examples("cann-export convert model.om -o deploy/model.om",
+                                            "cann-export convert resnet_bundle --soc-version Ascend910B1"))
     @click.argument("artifact", type=click.Path(path_type=str))
     @click.option("--soc-version", default=None,
                   help="ATC --soc_version (default: the one the bundle was exported for).")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..cli.examples import examples
 from ..hooks.specs import hookimpl
 
 ZOO_HELP = "Model zoo: a directory or s3://bucket/prefix (default: $CANN_MODEL_ZOO or ~/.cache/cann-export/zoo)."
@@ -35,7 +36,9 @@ def _kwargs(raw: str | None) -> dict[str, Any]:
 
 
 def publish_command(click: Any) -> Any:
-    @click.command("publish")
+    @click.command("publish", epilog=examples(
+        "cann-export zoo publish resnet_bundle --name resnet50 --alias prod",
+        "cann-export zoo publish w.safetensors --name tiny --model-class pkg.nets:build --sign key.pem"))
     @click.argument("path", type=click.Path(path_type=str))
     @click.option("--name", required=True, help="Model name (letters, digits, '.', '_', '-').")
     @click.option("--version", "version", default=None, help="Explicit version (default: the next number).")
@@ -77,7 +80,7 @@ def publish_command(click: Any) -> Any:
 
 
 def list_command(click: Any) -> Any:
-    @click.command("list")
+    @click.command("list", epilog=examples("cann-export zoo list --zoo s3://models/zoo"))
     @_common
     def list_cmd(zoo: str | None, as_json: bool) -> int:
         """List the models with their versions and aliases."""
@@ -127,7 +130,7 @@ def _print_show(click: Any, info: dict[str, Any]) -> None:
 
 
 def show_command(click: Any) -> Any:
-    @click.command("show")
+    @click.command("show", epilog=examples("cann-export zoo show resnet50@prod --json"))
     @click.argument("ref")
     @_common
     def show_cmd(ref: str, zoo: str | None, as_json: bool) -> int:
@@ -146,7 +149,7 @@ def show_command(click: Any) -> Any:
 
 
 def pull_command(click: Any) -> Any:
-    @click.command("pull")
+    @click.command("pull", epilog=examples("cann-export zoo pull resnet50@prod -o deploy --target Ascend910B1"))
     @click.argument("ref")
     @click.option("-o", "--output", required=True, type=click.Path(path_type=str), help="Directory to write.")
     @click.option("--target", default=None, help="Only the artifact for this soc_version or target key.")
@@ -173,7 +176,7 @@ def pull_command(click: Any) -> Any:
 
 
 def alias_command(click: Any) -> Any:
-    @click.command("alias")
+    @click.command("alias", epilog=examples("cann-export zoo alias resnet50 prod 3 --sign key.pem"))
     @click.argument("name")
     @click.argument("alias")
     @click.argument("version")
@@ -197,7 +200,7 @@ def alias_command(click: Any) -> Any:
 
 
 def verify_command(click: Any) -> Any:
-    @click.command("verify")
+    @click.command("verify", epilog=examples("cann-export zoo verify resnet50@prod --key key.pub"))
     @click.argument("ref")
     @click.option("--key", type=click.Path(exists=True, dir_okay=False, path_type=str), default=None,
                   help="Also require a valid signature by this ed25519 public key (PEM).")
@@ -227,7 +230,7 @@ def verify_command(click: Any) -> Any:
 
 
 def keygen_command(click: Any) -> Any:
-    @click.command("keygen")
+    @click.command("keygen", epilog=examples("cann-export zoo keygen --out keys/zoo"))
     @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=str),
                   help="Private key file to write (PEM, mode 0600); the public key goes to OUT.pub.")
     @click.option("--overwrite", is_flag=True, help="Replace existing key files.")
@@ -249,7 +252,7 @@ def keygen_command(click: Any) -> Any:
 
 
 def gc_command(click: Any) -> Any:
-    @click.command("gc")
+    @click.command("gc", epilog=examples("cann-export gc --zoo s3://models/zoo"))
     @_common
     def gc_cmd(zoo: str | None, as_json: bool) -> int:
         """Remove stale staging left by killed processes: the zoo's staging directories, killed commits and
@@ -277,7 +280,8 @@ ZOO_COMMANDS = (publish_command, list_command, show_command, pull_command, alias
 def register_commands(cli):
     import click
 
-    @cli.group("zoo")
+    @cli.group("zoo", epilog=examples("cann-export zoo publish resnet_bundle --name resnet50",
+                                      "cann-export zoo pull resnet50@prod -o deploy"))
     def zoo_group() -> None:
         """Publish, list, show, pull, alias and verify models in the model zoo."""
 
