@@ -285,8 +285,8 @@ def annotation(level: str, message: str, title: str, source: str | None = None, 
 
 
 def annotations(command: str, graphs: Graphs, workspace: str | None = None) -> list[str]:
-    """``::error`` per failing case (at the first divergence's source line where known) and ``::error`` /
-    ``::warning`` per ATC lint finding (at the node's source line where known)."""
+    """``::error`` per failing case (at the first divergence's source line where known) and per ATC lint error
+    (at the node's source line where known)."""
     out = []
     for c in cases(graphs):
         if c.problems:
@@ -295,9 +295,9 @@ def annotations(command: str, graphs: Graphs, workspace: str | None = None) -> l
     for name, manifest in graphs.items():
         for report in (manifest.get("lint") or {}).values():
             for f in (report.get("findings") if isinstance(report, dict) else None) or []:
-                level = "error" if f.get("severity") == "error" else "warning"
-                title = f"ATC lint [{f.get('rule')}]" + (f" in {name}" if name else "")
-                out.append(annotation(level, f.get("message", ""), title, f.get("source"), workspace))
+                if f.get("severity") == "error":  # warnings stay in the summary: an annotation is for failures
+                    title = f"ATC lint [{f.get('rule')}]" + (f" in {name}" if name else "")
+                    out.append(annotation("error", f.get("message", ""), title, f.get("source"), workspace))
     return out
 
 
