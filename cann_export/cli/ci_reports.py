@@ -19,9 +19,9 @@ JUNIT_HELP = ("Write JUnit XML to FILE: one test case per output (x gear, x comp
 
 
 def ci_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    command = click.option("--junit", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="FILE",
-                           help=JUNIT_HELP)(command)
-    return click.option("--summary", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="FILE",
+    file = click.Path(dir_okay=False, path_type=str)
+    command = click.option("--junit", "junit_file", type=file, default=None, metavar="FILE", help=JUNIT_HELP)(command)
+    return click.option("--summary", "summary_file", type=file, default=None, metavar="FILE",
                         help=SUMMARY_HELP)(command)
 
 
@@ -61,10 +61,18 @@ class CiReports:
         if self.actions:
             self._annotate([summaries.refused_annotation(self.command, error)])
 
-    def emit(self, graphs: dict[Any, dict[str, Any]]) -> None:
-        """The verdict of ``graphs`` ({component or None: manifest}) as summary, JUnit and annotations."""
+    @property
+    def active(self) -> bool:
+        return bool(self.summary or self.junit or self.step_summary or self.actions)
+
+    def emit(self, read_graphs: Callable[[], dict[Any, dict[str, Any]]]) -> None:
+        """The verdict of ``read_graphs()`` ({component or None: manifest}; read only when something is asked
+        for) as summary, JUnit and annotations."""
         from ..bundle import summaries
 
+        if not self.active:
+            return
+        graphs = read_graphs()
         seconds = time.monotonic() - self.started
         self._write(self.junit, lambda: summaries.junit(self.command, self.path, graphs, seconds))
         self._write(self.summary, lambda: summaries.markdown(self.command, self.path, graphs))

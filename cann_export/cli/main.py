@@ -9,8 +9,8 @@ import click
 
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
-from .examples import examples
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
+from .examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
 
@@ -55,13 +55,13 @@ def cli() -> None:
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 @ci_options
-def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, summary: str | None,
-               junit: str | None, **values: Any) -> int:
+def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, summary_file: str | None,
+               junit_file: str | None, **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
 
-    ci = CiReports("export", output or model, summary, junit, as_json)
+    ci = CiReports("export", output or model, summary_file, junit_file, as_json)
     with ci.refusal():  # refused before any verdict: CI still gets a failing test case naming the error
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
@@ -70,12 +70,12 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
             result = api.export(model, out, export_format, progress=_progress, trace=trace,
                                 train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
     if hasattr(result, "components"):  # a multi-graph bundle
-        ci.emit(component_manifests(result.output))
+        ci.emit(lambda: component_manifests(result.output))
         return _print_multi_export(result, as_json)
     if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
         click.echo(result.manifest["halted"], err=True)
         return 0
-    ci.emit({None: result.manifest})
+    ci.emit(lambda: {None: result.manifest})
     if as_json:
         click.echo(to_json(result.to_dict()))
     else:
@@ -226,8 +226,8 @@ def _num(value: Any, spec: str = ".3g") -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @ci_options
 def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine: float | None,
-                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool, summary: str | None,
-                 junit: str | None) -> int:
+                 expect_sha256: str | None, soc_versions: tuple[str, ...], as_json: bool, summary_file: str | None,
+                 junit_file: str | None) -> int:
     """Re-derive an atc_ready/om BUNDLE's verdicts: files, graph, ATC command and cfg files, parity.
 
     Exit 0: everything re-derived and parity passed; 1: parity fails under the tolerance used; 2: the
@@ -236,15 +236,15 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     from .. import api
     from ..bundle.manifest import summarize_parity
 
-    ci = CiReports("validate", bundle, summary, junit, as_json)
+    ci = CiReports("validate", bundle, summary_file, junit_file, as_json)
     with ci.refusal():
         report = api.validate(bundle, atol=atol, rtol=rtol, min_cosine=min_cosine, expect_sha256=expect_sha256,
                               soc_versions=list(soc_versions))
     if "components" in report:  # a multi-graph bundle: one verdict per graph
-        recorded = component_manifests(bundle)
-        ci.emit({name: _validated(recorded[name], r) for name, r in report["components"].items()})
+        ci.emit(lambda: {name: _validated(manifest, report["components"][name])
+                         for name, manifest in component_manifests(bundle).items()})
         return _print_multi_validate(bundle, report, as_json)
-    ci.emit({None: _validated(bundle_manifest(bundle), report)})
+    ci.emit(lambda: {None: _validated(bundle_manifest(bundle), report)})
     summary = summarize_parity(report)
     if as_json:
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
