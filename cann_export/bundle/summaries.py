@@ -68,19 +68,21 @@ def _graph_cases(graph: str | None, manifest: dict[str, Any]) -> list[Case]:
     for i, shape in enumerate(shapes):
         for row in fp32_rows:
             case = Case(graph, row["name"], (shape or {}).get("shape"), device_label=label)
-            if i == 0:  # the example's shape: the per-output metrics
-                case.fp32, case.fp32_row = bool(row.get("passed")), row
-                if device is not None:
-                    drow = device_rows.get(row["name"])
-                    case.device = bool(drow["passed"]) if drow else bool(device.get("passed"))
-                    case.device_row = drow
-            if shape is not None:  # the verdicts at this shape (fp32 per output where a failing set says so)
+            if shape is None:
+                case.fp32 = bool(row.get("passed"))
+            else:  # the verdicts at this shape (fp32 per output where a failing set says so)
                 sets = set(shape.get("input_sets") or [])
                 mine = [f for f in failing if f.get("output") == row["name"] and f.get("set") in sets]
-                fp32 = not mine if failing else bool(shape.get("fp32"))
-                case.fp32 = fp32 if case.fp32 is None else case.fp32 and fp32
+                case.fp32 = not mine if failing else bool(shape.get("fp32"))
                 if "device" in shape:
-                    case.device = bool(shape["device"]) if case.device is None else case.device and shape["device"]
+                    case.device = bool(shape["device"])
+            if i == 0:  # the example's shape: the per-output metrics (fp32's over every shape's sets)
+                case.fp32_row = row
+                if device is not None:
+                    drow = device_rows.get(row["name"])
+                    own = bool(drow["passed"]) if drow else bool(device.get("passed"))
+                    case.device = own if case.device is None else case.device and own
+                    case.device_row = drow
             if case.fp32 is False:
                 case.problems.append(_fp32_problem(case, row, parity))
             if case.device is False:
@@ -198,13 +200,14 @@ def refused_markdown(command: str, path: str, error: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ JUnit
 
 
-def junit(command: str, path: str, graphs: Graphs, seconds: float = 0.0) -> str:
+def junit(command: str, path: str, graphs: Graphs, seconds: float = 0.0, workspace: str | None = None) -> str:
     """JUnit XML (testsuites > testsuite > testcase, with <failure> or <skipped/>): what Jenkins, GitLab and
-    GitHub test reporters read. One test case per output x shape x graph."""
+    GitHub test reporters read. One test case per output x shape x graph; a failing one carries the source
+    ``file`` (relative to ``workspace`` when inside it) and ``line`` where the first divergence knows them."""
     found = cases(graphs)
     suite_name = f"cann-export {command} {os.path.basename(path.rstrip('/')) or path}"
     props = {f"atc_command{'.' + name if name else ''}": atc_command(m) for name, m in graphs.items()}
-    return _xml(suite_name, path, found, seconds, {k: v for k, v in props.items() if v})
+    return _xml(suite_name, path, found, seconds, {k: v for k, v in props.items() if v}, workspace=workspace)
 
 
 def refused_junit(command: str, path: str, error: dict[str, Any]) -> str:
@@ -215,7 +218,7 @@ def refused_junit(command: str, path: str, error: dict[str, Any]) -> str:
 
 
 def _xml(suite_name: str, path: str, found: list[Case], seconds: float, props: dict[str, str],
-         failure_type: str = "") -> str:
+         failure_type: str = "", workspace: str | None = None) -> str:
     import xml.etree.ElementTree as ET
 
     failures = sum(not c.passed for c in found)
@@ -231,7 +234,7 @@ def _xml(suite_name: str, path: str, found: list[Case], seconds: float, props: d
     base = "cann-export." + (os.path.basename(path.rstrip("/")) or "artifact").replace(".", "_")
     for c in found:
         attrs = {"classname": base + (f".{c.graph}" if c.graph else ""), "name": c.name, "time": "0"}
-        case = ET.SubElement(suite, "testcase", {**attrs, **_location(c.source, None)})  # GitLab reads file
+        case = ET.SubElement(suite, "testcase", {**attrs, **_location(c.source, workspace)})  # GitLab reads file
         if c.problems:
             kind = failure_type or ("device_precision" if c.device is False else "fp32_parity" if c.fp32 is False
                                     else "verdict")

@@ -74,11 +74,12 @@ class CiReports:
             return
         graphs = read_graphs()
         seconds = time.monotonic() - self.started
-        self._write(self.junit, lambda: summaries.junit(self.command, self.path, graphs, seconds))
+        workspace = os.environ.get("GITHUB_WORKSPACE") or os.environ.get("CI_PROJECT_DIR") or os.getcwd()
+        self._write(self.junit, lambda: summaries.junit(self.command, self.path, graphs, seconds, workspace))
         self._write(self.summary, lambda: summaries.markdown(self.command, self.path, graphs))
         self._append_step_summary(lambda: summaries.markdown(self.command, self.path, graphs))
         if self.actions:
-            self._annotate(summaries.annotations(self.command, graphs, os.environ.get("GITHUB_WORKSPACE")))
+            self._annotate(summaries.annotations(self.command, graphs, workspace))
 
     def _write(self, file: str | None, render: Callable[[], str]) -> None:
         if not file:
