@@ -206,4 +206,5 @@ def test_a_multi_graph_bundle_gives_one_case_per_component_output(work):
         assert " ".join(shlex.quote(a) for a in own["atc"]["command"]) in summary
     text = invoke(["inspect", out]).stdout  # the readable view, per component
     assert "[prefill] role prefill" in text and "[decode] role decode" in text
+    assert f"{len(top['files'])} files" in text.splitlines()[0] and "ATC: atc/convert.sh runs each graph's" in text
     assert text.count("parity recorded at export: passed") == 2 and "connections: prefill -> decode" in text

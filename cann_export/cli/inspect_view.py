@@ -163,9 +163,12 @@ def _notes(info: dict[str, Any], pad: str) -> list[str]:
 
 def _multi(info: dict[str, Any]) -> list[str]:
     p = info.get("parity") or {}
-    lines = [f"{info['path']} (multi-graph bundle: {info['bundle_kind']}, {len(info['components'])} graphs; parity "
-             f"recorded at export {'passed' if p.get('passed') else 'FAILED'})",
+    size = f", {len(info['files'])} files, {_size(info['size_bytes'])} on disk" if "size_bytes" in info else ""
+    lines = [f"{info['path']} (multi-graph bundle: {info['bundle_kind']}, {len(info['components'])} graphs{size}; "
+             f"parity recorded at export {'passed' if p.get('passed') else 'FAILED'})",
              f"  manifest sha256 {info['manifest_sha256']}"]
+    if info.get("atc_script"):
+        lines.append(f"  ATC: {info['atc_script']} runs each graph's own command, shown below")
     for name, comp in info["components"].items():
         lines += ["", f"[{name}] role {comp.get('role')}"]
         sub = _graph(comp, "  ") + _target(comp, "  ") + _parity(comp.get("parity"), "  ", bundle=True)

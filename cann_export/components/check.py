@@ -272,7 +272,10 @@ def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
             "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"])}
                            for c in manifest["components"]},
             "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
-            "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"])}
+            "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"]),
+            "size_bytes": (directory / "manifest.json").stat().st_size + sum(
+                int(f.get("size") or 0) for f in manifest["files"].values() if isinstance(f, dict)),
+            "atc_script": (manifest.get("atc") or {}).get("script")}
 
 
 def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,
