@@ -208,3 +208,28 @@ def test_a_multi_graph_bundle_gives_one_case_per_component_output(work):
     assert "[prefill] role prefill" in text and "[decode] role decode" in text
     assert f"{len(top['files'])} files" in text.splitlines()[0] and "ATC: atc/convert.sh runs each graph's" in text
     assert text.count("parity recorded at export: passed") == 2 and "connections: prefill -> decode" in text
+
+
+def test_a_device_failure_at_every_gear_fails_each_gears_case(work):
+    """An RMSNorm that overflows fp16 (Inf/NaN on 910B) in a graph with a dynamic batch: one failing case per
+    output and gear, each with the gear's shape in its name and message."""
+    from helpers import origin_models
+
+    model, inputs, _ = origin_models.rms_decoder()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    path = _pt2(model, (inputs["input_ids"],), work / "rms.pt2", {"input_ids": {0: batch}})
+    result = invoke([path, "-o", work / "rms", "--soc-version", "Ascend910B1", "--junit", work / "rms.xml"],
+                    env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(REPO)})
+    assert result.exit_code == 1, result.output
+    manifest = json.loads((work / "rms" / "manifest.json").read_text())
+    shapes, outputs = manifest["parity"]["shapes"], manifest["model"]["outputs"]
+    assert len(shapes) > 1 and not any(s["device"] for s in shapes)
+    cases = junit_cases(work / "rms.xml")
+    assert len(cases) == len(shapes) * len(outputs)
+    for case in cases:
+        failure = case.find("failure")
+        assert failure is not None and failure.get("type") == "device_precision"
+        shape = case.get("name").split(" [", 1)[1].rstrip("]")
+        assert f"at {shape}" in failure.get("message") and "Ascend910B1" in failure.get("message")
+    errors = [line for line in result.stdout.splitlines() if line.startswith("::error")]
+    assert len(errors) == len(cases)
