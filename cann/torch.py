@@ -84,8 +84,10 @@ def is_available() -> bool:
 
 def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[str, Any]:
     """Load a checkpoint saved on npu, npu-sim, cuda or cpu into ``model``/``optimizer`` on their current
-    device; returns the rest of the checkpoint (epoch, step, ...). ``resume(path)`` alone restores the
-    tracked model (moved with ``.to("cann")`` after ``enable()``, or ``track``-ed) and its optimizer."""
+    device; returns the rest of the checkpoint (epoch, step, ...) and ``"restored"``: what was loaded
+    (``"model"``, ``"optimizer"``, ``"qat_observers"``). ``resume(path)`` alone restores the tracked model
+    (moved with ``.to("cann")`` after ``enable()``, or ``track``-ed) and its optimizer. A checkpoint saved
+    during QAT resumes in a new process with QAT configured: its layers are wrapped as they were."""
     from cann_export.backend.checkpoint import resume as _resume
 
     return _resume(path, model, optimizer)

@@ -204,3 +204,66 @@ print(json.dumps({"shapes": None if rec is None else [list(a.shape) for a in rec
 
 def test_a_forward_that_raised_does_not_stop_input_recording():
     assert run(AFTER_ERROR)["shapes"] == [[5, 3]]
+
+
+# --- a restart between training and resume: checkpoint, new process, resume, train on ---------------
+
+RESTART = """
+import json, sys
+import torch
+from torch import nn
+import cann.torch
+
+cann.torch.enable()
+cann.torch.set_device("cann:0")
+work, qat, role = sys.argv[1], sys.argv[2] == "qat", sys.argv[3]
+if qat:
+    cann.torch.config(quantization_aware_training=True, quant_config={"weight_bits": 8, "activation_bits": 8})
+torch.manual_seed(0 if role == "train" else 99)  # the resumed process starts from other weights
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 8 * 8, 4)).to("cann")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def step(i):
+    g = torch.Generator().manual_seed(i)
+    x, y = torch.randn(8, 3, 8, 8, generator=g).to("cann"), torch.randint(0, 4, (8,), generator=g).to("cann")
+    model.train()
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+out = {}
+if role == "train":  # the uninterrupted run, saving as the articles do before and after the first forward
+    losses = []
+    for i in range(6):
+        if i in (0, 3):
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": i},
+                       f"{work}/checkpoint{i}.pt")
+        losses.append(step(i))
+    out["losses"] = losses
+else:
+    start = int(role)
+    state = cann.torch.resume(f"{work}/checkpoint{start}.pt")  # the tracked model and its optimizer
+    out["state"] = state
+    out["losses"] = [step(i) for i in range(state["epoch"], 6)]
+out["weights"] = [float(p.detach().cpu().double().sum()) for p in model.parameters()]
+out["observers"] = [float(b.cpu()) for n, b in model.named_buffers() if n.endswith(("act_min", "act_max"))]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("qat", ["qat", "float"])
+def test_a_restart_between_training_and_resume_continues_the_same_run(qat, tmp_path):
+    full = run(RESTART, str(tmp_path), qat, "train")
+    for start in (0, 3):  # saved before the first training forward (QAT not in yet), and after it
+        resumed = run(RESTART, str(tmp_path), qat, str(start))
+        restored = ["model", "optimizer"] + (["qat_observers"] if qat == "qat" and start else [])
+        assert resumed["state"] == {"epoch": start, "restored": restored}, resumed["state"]
+        assert resumed["losses"] == pytest.approx(full["losses"][start:], rel=1e-6, abs=1e-7), (start, resumed, full)
+        assert resumed["weights"] == pytest.approx(full["weights"], rel=1e-6, abs=1e-6)
+        assert resumed["observers"] == pytest.approx(full["observers"], rel=1e-6, abs=1e-7)
+        assert len(full["observers"]) == (4 if qat == "qat" else 0)
