@@ -36,6 +36,11 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
             raise OptionsError(f"cann.torch.export got format={chosen!r} and export_format={export_format!r}; "
                                "pass one of them")
         export_format = chosen
+    if include_optimizer_state and optimizer is None:  # the optimizer updating the model, as resume() finds it
+        optimizer = tracking.sole_optimizer(model, "cann.torch.export(include_optimizer_state=True)")
+        if optimizer is None:
+            raise OptionsError("cann.torch.export(include_optimizer_state=True): no live torch.optim optimizer "
+                               "updates this model; pass optimizer=<the optimizer>")
     with _settings.exporting(model):
         return api.export(model, output_path, export_format, example_inputs,
                           include_optimizer_state=include_optimizer_state, optimizer=optimizer,

@@ -105,6 +105,10 @@ cann.torch.export(model=model, output_path=str(work / "cnn.pth"), export_format=
 assert (work / "cnn.pth").is_file() and zipfile.is_zipfile(work / "cnn.pth")
 assert next(model.parameters()).device.type == "npu"  # the user's model stays where it was
 res = round_trip("brand-cnn", work / "cnn.pth", {"x": images[:2]}, lambda m, feed: m(feed["x"]))
+again = cann.torch.export(model=model, output_path=str(work / "cnn.pth"), export_format="atc_ready",
+                          metadata={"model_name": "brand-cnn", "version": "1.1"}, overwrite=True)  # a rerun
+with zipfile.ZipFile(work / "cnn.pth") as z:
+    res["rerun"] = bool(again.ok) and json.loads(z.read("manifest.json"))["metadata"]["version"] == "1.1"
 cann.torch.export(model=model, output_path=str(work / "cnn.onnx"), format="onnx")  # article scenario 3
 import onnx
 ops = [n.op_type for n in onnx.load(str(work / "cnn.onnx")).graph.node]
@@ -173,6 +177,8 @@ def test_train_export_publish_load_on_npu_sim(script, tmp_path):
     assert res["version"] and (zoo).is_dir()
     assert res["step"] > 0
     assert res["err"] <= res["step"], res  # within one 8-bit step of the output range
+    if "rerun" in res:  # the export rerun with overwrite=True replaced the x.pth it wrote
+        assert res["rerun"], res
     if "onnx_qdq" in res:  # export(..., format="onnx"): the same int8 Q/DQ graph as the bundle's
         assert res["onnx_qdq"] >= 2 and res["onnx_err"] <= res["step"], res
 

@@ -88,3 +88,23 @@ def test_model_zoo_is_reachable_from_import_cann_torch():
 
     with pytest.raises(AttributeError):
         _ = cann.no_such_module
+
+
+def test_include_optimizer_state_uses_the_optimizer_updating_the_model(tmp_path):
+    from cann_export.bundle.training_state import load_optimizer_state
+
+    model = cann.torch.track(make_mlp())
+    with pytest.raises(errors.OptionsError, match="no live torch.optim optimizer"):
+        cann.torch.export(model=model, output_path=tmp_path / "none", include_optimizer_state=True,
+                          example_inputs=torch.randn(1, 12))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 12)).sum().backward()
+    opt.step()
+    result = cann.torch.export(model=model, output_path=tmp_path / "b", include_optimizer_state=True)
+    assert result.ok
+    saved = load_optimizer_state(tmp_path / "b" / "training" / "optimizer.safetensors")
+    assert torch.equal(saved["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(errors.OptionsError, match="2 optimizers update the model"):
+        cann.torch.export(model=model, output_path=tmp_path / "c", include_optimizer_state=True)
+    assert not (tmp_path / "c").exists() and other is not None

@@ -30,18 +30,14 @@ def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[s
 
     if model is None:
         from ..errors import OptionsError
-        from ..inputs.tracking import optimizers_of, tracked_model
+        from ..inputs.tracking import sole_optimizer, tracked_model
 
         model = tracked_model()
         if model is None:
             raise OptionsError(f"resume({str(path)!r}): no tracked model; pass resume(path, model, optimizer), "
                                "or call cann.torch.enable() before model.to('cann') (or cann.torch.track(model))")
         if optimizer is None:
-            found = optimizers_of(model)
-            if len(found) > 1:
-                raise OptionsError(f"resume({str(path)!r}): {len(found)} optimizers update the tracked model; "
-                                   "pass the one to restore: resume(path, model, optimizer)")
-            optimizer = found[0] if found else None
+            optimizer = sole_optimizer(model, f"resume({str(path)!r}) of the tracked model")
             optimizer_was_found = True
         else:
             optimizer_was_found = False

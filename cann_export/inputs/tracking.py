@@ -111,3 +111,14 @@ def optimizers_of(model: Any) -> list[Any]:
 
 def recorded_inputs(model: Any) -> tuple[tuple, dict] | None:
     return _last_inputs.get(model)
+
+
+def sole_optimizer(model: Any, what: str) -> Any:
+    """The one live optimizer updating ``model`` (None when there is none); ``what`` names the caller in the
+    error raised when several do."""
+    from ..errors import OptionsError
+
+    found = optimizers_of(model)
+    if len(found) > 1:
+        raise OptionsError(f"{what}: {len(found)} optimizers update the model; pass the one to use as optimizer=")
+    return found[0] if found else None
