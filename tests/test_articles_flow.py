@@ -273,3 +273,52 @@ def test_a_restart_between_training_and_resume_continues_the_same_run(qat, tmp_p
         assert resumed["weights"] == pytest.approx(full["weights"], rel=1e-6, abs=1e-6)
         assert resumed["observers"] == pytest.approx(full["observers"], rel=1e-6, abs=1e-7)
         assert len(full["observers"]) == (4 if qat == "qat" else 0)
+
+
+# --- a model loaded from the zoo, fine-tuned one step on npu-sim --------------------------------------
+
+ZOO_FINE_TUNE = """
+import json, sys
+import torch
+from torch import nn
+import cann.torch
+import cann.model_zoo
+from cann.model_zoo import load_model
+
+cann.torch.enable()
+work, zoo = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)).eval()
+cann.torch.export(model=model, output_path=f"{work}/x.pth", export_format="atc_ready",
+                  example_inputs=(torch.randn(4, 6),))
+cann.model_zoo.publish(model=f"{work}/x.pth", name="tuned", zoo=zoo)
+loaded = load_model("tuned", framework="pytorch", zoo=zoo).to("cann")
+g = torch.Generator().manual_seed(3)
+x, y = torch.randn(16, 6, generator=g).to("cann"), torch.randint(0, 3, (16,), generator=g).to("cann")
+out = {"loaded_training": loaded.training}
+stats = [b for n, b in loaded.named_buffers() if n.endswith("running_mean")]
+before = stats[0].cpu().clone()
+with torch.no_grad():
+    out["eval_same"] = bool(torch.equal(loaded(x).cpu(), loaded(x).cpu()))
+out["eval_keeps_stats"] = bool(torch.equal(before, stats[0].cpu()))
+loaded.train()  # the article's load-then-fine-tune step
+optimizer = torch.optim.AdamW(loaded.parameters(), lr=1e-2)
+loss = nn.functional.cross_entropy(loaded(x), y)
+out["train_updates_stats"] = not torch.equal(before, stats[0].cpu())
+optimizer.zero_grad()
+loss.backward()
+optimizer.step()
+with torch.no_grad():  # batch statistics in train mode: the same batch, after the step
+    out["losses"] = [loss.item(), nn.functional.cross_entropy(loaded(x), y).item()]
+    single = loaded.eval()(x[:1])  # eval: running statistics, so one sample alone is fine
+out["device"] = single.device.type
+print(json.dumps(out))
+"""
+
+
+def test_a_zoo_loaded_model_fine_tunes_one_step_on_npu_sim(tmp_path):
+    res = run(ZOO_FINE_TUNE, str(tmp_path), str(tmp_path / "zoo"))
+    assert res["loaded_training"] is False and res["eval_same"] and res["eval_keeps_stats"], res
+    assert res["train_updates_stats"], res  # BatchNorm in train mode: batch statistics, running ones updated
+    assert res["losses"][1] < res["losses"][0], res
+    assert res["device"] == "npu"

@@ -147,3 +147,34 @@ def follow_device(module: Any) -> Any:
 
     module._apply = _apply
     return module
+
+
+_MODE_ARG = {"batch_norm": 5, "dropout": 2, "feature_dropout": 2, "alpha_dropout": 2, "feature_alpha_dropout": 2}
+
+
+def trainable(module: Any) -> Any:
+    """``train()``/``eval()`` on the loaded program (torch's unlifted module refuses both): each mode-dependent
+    operator of the graph (``aten.batch_norm``'s ``training``, ``aten.dropout``'s ``train``) follows the mode,
+    so in train mode BatchNorm normalises with batch statistics and updates its running ones, and dropout
+    drops. The program is the stripped export model: a BatchNorm folded into its conv and the dropout the
+    export removed are not in it (fine-tuning trains the folded conv)."""
+    import types
+
+    import torch
+
+    targets = {getattr(torch.ops.aten, name).default: index for name, index in _MODE_ARG.items()}
+
+    def train(self: Any, mode: bool = True) -> Any:
+        changed = False
+        for node in self.graph.nodes:
+            index = targets.get(node.target) if node.op == "call_function" else None
+            if index is not None and index < len(node.args) and node.args[index] is not bool(mode):
+                node.update_arg(index, bool(mode))
+                changed = True
+        if changed:
+            self.recompile()
+        return torch.nn.Module.train(self, mode)
+
+    module.train = types.MethodType(train, module)
+    module.eval = types.MethodType(lambda self: self.train(False), module)
+    return module.eval()
