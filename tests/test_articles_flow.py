@@ -288,27 +288,31 @@ from cann.model_zoo import load_model
 cann.torch.enable()
 work, zoo = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)).eval()
+model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 16),
+                      nn.Dropout(0.5), nn.Linear(16, 3)).eval()
 cann.torch.export(model=model, output_path=f"{work}/x.pth", export_format="atc_ready",
-                  example_inputs=(torch.randn(4, 6),))
+                  example_inputs=(torch.randn(4, 3, 8, 8),))
 cann.model_zoo.publish(model=f"{work}/x.pth", name="tuned", zoo=zoo)
 loaded = load_model("tuned", framework="pytorch", zoo=zoo).to("cann")
 g = torch.Generator().manual_seed(3)
-x, y = torch.randn(16, 6, generator=g).to("cann"), torch.randint(0, 3, (16,), generator=g).to("cann")
+x, y = torch.randn(16, 3, 8, 8, generator=g).to("cann"), torch.randint(0, 3, (16,), generator=g).to("cann")
 out = {"loaded_training": loaded.training}
 stats = [b for n, b in loaded.named_buffers() if n.endswith("running_mean")]
 before = stats[0].cpu().clone()
 with torch.no_grad():
     out["eval_same"] = bool(torch.equal(loaded(x).cpu(), loaded(x).cpu()))
-out["eval_keeps_stats"] = bool(torch.equal(before, stats[0].cpu()))
-loaded.train()  # the article's load-then-fine-tune step
+    out["eval_keeps_stats"] = bool(torch.equal(before, stats[0].cpu()))
+    loaded.train()  # the article's load-then-fine-tune step
+    out["train_differs"] = not torch.equal(loaded(x).cpu(), loaded(x).cpu())  # dropout drops
+    out["train_updates_stats"] = not torch.equal(before, stats[0].cpu())  # BatchNorm: batch statistics
 optimizer = torch.optim.AdamW(loaded.parameters(), lr=1e-2)
+torch.manual_seed(5)
 loss = nn.functional.cross_entropy(loaded(x), y)
-out["train_updates_stats"] = not torch.equal(before, stats[0].cpu())
 optimizer.zero_grad()
 loss.backward()
 optimizer.step()
-with torch.no_grad():  # batch statistics in train mode: the same batch, after the step
+with torch.no_grad():
+    torch.manual_seed(5)  # the same dropout mask, after the step
     out["losses"] = [loss.item(), nn.functional.cross_entropy(loaded(x), y).item()]
     single = loaded.eval()(x[:1])  # eval: running statistics, so one sample alone is fine
 out["device"] = single.device.type
@@ -319,6 +323,6 @@ print(json.dumps(out))
 def test_a_zoo_loaded_model_fine_tunes_one_step_on_npu_sim(tmp_path):
     res = run(ZOO_FINE_TUNE, str(tmp_path), str(tmp_path / "zoo"))
     assert res["loaded_training"] is False and res["eval_same"] and res["eval_keeps_stats"], res
-    assert res["train_updates_stats"], res  # BatchNorm in train mode: batch statistics, running ones updated
+    assert res["train_differs"] and res["train_updates_stats"], res  # dropout and BatchNorm in train mode
     assert res["losses"][1] < res["losses"][0], res
     assert res["device"] == "npu"
