@@ -23,7 +23,9 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
            include_optimizer_state: bool = False, optimizer: Any = None, metadata: dict[str, Any] | None = None,
            atc_hints: dict[str, Any] | None = None, example_inputs: Any = None, **options: Any) -> Any:
     """Export ``model`` as in ``cann_export.export``; without ``example_inputs`` the inputs of the
-    model's last forward call are used when they were recorded (``track(model)`` or ``enable()``). The
+    model's recorded calls are used (``track(model)`` or ``enable()``): the last call's, or an earlier call's
+    that passed them all and more (an ``attention_mask`` the last call left out); a batch the calls varied
+    is dynamic (inputs/recorded.py). The
     model may live on npu, npu-sim or cuda: export works on CPU copies and leaves it where it is."""
     from cann_export import api
     from cann_export.errors import OptionsError
