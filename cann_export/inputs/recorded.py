@@ -25,6 +25,7 @@ def choose_call(ctx: Any, accepted: list[str]) -> tuple[tuple[tuple, dict], str]
     history = recorded_history(ctx.source)
     if history is None:
         return last, LAST
+
     def names(keys: Any) -> set[str]:  # positional and keyword spellings of one input are one name
         return {_named(k, accepted) for k in keys}
 
@@ -43,8 +44,10 @@ def choose_call(ctx: Any, accepted: list[str]) -> tuple[tuple[tuple, dict], str]
                    "every input to keep them")
         ctx.reports.warnings.inputs = message
         warnings.warn(f"cann.torch.export: {message}", stacklevel=2)
-    used = names(input_keys(*call))
-    ctx.loaded.extras["recorded_batch"] = {
-        _named(k, accepted): sizes for k, sizes in history.batch.items()
-        if sizes[0] != sizes[1] and _named(k, accepted) in used}
+    used, batch = names(input_keys(*call)), {}
+    for key, (low, high) in history.batch.items():  # x by position in one call and by name in another: one input
+        name = _named(key, accepted)
+        was = batch.get(name, (low, high))
+        batch[name] = (min(was[0], low), max(was[1], high))
+    ctx.loaded.extras["recorded_batch"] = {n: s for n, s in batch.items() if s[0] != s[1] and n in used}
     return call, source
