@@ -23,7 +23,9 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
            include_optimizer_state: bool = False, optimizer: Any = None, metadata: dict[str, Any] | None = None,
            atc_hints: dict[str, Any] | None = None, example_inputs: Any = None, **options: Any) -> Any:
     """Export ``model`` as in ``cann_export.export``; without ``example_inputs`` the inputs of the
-    model's last forward call are used when they were recorded (``track(model)`` or ``enable()``). The
+    model's recorded calls are used (``track(model)`` or ``enable()``): the last call's, or an earlier call's
+    that passed them all and more (an ``attention_mask`` the last call left out); a batch the calls varied
+    is dynamic (inputs/recorded.py). The
     model may live on npu, npu-sim or cuda: export works on CPU copies and leaves it where it is."""
     from cann_export import api
     from cann_export.errors import OptionsError
@@ -36,6 +38,11 @@ def export(model: Any = None, output_path: str | Path | None = None, export_form
             raise OptionsError(f"cann.torch.export got format={chosen!r} and export_format={export_format!r}; "
                                "pass one of them")
         export_format = chosen
+    if include_optimizer_state and optimizer is None:  # the optimizer updating the model, as resume() finds it
+        optimizer = tracking.sole_optimizer(model, "cann.torch.export(include_optimizer_state=True)")
+        if optimizer is None:
+            raise OptionsError("cann.torch.export(include_optimizer_state=True): no live torch.optim optimizer "
+                               "updates this model; pass optimizer=<the optimizer>")
     with _settings.exporting(model):
         return api.export(model, output_path, export_format, example_inputs,
                           include_optimizer_state=include_optimizer_state, optimizer=optimizer,
@@ -84,8 +91,10 @@ def is_available() -> bool:
 
 def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[str, Any]:
     """Load a checkpoint saved on npu, npu-sim, cuda or cpu into ``model``/``optimizer`` on their current
-    device; returns the rest of the checkpoint (epoch, step, ...). ``resume(path)`` alone restores the
-    tracked model (moved with ``.to("cann")`` after ``enable()``, or ``track``-ed) and its optimizer."""
+    device; returns the rest of the checkpoint (epoch, step, ...) and ``"restored"``: what was loaded
+    (``"model"``, ``"optimizer"``, ``"qat_observers"``). ``resume(path)`` alone restores the tracked model
+    (moved with ``.to("cann")`` after ``enable()``, or ``track``-ed) and its optimizer. A checkpoint saved
+    during QAT resumes in a new process with QAT configured: its layers are wrapped as they were."""
     from cann_export.backend.checkpoint import resume as _resume
 
     return _resume(path, model, optimizer)

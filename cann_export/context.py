@@ -253,6 +253,9 @@ class ExportContext:
     # a strip pass's other form of the stripped model for torch/program.pt2 (a context manager over the model),
     # e.g. fake quantization as plain arithmetic where torch.export cannot capture the fake-quant ops
     program_form: Any = None
+    # the model before the strip passes (a copy, eval mode): torch/program.pt2 is captured from it, so the zoo's
+    # module keeps its dropout and BatchNorm for train(); None for quantized models and other formats
+    trainable_model: Any = None
     # trace specialisation: TracerWarnings of the capture, and inputs that may take other paths
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples

@@ -105,6 +105,10 @@ cann.torch.export(model=model, output_path=str(work / "cnn.pth"), export_format=
 assert (work / "cnn.pth").is_file() and zipfile.is_zipfile(work / "cnn.pth")
 assert next(model.parameters()).device.type == "npu"  # the user's model stays where it was
 res = round_trip("brand-cnn", work / "cnn.pth", {"x": images[:2]}, lambda m, feed: m(feed["x"]))
+again = cann.torch.export(model=model, output_path=str(work / "cnn.pth"), export_format="atc_ready",
+                          metadata={"model_name": "brand-cnn", "version": "1.1"}, overwrite=True)  # a rerun
+with zipfile.ZipFile(work / "cnn.pth") as z:
+    res["rerun"] = bool(again.ok) and json.loads(z.read("manifest.json"))["metadata"]["version"] == "1.1"
 cann.torch.export(model=model, output_path=str(work / "cnn.onnx"), format="onnx")  # article scenario 3
 import onnx
 ops = [n.op_type for n in onnx.load(str(work / "cnn.onnx")).graph.node]
@@ -173,6 +177,8 @@ def test_train_export_publish_load_on_npu_sim(script, tmp_path):
     assert res["version"] and (zoo).is_dir()
     assert res["step"] > 0
     assert res["err"] <= res["step"], res  # within one 8-bit step of the output range
+    if "rerun" in res:  # the export rerun with overwrite=True replaced the x.pth it wrote
+        assert res["rerun"], res
     if "onnx_qdq" in res:  # export(..., format="onnx"): the same int8 Q/DQ graph as the bundle's
         assert res["onnx_qdq"] >= 2 and res["onnx_err"] <= res["step"], res
 
@@ -204,3 +210,119 @@ print(json.dumps({"shapes": None if rec is None else [list(a.shape) for a in rec
 
 def test_a_forward_that_raised_does_not_stop_input_recording():
     assert run(AFTER_ERROR)["shapes"] == [[5, 3]]
+
+
+# --- a restart between training and resume: checkpoint, new process, resume, train on ---------------
+
+RESTART = """
+import json, sys
+import torch
+from torch import nn
+import cann.torch
+
+cann.torch.enable()
+cann.torch.set_device("cann:0")
+work, qat, role = sys.argv[1], sys.argv[2] == "qat", sys.argv[3]
+if qat:
+    cann.torch.config(quantization_aware_training=True, quant_config={"weight_bits": 8, "activation_bits": 8})
+torch.manual_seed(0 if role == "train" else 99)  # the resumed process starts from other weights
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 8 * 8, 4)).to("cann")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def step(i):
+    g = torch.Generator().manual_seed(i)
+    x, y = torch.randn(8, 3, 8, 8, generator=g).to("cann"), torch.randint(0, 4, (8,), generator=g).to("cann")
+    model.train()
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+out = {}
+if role == "train":  # the uninterrupted run, saving as the articles do before and after the first forward
+    losses = []
+    for i in range(6):
+        if i in (0, 3):
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": i},
+                       f"{work}/checkpoint{i}.pt")
+        losses.append(step(i))
+    out["losses"] = losses
+else:
+    start = int(role)
+    state = cann.torch.resume(f"{work}/checkpoint{start}.pt")  # the tracked model and its optimizer
+    out["state"] = state
+    out["losses"] = [step(i) for i in range(state["epoch"], 6)]
+out["weights"] = [float(p.detach().cpu().double().sum()) for p in model.parameters()]
+out["observers"] = [float(b.cpu()) for n, b in model.named_buffers() if n.endswith(("act_min", "act_max"))]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("qat", ["qat", "float"])
+def test_a_restart_between_training_and_resume_continues_the_same_run(qat, tmp_path):
+    full = run(RESTART, str(tmp_path), qat, "train")
+    for start in (0, 3):  # saved before the first training forward (QAT not in yet), and after it
+        resumed = run(RESTART, str(tmp_path), qat, str(start))
+        restored = ["model", "optimizer"] + (["qat_observers"] if qat == "qat" and start else [])
+        assert resumed["state"] == {"epoch": start, "restored": restored}, resumed["state"]
+        assert resumed["losses"] == pytest.approx(full["losses"][start:], rel=1e-6, abs=1e-7), (start, resumed, full)
+        assert resumed["weights"] == pytest.approx(full["weights"], rel=1e-6, abs=1e-6)
+        assert resumed["observers"] == pytest.approx(full["observers"], rel=1e-6, abs=1e-7)
+        assert len(full["observers"]) == (4 if qat == "qat" else 0)
+
+
+# --- a model loaded from the zoo, fine-tuned one step on npu-sim --------------------------------------
+
+ZOO_FINE_TUNE = """
+import json, sys
+import torch
+from torch import nn
+import cann.torch
+import cann.model_zoo
+from cann.model_zoo import load_model
+
+cann.torch.enable()
+work, zoo = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 16),
+                      nn.Dropout(0.5), nn.Linear(16, 3)).eval()
+cann.torch.export(model=model, output_path=f"{work}/x.pth", export_format="atc_ready",
+                  example_inputs=(torch.randn(4, 3, 8, 8),))
+cann.model_zoo.publish(model=f"{work}/x.pth", name="tuned", zoo=zoo)
+loaded = load_model("tuned", framework="pytorch", zoo=zoo).to("cann")
+g = torch.Generator().manual_seed(3)
+x, y = torch.randn(16, 3, 8, 8, generator=g).to("cann"), torch.randint(0, 3, (16,), generator=g).to("cann")
+out = {"loaded_training": loaded.training}
+stats = [b for n, b in loaded.named_buffers() if n.endswith("running_mean")]
+before = stats[0].cpu().clone()
+with torch.no_grad():
+    out["eval_same"] = bool(torch.equal(loaded(x).cpu(), loaded(x).cpu()))
+    out["eval_keeps_stats"] = bool(torch.equal(before, stats[0].cpu()))
+    loaded.train()  # the article's load-then-fine-tune step
+    out["train_differs"] = not torch.equal(loaded(x).cpu(), loaded(x).cpu())  # dropout drops
+    out["train_updates_stats"] = not torch.equal(before, stats[0].cpu())  # BatchNorm: batch statistics
+optimizer = torch.optim.AdamW(loaded.parameters(), lr=1e-2)
+torch.manual_seed(5)
+loss = nn.functional.cross_entropy(loaded(x), y)
+optimizer.zero_grad()
+loss.backward()
+optimizer.step()
+with torch.no_grad():
+    torch.manual_seed(5)  # the same dropout mask, after the step
+    out["losses"] = [loss.item(), nn.functional.cross_entropy(loaded(x), y).item()]
+    single = loaded.eval()(x[:1])  # eval: running statistics, so one sample alone is fine
+out["device"] = single.device.type
+print(json.dumps(out))
+"""
+
+
+def test_a_zoo_loaded_model_fine_tunes_one_step_on_npu_sim(tmp_path):
+    res = run(ZOO_FINE_TUNE, str(tmp_path), str(tmp_path / "zoo"))
+    assert res["loaded_training"] is False and res["eval_same"] and res["eval_keeps_stats"], res
+    assert res["train_differs"] and res["train_updates_stats"], res  # dropout and BatchNorm in train mode
+    assert res["losses"][1] < res["losses"][0], res
+    assert res["device"] == "npu"

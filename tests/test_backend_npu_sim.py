@@ -261,7 +261,7 @@ torch.manual_seed(123)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 state = cann.torch.resume(sys.argv[2], model, opt)
-assert state == {"epoch": 3, "step": 30}, state
+assert state == {"epoch": 3, "step": 30, "restored": ["model", "optimizer"]}, state
 assert all(v.device.type == dev for s in opt.state.values() for v in s.values() if v.dim() > 0)
 g = torch.Generator().manual_seed(7)
 x, y = torch.randn(32, 8, generator=g).to(dev), torch.randn(32, 2, generator=g).to(dev)
@@ -435,7 +435,7 @@ ADAPTER = ENABLE + textwrap.dedent("""
     for s in opt.state.values():
         s["exp_avg"].zero_()
     state = cann.torch.resume(tmp + "/ck.pt")  # one argument: the tracked model and its optimizer
-    assert state == {"step": 2}, state
+    assert state == {"step": 2, "restored": ["model", "optimizer"]}, state
     assert all(torch.equal(w, p.detach().cpu()) for w, p in zip(weights, model.parameters()))
     assert torch.equal(opt.state_dict()["state"][0]["exp_avg"].cpu(), moments)
     # export from where the model lives: the recorded npu inputs and the module are copied to the CPU

@@ -88,3 +88,74 @@ def test_model_zoo_is_reachable_from_import_cann_torch():
 
     with pytest.raises(AttributeError):
         _ = cann.no_such_module
+
+
+def test_include_optimizer_state_uses_the_optimizer_updating_the_model(tmp_path):
+    from cann_export.bundle.training_state import load_optimizer_state
+
+    model = cann.torch.track(make_mlp())
+    with pytest.raises(errors.OptionsError, match="no live torch.optim optimizer"):
+        cann.torch.export(model=model, output_path=tmp_path / "none", include_optimizer_state=True,
+                          example_inputs=torch.randn(1, 12))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 12)).sum().backward()
+    opt.step()
+    result = cann.torch.export(model=model, output_path=tmp_path / "b", include_optimizer_state=True)
+    assert result.ok
+    saved = load_optimizer_state(tmp_path / "b" / "training" / "optimizer.safetensors")
+    assert torch.equal(saved["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(errors.OptionsError, match="2 optimizers update the model"):
+        cann.torch.export(model=model, output_path=tmp_path / "c", include_optimizer_state=True)
+    assert not (tmp_path / "c").exists() and other is not None
+
+
+def test_export_makes_the_batch_dynamic_when_the_recorded_calls_varied_it(tmp_path):
+    model = cann.torch.track(make_mlp())
+    for batch in (8, 8, 2):  # training batches, then one validation call
+        model(torch.randn(batch, 12))
+    result = cann.torch.export(model=model, output_path=tmp_path / "m.onnx", export_format="onnx")
+    assert result.manifest["model"]["inputs"][0]["shape"] == ["batch", 12], result.manifest
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 12)
+    got = sess.run(None, {"x": x.numpy()})[0]
+    assert torch.allclose(torch.from_numpy(got), model.eval()(x).detach(), atol=1e-5)
+    steady = cann.torch.track(make_mlp())
+    steady(torch.randn(3, 12))
+    steady(torch.randn(3, 12))
+    fixed = cann.torch.export(model=steady, output_path=tmp_path / "s.onnx", export_format="onnx")
+    assert fixed.manifest["model"]["inputs"][0]["shape"] == [3, 12]  # a batch never varied stays static
+
+
+class OptionalInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x, mask=None, bias=None):
+        out = self.lin(x)
+        out = out if mask is None else out * mask
+        return out if bias is None else out + bias
+
+
+def test_an_input_seen_in_training_but_not_in_the_last_call_is_kept(tmp_path):
+    from helpers.hf_models import tiny_bert, token_inputs
+
+    bert = cann.torch.track(tiny_bert().train())
+    feed = token_inputs(batch=4, seq=16)
+    bert(**feed)  # training passes the mask
+    bert.eval()
+    bert(input_ids=feed["input_ids"][:2, :12])  # the last call does not
+    result = cann.torch.export(model=bert, output_path=tmp_path / "bert.onnx", export_format="onnx")
+    assert [i["name"] for i in result.manifest["model"]["inputs"]] == ["input_ids", "attention_mask"]
+    assert "attention_mask" in result.manifest["warnings"]["inputs"]
+    # two calls with different optional inputs: the export cannot keep both, and says which it leaves out
+    model = cann.torch.track(OptionalInputs())
+    model(torch.randn(2, 4), mask=torch.ones(2, 3))
+    model(torch.randn(2, 4), bias=torch.ones(3))
+    with pytest.warns(UserWarning, match="input\\(s\\) mask seen in earlier calls"):
+        dropped = cann.torch.export(model=model, output_path=tmp_path / "opt.onnx", export_format="onnx")
+    assert [i["name"] for i in dropped.manifest["model"]["inputs"]] == ["x", "bias"]
+    assert "mask" in dropped.manifest["warnings"]["inputs"]

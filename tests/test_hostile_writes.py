@@ -292,3 +292,33 @@ def test_kill_9_litter_is_swept_by_the_next_export(tmp_path, model_file):
     assert staging.is_dir()
     assert export_cli(model_file, target).exit_code == 0
     assert not staging.exists() and litter(tmp_path) == []
+
+
+def test_overwrite_replaces_our_single_file_bundle_and_only_it(tmp_path, model_file):
+    import zipfile
+
+    out = tmp_path / "x.pth"
+    assert export_cli(model_file, out).exit_code == 0 and zipfile.is_zipfile(out)
+    first = out.read_bytes()
+    assert export_cli(model_file, out, "--overwrite").exit_code == 0  # ours: replaced
+    assert zipfile.is_zipfile(out) and litter(tmp_path) == []
+    # ours with a file added, a foreign zip with a cann-export-looking manifest, a torch checkpoint, a link
+    added = tmp_path / "added.pth"
+    added.write_bytes(first)
+    with zipfile.ZipFile(added, "a") as z:
+        z.writestr("notes.txt", "mine")
+    forged = tmp_path / "forged.zip"
+    with zipfile.ZipFile(forged, "w") as z:
+        z.writestr("manifest.json", json.dumps({"schema": "someone-else/1", "files": {}}))
+    import torch
+
+    checkpoint = tmp_path / "weights.pth"
+    torch.save({"w": torch.zeros(2)}, checkpoint)
+    link = tmp_path / "link.pth"
+    link.symlink_to(out)
+    for target in (added, forged, checkpoint):
+        before = target.read_bytes()
+        refused(export_cli(model_file, target, "--overwrite"), "not written by cann-export")
+        assert target.read_bytes() == before
+    refused(export_cli(model_file, link, "--overwrite"), "symbolic link")
+    assert link.is_symlink() and litter(tmp_path) == []

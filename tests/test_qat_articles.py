@@ -248,3 +248,42 @@ def cann_export_export(model, out, x, **options):
     import cann_export
 
     return cann_export.export(model, out, "atc_ready", example_inputs=(x,), **options)
+
+
+def _qat_checkpoint(tmp_path):
+    model = ConvBnNet()
+    optimizer = _train(model, [(torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,)))], nn.functional.cross_entropy, 1)
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1}, path)
+    return model, path
+
+
+def test_resume_of_a_qat_checkpoint_wraps_a_fresh_model_and_keeps_its_optimizer(qat_config, tmp_path):
+    trained, path = _qat_checkpoint(tmp_path)
+    model = ConvBnNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    state = cann.torch.resume(path, model, optimizer)
+    assert state == {"epoch": 1, "restored": ["model", "optimizer", "qat_observers"]}
+    assert list(model.parameters()) == params and optimizer.param_groups[0]["params"] == params  # same objects
+    assert torch.equal(model.conv.act_max, trained.conv.act_max) and torch.isfinite(model.head.act_min)
+    assert torch.equal(model.conv.layer.weight, trained.conv.layer.weight)
+
+
+def test_resume_of_a_plain_checkpoint_into_a_wrapped_model_starts_its_observers_afresh(qat_config, tmp_path):
+    plain = ConvBnNet()
+    torch.save(plain.state_dict(), tmp_path / "plain.pt")
+    model = ConvBnNet()
+    _train(model, [(torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,)))], nn.functional.cross_entropy, 1)
+    assert cann.torch.resume(tmp_path / "plain.pt", model) == {"restored": ["model"]}
+    assert torch.equal(model.conv.layer.weight, plain.conv.weight) and not torch.isfinite(model.conv.act_min)
+
+
+def test_resume_of_a_qat_checkpoint_without_qat_configured_says_what_to_do(tmp_path):
+    cann.torch.config(quantization_aware_training=True, quant_config={})
+    try:
+        _, path = _qat_checkpoint(tmp_path)
+    finally:
+        cann.torch.config(quantization_aware_training=False, quant_config={})
+    with pytest.raises(errors.OptionsError, match=r"config\(quantization_aware_training=True"):
+        cann.torch.resume(path, ConvBnNet())

@@ -73,6 +73,7 @@ class OnnxFormat:
 
 class AtcReadyFormat:
     name = "atc_ready"
+    writes_program = True  # torch/program.pt2 (bundle/torch_program.py)
     description = ("directory: model.onnx, manifest.json, parity.json, parity data and atc/convert.sh; "
                    "-o NAME.zip / NAME.pth writes the same bundle as one zip file")
     is_directory = True

@@ -1,7 +1,9 @@
-"""``torch/program.pt2`` in an atc_ready bundle: the torch.export program of the stripped eval model, so
-the model zoo can give a runnable module back (``load_model(name, framework="pytorch")``) from data alone,
-loaded weights-only, with no callable to import. Best effort: a model torch.export cannot capture, a
-TorchScript model or one with more than 1 GiB of weights gets no program and a warning in the manifest."""
+"""``torch/program.pt2`` in an atc_ready bundle: the torch.export program of the eval model, so the model zoo
+can give a runnable module back (``load_model(name, framework="pytorch")``) from data alone, loaded
+weights-only, with no callable to import. Best effort: a model torch.export cannot capture, a TorchScript
+model or one with more than 1 GiB of weights gets no program and a warning in the manifest. A float model's
+program is captured before the strip passes, so its dropout and BatchNorm switch with ``train()`` once
+loaded (``trainable``); a quantized model's is its stripped arithmetic form."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,6 +59,33 @@ def _export(model: Any, args: tuple, kwargs: dict[str, Any], by_name: bool, dyna
     return torch.export.export(model, args, kwargs=kwargs)
 
 
+def unstripped_copy(ctx: Any) -> Any:
+    """A copy of the model before the strip passes, for the program (its dropout and BatchNorm switch with
+    ``train()`` once loaded): a float module of at most MAX_BYTES bound for a format that writes a program;
+    None otherwise (a quantized model's program is its stripped arithmetic form)."""
+    import copy
+
+    import torch
+
+    model, loaded = ctx.model, ctx.loaded
+    if not getattr(ctx.format, "writes_program", False) or loaded is None or loaded.kind != "module" \
+            or not isinstance(model, torch.nn.Module) or ctx.options.quantize or loaded.extras.get("positional"):
+        return None
+    from torch.ao.quantization import FakeQuantizeBase
+
+    from ..qat.fake_quant import QuantLayer
+
+    if any(isinstance(m, (QuantLayer, FakeQuantizeBase)) for m in model.modules()):
+        return None
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    if size > min(ctx.options.external_data_threshold, MAX_BYTES):
+        return None
+    try:
+        return copy.deepcopy(model).eval()
+    except Exception:  # noqa: BLE001 - a module that does not copy: the program is the stripped model's
+        return None
+
+
 def write_program(ctx: Any, staging: Path) -> list[Path]:
     import torch
 
@@ -89,8 +118,14 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
             from ..capture.dynamic_dims import dynamic_shapes, named_forward
 
             shapes = dynamic_shapes(ctx)
-            with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
-                program = _export(model, args, kwargs, loaded.kind == "module", shapes)
+            program = None
+            if ctx.trainable_model is not None and ctx.program_form is None:  # dropout and BatchNorm kept
+                with contextlib.suppress(Exception), named_forward(ctx.trainable_model, list(ctx.input_names)) \
+                        if shapes else contextlib.nullcontext():
+                    program = _export(ctx.trainable_model, args, kwargs, True, shapes)
+            if program is None:
+                with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
+                    program = _export(model, args, kwargs, loaded.kind == "module", shapes)
         # torch.export records guards as Python source (``L['ids'].size()[0] == L['mask'].size()[0]``) that
         # torch.export.load exec()s; the .pt2 checker refuses any (validate checks this file with it). Loading
         # derives the same input checks from the graph's symbols and range constraints, so none is lost.
@@ -147,3 +182,34 @@ def follow_device(module: Any) -> Any:
 
     module._apply = _apply
     return module
+
+
+_MODE_ARG = {"batch_norm": 5, "dropout": 2, "feature_dropout": 2, "alpha_dropout": 2, "feature_alpha_dropout": 2}
+
+
+def trainable(module: Any) -> Any:
+    """``train()``/``eval()`` on the loaded program (torch's unlifted module refuses both): each mode-dependent
+    operator of the graph (``aten.batch_norm``'s ``training``, ``aten.dropout``'s ``train``) follows the mode,
+    so in train mode BatchNorm normalises with batch statistics and updates its running ones, and dropout
+    drops. A quantized model's program is its stripped form: there a BatchNorm folded into its conv and the
+    dropout the export removed are not in the graph (fine-tuning trains the folded conv)."""
+    import types
+
+    import torch
+
+    targets = {getattr(torch.ops.aten, name).default: index for name, index in _MODE_ARG.items()}
+
+    def train(self: Any, mode: bool = True) -> Any:
+        changed = False
+        for node in self.graph.nodes:
+            index = targets.get(node.target) if node.op == "call_function" else None
+            if index is not None and index < len(node.args) and node.args[index] is not bool(mode):
+                node.update_arg(index, bool(mode))
+                changed = True
+        if changed:
+            self.recompile()
+        return torch.nn.Module.train(self, mode)
+
+    module.train = types.MethodType(train, module)
+    module.eval = types.MethodType(lambda self: self.train(False), module)
+    return module.eval()

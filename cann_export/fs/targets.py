@@ -59,7 +59,7 @@ def check_replaceable(target: Path) -> None:
     if target.is_dir():
         _check_bundle_dir(target)
     elif target.is_file():
-        if not (is_our_onnx(target) or is_om(target)):
+        if not (is_our_onnx(target) or is_om(target) or is_our_archive(target)):
             raise WriteError(_fix(target), path=target)
     else:
         raise WriteError("is not a regular file or directory; choose another output path", path=target)
@@ -85,6 +85,38 @@ def _check_bundle_dir(directory: Path) -> None:
         raise WriteError(_fix(directory) + f" (not in its manifest: {', '.join(extra)})", path=directory)
 
 
+def is_our_archive(path: Path) -> bool:
+    """A single-file bundle cann-export wrote (``-o x.pth``/``x.zip``): a zip whose root manifest.json is
+    ours and lists every other member (a foreign zip, or ours with files added, is not)."""
+    import zipfile
+
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as zf:
+            info = zf.NameToInfo.get(MANIFEST)
+            if info is None or info.file_size > _MAX_SCAN or len(zf.infolist()) > 10_000:
+                return False
+            data = json.loads(zf.read(info).decode("utf-8"))
+            names = [m.filename for m in zf.infolist() if not m.is_dir()]
+    except (OSError, ValueError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError):
+        return False
+    if not _ours(data):
+        return False
+    table = data.get("files")
+    listed = set(table) if isinstance(table, (dict, list)) else set()
+    return all(n == MANIFEST or n in listed for n in names)
+
+
+def _ours(data: object) -> bool:
+    if not isinstance(data, dict):
+        return False
+    schema = data.get("schema")
+    tool = (data.get("provenance") or {}).get("tool") if isinstance(data.get("provenance"), dict) else None
+    return (isinstance(schema, str) and schema.startswith("cann-export/")) or \
+        (isinstance(tool, str) and tool.startswith("cann-export"))
+
+
 def read_our_manifest(directory: Path) -> dict | None:
     """The directory's manifest.json when it is one cann-export writes (bundle or zoo version), else None."""
     path = directory / MANIFEST
@@ -94,13 +126,7 @@ def read_our_manifest(directory: Path) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict):
-        return None
-    schema = data.get("schema")
-    tool = (data.get("provenance") or {}).get("tool") if isinstance(data.get("provenance"), dict) else None
-    ours = (isinstance(schema, str) and schema.startswith("cann-export/")) or \
-        (isinstance(tool, str) and tool.startswith("cann-export"))
-    return data if ours else None
+    return data if _ours(data) else None
 
 
 def is_om(path: Path) -> bool:

@@ -29,6 +29,11 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     for name, axes in (extras.get("dynamic_axes") or {}).items():
         for axis, label in dict(axes).items() if name not in shaped else ():
             found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label), source="loader"))
+    batch_name = next((a.name for a in found.values() if a.axis == 0 and a.name), "batch")
+    for name, (_, high) in (extras.get("recorded_batch") or {}).items():  # the calls of the model varied it
+        if name not in shaped:
+            found.setdefault((name, 0), DynamicAxis(name, 0, batch_name, 1, max(DEFAULT_BATCH_MAX, high),
+                                                    source="recorded calls"))
     for spec in ctx.options.input_shapes:
         for axis, size in enumerate(spec.shape):
             if size == -1:

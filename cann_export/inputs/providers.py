@@ -91,12 +91,14 @@ class RecordedCall:
     priority: int = 50
 
     def provide(self, ctx: ExportContext) -> tuple[dict[str, Any], str] | None:
+        from .recorded import choose_call
         from .tracking import recorded_inputs
 
-        if isinstance(ctx.source, (str, Path)) or (recorded := recorded_inputs(ctx.source)) is None:
+        if isinstance(ctx.source, (str, Path)) or recorded_inputs(ctx.source) is None:
             return None
-        args, kwargs = recorded
-        return {**as_named(tuple(args), accepted_names(ctx)), **kwargs}, "the last recorded forward call"
+        accepted = accepted_names(ctx)
+        (args, kwargs), source = choose_call(ctx, accepted)
+        return {**as_named(tuple(args), accepted), **kwargs}, source
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,50 @@ def _detach(value: Any) -> Any:
     return pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, value)
 
 
+class History:
+    """What the calls of one model showed, beyond the last call: the fullest call (the most tensor inputs,
+    the latest of those), every input seen, and each input's smallest and largest batch (axis 0). Inputs are
+    keyed by keyword name, positional ones by their index (an int)."""
+
+    __slots__ = ("batch", "fullest", "fullest_keys", "seen")
+
+    def __init__(self) -> None:
+        self.fullest: tuple[tuple, dict] | None = None
+        self.fullest_keys: frozenset = frozenset()
+        self.seen: set = set()  # every input any call passed
+        self.batch: dict[Any, tuple[int, int]] = {}
+
+
+_history: weakref.WeakKeyDictionary[Any, History] = weakref.WeakKeyDictionary()
+
+
+def input_keys(args: tuple, kwargs: dict) -> dict[Any, Any]:
+    """The tensor inputs of a call: {position or keyword: tensor} (None and non-tensors left out)."""
+    import torch
+
+    keys: dict[Any, Any] = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    keys.update((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    return keys
+
+
 def _record(module: Any, args: tuple, kwargs: dict) -> None:
-    _last_inputs[module] = (_detach(args), _detach(kwargs) if kwargs else {})
+    tensors = input_keys(args, kwargs)
+    if any(t.dim() and type(t.shape[0]) is not int for t in tensors.values()):
+        return  # a call traced by torch.export (symbolic sizes): not the user's, and int() would specialise them
+    call = (_detach(args), _detach(kwargs) if kwargs else {})
+    _last_inputs[module] = call
+    history = _history.get(module)
+    if history is None:
+        history = _history[module] = History()
+    tensors = input_keys(*call)
+    history.seen.update(tensors)
+    if len(tensors) >= len(history.fullest_keys):
+        history.fullest, history.fullest_keys = call, frozenset(tensors)
+    for key, value in tensors.items():
+        if value.dim():
+            size = int(value.shape[0])
+            low, high = history.batch.get(key, (size, size))
+            history.batch[key] = (min(low, size), max(high, size))
 
 
 def track(model: Any) -> Any:
@@ -111,3 +153,18 @@ def optimizers_of(model: Any) -> list[Any]:
 
 def recorded_inputs(model: Any) -> tuple[tuple, dict] | None:
     return _last_inputs.get(model)
+
+
+def recorded_history(model: Any) -> History | None:
+    return _history.get(model)
+
+
+def sole_optimizer(model: Any, what: str) -> Any:
+    """The one live optimizer updating ``model`` (None when there is none); ``what`` names the caller in the
+    error raised when several do."""
+    from ..errors import OptionsError
+
+    found = optimizers_of(model)
+    if len(found) > 1:
+        raise OptionsError(f"{what}: {len(found)} optimizers update the model; pass the one to use as optimizer=")
+    return found[0] if found else None

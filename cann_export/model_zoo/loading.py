@@ -49,9 +49,10 @@ def _load_program(path: Path, name: str, version: str) -> Any:
         raise ZooError(f"{name} version {version}: the stored program does not give a module "
                        f"({type(e).__name__}: {gist(e, 200)}); the archive may need a newer torch",
                        path=str(path)) from e
-    from ..bundle.torch_program import accept_keywords, follow_device
+    from ..bundle.torch_program import accept_keywords, follow_device, trainable
 
-    return follow_device(accept_keywords(module))  # called by name as well as by position; .to(device) moves it
+    # called by name as well as by position; .to(device) moves it; train()/eval() switch BatchNorm and dropout
+    return trainable(follow_device(accept_keywords(module)))
 
 
 def load_program(store: Any, name: str, version: str, manifest: dict[str, Any]) -> Any:
@@ -158,11 +159,7 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
             else recorded)
     with private_copy(store, name, version, manifest, [weights["file"], *needed]) as root:
         module = _fill(root, name, version, manifest, arch, (model_class, model_kwargs))
-    try:
-        module.eval()
-    except NotImplementedError:  # torch.export's unlifted modules are already in inference form
-        pass
-    return module
+    return module.eval()
 
 
 def _fill(root: Path, name: str, version: str, manifest: dict[str, Any], arch: dict[str, Any],

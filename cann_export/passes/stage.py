@@ -26,6 +26,9 @@ def _apply(ctx: ExportContext, method: str, model: Any) -> tuple[Any, list[str]]
 
 
 def strip(ctx: ExportContext) -> str | None:
+    from ..bundle.torch_program import unstripped_copy
+
+    ctx.trainable_model = unstripped_copy(ctx)
     ctx.model, ran = _apply(ctx, "apply_module", ctx.model)
     ctx.reports.strip.module_passes = ran
     return ", ".join(ran)

@@ -206,11 +206,7 @@ def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
             continue
         if any(path.startswith(w + ".") for w in wrapped):
             continue
-        layer = QuantLayer(module, cfg.weight_bits)
-        for name in ("act_min", "act_max"):
-            setattr(layer, name, getattr(layer, name).to(module.weight.device))
-        layer.train(module.training)
-        replace(model, path, layer)
+        _wrap(model, path, module, cfg)
         wrapped.append(path)
     if not wrapped:
         from ..errors import OptionsError
@@ -218,6 +214,27 @@ def wrap_layers(model: nn.Module, cfg: QuantConfig) -> list[str]:
         raise OptionsError(f"nothing to quantize: no {', '.join(cfg.quantize_types)} layer outside skip_modules "
                            f"{list(cfg.skip_modules)}")
     return wrapped
+
+
+def _wrap(model: nn.Module, path: str, module: nn.Module, cfg: QuantConfig) -> None:
+    layer = QuantLayer(module, cfg.weight_bits)
+    for name in ("act_min", "act_max"):
+        setattr(layer, name, getattr(layer, name).to(module.weight.device))
+    layer.train(module.training)
+    replace(model, path, layer)
+
+
+def wrap_paths(model: nn.Module, paths: list[str], config: dict[str, Any] | QuantConfig | None, how: str) -> None:
+    """Fake-quantize exactly the layers at ``paths`` in place (those a QAT checkpoint holds wrapped), as
+    ``prepare_in_place`` would: same Parameter objects, fresh observers on the layer's device."""
+    cfg = parse(config)
+    for path in paths:
+        module = _get(model, path)
+        if layer_kind(module) is None:
+            raise ValueError(f"{path} is a {type(module).__name__}, not a Conv/Linear layer to fake-quantize")
+        _wrap(model, path, module, cfg)
+    object.__setattr__(model, STATE_ATTR, {"config": cfg, "float_model": None, "folded_bn": [],
+                                           "quantized": list(paths), "prepared": how})
 
 
 def prepare_in_place(model: nn.Module, config: dict[str, Any] | QuantConfig | None, how: str) -> list[str]:
