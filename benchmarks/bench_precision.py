@@ -12,6 +12,9 @@ For each model: export to ONNX once, then time, alternating the two so both see 
 The target (issue 17): device parity <= 3x one onnxruntime run (TARGET); each row records its median ratio
 and whether it is within the target. Results go to ``benchmarks/results/precision.json``.
 
+  +curve    (issue 21) an export's device check (5 verdict sets) with report.html's per-layer curve, over
+            the same check without it (CURVE_TARGET: at most 1.5x)
+
 Usage: python benchmarks/bench_precision.py [--repeat 5]
 """
 from __future__ import annotations
@@ -32,11 +35,22 @@ sys.path.insert(0, str(HERE))  # precision_models, when run from elsewhere
 # the models here are text models built from configs, which never need it
 sys.modules.setdefault("torchvision", None)
 TARGET = 3.0  # device parity time / one onnxruntime run
+CURVE_TARGET = 1.5  # (device parity + report.html's per-layer curve) / device parity (issue 21)
+EXPORT_SETS = 5  # the verdict sets of a default export (the example and 4 random sets)
+
+
+def _like(value, seed: int):
+    """Another input set like ``value``: floats redrawn, integer inputs (ids, masks) kept."""
+    import numpy as np
+
+    if not np.issubdtype(value.dtype, np.floating):
+        return value
+    return np.random.default_rng(seed).standard_normal(value.shape).astype(value.dtype)
 
 
 def models():
     from precision_models import reduction_overflow
-    from transformers import BertConfig, BertModel, Qwen2Config, Qwen2ForCausalLM
+    from transformers import BertConfig, BertModel, Qwen2Config, Qwen2ForCausalLM, ResNetConfig, ResNetModel
 
     torch.manual_seed(0)
     bert = BertModel(BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
@@ -48,7 +62,10 @@ def models():
                                          num_key_value_heads=2, intermediate_size=768, use_cache=False)).eval()
     qwen2_in = {"input_ids": torch.randint(0, 2000, (1, 128), generator=g)}
     overflow, overflow_in, _ = reduction_overflow()
-    return {"bert-4L-256 (passes)": (bert, bert_in), "qwen2-4L-256 (passes)": (qwen2, qwen2_in),
+    resnet = ResNetModel(ResNetConfig()).eval()  # the default config is ResNet-50
+    resnet_in = {"pixel_values": torch.randn(1, 3, 224, 224, generator=g)}
+    return {"bert-4L-256 (passes)": (bert, bert_in), "resnet-50 (passes)": (resnet, resnet_in),
+            "qwen2-4L-256 (passes)": (qwen2, qwen2_in),
             "sum-of-squares 1300 (overflows)": (overflow, overflow_in)}
 
 
@@ -84,14 +101,31 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -
     def verdict():  # what every export pays: the emulated graph, its session and run, no localisation
         return Emulator(graph, "force_fp16", overflow).session(set()).run(feeds)
 
+    # what an atc_ready export runs: the device check on its verdict sets (the example and random ones, at the
+    # example's shape), without and with report.html's per-layer curve (computed once, on one set)
+    def plain_on(feed):
+        s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        return s.run(None, {i.name: feed[i.name] for i in s.get_inputs()})
+
+    sets = [feeds] + [{k: _like(v, s) for k, v in feeds.items()} for s in range(1, EXPORT_SETS)]
+    sets_expected = [plain_on(s) for s in sets]
+
+    def export_check(layers: bool):
+        return device_report(graph, "force_fp16", [], sets, sets_expected, names, Tolerance().device_policy(), {},
+                             overflow=overflow, layers=layers)
+
     report = device()  # warm-up, and the verdict shown
-    rounds = [(timed(plain), timed(device), timed(verdict)) for _ in range(repeat)]
-    t_plain, t_device, t_verdict = (statistics.median(r[i] for r in rounds) for i in range(3))
+    export_check(True)
+    rounds = [(timed(plain), timed(device), timed(verdict), timed(lambda: export_check(False)),
+               timed(lambda: export_check(True))) for _ in range(repeat)]
+    t_plain, t_device, t_verdict, t_check, t_curve = (statistics.median(r[i] for r in rounds) for i in range(5))
     ratio = t_device / t_plain  # of the medians: one slow outlier on either side does not decide it
     first = report.get("first_divergence") or {}
     return {"plain_s": t_plain, "device_s": t_device, "ratio": ratio, "target": TARGET,
             "within_target": ratio <= TARGET, "emulated_run_s": t_verdict, "emulated_run_ratio": t_verdict / t_plain,
-            "repeat": repeat, "passed": report["passed"],
+            "repeat": repeat, "passed": report["passed"], "export_check_s": t_check, "with_curve_s": t_curve,
+            "curve_ratio": t_curve / t_check, "curve_target": CURVE_TARGET,
+            "curve_within_target": t_curve / t_check <= CURVE_TARGET,
             "localised": bool(first), "first_divergence": first.get("message")}
 
 
@@ -110,10 +144,11 @@ def main() -> None:
             feeds = {k: v.numpy() for k, v in inputs.items()}
             rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat, args.overflow)})
     print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(TARGET):>6} "
-          f"{'emulated':>8}  localisation")
+          f"{'emulated':>8} {'+curve':>7} {'<= ' + str(CURVE_TARGET):>6}  localisation")
     for r in rows:
         print(f"{r['model']:34} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f} "
-              f"{'yes' if r['within_target'] else 'NO':>6} {r['emulated_run_ratio']:7.2f}x  "
+              f"{'yes' if r['within_target'] else 'NO':>6} {r['emulated_run_ratio']:7.2f}x {r['curve_ratio']:6.2f}x "
+              f"{'yes' if r['curve_within_target'] else 'NO':>6}  "
               f"{r['first_divergence'] or 'not needed'}")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "precision.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -182,6 +182,7 @@ class Reports:
     validators: dict[str, ValidatorReport] = field(default_factory=dict)  # other validate-stage validators
     publish: dict[str, Any] | None = None  # the model zoo record (--publish)
     sandbox: dict[str, Any] | None = None  # the load sandbox that ran the stages before commit, or why none
+    layers: dict[str, Any] | None = None  # the device run's per-layer curve (validators/layers.py), for report.html
 
     def quantization_report(self, mode: str | None = None) -> QuantizationReport:
         """The quantization report, started with ``mode`` when there is none yet."""

@@ -110,6 +110,9 @@ class AtcReadyFormat:
             render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
         if ctx.reports.parity is not None:
             atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
+        from ..report.write import write_into
+
+        write_into(ctx, staging)  # before the manifest, whose file table then lists it
         write_manifest(ctx, staging)
 
     def manifest_problems(self, manifest: dict[str, Any]) -> list[str]:

@@ -243,12 +243,12 @@ def _check_atc(checked: CheckedBundle) -> None:
 
 
 def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool,
-                    soc_versions: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+                    soc_versions: list[str] | None = None, layers: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Parity re-run from the stored inputs and reference outputs under ``tolerance`` (the tool's policy
     unless the user passed values), with the device-precision run the validated ATC options imply (under the
     device model the manifest records); and every way the manifest's parity section differs from what was
     re-derived. ``soc_versions``: judge the bundle for each of these SoCs too (``report["socs"]``, one verdict
-    each; the overall verdict is theirs)."""
+    each; the overall verdict is theirs). ``layers``: add the device run's per-layer curve (report.html)."""
     recorded = checked.manifest["parity"]
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
@@ -256,7 +256,7 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     if soc_versions and checked.options is None:
         raise ValidateError("--soc-version judges the device precision of an ATC bundle (atc_ready, om); this "
                             "bundle has no ATC options to emulate", path=checked.directory)
-    report, mode, rerun = _rerun_parity(checked, tolerance)
+    report, mode, rerun = _rerun_parity(checked, tolerance, layers)
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
@@ -307,7 +307,8 @@ def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dic
     return entry
 
 
-def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
+                  layers: bool = False) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
     """The parity report re-run from the bundle's stored data, the device precision mode it used, and what the
     device run needs to run again for another SoC."""
     import onnx
@@ -343,7 +344,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance) -> tuple[dict[st
              "paths": checked.module_paths, "float_expected": [floats[s] for s in chosen] if floats else None}
     report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
                                 tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
-                                float_expected=rerun["float_expected"])
+                                float_expected=rerun["float_expected"], layers=layers)
     from ..validators.parity import shape_verdicts
 
     report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,

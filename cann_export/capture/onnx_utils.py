@@ -116,19 +116,25 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> li
     return [path]
 
 
-def inferred_values(model: Any) -> list[Any]:
+def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[Any]:
     """Every value's ValueInfo (weights included) by type and shape inference on a copy of the graph without
-    weight data (the weights' bytes are never serialised for it); the declared ones where inference gives up."""
+    weight data (the weights' bytes are never serialised for it); the declared ones where inference gives up.
+    ``input_shapes``: concrete shapes of (dynamic) graph inputs, so the values they reach get concrete ones."""
     import onnx
     from onnx import helper
 
     g = model.graph
     inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
-    skeleton = helper.make_graph(list(g.node), g.name or "g", list(g.input) + inits, list(g.output))
+    shapes = input_shapes or {}
+    inputs = [helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, list(shapes[i.name]))
+              if i.name in shapes else i for i in g.input]
+    small = [i for i in g.initializer if shapes and i.data_type == onnx.TensorProto.INT64 and len(i.dims) <= 1
+             and (not i.dims or i.dims[0] <= 16)]  # shape operands, kept with their data for data propagation
+    skeleton = helper.make_graph(list(g.node), g.name or "g", inputs + inits, list(g.output), small)
     probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     probe.functions.extend(model.functions)
     try:
-        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False).graph
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=bool(shapes)).graph
         return list(inferred.value_info) + list(inferred.output) + list(inferred.input)
     except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
         return list(g.value_info) + list(g.output) + list(g.input) + inits

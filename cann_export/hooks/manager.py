@@ -34,6 +34,7 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.backends",
     "cann_export.plugins.validators",
     "cann_export.plugins.lint_command",
+    "cann_export.plugins.report_command",
     "cann_export.plugins.stages",
     "cann_export.plugins.inputs",
     "cann_export.plugins.hf",

@@ -25,21 +25,31 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], emulator: Emulator | None = None,
                   localise_failure: bool = True, overflow: str = INF_NAN, deq_scale: str = "s19",
-                  float_expected: list[list[np.ndarray]] | None = None) -> dict[str, Any]:
+                  float_expected: list[list[np.ndarray]] | None = None, layers: bool = False) -> dict[str, Any]:
     """Emulate ``mode`` under the SoC's ``overflow`` mode (a Q/DQ graph's quantized ops on the int8 path, the SoC's
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
-    ``float_expected`` (the float model's outputs, when known) too (device_policy.within_int8_noise)."""
+    ``float_expected`` (the float model's outputs, when known) too (device_policy.within_int8_noise). ``layers``:
+    add the per-layer curve on the worst input set (``report["layers"]``, validators/layers.py)."""
     emulator = emulator or Emulator(model, mode, overflow, deq_scale)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)
     # a small graph exposes every value in the verdict's own run, so a localisation needs no second emulated run
     values = float_values(emulator)
-    expose = values if sum(emulator.sizes.get(t, BUDGET) for t in values) <= SMALL else []
-    sess = emulator.session(keep_set, expose=expose)
+    sizes = emulator.sizes
+    if layers and any(t not in sizes for t in values):  # a dynamic graph: its sizes at the first set's shapes
+        from .precision import value_types
+
+        sizes = {**value_types(model, {k: np.shape(v) for k, v in feeds[0].items()})[1], **sizes}
+    total = sum(sizes.get(t, BUDGET) for t in values)
+    expose = values if total <= SMALL else []
+    # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run
+    first_only = values if layers and not expose and total <= BUDGET else []
+    sess = emulator.session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
-    runs = [sess.run(feed, outs + [t for t in expose if t not in outs]) for feed in feeds]
+    extra = [t for t in expose or first_only if t not in outs]
+    runs = [sess.run(feed, outs + (extra if expose or (first_only and s == 0) else [])) for s, feed in enumerate(feeds)]
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
@@ -54,11 +64,19 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
         "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
     if emulator.int8 is not None:  # the quantized ops ran as AscendQuant -> int8/int32 -> AscendDequant
         report["precision"]["int8"] = emulator.int8.summary()
-    if not report["passed"] and localise_failure and emulator.emulation.reduces != "none":
+    localising = not report["passed"] and localise_failure
+    if (localising or layers) and emulator.emulation.reduces != "none":
         worst = worst_set(actual, expected)
-        failing = [o["name"] for o in outputs if not o["passed"]]
-        held = dict(zip(outs + [t for t in expose if t not in outs], runs[worst], strict=True)) if expose else None
-        report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)
+        held = dict(zip(outs + extra, runs[worst], strict=True)) if expose else None
+        if layers:
+            from .layers import curve
+
+            at = 0 if first_only else worst
+            on = dict(zip(outs + extra, runs[0], strict=True)) if first_only else held
+            report["layers"] = curve(emulator, keep_set, feeds[at], pol, paths, on, at)
+        if localising:
+            failing = [o["name"] for o in outputs if not o["passed"]]
+            report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)
     return report
 
 

@@ -32,10 +32,10 @@ class Trial:
         self.emulator = Emulator(model, mode, overflow, deq_scale)
         self.runs = 0
 
-    def report(self, kept: list[str], localise: bool = True) -> dict[str, Any]:
+    def report(self, kept: list[str], localise: bool = True, layers: bool = False) -> dict[str, Any]:
         self.runs += 1
         return device_report(self.model, self.mode, self.keep + kept, *self.args, emulator=self.emulator,
-                             localise_failure=localise, float_expected=self.float_expected)
+                             localise_failure=localise, float_expected=self.float_expected, layers=layers)
 
     def passes(self, kept: list[str], allowed: set[str] | None = None) -> bool:
         """Parity passes; with ``allowed``, no value but those is inf/nan (no branch left dead that the
@@ -155,9 +155,10 @@ def _whole_modules(kept: list[str], paths: dict[str, str]) -> list[str]:
 def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], overflow: str = INF_NAN,
-                  deq_scale: str = "s19", float_expected: list | None = None) -> tuple[dict[str, Any], list[str]]:
+                  deq_scale: str = "s19", float_expected: list | None = None,
+                  layers: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Keep nodes in fp32 until device parity passes under the emulation's rule (the SoC's ``overflow`` mode and
-    AscendDequant scale); a small set, or why not."""
+    AscendDequant scale); a small set, or why not. ``layers``: the final report carries the per-layer curve."""
     paths = in_graph(paths, model)
     trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow, deq_scale,
                   float_expected)
@@ -177,7 +178,7 @@ def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
             kept = []
     if reason is None and kept:
         kept = sorted(shrink(trial, kept), key=order)
-    report = trial.report(kept)
+    report = trial.report(kept, layers=layers)
     report["precision"]["fix"] = _fix_summary(model, report, kept, steps, paths, trial.runs, reason)
     return report, kept
 

@@ -26,13 +26,15 @@ BOUNDING = frozenset({"Clip", "Min", "Max", "Where", "Relu"})  # ops that clamp 
 FP16_MAX = 65504.0
 
 
-def chunks(emulator: Emulator, tensors: list[str]) -> list[list[str]]:
-    """``tensors`` in runs whose exposed elements stay within BUDGET."""
-    known = list(emulator.sizes.values())
+def chunks(emulator: Emulator, tensors: list[str], sizes: dict[str, int] | None = None) -> list[list[str]]:
+    """``tensors`` in runs whose exposed elements stay within BUDGET (``sizes``: the element counts of a run
+    that held them; else the graph's static shapes, an unknown one counted as the largest)."""
+    sizes = sizes or emulator.sizes
+    known = list(sizes.values())
     default = max(known) if known else 1
     out, current, size = [], [], 0
     for t in tensors:
-        n = emulator.sizes.get(t, default)
+        n = sizes.get(t, default)
         if current and size + n > BUDGET:
             out.append(current)
             current, size = [], 0
@@ -54,7 +56,8 @@ def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], 
     the verdict's run already exposed."""
     verdicts, wrong = {}, {}
     eps = emulator.emulation.epsilon
-    for chunk in chunks(emulator, order):
+    sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held is not None else None
+    for chunk in chunks(emulator, order, sizes if sizes is not None and all(t in sizes for t in order) else None):
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
         if held is not None and all(t in held for t in chunk):
             emu = [held[t] for t in chunk]

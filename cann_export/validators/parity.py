@@ -214,7 +214,9 @@ class ParityValidator:
         report = with_device_parity(report, model, effective_precision(ctx.options), keep,
                                     [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
                                     ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
-                                    reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats)
+                                    reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats,
+                                    layers=True)  # report.html's per-layer curve
+        ctx.reports.layers = report.pop("layers", None)
         final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
         return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
                               ctx.options.tolerance, ctx.module_paths, quantized)
@@ -259,10 +261,12 @@ def path_probe_report(ctx: Any) -> dict[str, Any]:
 def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list[str], feeds: list, expected: list,
                        tolerance: Any, paths: dict[str, str], fix: bool = False,
                        reports: Reports | None = None, soc: str | None = None,
-                       overflow: str | None = None, float_expected: list | None = None) -> dict[str, Any]:
+                       overflow: str | None = None, float_expected: list | None = None,
+                       layers: bool = False) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
     whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded).
-    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise)."""
+    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise).
+    ``layers``: the device run's per-layer curve goes in ``report["layers"]`` (report.html's plot)."""
     from ..options import ExportOptions, soc_model
     from .device_parity import device_report, fix_precision
     from .int8_device import deq_scale_for
@@ -277,7 +281,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     names = [o["name"] for o in report["outputs"]]
     args = (feeds, expected, names, tolerance.device_policy(), paths)
     device_args = {"overflow": device_model["overflow_mode"], "deq_scale": deq_scale_for(device_model["soc_version"]),
-                   "float_expected": float_expected}
+                   "float_expected": float_expected, "layers": layers}
     if fix:
         device, kept = fix_precision(model, mode, keep, *args, **device_args)
         if reports is not None:
@@ -292,7 +296,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
                   device={"passed": device["passed"], "tolerance": device.get("tolerance"),
                           "outputs": device["outputs"]},
                   passed=bool(graph["passed"] and device["passed"]))
-    for key in ("first_divergence", "fixed_by_keep_dtype"):
+    for key in ("first_divergence", "fixed_by_keep_dtype", "layers"):
         if key in device:
             report[key] = device[key]
     return report

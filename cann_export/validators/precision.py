@@ -130,13 +130,14 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
     return rounded.view(np.float32)
 
 
-def value_types(model: Any) -> tuple[set[str], dict[str, int]]:
+def value_types(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[set[str], dict[str, int]]:
     """Float32 value names and, where static, element counts, by type inference on a copy of the graph
-    without weight data (the weights' bytes are never serialised for it)."""
+    without weight data (the weights' bytes are never serialised for it); ``input_shapes``: at these shapes
+    of the graph's inputs (a dynamic graph's values then have concrete sizes)."""
     from ..capture.onnx_utils import inferred_values
 
     floats, sizes = set(), {}
-    for v in inferred_values(model):
+    for v in inferred_values(model, input_shapes):
         t = v.type.tensor_type
         if t.elem_type == FLOAT:
             floats.add(v.name)

@@ -1,0 +1,65 @@
+"""What report.html shows, as one JSON-safe dict built from a manifest (the bundle's own record), the
+per-layer curve and the graph (for the source line of every node a finding names)."""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from ..capture import module_paths
+
+
+def node_places(model: Any) -> dict[str, dict[str, str | None]]:
+    """``{node name: {"module", "source"}}`` from the stamps the capture stage left in the graph."""
+    out = {}
+    for node in model.graph.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        if node.name:
+            out[node.name] = {"module": props.get(module_paths.KEY), "source": props.get(module_paths.SOURCE)}
+    return out
+
+
+def build(manifest: dict[str, Any], layers: dict[str, Any] | None, places: dict[str, dict[str, str | None]],
+          title: str) -> dict[str, Any]:
+    parity = manifest.get("parity") or {}
+    device = parity.get("device") or {}
+    fp32 = parity.get("fp32") or {}
+    device_rows = {o["name"]: o for o in device.get("outputs", [])}
+    outputs = [{"name": o["name"], "fp32": _metrics(o), "device": _metrics(device_rows.get(o["name"]))}
+               for o in fp32.get("outputs", parity.get("outputs", []))]
+    atc = manifest.get("atc") or {}
+    command = atc.get("command")
+    first = parity.get("first_divergence")
+    lint = []
+    for name, report in sorted((manifest.get("lint") or {}).items()):
+        for f in report.get("findings") or []:
+            place = places.get(f.get("node") or "", {})
+            lint.append({"validator": name, "severity": f.get("severity"), "rule": f.get("rule"),
+                         "node": f.get("node"), "op_type": f.get("op_type"),
+                         "module": f.get("module") or place.get("module"), "source": place.get("source"),
+                         "message": f.get("message")})
+    precision = parity.get("precision") or {}
+    return {
+        "title": title,
+        "format": manifest.get("format"),
+        "verdict": {"validated": bool(parity.get("validated")), "passed": bool(parity.get("passed")),
+                    "fp32": fp32.get("passed"), "device": device.get("passed") if device else None,
+                    "reason": parity.get("reason")},
+        "outputs": outputs,
+        "shapes": [{"shape": r.get("shape"), "fp32": r.get("fp32"), "device": r.get("device"),
+                    "passed": r.get("passed")} for r in parity.get("shapes") or []],
+        "precision": {"mode": precision.get("mode"), "keep_dtype": precision.get("keep_dtype") or [],
+                      "device_model": precision.get("device_model") or {}, "emulated": precision.get("emulated")},
+        "first_divergence": first,
+        "layers": layers,
+        "lint": lint,
+        "atc_command": shlex.join(str(c) for c in command) if isinstance(command, list) else None,
+        "capture": (manifest.get("capture") or {}).get("attempts") or [],
+        "warnings": manifest.get("warnings") or {},
+        "model": {k: (manifest.get("model") or {}).get(k) for k in ("inputs", "outputs", "opset", "exporter")},
+    }
+
+
+def _metrics(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {k: row.get(k) for k in ("max_abs", "max_rel", "cosine", "passed", "reason") if k in row}

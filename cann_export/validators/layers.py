@@ -1,0 +1,84 @@
+"""The per-layer curve of report.html: every float value the graph makes, in graph order, as the device
+computes it (the emulation of the precision mode, keep_dtype applied) against fp32, on one input set: cosine
+and max relative error, with the node, op, PyTorch module and source line that made it. Polygraphy's
+``--onnx-outputs mark all`` and msprobe's per-node table give the same numbers; a curve shows the knee.
+
+The metrics are the device rule's (device_policy.judge), computed in float32 (BLAS sums): a curve over
+every value of a ResNet-50 stays within the report's time budget (benchmarks/bench_precision.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..capture import module_paths
+from .device_policy import DevicePolicy, judge
+from .origin import chunks, float_values
+from .precision import Emulator
+
+MAX_POINTS = 20000  # values plotted, at most (a graph with more is cut at the end, and says so)
+
+
+def curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
+          paths: dict[str, str], held: dict[str, np.ndarray] | None = None, input_set: int = 0) -> dict[str, Any]:
+    """The curve (JSON-safe); ``held``: the device values of this feed a run already fetched."""
+    order = float_values(emulator)[:MAX_POINTS]
+    producer = {out: node for node in emulator.model.graph.node for out in node.output if out}
+    sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held else None
+    points = []
+    for chunk in chunks(emulator, order, sizes if sizes and all(t in sizes for t in order) else None):
+        ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
+        if held is not None and all(t in held for t in chunk):
+            emu = [held[t] for t in chunk]
+        else:
+            emu = emulator.session(keep, expose=chunk).run(feed, chunk)
+        for tensor, r, e in zip(chunk, ref, emu, strict=True):
+            node = producer[tensor]
+            props = {p.key: p.value for p in node.metadata_props}
+            points.append({"index": len(points), "tensor": tensor, "node": node.name, "op_type": node.op_type,
+                           "module": paths.get(node.name), "source": props.get(module_paths.SOURCE),
+                           **metrics(np.asarray(e), np.asarray(r), policy, emulator.emulation.epsilon,
+                                     emulator.saturation), "kept": node.name in keep})
+    total = len(float_values(emulator))
+    return {"mode": emulator.emulation.description, "input_set": input_set, "values": total, "points": points,
+            "truncated": total > MAX_POINTS}
+
+
+def metrics(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilon: float,
+            saturation: float | None) -> dict[str, Any]:
+    """cosine, max_rel, max_abs, overflow and passed of one value, by the device rule."""
+    if actual.shape != expected.shape or not np.issubdtype(expected.dtype, np.floating) or expected.size < 4096:
+        v = judge(actual, expected, policy, epsilon, saturation)  # small or odd values: the rule itself
+        return {"cosine": _finite(v["cosine"]), "max_rel": _finite(v["max_rel"]), "max_abs": _finite(v["max_abs"]),
+                "overflow": bool(v["non_finite"] or v["saturated"]), "passed": bool(v["passed"])}
+    a = actual.astype(np.float32, copy=False).ravel()
+    b = expected.astype(np.float32, copy=False).ravel()
+    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))  # finite sums of squares: every element is finite
+    non_finite = False
+    if not (np.isfinite(aa) and np.isfinite(bb)):
+        fin_a, fin_b = np.isfinite(a), np.isfinite(b)
+        non_finite = bool(np.any(~fin_a & fin_b))
+        both = fin_a & fin_b
+        a, b = a[both], b[both]
+        aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
+    na, nb = np.sqrt(aa), np.sqrt(bb)
+    err = a - b
+    ee = float(np.dot(err, err))
+    np.abs(err, out=err)
+    max_abs = float(err.max()) if err.size else 0.0
+    peak = max(float(b.max()), -float(b.min())) if b.size else 0.0
+    cos = 0.0 if non_finite else 1.0 if na == nb == 0.0 else 0.0 if na == 0.0 or nb == 0.0 else \
+        float(np.clip(float(np.dot(a, b)) / (na * nb), -1.0, 1.0))
+    rel_rms = float(np.sqrt(ee / bb)) if bb > 0 else 0.0
+    saturated = saturation is not None and bool(np.any((np.abs(a) == saturation)
+                                                       & (np.abs(b) > saturation * (1 + 2 * epsilon))))
+    floor = max(policy.atol, epsilon * peak)
+    failed = (non_finite or saturated or cos < policy.fail_cosine or (cos < policy.min_cosine and max_abs > floor)
+              or (rel_rms > policy.max_rel_rms and max_abs > floor))
+    return {"cosine": cos, "max_rel": max_abs / peak if peak > 0 else 0.0, "max_abs": max_abs,
+            "overflow": bool(non_finite or saturated), "passed": not failed}
+
+
+def _finite(x: float) -> float:
+    x = float(x)
+    return x if np.isfinite(x) else 0.0
