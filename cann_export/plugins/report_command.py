@@ -11,7 +11,10 @@ from ..hooks.specs import hookimpl
 def register_commands(cli):
     import click
 
-    @cli.command("report", epilog="Example: cann-export report out/resnet_atc_ready -o resnet.html")
+    from ..cli.examples import examples
+
+    @cli.command("report", epilog=examples("cann-export report out/resnet_atc_ready -o resnet.html",
+                                           "cann-export report model.pth --json"))
     @click.argument("bundle", type=click.Path(path_type=str))
     @click.option("-o", "--output", type=click.Path(path_type=str), default=None,
                   help="Where to write the page (default: BUNDLE.report.html beside the bundle; the bundle's own "
