@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from . import errors, pipeline
@@ -14,6 +15,7 @@ from .hooks import manager
 from .hooks.contracts import Format, ResultInfo, optional
 from .options import ExportOptions, Tolerance
 from .pipeline.stage import ProgressFn
+from .progress import ProgressEvent
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
 
@@ -76,15 +78,24 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
 
 
 def export(model: Any, output_path: str | Path, export_format: str = "atc_ready", example_inputs: Any = None,
-           *, progress: ProgressFn | None = None, trace: str | Path | None = None, **options: Any) -> ExportResult:
+           *, progress: ProgressFn | None = None, trace: str | Path | None = None,
+           on_progress: Callable[[ProgressEvent], None] | None = None, **options: Any) -> ExportResult:
     """Export ``model`` (an nn.Module, ExportedProgram, ScriptModule or a model file path) to
-    ``output_path`` in ``export_format``; see ExportOptions for the keyword options.
+    ``output_path`` in ``export_format``; see ExportOptions for the keyword options. ``progress``: called as
+    ``(index, stage, status, seconds)`` when a stage ends; ``on_progress``: every ProgressEvent (a stage's
+    start, its countable work, its end; see cann_export/progress.py), also logged to ``cann_export.progress``.
 
     Raises an ``ExportError`` subclass on bad input or a failed stage (nothing is left at
     ``output_path``). A parity failure is not raised: the artifact is written with the failure
     recorded and ``result.ok`` is False.
     ``trace``: a path for the stage timeline (Chrome trace JSON).
     """
+    from . import progress as events
+
+    if on_progress is not None:
+        with events.listening(on_progress):
+            return export(model, output_path, export_format, example_inputs, progress=progress, trace=trace,
+                          **options)
     from .components.source import multi_task
 
     if multi_task(model, options):  # a decoder with past / an encoder-decoder: one bundle of several graphs

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import click
@@ -13,12 +12,7 @@ from .ci_reports import CiReports, bundle_manifest, ci_options, component_manife
 from .examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
-
-
-def _progress(index: int, stage: str, status: str, seconds: float) -> None:
-    from ..pipeline.table import STAGE_NAMES
-
-    click.echo(f"[{index}/{len(STAGE_NAMES)}] {stage} ... {status} ({seconds:.2f}s)", err=True)
+from .progress_view import ProgressView
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -52,11 +46,13 @@ def cli() -> None:
               help="Output path (default: MODEL's stem + format suffix, in the current directory).")
 @export_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No live progress line: one line per stage on stderr, as in a pipe or a CI log.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 @ci_options
-def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, summary_file: str | None,
-               junit_file: str | None, **values: Any) -> int:
+def export_cmd(model: str, output: str | None, as_json: bool, quiet: bool, trace: str | None,
+               summary_file: str | None, junit_file: str | None, **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
@@ -66,9 +62,9 @@ def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None,
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
         out = ci.path = output or _default_output(model, export_format)
-        with _TrainProgress() as train_progress:  # closed however the export ends
-            result = api.export(model, out, export_format, progress=_progress, trace=trace,
-                                train_callback=train_progress if kwargs.get("quantize") == "qat" else None, **kwargs)
+        with ProgressView(live=not (as_json or quiet)) as view:  # closed however the export ends
+            view.say(f"cann-export: {model} -> {out} ({export_format})")
+            result = api.export(model, out, export_format, trace=trace, on_progress=view, **kwargs)
     if hasattr(result, "components"):  # a multi-graph bundle
         ci.emit(lambda: component_manifests(result.output))
         return _print_multi_export(result, as_json)
@@ -93,30 +89,6 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
             click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
                        f"{'ok' if c['fp32_passed'] else 'FAIL'}, device {'ok' if c['device_passed'] else 'FAIL'})")
     return 0 if result.ok else EXIT_PARITY_FAILED
-
-
-class _TrainProgress:
-    """A progress bar with the distillation loss, on stderr. Used as a context manager around the export,
-    so the bar is closed however training ends (a raised error included)."""
-
-    def __init__(self) -> None:
-        self.bar: Any = None
-
-    def __enter__(self) -> _TrainProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.render_finish()
-            self.bar = None
-
-    def __call__(self, step: int, total: int, loss: float) -> None:
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label="qat fine-tuning", file=sys.stderr,
-                                         item_show_func=lambda item: item, show_pos=True)
-        self.bar.update(1, f"loss {loss:.4g}")
-        if step >= total:
-            self.__exit__(None, None, None)
 
 
 def _default_output(model: str, export_format: str) -> str:

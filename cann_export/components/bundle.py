@@ -61,8 +61,13 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
     try:
-        results = {comp.name: _export_component(comp, staging, export_one, progress, metadata, options)
-                   for comp in plan.components}
+        from .. import progress as events
+
+        results = {}
+        for done, comp in enumerate(plan.components):
+            with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
+                events.advance("components", done, len(plan.components))
+            results[comp.name] = _export_component(comp, staging, export_one, progress, metadata, options)
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -71,15 +71,26 @@ def run_confined(ctx: ExportContext, stages: tuple[Stage, ...], progress: Progre
         def forward(index: int, stage: str, status: str, seconds: float) -> None:
             send({"progress": [index, stage, status, seconds]})
 
-        for index, stage in enumerate(stages[:split], start=1):
-            if ctx.halted:
-                break
-            run_one(ctx, stage, registry, forward, index)
+        from .. import progress as events
+
+        with events.listening(lambda event: send({"event": event.to_dict()})):
+            for index, stage in enumerate(stages[:split], start=1):
+                if ctx.halted:
+                    break
+                run_one(ctx, stage, registry, forward, index, len(stages))
         if split < len(stages) and not ctx.halted:
             _finalize(ctx)
         return _outcome(ctx)
 
     def on_event(message: dict[str, Any]) -> None:
+        if "event" in message:  # a stage's start, end or countable work, re-emitted here
+            from .. import progress as events
+
+            try:
+                events.emit(events.ProgressEvent.from_dict(message["event"]))
+            except ValueError as e:
+                raise child.ChildFailed(f"the sandboxed child sent a malformed progress event ({e})") from e
+            return
         event = message.get("progress")
         if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
             raise child.ChildFailed("the sandboxed child sent a malformed progress event")

@@ -28,7 +28,7 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
             if ctx.halted:  # this process writes nothing: what a stage staged is not left behind
                 atomic.discard(ctx.staging)
                 break
-            run_one(ctx, stage, registry, progress, index)
+            run_one(ctx, stage, registry, progress, index, len(stages))
     except BaseException:
         atomic.discard(ctx.staging)
         raise
@@ -38,13 +38,18 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
 
 
 def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progress: ProgressFn | None,
-            index: int) -> str:
+            index: int, stages: int = 0) -> str:
     """One stage: "skipped" when its options do not ask for it; else through the ``run_stage`` hook. Errors
     that are not already an ``ExportError`` are wrapped in the stage's error with their gist, so the CLI
-    never shows a traceback for them."""
+    never shows a traceback for them. Its start and end (and the countable work inside it) are progress
+    events (cann_export/progress.py); ``progress`` hears of its end."""
+    from .. import progress as events
+
     if stage.enabled(ctx.options):
+        events.emit(events.ProgressEvent("start", stage.name, index, stages))
         try:
-            status = registry.run_stage(stage, ctx) or "ok"
+            with events.in_stage(stage.name, index, stages):
+                status = registry.run_stage(stage, ctx) or "ok"
         except errors.ExportError:
             raise
         except Exception as e:
@@ -53,8 +58,10 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
     else:
         status = "skipped"
         ctx.stage_seconds[stage.name] = 0.0
+    seconds = ctx.stage_seconds.get(stage.name, 0.0)
+    events.emit(events.ProgressEvent("end", stage.name, index, stages, str(status), float(seconds)))
     if progress:
-        progress(index, stage.name, status, ctx.stage_seconds.get(stage.name, 0.0))
+        progress(index, stage.name, status, seconds)
     return status
 
 

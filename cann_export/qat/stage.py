@@ -81,8 +81,15 @@ def train(ctx: ExportContext) -> str | None:
         device = pipeline_device(opts.backend)
         report.device = device
         student, teacher = to_device(ctx.model, device), to_device(ctx.teacher, device)
+        def on_step(step: int, total: int, loss: float) -> None:
+            from ..progress import advance
+
+            advance("qat steps", step, total)
+            if opts.train_callback is not None:
+                opts.train_callback(step, total, loss)
+
         history = qat.finetune(student, teacher, to_device(ctx.calibration_batches, device), opts.qat_steps,
-                               opts.qat_lr, qat.parse(opts.quant_config).loss, on_step=opts.train_callback)
+                               opts.qat_lr, qat.parse(opts.quant_config).loss, on_step=on_step)
         ctx.model, ctx.teacher = to_device(student, "cpu"), to_device(teacher, "cpu")  # capture runs on the CPU
         report.qat = {"steps": opts.qat_steps, "lr": opts.qat_lr,
                          "loss_first": history[0] if history else None, "loss_last": history[-1] if history else None}

@@ -49,7 +49,10 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     sess = emulator.session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
-    runs = [sess.run(feed, outs + (extra if expose or (first_only and s == 0) else [])) for s, feed in enumerate(feeds)]
+    from ..progress import counted
+
+    runs = [sess.run(feed, outs + (extra if expose or (first_only and s == 0) else []))
+            for s, feed in enumerate(counted(feeds, "emulated device sets"))]
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]

@@ -40,7 +40,9 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]],
     if missing:
         raise ValueError(f"the graph needs inputs {missing} that the parity data does not have")
     names = [o.name for o in session.get_outputs()]
-    return names, [session.run(None, {n: feed[n] for n in wanted}) for feed in input_sets]
+    from ..progress import counted
+
+    return names, [session.run(None, {n: feed[n] for n in wanted}) for feed in counted(input_sets, "parity input sets")]
 
 
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],

@@ -31,7 +31,9 @@ def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | No
     graph = report.get("graph_fp32") or report
     fp32_all = bool(graph.get("passed", report.get("passed")))
     rows = []
-    for shape, sets in found:
+    from ..progress import counted
+
+    for shape, sets in counted(found, "shapes (gears, range points)"):
         fp32 = not (failing & set(sets)) and (fp32_all or bool(failing))
         row: dict[str, Any] = {"shape": shape, "input_sets": sets,
                                "fp32": bool(fp32)}

@@ -1,0 +1,60 @@
+"""The export's progress on stderr. On a terminal: a live line (rich) with the running stage, its elapsed
+time and a bar where the work is countable; each finished stage stays as one line. Elsewhere (a pipe, a CI
+log) or with --quiet / --json: one line per stage as it ends. The first line is out before torch is imported."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+
+def stage_line(event: Any) -> str:
+    return f"[{event.index}/{event.stages}] {event.stage} ... {event.status} ({event.seconds:.2f}s)"
+
+
+class ProgressView:
+    """A ``on_progress`` listener for api.export; a context manager, so the live line is closed however the
+    export ends."""
+
+    def __init__(self, live: bool) -> None:
+        self.live = live and sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> ProgressView:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(text, highlight=False, markup=False)
+        else:
+            click.echo(text, err=True)
+
+    def __call__(self, event: Any) -> None:
+        if event.kind == "end":
+            self.say(stage_line(event))
+            if self.bar is not None:
+                self.bar.update(self.task, description="", total=None, completed=0)
+            return
+        if self.bar is None:
+            return
+        label = f"[{event.index}/{event.stages}] {event.stage}" if event.index else event.stage
+        if event.kind == "start":
+            self.bar.reset(self.task, description=label, total=None)
+        else:
+            self.bar.update(self.task, description=f"{label}: {event.what}", total=event.total, completed=event.done)

@@ -1,0 +1,103 @@
+"""Live progress of an export, as events: a stage starts, advances over countable work (parity input sets,
+emulated sets, gears, components, QAT steps), ends. The library never prints them: they go to the
+``cann_export.progress`` logger and to the caller's callback (``export(..., on_progress=fn)``); the CLI draws
+them (cli/progress_view.py). A stage reports countable work with ``advance("input sets", 3, 5)``, wherever it
+runs: with no listener it costs a context-variable lookup."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from typing import Any
+
+LOG = logging.getLogger("cann_export.progress")
+KINDS = ("start", "advance", "end")
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """``kind``: "start" | "advance" | "end"; ``index``/``stages``: the stage's place in the pipeline (0 when
+    the event comes from outside one); ``done``/``total``/``what``: an "advance" event's count."""
+
+    kind: str
+    stage: str
+    index: int = 0
+    stages: int = 0
+    status: str = ""
+    seconds: float = 0.0
+    done: int = 0
+    total: int = 0
+    what: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProgressEvent:
+        """From a dict another process sent (the load sandbox's child): every field checked."""
+        if not isinstance(data, dict) or data.get("kind") not in KINDS:
+            raise ValueError("not a progress event")
+        kinds = {"stage": str, "index": int, "stages": int, "status": str, "seconds": float, "done": int, "total": int,
+                 "what": str}
+        values = {}
+        for key, kind in kinds.items():
+            value = data.get(key, kind())
+            if not isinstance(value, (int, float) if kind is float else kind) or isinstance(value, bool):
+                raise ValueError(f"progress event field {key!r} is not {kind.__name__}")
+            values[key] = kind(value)
+        return cls(kind=data["kind"], **{k: v[:200] if isinstance(v, str) else v for k, v in values.items()})
+
+
+Listener = Callable[[ProgressEvent], None]
+_listener: ContextVar[Listener | None] = ContextVar("cann_export_progress_listener", default=None)
+_stage: ContextVar[tuple[str, int, int]] = ContextVar("cann_export_progress_stage", default=("", 0, 0))
+
+
+@contextlib.contextmanager
+def listening(listener: Listener | None) -> Iterator[None]:
+    """Send the events emitted inside this block to ``listener`` too (None: logging only)."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+@contextlib.contextmanager
+def in_stage(name: str, index: int, stages: int) -> Iterator[None]:
+    """Name the running stage for ``advance`` events emitted inside it."""
+    token = _stage.set((name, index, stages))
+    try:
+        yield
+    finally:
+        _stage.reset(token)
+
+
+def emit(event: ProgressEvent) -> None:
+    if event.kind == "advance":
+        LOG.debug("%s: %s %d/%d", event.stage, event.what, event.done, event.total)
+    elif event.kind == "start":
+        LOG.info("[%d/%d] %s ...", event.index, event.stages, event.stage)
+    else:
+        LOG.info("[%d/%d] %s ... %s (%.2fs)", event.index, event.stages, event.stage, event.status, event.seconds)
+    listener = _listener.get()
+    if listener is not None:
+        listener(event)
+
+
+def advance(what: str, done: int, total: int) -> None:
+    """Countable work of the running stage: ``done`` of ``total`` ``what`` (e.g. "input sets")."""
+    if _listener.get() is None and not LOG.isEnabledFor(logging.DEBUG):
+        return
+    stage, index, stages = _stage.get()
+    emit(ProgressEvent("advance", stage, index, stages, done=int(done), total=int(total), what=what))
+
+
+def counted(items: list[Any], what: str) -> Iterator[Any]:
+    """``items``, reporting each one done as ``what``."""
+    total = len(items)
+    for k, item in enumerate(items):
+        yield item
+        advance(what, k + 1, total)
