@@ -88,6 +88,9 @@ class LossScale:
     def _unscale(self, grad: Any) -> Any:
         import torch
 
+        if self.scale.device != grad.device:  # the model moved (track() on the CPU, then .to("cann"))
+            self.scale, self.growth_tracker, self.found_inf = (
+                t.to(grad.device) for t in (self.scale, self.growth_tracker, self.found_inf))
         if self.stepped:
             self.found_inf.zero_()
             self.stepped = False
