@@ -158,6 +158,86 @@ prof.export_chrome_trace(sys.argv[1])
 print(json.dumps({"ok": True}))
 """
 
+# article 000, section 2: the four training keys, typed literally, then the unchanged loop and an export
+TRAIN_CONFIG = '''import json, sys, warnings
+from pathlib import Path
+import numpy as np
+import torch
+from torch import nn
+
+import cann.torch
+cann.torch.enable()
+cann.torch.set_device("cann:0")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    cann.torch.config(
+        mixed_precision="fp16",       # 混合精度训练
+        gradient_checkpointing=True,  # 梯度检查点（显存↓40%）
+        dataloader_workers=8,         # 优化数据加载流水线
+        compile_model=True            # TorchScript编译加速
+    )
+from torch._dynamo.utils import counters
+from cann_export.backend import train_config
+work = Path(sys.argv[1])
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn(self.conv(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.stage = nn.Sequential(Block(8), Block(8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.stage(self.stem(x)).mean((2, 3)))
+
+
+model = Net().to("cann")
+dtypes = []
+model.stem.register_forward_hook(lambda m, i, o: dtypes.append(str(o.dtype)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+images, labels = torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))
+losses = []
+for epoch in range(3):
+    model.train()
+    for i in range(0, 16, 8):
+        loss = nn.functional.cross_entropy(model(images[i:i + 8].to("cann")), labels[i:i + 8].to("cann"))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+train_dtypes = sorted(set(dtypes))
+model.eval()
+x = images[:2].to("cann")
+with torch.no_grad():
+    model(x)  # the last recorded call: export's example inputs
+status = train_config.status(model)
+cann.torch.export(model=model, output_path=str(work / "net.onnx"), format="onnx")
+import onnx, onnxruntime as ort
+graph = onnx.load(str(work / "net.onnx"))
+sess = ort.InferenceSession(str(work / "net.onnx"), providers=["CPUExecutionProvider"])
+got = sess.run(None, {sess.get_inputs()[0].name: images[:2].numpy()})[0]
+still_on = "forward" in model.__dict__ and model._compiled_call_impl is not None  # put back after export
+cann.torch.config(mixed_precision=False, compile_model=False)
+with torch.no_grad():
+    ref = model(x)  # the plain fp32 model: what the export must have captured
+print(json.dumps({"dtypes": train_dtypes, "losses": losses, "status": status,
+                  "graphs": counters["stats"]["unique_graphs"], "warnings": [str(w.message) for w in caught],
+                  "onnx_types": sorted({i.type.tensor_type.elem_type for i in graph.graph.output}),
+                  "onnx_err": float(np.abs(got - ref.cpu().numpy()).max()),
+                  "still_on": still_on}))
+'''
+
 
 def run(code: str, *args: str) -> dict:
     # tests/ on the path: its sitecustomize defines torchvision's stand-in schemas (transformers imports it)
@@ -326,3 +406,15 @@ def test_a_zoo_loaded_model_fine_tunes_one_step_on_npu_sim(tmp_path):
     assert res["train_differs"] and res["train_updates_stats"], res  # dropout and BatchNorm in train mode
     assert res["losses"][1] < res["losses"][0], res
     assert res["device"] == "npu"
+
+
+def test_the_articles_training_config_acts_on_the_unchanged_loop(tmp_path):
+    res = run(TRAIN_CONFIG, str(tmp_path))
+    assert res["dtypes"] == ["torch.float16"], res  # the tracked forward ran under fp16 autocast
+    assert res["status"]["loss_scale"] == {"scale": 65536.0, "steps": 6, "skipped_steps": 0}, res
+    assert res["status"]["gradient_checkpointing"] and res["status"]["compile_model"] == "auto", res
+    assert res["graphs"] >= 1, res  # torch.compile captured it
+    assert all(v == v for v in res["losses"]), res
+    assert any("num_workers=8" in w for w in res["warnings"]), res  # dataloader_workers: where they go
+    assert res["onnx_types"] == [1] and res["onnx_err"] < 1e-4, res  # export captured the plain fp32 model
+    assert res["still_on"], res  # and put the training keys' effects back

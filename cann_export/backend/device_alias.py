@@ -75,15 +75,20 @@ def _method_to(fn: Any) -> Any:
 
 
 def _module_to(fn: Any) -> Any:
-    """``Module.to("cann")`` / ``Module.npu()``; the module is remembered for ``cann.torch.resume(path)``."""
+    """``Module.to("cann")`` / ``Module.npu()``; the module is remembered for ``cann.torch.resume(path)``,
+    and a module moved to the device gets ``cann.torch.config``'s training keys."""
     to = _method_to(fn)
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         from ..inputs import tracking
+        from . import train_config
 
         result = to(self, *args, **kwargs)
         tracking.note_model(self)
+        param = next(iter(self.parameters()), None)
+        if param is not None and param.device.type == real_name(ALIAS):
+            train_config.on_tracked(self)
         return result
     return wrapper
 

@@ -77,6 +77,9 @@ def track(model: Any) -> Any:
         model.register_forward_pre_hook(hook, with_kwargs=True)
         model._cann_export_tracked = True
     note_model(model)
+    from ..backend import train_config
+
+    train_config.on_tracked(model)  # cann.torch.config's training keys (mixed precision, ...)
     return model
 
 

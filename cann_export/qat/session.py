@@ -23,9 +23,11 @@ class Session:
         self.quantization_aware_training = False
         self.quant_config: dict[str, Any] = {}
         self.train = training.TrainSettings()
+        from ..backend import train_config
         from . import auto
 
         auto.uninstall()
+        train_config.reconcile_all(self.train)
 
     def settings(self) -> dict[str, Any]:
         return {"quantization_aware_training": self.quantization_aware_training, "quant_config": self.quant_config,
@@ -44,8 +46,16 @@ class Session:
         qat = settings.get("quantization_aware_training", self.quantization_aware_training)
         if not isinstance(qat, bool):
             raise OptionsError("quantization_aware_training must be True or False")
-        self.train = training.parse({k: v for k, v in settings.items() if k in training.KEYS}, self.train)
-        self.quantization_aware_training, self.quant_config = qat, quant_config
+        train = training.parse({k: v for k, v in settings.items() if k in training.KEYS}, self.train)
+        from ..backend import train_config
+
+        train_config.check_all(train)
+        self.train, self.quantization_aware_training, self.quant_config = train, qat, quant_config
+        train_config.reconcile_all(train)  # the user's tracked models follow the training keys at once
+        if settings.get("dataloader_workers"):
+            import warnings
+
+            warnings.warn(train_config.workers_note(train.dataloader_workers), stacklevel=3)
         from . import auto
 
         if qat:  # the user's own loop becomes a QAT loop (see qat/auto.py)
@@ -69,12 +79,14 @@ class Session:
 
     @contextlib.contextmanager
     def exporting(self, model: Any) -> Iterator[None]:
-        """Around an export of ``model``: refuse QAT configured but never applied, and lift auto-QAT's global
-        module hooks while the graph is captured (see ``auto.suspended``)."""
+        """Around an export of ``model``: refuse QAT configured but never applied, lift auto-QAT's global
+        module hooks while the graph is captured (see ``auto.suspended``) and the training keys' effects
+        (autocast, recomputation, compilation) off the model while it is copied."""
         self.check_applied(model)
+        from ..backend import train_config
         from . import auto
 
-        with auto.suspended():
+        with auto.suspended(), train_config.lifted(model):
             yield
 
     def prepare(self, model: Any, example_inputs: Any = None) -> Any:

@@ -5,7 +5,10 @@
 - ``gradient_checkpointing``: recompute activations in backward (transformers models through their own
   ``gradient_checkpointing_enable()``, other models per quantized layer with torch.utils.checkpoint);
 - ``dataloader_workers``: worker processes of the DataLoader that feeds calibration / fine-tuning batches;
-- ``compile_model``: False, True (torch.compile's default backend) or a backend name ("eager", "aot_eager").
+- ``compile_model``: False, True ("auto": graph mode's backend, see backend/graph_mode.py) or a torch.compile
+  backend name ("eager", "aot_eager").
+
+The same keys apply to the user's own tracked model and unchanged loop: backend/train_config.py.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def parse(raw: dict[str, Any], base: TrainSettings | None = None) -> TrainSettin
     if "compile_model" in raw:
         cm = raw["compile_model"]
         if cm is True:
-            cm = "inductor"
+            cm = "auto"  # aot_eager on npu-sim, torchair on an Ascend device, else torch.compile's default
         if cm is not False and cm is not None and not (isinstance(cm, str) and cm):
             raise OptionsError(f"compile_model={cm!r}; valid values: False, True, or a torch.compile backend name")
         values["compile_model"] = cm or None

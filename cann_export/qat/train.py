@@ -116,7 +116,9 @@ def finetune(student: nn.Module, teacher: nn.Module, batches: list[dict[str, tor
     if world > 1:
         model = nn.parallel.DistributedDataParallel(student)
     if settings.compile_model:
-        model = torch.compile(model, backend=settings.compile_model)
+        from ..backend.train_config import compile_backend
+
+        model = torch.compile(model, backend=compile_backend(settings.compile_model))
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
     device = params[0].device.type if params else "cpu"
