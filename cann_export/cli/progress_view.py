@@ -25,13 +25,13 @@ class ProgressView:
     def __enter__(self) -> ProgressView:
         if self.live:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                                TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                                transient=True)
             self.bar.start()
-            self.task = self.bar.add_task("starting", total=None)
+            self.task = self.bar.add_task("starting", total=None, count="")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -49,12 +49,13 @@ class ProgressView:
         if event.kind == "end":
             self.say(stage_line(event))
             if self.bar is not None:
-                self.bar.update(self.task, description="", total=None, completed=0)
+                self.bar.update(self.task, description="", total=None, completed=0, count="")
             return
         if self.bar is None:
             return
         label = f"[{event.index}/{event.stages}] {event.stage}" if event.index else event.stage
         if event.kind == "start":
-            self.bar.reset(self.task, description=label, total=None)
+            self.bar.reset(self.task, description=label, total=None, count="")
         else:
-            self.bar.update(self.task, description=f"{label}: {event.what}", total=event.total, completed=event.done)
+            self.bar.update(self.task, description=f"{label}: {event.what}", total=event.total, completed=event.done,
+                            count=f"{event.done}/{event.total}")
