@@ -115,6 +115,10 @@ def _print_result(result: Any) -> None:
     info = result.info()
     click.echo(f"wrote {info.label or result.format}: {result.output} ({result.onnx['exporter']} exporter, "
                f"opset {result.onnx['opset']})")
+    heard = (result.manifest.get("warnings") or {}).get("third_party") or []
+    if heard:
+        click.echo(f"{len(heard)} message(s) from torch / onnxscript while exporting: manifest.json's "
+                   "warnings.third_party (`cann-export inspect` shows them)")
     for note in info.notes:
         click.echo(note)
     parity = result.parity

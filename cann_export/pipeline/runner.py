@@ -9,7 +9,7 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
-from . import confined
+from . import chatter, confined
 from .stage import ProgressFn, Stage
 from .table import STAGES
 
@@ -47,14 +47,18 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
 
     if stage.enabled(ctx.options):
         events.emit(events.ProgressEvent("start", stage.name, index, stages))
+        heard: list[str] = []
         try:
-            with events.in_stage(stage.name, index, stages):
+            with events.in_stage(stage.name, index, stages), chatter.kept(stage.name, heard):
                 status = registry.run_stage(stage, ctx) or "ok"
         except errors.ExportError:
             raise
         except Exception as e:
             raise stage.error(f"{type(e).__name__}: {errors.gist(e, 600)}", path=_source_path(ctx),
                               stage=stage.name) from e
+        finally:
+            if heard:
+                ctx.reports.warnings.third_party = (ctx.reports.warnings.third_party or []) + heard
     else:
         status = "skipped"
         ctx.stage_seconds[stage.name] = 0.0
