@@ -11,6 +11,7 @@ from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
+from .spellings import model_option, one_model
 
 
 def _progress(index: int, stage: str, status: str, seconds: float) -> None:
@@ -29,17 +30,21 @@ def cli() -> None:
 
 
 @cli.command("export")
-@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str), required=False)
+@model_option("MODEL")
 @click.option("-o", "--output", type=click.Path(path_type=str),
               help="Output path (default: MODEL's stem + format suffix, in the current directory).")
 @export_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
-def export_cmd(model: str, output: str | None, as_json: bool, trace: str | None, **values: Any) -> int:
+def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_json: bool, trace: str | None,
+               **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
+
+    model = one_model(model, model_opt)
 
     kwargs = to_api_kwargs(values)
     export_format = kwargs.pop("export_format")
@@ -325,7 +330,7 @@ def _register_plugin_commands() -> None:
     registry().add_commands(cli)
 
 
-def main() -> None:
+def _start() -> None:
     from ..sandbox.child import note_process_start
 
     note_process_start()
@@ -333,8 +338,19 @@ def main() -> None:
         import warnings
 
         warnings.filterwarnings("ignore")  # library chatter (tracer, deprecations) is not for CLI users
+
+
+def main() -> None:
+    _start()
     try:
         _register_plugin_commands()
     except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI
         click.echo(f"warning: plugin commands not loaded: {e}", err=True)
     cli()
+
+
+def export_main() -> None:
+    """``cann.torch.export``: the articles' CI line (``cann.torch.export --model model.pth --format atc_ready``)
+    as a command of its own, the same as ``cann-export export``."""
+    _start()
+    export_cmd.main(prog_name="cann.torch.export")
