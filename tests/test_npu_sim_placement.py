@@ -154,3 +154,23 @@ def test_what_crosses_devices_on_the_device_still_does(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ALL RAN" in proc.stdout
+
+
+def test_a_loaded_program_moves_its_constants_and_baked_devices_with_it():
+    """``load_model(..., framework="pytorch").to("cann")``: a torch.export program's lifted constants and
+    its baked ``to(x, cpu)`` nodes follow the module, so the placement check finds nothing left on the CPU."""
+    proc = run_sim("""
+        from cann_export.bundle.torch_program import accept_keywords, follow_device
+
+        class M(nn.Module):
+            def forward(self, x, mask):
+                return x * torch.tensor([1.0, 2.0, 3.0]) + mask.to(torch.float32)  # a lifted constant
+
+        x, mask = torch.randn(2, 3), torch.ones(2, 3, dtype=torch.int64)
+        module = follow_device(accept_keywords(torch.export.export(M(), (x, mask)).module())).to("npu")
+        assert torch.equal(module(x.npu(), mask.npu()).cpu(), M()(x, mask))
+        assert module.cpu()(x, mask).device.type == "cpu"
+        print("FOLLOWED")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FOLLOWED" in proc.stdout
