@@ -87,6 +87,7 @@ def test_mixed_forward_backward_loss_and_optimizer_raise_as_on_the_device():
 
         model = nn.Linear(4, 2).npu()
         raises("model on npu, input on cpu", lambda: model(torch.randn(3, 4)))
+        raises("a cpu tensor indexed by npu indices", lambda: torch.randn(4, 3)[torch.tensor([0, 1]).npu()])
         logits = torch.randn(5, 3).npu()
         raises("loss with a cpu target", lambda: nn.CrossEntropyLoss()(logits, torch.tensor([0, 1, 2, 0, 1])))
 

@@ -151,17 +151,23 @@ class _Mismatch(Exception):
 
 
 def _mismatch_error(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RuntimeError:
-    """torch's device-mismatch error, naming the first device and the first argument on another one."""
+    """torch's device-mismatch error, naming the first device and the first argument on another one (CPU
+    indices count only when the indexed tensor is the one off npu: ``cpu_tensor[npu_indices]``)."""
     names = [a.name for a in info.op._schema.arguments]
-    skip = {i for i, kind in info.plan if kind == _INDICES}
-    tensors = [(names[i] if i < len(names) else f"#{i}", x) for i, a in enumerate(args) if i not in skip
-               for x in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(x, _Tensor)]
-    tensors += [(k, x) for k, v in kwargs.items() for x in (v if isinstance(v, (list, tuple)) else (v,))
-                if isinstance(x, _Tensor)]
-    placed = [(n, t.device) for n, t in tensors
-              if info.checks == 2 or not (t.device.type == "cpu" and t.dim() == 0)]
-    first = placed[0][1] if placed else torch.device(NAME, 0)
-    name, other = next(((n, d) for n, d in placed if d != first), placed[0] if placed else ("?", _CPU))
+    indices = {i for i, kind in info.plan if kind == _INDICES}
+
+    def placed(skip: set[int]) -> list[tuple[str, torch.device]]:
+        tensors = [(names[i] if i < len(names) else f"#{i}", x) for i, a in enumerate(args) if i not in skip
+                   for x in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(x, _Tensor)]
+        tensors += [(k, x) for k, v in kwargs.items() for x in (v if isinstance(v, (list, tuple)) else (v,))
+                    if isinstance(x, _Tensor)]
+        return [(n, t.device) for n, t in tensors if info.checks == 2 or not (t.device.type == "cpu" and t.dim() == 0)]
+
+    devices = placed(indices)
+    if len({d for _, d in devices}) < 2:
+        devices = placed(set())
+    first = devices[0][1] if devices else torch.device(NAME, 0)
+    name, other = next(((n, d) for n, d in devices if d != first), devices[0] if devices else ("?", _CPU))
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {first} "
                         f"and {other}! (when checking argument for argument {name} in method {info.name})")
 
