@@ -132,18 +132,19 @@ def _checked_to_cpu(a: Any, checks: int) -> Any:
             raise _Mismatch
         return a
     if isinstance(a, (list, tuple)) and a and any(isinstance(x, _Tensor) for x in a):
-        out = []
-        for x in a:
-            if isinstance(x, _Tensor):
-                if x.device.type == NAME:
-                    x = _retag(x, _KDL_CPU)
-                elif _misplaced(x, checks):
-                    raise _Mismatch
-            out.append(x)
-        return out
+        # as fast as _to_cpu's comprehension: anything not on npu goes through _off_npu (the rare path)
+        return [_retag(x, _KDL_CPU) if isinstance(x, _Tensor) and x.device.type == NAME else _off_npu(x, checks)
+                for x in a]
     if isinstance(a, torch.device):
         return _device_to_cpu(a)
     return a
+
+
+def _off_npu(x: Any, checks: int) -> Any:
+    """A list element not on npu: kept when it is not a tensor or is allowed there (a 0-dim CPU tensor)."""
+    if isinstance(x, _Tensor) and _misplaced(x, checks):
+        raise _Mismatch
+    return x
 
 
 class _Mismatch(Exception):
