@@ -418,3 +418,118 @@ def test_the_articles_training_config_acts_on_the_unchanged_loop(tmp_path):
     assert any("num_workers=8" in w for w in res["warnings"]), res  # dataloader_workers: where they go
     assert res["onnx_types"] == [1] and res["onnx_err"] < 1e-4, res  # export captured the plain fp32 model
     assert res["still_on"], res  # and put the training keys' effects back
+
+
+# Article 003, typed as written: it never imports cann.torch (with torch_npu, `import torch` alone gives
+# torch.npu). The one-time opt-in is CANN_EXPORT_NPU_SIM=1, which torch's device-backend autoload (the
+# `torch.backends` entry point in pyproject.toml) reads; `train_loader` is the reader's own, as in the article.
+ARTICLE_003 = """
+import torch
+import torch.nn as nn
+import torch.optim as optim
+
+train_loader = [(torch.randn(8, 784), torch.randint(0, 10, (8,))) for _ in range(2)]
+
+
+# 1. 定义模型（跟普通 PyTorch 模型一样）
+class MyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 512)
+        self.fc2 = nn.Linear(512, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = self.fc2(x)
+        return x
+
+
+model = MyModel()
+# 2. 把模型搬到 NPU 上（关键！）
+model = model.npu()  # 类似 .cuda()
+# 3. 把输入数据搬到 NPU 上
+input_data = torch.randn(32, 784).npu()  # 类似 .cuda()
+# 4. 前向计算（自动在 NPU 上跑）
+output = model(input_data)
+print(output.device)  # 输出：npu:0
+
+# the article's warning: model on the NPU, input on the CPU -> a device-mismatch error
+try:
+    model(torch.randn(32, 784))
+    print("MISMATCH NOT RAISED")
+except RuntimeError as e:
+    print("mismatch:", e)
+
+model = MyModel().npu()
+criterion = nn.CrossEntropyLoss()
+optimizer = optim.Adam(model.parameters(), lr=0.001)
+for epoch in range(10):
+    for batch_idx, (data, target) in enumerate(train_loader):
+        data, target = data.npu(), target.npu()
+        output = model(data)
+        loss = criterion(output, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if batch_idx % 100 == 0:
+            print(f'Epoch{epoch}, Batch{batch_idx}, Loss{loss.item()}')
+
+torch.save(model.state_dict(), 'model_npu.pth')
+model = MyModel().npu()  # 先搬到 NPU
+model.load_state_dict(torch.load('model_npu.pth'))
+model.eval()  # 推理模式
+input_data = torch.randn(1, 784).npu()
+output = model(input_data)
+pred = output.argmax(dim=1)
+print(f'Prediction:{pred.item()}')
+
+torch.npu.enable_graph_mode(True)
+input_data = torch.randn(1, 784).npu()
+output = model(input_data)
+print("graph mode:", output.device)
+torch.npu.enable_graph_mode(False)
+
+print("available:", torch.npu.is_available())
+with torch.npu.amp.autocast():
+    output = model(data)
+    loss = criterion(output, target)
+loss.backward()
+print("autocast:", output.dtype)
+"""
+
+
+def run_article_003(tmp_path, opt_in: str | None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CANN_EXPORT_LOAD_PLUGINS": ""}
+    env.pop("CANN_EXPORT_NPU_SIM", None)
+    if opt_in is not None:
+        env["CANN_EXPORT_NPU_SIM"] = opt_in
+    return subprocess.run([sys.executable, "-c", ARTICLE_003], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+
+
+def test_article_003_typed_literally_runs_after_the_opt_in(tmp_path):
+    proc = run_article_003(tmp_path, "1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "npu:0", lines[:3]
+    mismatch = next(line for line in lines if line.startswith("mismatch:") or "NOT RAISED" in line)
+    assert "Expected all tensors to be on the same device" in mismatch and "npu:0" in mismatch, mismatch
+    assert "cpu" in mismatch
+    assert sum(line.startswith("Epoch") for line in lines) == 10
+    assert any(line.startswith("Prediction:") for line in lines)
+    assert "graph mode: npu:0" in lines and "available: True" in lines and "autocast: torch.float16" in lines
+    assert (tmp_path / "model_npu.pth").is_file()
+
+
+def test_without_the_opt_in_import_torch_is_unchanged(tmp_path):
+    proc = run_article_003(tmp_path, None)
+    assert proc.returncode != 0 and "has no attribute 'npu'" in proc.stderr, proc.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CANN_EXPORT_NPU_SIM", None)
+    probe = ("import sys, torch; print(hasattr(torch, 'npu'), "
+             "sorted(m for m in sys.modules if m.split('.')[0] in ('cann', 'cann_export')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "False"
+    # the autoload hook was imported (the entry point is installed) and imported nothing else of ours
+    assert "['cann', 'cann.npu_autoload']" in out.stdout, out.stdout

@@ -36,6 +36,28 @@ def test_bare_and_export_subcommand_spellings(tmp_path):
     assert "[5/12] capture" in a.stderr  # progress goes to stderr
 
 
+def test_the_articles_model_option_spelling(tmp_path, cli_env):
+    """`cann-export --model X --format F` (and `export --model X`) is the positional MODEL; so is the console
+    script `cann.torch.export --model X --format atc_ready`, the articles' CI line."""
+    model = str(files.pt2(tmp_path))
+    for args in (["--model", model], [f"--model={model}"], ["export", "--model", model]):
+        out = tmp_path / f"{len(args)}_{args[0][:8].strip('-=')}.onnx"
+        result = invoke([*args, "--format", "onnx", "-o", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["onnx"]["path"] == str(out) and out.is_file()
+    both = invoke([model, "--model", str(tmp_path / "other.pt2"), "--format", "onnx"])
+    assert both.exit_code == 2 and "two models given" in both.stderr
+    neither = invoke(["export", "--format", "onnx"])
+    assert neither.exit_code == 2 and "--model MODEL" in neither.stderr
+    script = os.path.join(os.path.dirname(sys.executable), "cann.torch.export")
+    assert os.access(script, os.X_OK), "the console script is installed by `pip install -e .`"
+    proc = subprocess.run([script, "--model", model, "--format", "atc_ready", "-o", str(tmp_path / "ci.pth"),
+                           "--json"], capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["format"] == "atc_ready" and (tmp_path / "ci.pth").is_file()
+
+
 def test_bert_through_cli_with_example_inputs_and_hints(tmp_path):
     model = hf_models.tiny_bert()
     from safetensors.torch import save_model

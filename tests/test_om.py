@@ -247,6 +247,17 @@ def test_convert_a_stub_and_a_bundle(stub, stub_bundle, tmp_path, with_fake_atc)
     assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before  # the input is untouched
 
 
+def test_convert_takes_the_articles_model_and_output_flags(stub, tmp_path, with_fake_atc):
+    """The articles' `atc convert --model X --output Y.om` (atc has no convert subcommand) as
+    `cann-export convert --model X --output Y.om`."""
+    target = tmp_path / "model.om"
+    result = invoke(["convert", "--model", stub, "--output", target, "--soc-version", "Ascend910B"])
+    assert result.exit_code == 0, result.output
+    assert target.read_bytes().startswith(b"FAKE-OM ")
+    missing = invoke(["convert", "--output", target])
+    assert missing.exit_code == 2 and "--model ARTIFACT" in missing.stderr
+
+
 def test_convert_without_atc_says_how_to_get_it(stub, no_atc, tmp_path):
     result = invoke(["convert", stub, "-o", tmp_path / "x.om"])
     assert result.exit_code == 2

@@ -158,16 +158,18 @@ def accept_keywords(module: Any) -> Any:
 
 
 def follow_device(module: Any) -> Any:
-    """torch.export bakes the capture device (the CPU) into the program (``arange(device=cpu)``, tensor
-    metadata asserts): after ``module.to(device)`` (or ``.cpu()``, ``.npu()``: all go through ``_apply``)
-    those nodes name the module's new device too, so ``load_model(...).to("cann")`` runs there."""
+    """torch.export bakes the capture device (the CPU) into the program (``arange(device=cpu)``,
+    ``to(x, cpu, bool)``, tensor metadata asserts): after ``module.to(device)`` (or ``.cpu()``, ``.npu()``:
+    all go through ``_apply``) those nodes name the module's new device too, and its tensor constants move
+    with it, so ``load_model(...).to("cann")`` runs there."""
     import torch
 
     apply = module._apply  # the bound nn.Module._apply
 
-    def _apply(*args: Any, **kwargs: Any) -> Any:
-        out = apply(*args, **kwargs)
-        devices = {t.device for t in (*module.parameters(), *module.buffers())}
+    def _apply(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        out = apply(fn, *args, **kwargs)
+        constants = _apply_to_constants(module, fn)
+        devices = {t.device for t in (*module.parameters(), *module.buffers(), *constants)}
         if len(devices) == 1:
             (device,) = devices
             changed = False
@@ -175,6 +177,9 @@ def follow_device(module: Any) -> Any:
                 old = node.kwargs.get("device")
                 if isinstance(old, torch.device) and old != device:
                     node.update_kwarg("device", device)
+                    changed = True
+                if any(isinstance(a, torch.device) and a != device for a in node.args):  # aten.to.device
+                    node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
                     changed = True
             if changed:
                 module.recompile()
@@ -213,3 +218,23 @@ def trainable(module: Any) -> Any:
     module.train = types.MethodType(train, module)
     module.eval = types.MethodType(lambda self: self.train(False), module)
     return module.eval()
+
+
+def _apply_to_constants(module: Any, fn: Any) -> list[Any]:
+    """The program's tensor constants (``get_attr`` targets that are neither parameters nor buffers, such as
+    a lifted ``position_ids``) go where ``_apply`` sends the parameters: a device keeps its tensors together
+    (a CPU constant indexed by npu indices raises, as on the device)."""
+    import torch
+
+    moved = []
+    for node in module.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        owner, _, attr = node.target.rpartition(".")
+        sub = module.get_submodule(owner) if owner else module
+        t = sub.__dict__.get(attr)  # plain attributes only: parameters and buffers were moved by _apply
+        if isinstance(t, torch.Tensor):
+            with torch.no_grad():
+                moved.append(fn(t))
+            setattr(sub, attr, moved[-1])
+    return moved

@@ -94,6 +94,8 @@ class DefaultCommandGroup(GuardedGroup):
     group_class = GuardedGroup
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
+        if args and (not args[0].startswith("-") and args[0] not in self.commands
+                     or args[0] == "--model" or args[0].startswith("--model=")):
             args = ["export", *args]
         return super().parse_args(ctx, args)
+

@@ -13,6 +13,7 @@ from .examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
 from .progress_view import ProgressView
+from .spellings import model_option, one_model
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -41,7 +42,8 @@ def cli() -> None:
     "cann-export model.pt2 --qat --calibration-data batches.safetensors --qat-steps 200",
     "# the model zoo, and CI reports",
     "cann-export model.pt2 --publish resnet50 --zoo s3://models/zoo --summary summary.md --junit junit.xml"))
-@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str), required=False)
+@model_option("MODEL")
 @click.option("-o", "--output", type=click.Path(path_type=str),
               help="Output path (default: MODEL's stem + format suffix, in the current directory).")
 @export_options
@@ -51,14 +53,15 @@ def cli() -> None:
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 @ci_options
-def export_cmd(model: str, output: str | None, as_json: bool, quiet: bool, trace: str | None,
-               summary_file: str | None, junit_file: str | None, **values: Any) -> int:
+def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_json: bool, quiet: bool,
+               trace: str | None, summary_file: str | None, junit_file: str | None, **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
 
-    ci = CiReports("export", output or model, summary_file, junit_file, as_json)
+    ci = CiReports("export", output or model or model_opt or "", summary_file, junit_file, as_json)
     with ci.refusal():  # refused before any verdict: CI still gets a failing test case naming the error
+        model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
         out = ci.path = output or _default_output(model, export_format)
@@ -311,7 +314,7 @@ def _register_plugin_commands() -> None:
     registry().add_commands(cli)
 
 
-def main() -> None:
+def _start() -> None:
     from ..sandbox.child import note_process_start
 
     note_process_start()
@@ -319,8 +322,19 @@ def main() -> None:
         import warnings
 
         warnings.filterwarnings("ignore")  # library chatter (tracer, deprecations) is not for CLI users
+
+
+def main() -> None:
+    _start()
     try:
         _register_plugin_commands()
     except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI
         click.echo(f"warning: plugin commands not loaded: {e}", err=True)
     cli()
+
+
+def export_main() -> None:
+    """``cann.torch.export``: the articles' CI line (``cann.torch.export --model model.pth --format atc_ready``)
+    as a command of its own, the same as ``cann-export export``."""
+    _start()
+    export_cmd.main(prog_name="cann.torch.export")

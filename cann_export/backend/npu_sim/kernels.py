@@ -20,19 +20,24 @@ _Tensor = torch.Tensor
 _is_zerotensor = torch.Tensor._is_zerotensor
 _CPU = torch.device("cpu")
 
-_TENSOR, _TENSORS, _DEVICE = 1, 2, 3  # argument kinds the kernel converts, from the schema's types
+_TENSOR, _TENSORS, _DEVICE, _INDICES = 1, 2, 3, 4  # argument kinds the kernel converts, from the schema
 _KINDS = {"Tensor": _TENSOR, "Optional[Tensor]": _TENSOR, "List[Tensor]": _TENSORS,
           "List[Optional[Tensor]]": _TENSORS, "Device": _DEVICE, "Optional[Device]": _DEVICE}
+# operators that take tensors of any device, as on CUDA (the rest: npu tensors and 0-dim CPU ones only)
+_ANY_DEVICE = {"aten::_foreach_copy_", "aten::_foreach_copy", "aten::is_set_to", "aten::is_same_size"}
+# operators whose CUDA kernels take no CPU scalars either (not TensorIterator kernels with scalar support)
+_NO_CPU_SCALARS = {"aten::nextafter", "aten::multi_margin_loss", "aten::multilabel_margin_loss_forward"}
 
 
 class _OpInfo:
     """What the kernel needs to know about one operator overload, read once from its schema."""
 
-    __slots__ = ("call", "device_at", "mutable_kw", "mutable_pos", "name", "plan", "returns")
+    __slots__ = ("call", "checks", "device_at", "mutable_kw", "mutable_pos", "name", "op", "plan", "returns")
 
     def __init__(self, op: Any) -> None:
         schema = op._schema
         self.name = str(op)
+        self.op = op
         self.call = op._op  # the C++ callable behind the OpOverload (skips its Python __call__)
         plan: list[tuple[int, int]] = []  # (position, kind) of positional arguments to convert
         self.device_at: int | str | None = None  # where a device argument is passed, if the op has one
@@ -43,6 +48,8 @@ class _OpInfo:
             kind = _KINDS.get(str(a.type))
             if kind == _DEVICE:
                 self.device_at = a.name if a.kwarg_only else i
+            elif kind == _TENSORS and a.name == "indices" and str(a.type) == "List[Optional[Tensor]]":
+                kind = _INDICES  # indexing an npu tensor with CPU index tensors is allowed, as on CUDA
             if kind is not None and not a.kwarg_only:
                 plan.append((i, kind))
             info = a.alias_info
@@ -51,6 +58,10 @@ class _OpInfo:
                 for s in info.before_set:
                     alias_arg[s] = (True, a.name) if a.kwarg_only else (False, i)
         self.plan = tuple(plan)
+        # placement is checked unless the op takes any device (copies) or names one (factories, _to_copy,
+        # empty_like(..., device="cpu"))
+        self.checks = 0 if self.device_at is not None or schema.name in _ANY_DEVICE else (
+            2 if schema.name in _NO_CPU_SCALARS else 1)
         self.mutable_pos = tuple(mutable_pos)
         self.mutable_kw = tuple(mutable_kw)
         returns = []  # per return: None (a new tensor) or where the mutable argument it returns is
@@ -104,6 +115,62 @@ def _to_cpu(a: Any) -> Any:
     if isinstance(a, torch.device):
         return _device_to_cpu(a)
     return a
+
+
+def _misplaced(a: Any, checks: int) -> bool:
+    """A tensor an npu kernel cannot take: not on npu and not a 0-dim CPU tensor (CUDA's rule; ``checks`` 2:
+    no CPU scalar either)."""
+    return a.device.type != NAME and (a.device.type != "cpu" or a.dim() != 0 or checks == 2)
+
+
+def _checked_to_cpu(a: Any, checks: int) -> Any:
+    """``_to_cpu`` for an argument the op's placement rule covers (a list or a keyword such as out=)."""
+    if isinstance(a, _Tensor):
+        if a.device.type == NAME:
+            return _retag(a, _KDL_CPU)
+        if _misplaced(a, checks):
+            raise _Mismatch
+        return a
+    if isinstance(a, (list, tuple)) and a and any(isinstance(x, _Tensor) for x in a):
+        # as fast as _to_cpu's comprehension: anything not on npu goes through _off_npu (the rare path)
+        return [_retag(x, _KDL_CPU) if isinstance(x, _Tensor) and x.device.type == NAME else _off_npu(x, checks)
+                for x in a]
+    if isinstance(a, torch.device):
+        return _device_to_cpu(a)
+    return a
+
+
+def _off_npu(x: Any, checks: int) -> Any:
+    """A list element not on npu: kept when it is not a tensor or is allowed there (a 0-dim CPU tensor)."""
+    if isinstance(x, _Tensor) and _misplaced(x, checks):
+        raise _Mismatch
+    return x
+
+
+class _Mismatch(Exception):
+    """Raised inside the conversion loop; ``_run`` turns it into torch's message with the arguments."""
+
+
+def _mismatch_error(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RuntimeError:
+    """torch's device-mismatch error, naming the first device and the first argument on another one (CPU
+    indices count only when the indexed tensor is the one off npu: ``cpu_tensor[npu_indices]``)."""
+    names = [a.name for a in info.op._schema.arguments]
+    indices = {i for i, kind in info.plan if kind == _INDICES}
+
+    def placed(skip: set[int]) -> list[tuple[str, torch.device]]:
+        tensors = [(names[i] if i < len(names) else f"#{i}", x) for i, a in enumerate(args) if i not in skip
+                   for x in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(x, _Tensor)]
+        tensors += [(k, x) for k, v in kwargs.items() for x in (v if isinstance(v, (list, tuple)) else (v,))
+                    if isinstance(x, _Tensor)]
+        return [(n, t.device) for n, t in tensors if info.checks == 2 or not (t.device.type == "cpu" and t.dim() == 0)]
+
+    devices = placed(indices)
+    if len({d for _, d in devices}) < 2:
+        devices = placed(set())
+    first = devices[0][1] if devices else torch.device(NAME, 0)
+    name, other = next(((n, d) for n, d in devices if d != first), devices[0] if devices else ("?", _CPU))
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {first} "
+                        f"and {other}! (when checking argument for argument {name} in method {info.name})")
 
 
 def _wrap(o: Any) -> Any:
@@ -164,23 +231,35 @@ def _run(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     in-place arguments included, and new CPU results are retagged as npu (no copies)."""
     n = len(args)
     cargs = list(args)
-    for i, kind in info.plan:
-        if i >= n:
-            break
-        a = cargs[i]
-        if a is None:
-            continue
-        if kind == _TENSOR:
-            if isinstance(a, _Tensor):
-                if a.device.type == NAME:
-                    cargs[i] = _retag(a, _KDL_CPU)
+    checks = info.checks
+    try:
+        for i, kind in info.plan:
+            if i >= n:
+                break
+            a = cargs[i]
+            if a is None:
+                continue
+            if kind == _TENSOR:
+                if isinstance(a, _Tensor):
+                    if a.device.type == NAME:
+                        cargs[i] = _retag(a, _KDL_CPU)
+                    elif checks and (a.dim() != 0 or a.device.type != "cpu" or checks == 2):
+                        raise _Mismatch
+                else:
+                    cargs[i] = _scalar_tensor(a, cargs)
+            elif kind == _TENSORS:
+                cargs[i] = _checked_to_cpu(a, checks) if checks else _to_cpu(a)
+            elif kind == _INDICES:
+                cargs[i] = _to_cpu(a)
             else:
-                cargs[i] = _scalar_tensor(a, cargs)
-        elif kind == _TENSORS:
-            cargs[i] = _to_cpu(a)
+                cargs[i] = _device_to_cpu(a)
+        if kwargs:
+            ckw = ({k: _checked_to_cpu(v, checks) for k, v in kwargs.items()} if checks
+                   else {k: _to_cpu(v) for k, v in kwargs.items()})
         else:
-            cargs[i] = _device_to_cpu(a)
-    ckw = {k: _to_cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
+            ckw = kwargs
+    except _Mismatch:
+        raise _mismatch_error(info, args, kwargs) from None
     try:
         out = _traced_call(info, cargs, ckw) if _tracing.on else info.call(*cargs, **ckw)
     except RuntimeError as e:
