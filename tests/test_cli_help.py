@@ -19,6 +19,9 @@ def test_every_command_has_a_description_an_example_and_helped_options():
     assert {"export", "validate", "inspect", "lint", "convert", "zoo publish", "gc"} <= {" ".join(p) for p, _ in found}
     runner = CliRunner()
     for path, command in found:
+        module = getattr(command.callback, "__module__", "") or ""
+        if path and not module.startswith(("cann_export", "cann.")):
+            continue  # a test plugin's command other tests registered in this process (test_cli's "house")
         where = "cann-export " + " ".join(path)
         for param in command.params:
             if isinstance(param, click.Option):
