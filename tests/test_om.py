@@ -116,8 +116,8 @@ def test_om_export_without_atc_writes_a_stub_with_an_atc_header(stub_bundle):
 def test_stub_payload_is_the_atc_ready_bundle(stub_bundle, tmp_path):
     with zipfile.ZipFile(stub_bundle / "model.om") as zf:  # the payload is a plain zip after the header
         members = set(zf.namelist())
-    assert members == {"model.onnx", "manifest.json", "parity.json", "atc/convert.sh", "torch/program.pt2",
-                       "parity/inputs.safetensors", "parity/expected.safetensors"}
+    assert members == {"model.onnx", "manifest.json", "parity.json", "report.html", "atc/convert.sh",
+                       "torch/program.pt2", "parity/inputs.safetensors", "parity/expected.safetensors"}
     header = om.extract_stub(stub_bundle / "model.om", tmp_path / "x")
     assert header["name"] == "MLP"
     for rel in members - {"manifest.json"}:

@@ -43,10 +43,15 @@ class Applied:
 _applied: weakref.WeakKeyDictionary[Any, Applied] = weakref.WeakKeyDictionary()
 
 
-def _settings() -> Any:
-    from ..qat.session import current
+_current: list[Any] = [None]  # the session's training settings, as its last reconcile_all gave them
 
-    return current()
+
+def _settings() -> Any:
+    if _current[0] is None:  # no session yet: the defaults
+        from ..qat.settings import TrainSettings
+
+        return TrainSettings()
+    return _current[0]
 
 
 def _contains(outer: Any, inner: Any) -> bool:
@@ -93,6 +98,8 @@ def check_all(settings: Any) -> None:
 
 
 def reconcile_all(settings: Any) -> None:
+    """The session's settings changed (qat/session.py): remember them, and bring every tracked model to them."""
+    _current[0] = settings
     for model in list(_tracked):
         reconcile(model, settings)
 

@@ -9,11 +9,11 @@ import click
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
-from .examples import examples
+from ..usage.examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
 from .progress_view import ProgressView
-from .spellings import model_option, one_model
+from ..usage.spellings import model_option, one_model
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},

@@ -20,7 +20,7 @@ def register_backends(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def register_commands(cli: Any) -> None:
-    from ..cli.examples import examples
+    from ..usage.examples import examples
 
     @cli.command("backends", epilog=examples("cann-export backends", "cann-export backends --json"))
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")

@@ -80,7 +80,7 @@ def _print_report(path: str, report: dict[str, Any]) -> None:
 def register_commands(cli):
     import click
 
-    from ..cli.examples import examples
+    from ..usage.examples import examples
 
     @cli.command("lint", epilog=examples("cann-export lint model.onnx --cann-version 7.0.RC1",
                                          "cann-export lint resnet_bundle --atc-hint precision_mode=force_fp16"))

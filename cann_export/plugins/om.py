@@ -16,8 +16,8 @@ def register_formats(register):
 def register_commands(cli):
     import click
 
-    from ..cli.examples import examples
-    from ..cli.spellings import model_option, one_model
+    from ..usage.examples import examples
+    from ..usage.spellings import model_option, one_model
 
     @cli.command("convert", epilog=examples("cann-export convert model.om -o deploy/model.om",
                                             "cann-export convert resnet_bundle --soc-version Ascend910B1",

@@ -11,7 +11,7 @@ from ..hooks.specs import hookimpl
 def register_commands(cli):
     import click
 
-    from ..cli.examples import examples
+    from ..usage.examples import examples
 
     @cli.command("report", epilog=examples("cann-export report out/resnet_atc_ready -o resnet.html",
                                            "cann-export report model.pth --json"))

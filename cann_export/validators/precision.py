@@ -131,9 +131,8 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
 
 
 def value_types(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[set[str], dict[str, int]]:
-    """Float32 value names and, where static, element counts, by type inference on a copy of the graph
-    without weight data (the weights' bytes are never serialised for it); ``input_shapes``: at these shapes
-    of the graph's inputs (a dynamic graph's values then have concrete sizes)."""
+    """Float32 value names and, where static, element counts, by type inference on a weight-free copy of the
+    graph; ``input_shapes``: at these input shapes (a dynamic graph's values then get concrete sizes)."""
     from ..capture.onnx_utils import inferred_values
 
     floats, sizes = set(), {}

@@ -253,11 +253,8 @@ def _run(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 cargs[i] = _to_cpu(a)
             else:
                 cargs[i] = _device_to_cpu(a)
-        if kwargs:
-            ckw = ({k: _checked_to_cpu(v, checks) for k, v in kwargs.items()} if checks
-                   else {k: _to_cpu(v) for k, v in kwargs.items()})
-        else:
-            ckw = kwargs
+        ckw = kwargs and ({k: _checked_to_cpu(v, checks) for k, v in kwargs.items()} if checks
+                          else {k: _to_cpu(v) for k, v in kwargs.items()})
     except _Mismatch:
         raise _mismatch_error(info, args, kwargs) from None
     try:
