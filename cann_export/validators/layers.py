@@ -13,7 +13,7 @@ import numpy as np
 
 from ..capture import module_paths
 from .device_policy import DevicePolicy, judge
-from .origin import chunks, float_values
+from .origin import float_values, value_pairs
 from .precision import Emulator
 
 MAX_POINTS = 20000  # values plotted, at most (a graph with more is cut at the end, and says so)
@@ -24,21 +24,14 @@ def curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], polic
     """The curve (JSON-safe); ``held``: the device values of this feed a run already fetched."""
     order = float_values(emulator)[:MAX_POINTS]
     producer = {out: node for node in emulator.model.graph.node for out in node.output if out}
-    sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held else None
     points = []
-    for chunk in chunks(emulator, order, sizes if sizes and all(t in sizes for t in order) else None):
-        ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
-        if held is not None and all(t in held for t in chunk):
-            emu = [held[t] for t in chunk]
-        else:
-            emu = emulator.session(keep, expose=chunk).run(feed, chunk)
-        for tensor, r, e in zip(chunk, ref, emu, strict=True):
-            node = producer[tensor]
-            props = {p.key: p.value for p in node.metadata_props}
-            points.append({"index": len(points), "tensor": tensor, "node": node.name, "op_type": node.op_type,
-                           "module": paths.get(node.name), "source": props.get(module_paths.SOURCE),
-                           **metrics(np.asarray(e), np.asarray(r), policy, emulator.emulation.epsilon,
-                                     emulator.saturation), "kept": node.name in keep})
+    for tensor, e, r in value_pairs(emulator, keep, feed, order, held):
+        node = producer[tensor]
+        props = {p.key: p.value for p in node.metadata_props}
+        points.append({"index": len(points), "tensor": tensor, "node": node.name, "op_type": node.op_type,
+                       "module": paths.get(node.name), "source": props.get(module_paths.SOURCE),
+                       **metrics(e, r, policy, emulator.emulation.epsilon, emulator.saturation),
+                       "kept": node.name in keep})
     total = len(float_values(emulator))
     return {"mode": emulator.emulation.description, "input_set": input_set, "values": total, "points": points,
             "truncated": total > MAX_POINTS}

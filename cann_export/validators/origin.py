@@ -11,6 +11,7 @@ A value the data drives out of range (an RMSNorm whose x.pow(2) is inf) is never
 residual around it hides most of the damage: the origin is the first norm, not the last."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -49,13 +50,10 @@ def float_values(emulator: Emulator) -> list[str]:
             if out in emulator.floats]
 
 
-def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
-               order: list[str], held: dict[str, np.ndarray] | None = None,
-               ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Verdict of every value, and (device, reference) arrays of the wrong ones; ``held``: the device values
-    the verdict's run already exposed."""
-    verdicts, wrong = {}, {}
-    eps = emulator.emulation.epsilon
+def value_pairs(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], order: list[str],
+                held: dict[str, np.ndarray] | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """``(value, device array, fp32 array)`` of every value of ``order``, run in chunks within BUDGET;
+    ``held``: the device values a run already fetched (sized from them, not re-run)."""
     sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held is not None else None
     for chunk in chunks(emulator, order, sizes if sizes is not None and all(t in sizes for t in order) else None):
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
@@ -63,10 +61,21 @@ def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], 
             emu = [held[t] for t in chunk]
         else:
             emu = emulator.session(keep, expose=chunk).run(feed, chunk)
-        for t, r, e in zip(chunk, ref, emu, strict=False):
-            verdicts[t] = judge(np.asarray(e), np.asarray(r), policy, eps, emulator.saturation)
-            if not verdicts[t]["passed"]:
-                wrong[t] = (np.asarray(e), np.asarray(r))
+        for t, e, r in zip(chunk, emu, ref, strict=True):
+            yield t, np.asarray(e), np.asarray(r)
+
+
+def _judge_all(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
+               order: list[str], held: dict[str, np.ndarray] | None = None,
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Verdict of every value, and (device, reference) arrays of the wrong ones; ``held``: the device values
+    the verdict's run already exposed."""
+    verdicts, wrong = {}, {}
+    eps = emulator.emulation.epsilon
+    for t, e, r in value_pairs(emulator, keep, feed, order, held):
+        verdicts[t] = judge(e, r, policy, eps, emulator.saturation)
+        if not verdicts[t]["passed"]:
+            wrong[t] = (e, r)
     return verdicts, wrong
 
 
