@@ -115,7 +115,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 def export_multi(model: Any, output_path: str | Path, *, task: str | None = None, kv_cache: Any = None,
                  sequence_length: int = 7, progress: ProgressFn | None = None, **options: Any) -> Any:
     """Export a transformers decoder (``text-generation-with-past``) or encoder-decoder
-    (``text2text-generation-with-past``) as the several graphs a deployment runs, never one ``If``-merged
+    (``text2text-generation-with-past``, Whisper's ``automatic-speech-recognition-with-past``; without past:
+    encoder + decoder) as the several graphs a deployment runs, never one ``If``-merged
     graph: ``prefill`` + ``decode`` (``kv_cache="static:N"``: a fixed window of N cache slots for ATC's
     static-shape path), or ``encoder`` + ``decoder`` + ``decoder_with_past``. One atc_ready bundle directory:
     ``components/<name>/`` (each a complete bundle with its own parity and device verdict), the top-level

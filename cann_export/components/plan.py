@@ -13,7 +13,8 @@ from ..errors import OptionsError
 NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_STATIC_LENGTH = 32768
 DECODER_TASKS = ("text-generation-with-past",)
-SEQ2SEQ_TASKS = ("text2text-generation-with-past", "text2text-generation")
+TEXT2TEXT_TASKS = ("text2text-generation-with-past", "text2text-generation")
+SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition")
 
 
 @dataclass
@@ -67,7 +68,7 @@ def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence
         raise OptionsError("multi-graph export takes a transformers model (with a .config); got "
                            f"{type(model).__name__}")
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    wanted = SEQ2SEQ_TASKS if seq2seq else DECODER_TASKS
+    wanted = seq2seq_tasks(model) if seq2seq else DECODER_TASKS
     if task is not None and task not in wanted:
         raise OptionsError(f"task {task!r} does not export as several graphs for a {config.model_type} model; "
                            f"use {' or '.join(wanted)}")
@@ -78,8 +79,42 @@ def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence
         if length is not None:
             raise OptionsError("--kv-cache static:N is for decoder-only models; an encoder-decoder exports "
                                "encoder, decoder and decoder_with_past")
-        return seq2seq_plan(model, sequence_length, with_past=task != "text2text-generation")
+        return seq2seq_plan(model, sequence_length, with_past=task is None or task.endswith("-with-past"))
     return decoder_plan(model, sequence_length) if length is None else static_decoder_plan(model, length)
+
+
+def seq2seq_tasks(model: Any) -> tuple[str, ...]:
+    """The multi-graph tasks of an encoder-decoder, as transformers' auto tables list its class (Whisper:
+    automatic-speech-recognition(-with-past)); text2text-generation(-with-past) for a class they do not list."""
+    from ..hf.tasks import tasks_of
+
+    names = tuple(t.name for t in tasks_of(type(model).__name__) if t.name in SEQ2SEQ_TASKS)
+    return names or TEXT2TEXT_TASKS
+
+
+def encoder_inputs(model: Any, source: int) -> tuple[dict[str, Any], dict[str, dict[int, str]]]:
+    """The encoder graph's example inputs and dynamic axes, asked of the model: its ``main_input_name``
+    (``input_ids`` with the ``attention_mask`` text takes, ``input_features``, ``pixel_values``), shaped from the
+    encoder's config as the single-graph export's dummy inputs are (``hf.inputs``: Whisper's ``num_mel_bins`` x
+    ``2 * max_source_positions``), with Optimum's axis names (a text sequence: ``encoder_sequence_length``)."""
+    import torch
+
+    from ..hf.inputs import AXES, DEFAULT_DYNAMIC, dummy_specs, tensors
+    from ..hf.tasks import SEQ
+
+    main = getattr(model, "main_input_name", None) or "input_ids"
+    if main not in AXES:
+        raise OptionsError(f"the encoder of {type(model).__name__} takes {main!r}, which a multi-graph export does "
+                           f"not know how to feed (it takes {', '.join(sorted(AXES))})")
+    if main == "input_ids":
+        ids = _ids(model.config, (EXAMPLE_BATCH, source), 0)
+        feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    else:
+        encoder_config = getattr(model.get_encoder(), "config", None) or model.config
+        feed = tensors([spec.to_dict() for spec in dummy_specs([main], encoder_config, "feature-extraction")], 0)
+    axes = {n: {a: "encoder_sequence_length" if AXES[n][a] == SEQ else AXES[n][a] for a in DEFAULT_DYNAMIC[n]}
+            for n in feed}
+    return feed, axes
 
 
 def _vocab(config: Any) -> int:
@@ -181,26 +216,30 @@ def static_decoder_plan(model: Any, length: int) -> Plan:
 
 
 def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
-    """``encoder``, ``decoder`` (the first decoder step, which also yields the cross-attention cache) and
-    ``decoder_with_past`` (one token on the cache)."""
+    """``encoder`` (its inputs: ``encoder_inputs``), ``decoder`` (the first decoder step, which also yields the
+    cross-attention cache) and ``decoder_with_past`` (one token on the cache); the decoders take an
+    ``encoder_attention_mask`` only where the encoder takes a mask (text)."""
     import torch
 
     from .wrappers import Seq2SeqDecoder, Seq2SeqDecoderWithPast, Seq2SeqEncoder
 
     model = model.eval()
-    encoder, decoder, stepper = Seq2SeqEncoder(model), Seq2SeqDecoder(model), Seq2SeqDecoderWithPast(model)
+    enc_feed, enc_axes = encoder_inputs(model, source)
+    masked = "attention_mask" in enc_feed
+    encoder = Seq2SeqEncoder(model, enc_axes)
+    decoder, stepper = Seq2SeqDecoder(model, masked), Seq2SeqDecoderWithPast(model, masked)
     batch = EXAMPLE_BATCH
-    ids = _ids(model.config, (batch, source), 0)
-    enc_feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    mask = {"encoder_attention_mask": enc_feed["attention_mask"]} if masked else {}
     start = getattr(model.config, "decoder_start_token_id", None)
-    first = torch.full((batch, 1), start if isinstance(start, int) and start >= 0 else 0)
+    # the start token and one more: a decoder prompt of 2 (Whisper's forced task tokens make it longer), so
+    # torch.export does not specialize decoder_sequence_length to the size 1
+    first = torch.cat([torch.full((batch, 1), start if isinstance(start, int) and start >= 0 else 0),
+                       _ids(model.config, (batch, 1), 2)], 1)
     with torch.no_grad():
         hidden = encoder(**enc_feed)["last_hidden_state"]
-        dec_feed = {"input_ids": first, "encoder_attention_mask": enc_feed["attention_mask"],
-                    "encoder_hidden_states": hidden}
+        dec_feed = {"input_ids": first, **mask, "encoder_hidden_states": hidden}
         present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
-    past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), "encoder_attention_mask": enc_feed["attention_mask"],
-                 **_past(present)}
+    past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), **mask, **_past(present)}
     kind = "encoder-decoder-with-past" if with_past else "encoder-decoder"
     parts = [Component("encoder", "encoder", encoder, enc_feed), Component("decoder", "decoder", decoder, dec_feed)]
     if with_past:

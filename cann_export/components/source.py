@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoadError, OptionsError
+from .plan import DECODER_TASKS, SEQ2SEQ_TASKS
 
 # Optimum's tasks this package exports as several graphs (the hf task table marks them graphs > 1)
-SUPPORTED = ("text-generation-with-past", "text2text-generation", "text2text-generation-with-past")
+SUPPORTED = (*DECODER_TASKS, *SEQ2SEQ_TASKS)
 
 
 def multi_task(model: Any, options: dict[str, Any]) -> str | bool:

@@ -14,8 +14,9 @@ from torch import nn
 
 
 def num_layers(config: Any) -> int:
-    """The decoder's layer count (``num_decoder_layers`` for encoder-decoders)."""
-    for key in ("num_decoder_layers", "num_hidden_layers", "n_layer", "num_layers", "decoder_layers"):
+    """The decoder's layer count (``num_decoder_layers`` / ``decoder_layers`` for encoder-decoders: Whisper's and
+    BART's ``num_hidden_layers`` is the encoder's)."""
+    for key in ("num_decoder_layers", "decoder_layers", "num_hidden_layers", "n_layer", "num_layers", "decoder_layers"):
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
@@ -31,9 +32,11 @@ def kv_names(layers: int, prefix: str, parts: tuple[str, ...] = ("",)) -> list[s
 MAX_BATCH = 64
 
 
-def max_positions(config: Any) -> int:
-    """The longest sequence the model takes (its position table), 4096 for relative positions (T5)."""
-    for key in ("n_positions", "max_position_embeddings", "max_target_positions"):
+def max_positions(config: Any, keys: tuple[str, ...] = ("n_positions", "max_position_embeddings",
+                                                         "max_target_positions")) -> int:
+    """The longest sequence the model takes (its position table), 4096 for relative positions (T5); ``keys``:
+    the config fields that may say it, first found wins."""
+    for key in keys:
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 2:
             return value
@@ -53,8 +56,11 @@ class _Graph(nn.Module):
         self.graph_dynamic_axes: dict[str, dict[int, str]] = {}
         seq = max_positions(model.config)
         self.dim_bounds: dict[str, tuple[int, int]] = {"batch_size": (1, MAX_BATCH)}
-        for name in ("sequence_length", "encoder_sequence_length", "decoder_sequence_length"):
+        for name in ("sequence_length", "decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq)
+        # the encoder's own positions where it has a table of its own (Whisper's max_source_positions)
+        encoder_keys = ("max_source_positions", "n_positions", "max_position_embeddings", "max_target_positions")
+        self.dim_bounds["encoder_sequence_length"] = (1, max_positions(model.config, encoder_keys))
         for name in ("past_sequence_length", "past_decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq - 1)
 
@@ -189,6 +195,19 @@ class StaticDecoderStep(DecoderStep):
         return {k: (v if k == "logits" else v[:, :, 1:, :]) for k, v in out.items()}
 
 
+def cache_config(config: Any) -> Any:
+    """``config`` as DynamicCache(config=...) should read it: one layer per decoder layer (Whisper's and BART's
+    ``num_hidden_layers`` counts the encoder's), a copy only where they differ."""
+    import copy
+
+    layers = num_layers(config)
+    if getattr(config, "num_hidden_layers", layers) == layers:
+        return config
+    config = copy.deepcopy(config)
+    config.num_hidden_layers = layers
+    return config
+
+
 def _seq2seq_cache(self_kv: list[torch.Tensor], cross_kv: list[torch.Tensor], config: Any) -> Any:
     from transformers import EncoderDecoderCache
 
@@ -196,34 +215,40 @@ def _seq2seq_cache(self_kv: list[torch.Tensor], cross_kv: list[torch.Tensor], co
 
 
 class Seq2SeqEncoder(_Graph):
-    """``input_ids, attention_mask -> last_hidden_state`` (Optimum's encoder_model)."""
+    """``<the encoder's inputs> -> last_hidden_state`` (Optimum's encoder_model): ``inputs`` names them with their
+    dynamic axes, e.g. ``input_ids, attention_mask`` (T5), ``input_features`` (Whisper), ``pixel_values``."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, inputs: dict[str, dict[int, str]] | None = None):
         super().__init__(model)
-        self.graph_input_names = ("input_ids", "attention_mask")
-        self.graph_dynamic_axes = {n: {0: "batch_size", 1: "encoder_sequence_length"} for n in self.graph_input_names}
+        if inputs is None:
+            inputs = {n: {0: "batch_size", 1: "encoder_sequence_length"} for n in ("input_ids", "attention_mask")}
+        self.graph_input_names = tuple(inputs)
+        self.graph_dynamic_axes = {n: dict(axes) for n, axes in inputs.items()}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.model.get_encoder()(input_ids=feed["input_ids"], attention_mask=feed["attention_mask"])
+        out = self.model.get_encoder()(**{n: feed[n] for n in self.graph_input_names})
         return {"last_hidden_state": out.last_hidden_state}
 
 
 class Seq2SeqDecoder(_Graph):
     """``input_ids (decoder), encoder_attention_mask, encoder_hidden_states -> logits,
-    present.{i}.decoder/encoder.key/value`` (Optimum's decoder_model: the first step, no past in)."""
+    present.{i}.decoder/encoder.key/value`` (Optimum's decoder_model: the first step, no past in);
+    ``masked=False``: no ``encoder_attention_mask`` (an encoder of features or pixels: Whisper, as Optimum)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, masked: bool = True):
         super().__init__(model)
-        self.graph_input_names = ("input_ids", "encoder_attention_mask", "encoder_hidden_states")
+        self.masked, self.cache_config = masked, cache_config(model.config)
+        mask = ("encoder_attention_mask",) if masked else ()
+        self.graph_input_names = ("input_ids", *mask, "encoder_hidden_states")
         self.graph_dynamic_axes = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
-                                   "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
+                                   **{n: {0: "batch_size", 1: "encoder_sequence_length"} for n in mask},
                                    "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        cache = _seq2seq_cache([], [], self.model.config)
-        out = self.model(encoder_outputs=(feed["encoder_hidden_states"],),
-                         attention_mask=feed["encoder_attention_mask"], decoder_input_ids=feed["input_ids"],
-                         past_key_values=cache, use_cache=True)
+        cache = _seq2seq_cache([], [], self.cache_config)
+        mask = {"attention_mask": feed["encoder_attention_mask"]} if self.masked else {}
+        out = self.model(encoder_outputs=(feed["encoder_hidden_states"],), decoder_input_ids=feed["input_ids"],
+                         past_key_values=cache, use_cache=True, **mask)
         return {"logits": out.logits, **_seq2seq_present(_cache_of(out))}
 
 
@@ -240,25 +265,28 @@ def _seq2seq_present(cache: Any, encoder: bool = True) -> dict[str, torch.Tensor
 class Seq2SeqDecoderWithPast(_Graph):
     """``input_ids (one token), encoder_attention_mask, past_key_values.{i}.decoder/encoder.* -> logits,
     present.{i}.decoder.*`` (Optimum's decoder_with_past_model: the cross-attention keys/values come from the
-    first decoder step, so the encoder's hidden states are not an input)."""
+    first decoder step, so the encoder's hidden states are not an input); ``masked=False``: no mask (Whisper)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, masked: bool = True):
         super().__init__(model)
+        self.masked, self.cache_config = masked, cache_config(model.config)
         layers = num_layers(model.config)
         self.past = kv_names(layers, "past_key_values", ("decoder", "encoder"))
-        self.graph_input_names = ("input_ids", "encoder_attention_mask", *self.past)
+        mask = ("encoder_attention_mask",) if masked else ()
+        self.graph_input_names = ("input_ids", *mask, *self.past)
         self.graph_dynamic_axes = {"input_ids": {0: "batch_size"},
-                                   "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
+                                   **{n: {0: "batch_size", 1: "encoder_sequence_length"} for n in mask},
                                    **{n: {0: "batch_size", 2: "past_decoder_sequence_length" if ".decoder." in n
                                           else "encoder_sequence_length"} for n in self.past}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = [feed[n] for n in self.past if ".decoder." in n]
         cross = [feed[n] for n in self.past if ".encoder." in n]
-        cache = _seq2seq_cache(own, cross, self.model.config)
-        mask = feed["encoder_attention_mask"]
+        cache = _seq2seq_cache(own, cross, self.cache_config)
+        mask = {"attention_mask": feed["encoder_attention_mask"]} if self.masked else {}
         # the hidden states are read only for their shape once the cross-attention cache is filled
-        hidden = cross[0].new_zeros((mask.shape[0], mask.shape[1], self.model.config.d_model))
-        out = self.model(encoder_outputs=(hidden,), attention_mask=mask, decoder_input_ids=feed["input_ids"],
-                         past_key_values=cache, use_cache=True)
+        width = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
+        hidden = cross[0].new_zeros((cross[0].shape[0], cross[0].shape[2], width))
+        out = self.model(encoder_outputs=(hidden,), decoder_input_ids=feed["input_ids"], past_key_values=cache,
+                         use_cache=True, **mask)
         return {"logits": out.logits, **_seq2seq_present(_cache_of(out), encoder=False)}

@@ -109,6 +109,16 @@ def tasks_of(arch: str) -> list[Task]:
     return found
 
 
+def default_task(found: list[Task]) -> Task:
+    """The first task of ``found`` (``tasks_of``), in its ``-with-past`` form where that is a task of the class
+    too and the task is several graphs anyway: Optimum's rule (``--task`` not given: past key values are reused),
+    so an encoder-decoder (T5, Whisper) exports encoder + decoder + decoder_with_past. A decoder's
+    text-generation stays the single graph (``--kv-cache`` or ``--task text-generation-with-past`` for two)."""
+    first = found[0]
+    past = next((t for t in found if t.name == f"{first.name}-with-past"), None)
+    return past if past is not None and first.graphs > 1 else first
+
+
 def detect(config: dict[str, Any], requested: str | None, path: Any = None) -> tuple[str, Task]:
     """(the architecture, its task): ``requested`` (--task) when the architecture does it, else its default."""
     archs = config.get("architectures") or []
@@ -125,7 +135,7 @@ def detect(config: dict[str, Any], requested: str | None, path: Any = None) -> t
                         "of transformers' auto-model tables lists it); a custom class needs --trust-remote-code and "
                         "--task, or export it from Python with cann_export.export(model, ...)", path=path)
     if requested is None:
-        return arch, found[0]
+        return arch, default_task(found)
     for task in found:
         if task.name == requested:
             return arch, task

@@ -1,0 +1,203 @@
+"""Whisper as a multi-graph bundle: a save_pretrained directory exported with no flags is Optimum's
+automatic-speech-recognition-with-past (encoder on ``input_features`` + decoder + decoder_with_past, no encoder
+attention mask), a 4-token greedy generation through the ONNX graphs equals transformers' Whisper generate(),
+``--task automatic-speech-recognition`` writes encoder + decoder only, validate / inspect / convert take the
+bundle, and a text task on Whisper is refused (exit 2, nothing written)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from cann_export import api
+from cann_export.cli.main import cli
+from cann_export.errors import OptionsError
+
+STEPS = 4
+MELS, SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
+
+
+def _whisper():
+    # init_std 0.3, seed 5: random weights whose greedy tokens differ from step to step (43, 39, 62, 95), so a
+    # wrong cache shows; 1 encoder layer and 2 decoder layers: the cache follows decoder_layers
+    torch.manual_seed(5)
+    cfg = transformers.WhisperConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, num_mel_bins=MELS, max_source_positions=SOURCE,
+                                     max_target_positions=32, pad_token_id=1, bos_token_id=1, eos_token_id=2,
+                                     decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None,
+                                     init_std=0.3)
+    return transformers.WhisperForConditionalGeneration(cfg).eval()
+
+
+def _export(directory, output, *flags):
+    res = CliRunner().invoke(cli, [str(directory), "-o", str(output), "--json", *flags], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper")
+    model = _whisper()
+    model.save_pretrained(root / "whisper-dir")
+    return {"model": model, "dir": root / "whisper-dir", "root": root,
+            "past": (root / "past", _export(root / "whisper-dir", root / "past")),
+            "nopast": (root / "nopast", _export(root / "whisper-dir", root / "nopast",
+                                                "--task", "automatic-speech-recognition"))}
+
+
+def _session(bundle, component):
+    return ort.InferenceSession(str(bundle / "components" / component / "model.onnx"),
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(session, feed):
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {k: np.asarray(v) for k, v in feed.items()}), strict=True))
+
+
+def _feeds_from(manifest, source, target, outputs):
+    return {c["to"]["input"]: outputs[c["from"]["output"]] for c in manifest["connections"]
+            if c["from"]["component"] == source and c["to"]["component"] == target}
+
+
+def _features():
+    return torch.randn(1, MELS, 2 * SOURCE, generator=torch.Generator().manual_seed(5))
+
+
+def _reference(model, features):
+    """transformers' Whisper generate(): its generation_config here forces no task/language tokens (none saved),
+    so after decoder_start_token_id the tokens are greedy argmaxes; eos off so all 4 come."""
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        return model.generate(features, max_new_tokens=STEPS, do_sample=False)[0, -STEPS:].tolist()
+
+
+def test_default_is_with_past_and_greedy_generation_equals_generate(whisper):
+    model, (bundle, result) = whisper["model"], whisper["past"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert result["ok"] is True and manifest["kind"] == "encoder-decoder-with-past"
+    assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder", "decoder_with_past"]
+    features, start = _features(), model.config.decoder_start_token_id
+    enc = _run(_session(bundle, "encoder"), {"input_features": features.numpy()})
+    out = _run(_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64),
+                                             **_feeds_from(manifest, "encoder", "decoder", enc)})
+    with_past = _session(bundle, "decoder_with_past")
+    first, tokens, source = out, [], "decoder"
+    for step in range(STEPS):
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        if step == STEPS - 1:
+            break
+        past = {**_feeds_from(manifest, "decoder", "decoder_with_past", first),
+                **_feeds_from(manifest, source, "decoder_with_past", out)}
+        out = _run(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **past})
+        source = "decoder_with_past"
+    assert tokens == _reference(model, features)
+    assert len(set(tokens)) > 1  # the yardstick moves: a cache that is not read would show
+    with torch.no_grad():  # the last step's logits, against eager on the whole prefix
+        ids = torch.tensor([[start, *tokens[:-1]]])
+        eager = model(input_features=features, decoder_input_ids=ids).logits[:, -1].numpy()
+    np.testing.assert_allclose(out["logits"][:, -1], eager, atol=1e-4)
+
+
+def test_graph_names_and_axes_are_optimums(whisper):
+    bundle, _ = whisper["past"]
+
+    def shapes(component, which="input"):
+        graph = onnx.load(str(bundle / "components" / component / "model.onnx"), load_external_data=False).graph
+        return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in (graph.input if which == "input" else graph.output)}
+
+    # mel bins and Whisper's fixed 2 * max_source_positions frames stay static (conv weights, the encoder's check)
+    assert shapes("encoder") == {"input_features": ["batch_size", MELS, 2 * SOURCE]}
+    assert list(shapes("encoder", "output")) == ["last_hidden_state"]
+    decoder = shapes("decoder")
+    assert list(decoder) == ["input_ids", "encoder_hidden_states"]  # no encoder_attention_mask, as Optimum
+    assert decoder["encoder_hidden_states"] == ["batch_size", "encoder_sequence_length", 32]
+    step = shapes("decoder_with_past")
+    assert list(step)[:3] == ["input_ids", "past_key_values.0.decoder.key", "past_key_values.0.decoder.value"]
+    assert step["past_key_values.1.encoder.value"] == ["batch_size", 4, "encoder_sequence_length", 8]
+    assert step["past_key_values.1.decoder.key"] == ["batch_size", 4, "past_decoder_sequence_length", 8]
+    assert list(shapes("decoder_with_past", "output")) == ["logits"] + [
+        f"present.{i}.decoder.{kv}" for i in range(2) for kv in ("key", "value")]
+    script = (bundle / "components" / "encoder" / "atc" / "convert.sh").read_text()
+    assert f"input_features:1~64,{MELS},{2 * SOURCE}" in script
+    # the encoder's length (max_source_positions) bounds encoder_sequence_length, not the decoder's table
+    assert f"encoder_hidden_states:1~64,1~{SOURCE},32" in (bundle / "components" / "decoder" / "atc" /
+                                                          "convert.sh").read_text()
+    assert (bundle / "hf" / "config.json").is_file() and (bundle / "hf" / "generation_config.json").is_file()
+
+
+def test_task_without_past_is_encoder_and_decoder(whisper):
+    model, (bundle, result) = whisper["model"], whisper["nopast"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert result["ok"] is True and manifest["kind"] == "encoder-decoder"
+    assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder"]
+    assert manifest["run"] == {"loop": "decoder", "logits": "logits", "cache": "none"}
+    features = _features()
+    enc = _run(_session(bundle, "encoder"), {"input_features": features.numpy()})
+    hidden = _feeds_from(manifest, "encoder", "decoder", enc)
+    decoder, ids = _session(bundle, "decoder"), [model.config.decoder_start_token_id]
+    for _ in range(STEPS):  # the decoder re-reads the whole prefix each step
+        out = _run(decoder, {"input_ids": np.array([ids], np.int64), **hidden})
+        ids.append(int(out["logits"][0, -1].argmax()))
+    assert ids[1:] == _reference(model, features)
+
+
+def test_validate_inspect_and_convert_take_the_bundle(whisper, tmp_path, monkeypatch):
+    import os
+
+    from helpers.fake_atc import fake_atc, path_without_atc
+
+    from cann_export.hooks.manager import get_plugin_manager
+
+    bundle, _ = whisper["past"]
+    runner = CliRunner()
+    res = runner.invoke(cli, ["validate", str(bundle), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["ok"] is True and set(report["components"]) == {"encoder", "decoder", "decoder_with_past"}
+    res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
+    assert res.exit_code == 0 and "input_features" in res.output
+    get_plugin_manager().hook.register_commands(cli=cli)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(fake_atc(tmp_path / "bin", tmp_path / "argv")),
+                                                path_without_atc()]))
+    res = runner.invoke(cli, ["convert", str(bundle), "-o", str(tmp_path / "om"), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    oms = {p.stem: p.read_text() for p in (tmp_path / "om").glob("*.om")}
+    assert set(oms) == {"encoder", "decoder", "decoder_with_past"}
+    assert "input_features:" in oms["encoder"] and "encoder_attention_mask" not in oms["decoder"]
+
+
+def test_text_task_on_whisper_is_refused(whisper, tmp_path):
+    out = tmp_path / "x"
+    res = CliRunner().invoke(cli, [str(whisper["dir"]), "-o", str(out), "--task", "text2text-generation"])
+    assert res.exit_code == 2, res.output
+    words = " ".join(res.output.split())
+    assert "--task text2text-generation is not a task of WhisperForConditionalGeneration" in words
+    assert "automatic-speech-recognition-with-past" in words
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OptionsError, match="automatic-speech-recognition"):  # in memory: the same answer
+        api.export_multi(whisper["model"], out, task="text2text-generation-with-past")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("arch, task", [("WhisperForConditionalGeneration", "automatic-speech-recognition-with-past"),
+                                        ("T5ForConditionalGeneration", "text2text-generation-with-past"),
+                                        ("GPT2LMHeadModel", "text-generation"),
+                                        ("Wav2Vec2ForCTC", "automatic-speech-recognition")])
+def test_default_task_is_optimums(arch, task):
+    """No --task: a multi-graph default in its -with-past form (Optimum's rule); a decoder stays one graph."""
+    from cann_export.hf.tasks import detect
+
+    assert detect({"architectures": [arch]}, None)[1].name == task
+    if task.endswith("-with-past"):
+        plain = task.removesuffix("-with-past")
+        assert detect({"architectures": [arch]}, plain)[1].name == plain
