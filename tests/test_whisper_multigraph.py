@@ -1,8 +1,8 @@
 """Whisper as a multi-graph bundle: a save_pretrained directory exported with no flags is Optimum's
 automatic-speech-recognition-with-past (encoder on ``input_features`` + decoder + decoder_with_past, no encoder
 attention mask), a 4-token greedy generation through the ONNX graphs equals transformers' Whisper generate(),
-``--task automatic-speech-recognition`` writes encoder + decoder only, validate / inspect / convert take the
-bundle, and a text task on Whisper is refused (exit 2, nothing written)."""
+``--task automatic-speech-recognition`` writes encoder + decoder only, validate / inspect / convert / the zoo
+take the bundle, and a text task on Whisper is refused (exit 2, nothing written)."""
 from __future__ import annotations
 
 import json
@@ -166,6 +166,10 @@ def test_validate_inspect_and_convert_take_the_bundle(whisper, tmp_path, monkeyp
     assert report["ok"] is True and set(report["components"]) == {"encoder", "decoder", "decoder_with_past"}
     res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
     assert res.exit_code == 0 and "input_features" in res.output
+    from cann_export.model_zoo import api as zoo
+
+    assert zoo.publish(str(bundle), name="whisper-kv", zoo=str(tmp_path / "zoo"))["kinds"] == ["atc_ready"]
+    assert zoo.verify("whisper-kv", zoo=str(tmp_path / "zoo"))["ok"] is True
     get_plugin_manager().hook.register_commands(cli=cli)
     monkeypatch.setenv("PATH", os.pathsep.join([str(fake_atc(tmp_path / "bin", tmp_path / "argv")),
                                                 path_without_atc()]))
