@@ -44,7 +44,8 @@ def _write_training_state(ctx: ExportContext, directory: Path, prefix: str) -> l
 
 class OnnxFormat:
     name = "onnx"
-    description = "one .onnx file (weights in <name>.onnx.data past 1 GB of weights)"
+    description = ("one .onnx file (weights in <name>.onnx.data past 1 GB of weights); a model of several graphs "
+                   "(a decoder with past): a directory of onnx_bundle components")
     is_directory = False
     atc_opsets = None  # any opset onnx supports
     device_parity = False
