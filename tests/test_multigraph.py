@@ -155,6 +155,11 @@ def test_onnx_format_writes_validated_onnx_components_that_generate(bundles, tmp
     conv = CliRunner().invoke(cli, ["convert", str(bundle), "-o", str(tmp_path / "om")])
     assert conv.exit_code == 2 and "--format atc_ready" in " ".join(conv.output.split()), conv.output
     assert not (tmp_path / "om").exists()
+    from cann.model_zoo import load_model
+    from cann_export.model_zoo import api as zoo
+
+    assert zoo.publish(str(bundle), name="gpt2-onnx", zoo=str(tmp_path / "zoo"))["targets"] == ["onnx"]
+    assert api.validate(load_model("gpt2-onnx", framework="onnx", zoo=str(tmp_path / "zoo")))["passed"] is True
 
 
 @pytest.mark.parametrize("edit, words", [

@@ -76,8 +76,8 @@ class HfDirectoryLoader:
             arch, task = (config.get("architectures") or ["remote"])[0], TASKS.get(options.task)
             if task is None:
                 detect(config, options.task, config_path)  # names the valid tasks
-        else:
-            arch, task = detect(config, options.task, config_path)
+        else:  # remote code exports one graph (several load transformers' own classes only): no -with-past default
+            arch, task = detect(config, options.task, config_path, with_past="auto_map" not in config)
         _single_graph(task, config_path)
         safetensors, weights = checked_weights(directory, roots, bool(options.trust_pickle))
         carried = hf_files.companions(directory, roots)
