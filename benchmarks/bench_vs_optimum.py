@@ -9,8 +9,10 @@ noise floor).
 
 Our side is ``cann-export DIR --format onnx --task T`` when this checkout reads a Hugging Face directory
 (``cann_export.hf``), else ``cann-export NAME.pt2 --format onnx`` on a positional torch.export capture of the
-same model at the same shapes (the path the issue measured); the table says which. A task this checkout cannot
-export (GPT-2 with past needs the multi-graph bundle) is a row marked unavailable, with the reason.
+same model at the same shapes (the path the issue measured); the table says which. GPT-2 with past is
+``cann-export DIR --format onnx --task text-generation-with-past -o OUT``: a directory of prefill + decode onnx
+components, as Optimum writes decoder_model.onnx + decoder_with_past_model.onnx. A task this checkout cannot
+export is a row marked unavailable, with the reason.
 
 Optimum runs from a side virtualenv this script makes (``benchmarks/.optimum-venv``: optimum-onnx pinned with the
 transformers it supports and the same CPU torch, so nothing large downloads, plus torchao at this environment's
@@ -135,10 +137,11 @@ def reads_directories(env: dict) -> bool:
 def our_command(name: str, info: dict, tmp: Path, path_kind: str, out: Path, validate: bool = True) -> list[str] | str:
     """Our side's command at the benchmark's input shapes, or why this checkout cannot export the model."""
     extra = [] if validate else ["--no-validate"]
-    if path_kind == "dir" and info["task"].endswith("-with-past"):  # prefill + decode: a multi-graph bundle,
-        # which is atc_ready only (device precision and lint run too: heavier than Optimum's work on this row)
-        return [*our_cli(), str(tmp / name), "--task", info["task"], "-o", str(out.with_suffix("")), "--overwrite",
-                *extra]
+    if path_kind == "dir" and info["task"].endswith("-with-past"):  # prefill + decode: a multi-graph bundle of
+        # onnx components (like Optimum's directory of decoder_model.onnx + decoder_with_past_model.onnx), each
+        # with its own parity; the graphs' example shapes are the bundle's own (prompt 7, batch 2)
+        return [*our_cli(), str(tmp / name), "--format", "onnx", "--task", info["task"], "-o",
+                str(out.with_suffix("")), "--overwrite", *extra]
     if path_kind == "dir":
         shapes = [a for n, dims in info["inputs"].items()
                   for a in ("--input-shape", f"{n}:{','.join(map(str, dims))}:{_dtype(n)}")]

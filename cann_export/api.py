@@ -96,9 +96,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         with events.listening(on_progress):
             return export(model, output_path, export_format, example_inputs, progress=progress, trace=trace,
                           **options)
-    from .components.source import multi_task
-
-    if multi_task(model, options):  # a decoder with past / an encoder-decoder: one bundle of several graphs
+    if graphs(model, options) is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
     if trace is not None:
         from .pipeline.timeline import StageTimeline
@@ -112,28 +110,41 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     return _result(ctx)
 
 
+def graphs(model: Any, options: dict[str, Any]) -> str | None:
+    """Whether exporting ``model`` with export()'s keyword ``options`` gives several graphs, as the registered
+    loaders declare it (their optional ``graphs``, highest priority first): the multi-graph task, ``"auto"``
+    (the model decides which), or None for a single graph. ``kv_cache`` no loader claims still asks for several
+    graphs (export_multi then says what it takes)."""
+    from .hooks.contracts import Loader
+
+    for loader in sorted(manager.registry().loaders().values(), key=lambda lo: -lo.priority):
+        declared = optional(loader, Loader, "graphs")
+        found = declared(model, dict(options)) if declared else None
+        if found is not None:
+            return str(found)
+    return "auto" if options.get("kv_cache") else None
+
+
 def export_multi(model: Any, output_path: str | Path, *, task: str | None = None, kv_cache: Any = None,
                  sequence_length: int = 7, progress: ProgressFn | None = None, **options: Any) -> Any:
     """Export a transformers decoder (``text-generation-with-past``) or encoder-decoder
     (``text2text-generation-with-past``, Whisper's ``automatic-speech-recognition-with-past``; without past:
     encoder + decoder) as the several graphs a deployment runs, never one ``If``-merged
     graph: ``prefill`` + ``decode`` (``kv_cache="static:N"``: a fixed window of N cache slots for ATC's
-    static-shape path), or ``encoder`` + ``decoder`` + ``decoder_with_past``. One atc_ready bundle directory:
-    ``components/<name>/`` (each a complete bundle with its own parity and device verdict), the top-level
-    manifest (components, connections, overall verdict) and ``atc/convert.sh`` (one ATC command per graph).
+    static-shape path), or ``encoder`` + ``decoder`` + ``decoder_with_past``. One bundle directory:
+    ``components/<name>/`` (each a complete bundle with its own parity verdict: atc_ready ones, with the device
+    verdict, for ``export_format="atc_ready"``; onnx_bundle ones for ``"onnx"``), the top-level manifest
+    (format, components, connections, overall verdict) and, for atc_ready, ``atc/convert.sh`` (one ATC command
+    per graph).
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
-    from .components.bundle import export_plan
+    from .components.bundle import check_request, export_plan
     from .components.plan import plan_for
     options.pop("trust_remote_code", None)
     kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
     task = options.pop("task", None) if task is None else task
     carried: dict[str, bytes] = {}
     fmt = options.get("export_format", "atc_ready")
-    if fmt != "atc_ready":
-        raise errors.OptionsError(f"{task or 'a decoder with past / encoder-decoder'} exports several graphs, as an "
-                                  f"atc_ready bundle directory of components, not --format {fmt}; pass --format "
-                                  "atc_ready (`cann-export convert` then compiles every graph)",
-                                  path=str(model) if isinstance(model, (str, Path)) else None)
+    check_request(task or "a decoder with past / encoder-decoder", fmt, Path(output_path), options)  # before loads
     if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
         from .components.confined import export_directory
 

@@ -226,8 +226,11 @@ BAD = {
     "link_out": (_link_out, [], "links outside the model directory"),
     "config_outgrows_weights": (_edit_config(num_hidden_layers=40, hidden_size=256, intermediate_size=1024,
                                              num_attention_heads=4), [], "the weight files hold"),
-    "multi_graph": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
-                    ["--task", "text-generation-with-past"], "exports several graphs, as an atc_ready bundle"),
+    "multi_graph": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),  # with past by default
+                    ["--format", "om"], "exports several graphs, as a bundle directory of components in --format"),
+    "multi_graph_suffix": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+                           ["--task", "text-generation-with-past"], "a multi-graph bundle is a directory; pass an "
+                                                                     "output without a suffix, not out.onnx"),
 }
 
 
@@ -241,7 +244,7 @@ def test_bad_directories_are_refused_naming_the_file_and_the_fix(case, tmp_path)
     assert result.exit_code == 2, result.output
     message = " ".join(result.output.split())
     assert expected in message, message
-    assert ("[options]" if case == "multi_graph" else "[load]") in message and "Traceback" not in result.output
+    assert ("[options]" if case.startswith("multi_graph") else "[load]") in message and "Traceback" not in result.output
     assert set(tmp_path.iterdir()) == before  # nothing written, no staging left behind
 
 
@@ -377,3 +380,58 @@ def test_default_output_name_of_a_directory_keeps_its_whole_name(tmp_path):
     assert _default_output(str(tmp_path / "Qwen2.5-0.5B") + "/", "onnx") == "Qwen2.5-0.5B.onnx"
     assert _default_output(str(snapshot), "atc_ready") == "tiny.v2_atc_ready"
     assert _default_output("m.pt2", "onnx") == "m.onnx"
+
+
+@pytest.mark.parametrize("arch, config, task", [
+    ("GPT2LMHeadModel", {}, "text-generation-with-past"),  # use_cache absent: transformers' default, true
+    ("LlamaForCausalLM", {"use_cache": True}, "text-generation-with-past"),
+    ("Qwen2ForCausalLM", {"use_cache": False}, "text-generation"),  # no cache: the single graph, as Optimum
+    ("T5ForConditionalGeneration", {}, "text2text-generation-with-past"),
+    ("BertForSequenceClassification", {"use_cache": True}, "text-classification"),  # no -with-past form
+])
+def test_default_task_is_with_past_when_the_model_keeps_a_cache(arch, config, task):
+    from cann_export.hf.tasks import detect
+
+    assert detect({"architectures": [arch], **config}, None)[1].name == task
+    explicit = "text-generation" if "CausalLM" in arch or "LMHead" in arch else task
+    assert detect({"architectures": [arch], **config}, explicit)[1].name == explicit  # --task decides
+    assert detect({"architectures": [arch]}, None, with_past=False)[1].name == task.replace("-with-past", "")
+
+
+def test_the_core_asks_the_loaders_whether_an_export_is_several_graphs(plugin, tmp_path):
+    """api.export reaches the multi-graph path through the Loader contract's optional ``graphs`` (highest
+    priority first), never by naming the Hugging Face loader; a directory's default follows detection."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from cann_export import api, hookimpl
+    from cann_export.hooks.contracts import Loader, optional
+
+    gpt2 = hf_dirs.save("gpt2", tmp_path / "gpt2")
+    assert api.graphs(str(gpt2), {}) == "text-generation-with-past"
+    assert api.graphs(str(gpt2), {"task": "text-generation"}) is None
+    assert api.graphs(str(gpt2), {"task": "text-generation", "kv_cache": "static:8"}) == "auto"
+    assert api.graphs(str(_bert(tmp_path)), {}) is None
+    model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50))
+    assert api.graphs(model, {}) is None  # in memory: one graph unless asked
+    assert api.graphs(model, {"task": "text-generation-with-past"}) == "text-generation-with-past"
+
+    class Claims:
+        name, priority = "claims", 1000
+
+        def matches(self, path):
+            return False
+
+        def load(self, path, options):
+            raise AssertionError("not loaded")
+
+        def graphs(self, source, options):
+            return "text2text-generation-with-past" if str(source).endswith("bert") else None
+
+    @hookimpl
+    def register_loaders(register):
+        register(Claims())
+
+    plugin({"register_loaders": register_loaders}, "claims")
+    assert optional(Claims(), Loader, "graphs") is not None
+    assert api.graphs(str(tmp_path / "bert"), {}) == "text2text-generation-with-past"
+    assert api.graphs(str(gpt2), {}) == "text-generation-with-past"  # the next loader still answers

@@ -103,7 +103,8 @@ def test_large_hf_decoder_keeps_the_dynamo_graph_at_the_asked_opset(tmp_path):
     model = LlamaForCausalLM(config).eval()  # q/o_proj: 96 x 96 > onnxscript's 8192-element folding limit
     model.save_pretrained(str(tmp_path / "llama"))
     out = tmp_path / "m.onnx"
-    result = cann_export.export(str(tmp_path / "llama"), out, "onnx", external_data_threshold=10_000)
+    result = cann_export.export(str(tmp_path / "llama"), out, "onnx", external_data_threshold=10_000,
+                                task="text-generation")  # the single graph (the default is with past)
     assert result.ok and result.parity["passed"] and not result.parity.get("trace_specialized"), result.parity
     capture = result.manifest["capture"]
     assert capture["exporter"] == "dynamo" and capture["opset"] == 17, capture

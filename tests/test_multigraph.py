@@ -59,6 +59,11 @@ def bundles(tmp_path_factory):
                                    "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out["gpt2_static"] = (models["gpt2"], root / "gpt2_static", json.loads(res.stdout))
+    # --format onnx, no --task: a causal LM's default is text-generation-with-past (as in Optimum)
+    res = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "--format", "onnx", "-o", str(root / "gpt2_onnx"),
+                                   "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out["gpt2_onnx"] = (models["gpt2"], root / "gpt2_onnx", json.loads(res.stdout))
     return out
 
 
@@ -121,6 +126,51 @@ def test_decoder_greedy_generation_through_prefill_and_decode_equals_generate(bu
         full = torch.cat([ids, torch.tensor([tokens[:-1]])], 1)
         eager = model(full).logits[:, -1].numpy()
     np.testing.assert_allclose(logits[-1], eager, atol=1e-4)
+
+
+def test_onnx_format_writes_validated_onnx_components_that_generate(bundles, tmp_path):
+    """`cann-export DIR --format onnx` of a causal LM: prefill + decode as onnx_bundle components (each with its
+    own fp32 parity, no ATC files), the top-level manifest and connections; generation through them equals
+    generate(); validate and inspect re-derive it; convert says to export atc_ready."""
+    model, bundle, result = bundles["gpt2_onnx"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert result["ok"] and result["format"] == "onnx" and manifest["format"] == "onnx"
+    assert manifest["kind"] == "decoder-with-past" and "atc" not in manifest and not (bundle / "atc").exists()
+    for name in ("prefill", "decode"):
+        own = json.loads((bundle / "components" / name / "manifest.json").read_text())
+        assert own["format"] == "onnx_bundle" and own["parity"]["passed"] is True and "device" not in own["parity"]
+        assert not (bundle / "components" / name / "atc").exists()
+        assert (bundle / "components" / name / "parity" / "inputs.safetensors").is_file()
+    assert (bundle / "hf" / "config.json").is_file()
+    ids = _prompt(model)
+    assert _decoder_generate(bundle, ids)[0] == _reference(model, ids)
+    check = CliRunner().invoke(cli, ["validate", str(bundle), "--json"], catch_exceptions=False)
+    assert check.exit_code == 0, check.output
+    assert set(json.loads(check.stdout)["components"]) == {"prefill", "decode"}
+    shown = CliRunner().invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
+    assert shown.exit_code == 0 and "onnx multi-graph bundle: decoder-with-past" in shown.output, shown.output
+    from cann_export.hooks.manager import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(cli=cli)  # what main() does before running the group
+    conv = CliRunner().invoke(cli, ["convert", str(bundle), "-o", str(tmp_path / "om")])
+    assert conv.exit_code == 2 and "--format atc_ready" in " ".join(conv.output.split()), conv.output
+    assert not (tmp_path / "om").exists()
+    from cann.model_zoo import load_model
+    from cann_export.model_zoo import api as zoo
+
+    assert zoo.publish(str(bundle), name="gpt2-onnx", zoo=str(tmp_path / "zoo"))["targets"] == ["onnx"]
+    assert api.validate(load_model("gpt2-onnx", framework="onnx", zoo=str(tmp_path / "zoo")))["passed"] is True
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m.update(format="atc_ready"), "components/prefill/manifest.json format: 'onnx_bundle', not "
+                                             "'atc_ready'"),
+    (lambda m: m.update(format="om"), "manifest.json format: 'om' is not a format of multi-graph bundles"),
+])
+def test_onnx_bundle_claiming_another_format_is_refused(bundles, tmp_path, edit, words):
+    bundle = _copy(bundles, tmp_path, "gpt2_onnx")
+    _edit_manifest(bundle, edit)
+    assert words in " ".join(_refused(bundle).split())
 
 
 def test_decoder_graphs_have_optimum_names_and_symbolic_axes(bundles):
@@ -199,6 +249,8 @@ def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
 
 def test_no_if_node_and_a_verdict_per_component(bundles):
     for name, (_, bundle, _result) in bundles.items():
+        if name == "gpt2_onnx":  # no device verdict, no ATC script: test_onnx_format_writes_validated_onnx_...
+            continue
         top = json.loads((bundle / "manifest.json").read_text())
         assert top["schema"] == "cann-export/bundle/2" and top["parity"]["passed"] is True
         for comp in top["components"]:
@@ -281,8 +333,10 @@ def test_bad_multi_options_are_refused_before_any_work(tmp_path):
             api.export_multi(model, tmp_path / "x", kv_cache=kv)
     with pytest.raises(OptionsError, match="text-generation-with-past"):
         api.export_multi(model, tmp_path / "x", task="text2text-generation-with-past")
-    with pytest.raises(OptionsError, match="atc_ready"):
-        api.export_multi(model, tmp_path / "x", export_format="onnx")
+    with pytest.raises(OptionsError, match="in --format atc_ready or onnx"):  # om compiles one graph
+        api.export_multi(model, tmp_path / "x", export_format="om")
+    with pytest.raises(OptionsError, match="not x.onnx"):
+        api.export_multi(model, tmp_path / "x.onnx", export_format="onnx")
     with pytest.raises(OptionsError, match="soc"):  # refused inside the first component: nothing left behind
         api.export_multi(model, tmp_path / "x", soc_version="Kirin990")
     assert list(tmp_path.iterdir()) == []

@@ -195,10 +195,10 @@ def test_text_task_on_whisper_is_refused(whisper, tmp_path):
 
 @pytest.mark.parametrize("arch, task", [("WhisperForConditionalGeneration", "automatic-speech-recognition-with-past"),
                                         ("T5ForConditionalGeneration", "text2text-generation-with-past"),
-                                        ("GPT2LMHeadModel", "text-generation"),
+                                        ("GPT2LMHeadModel", "text-generation-with-past"),
                                         ("Wav2Vec2ForCTC", "automatic-speech-recognition")])
 def test_default_task_is_optimums(arch, task):
-    """No --task: a multi-graph default in its -with-past form (Optimum's rule); a decoder stays one graph."""
+    """No --task: the -with-past form where the class has one (Optimum's rule); a CTC model stays one graph."""
     from cann_export.hf.tasks import detect
 
     assert detect({"architectures": [arch]}, None)[1].name == task

@@ -1,4 +1,5 @@
-"""Output formats: a single ``.onnx`` file, and the ``atc_ready`` directory bundle."""
+"""Output formats: a single ``.onnx`` file, the ``atc_ready`` directory bundle, and ``onnx_bundle`` (the graph with
+its manifest and parity data, no ATC files)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,7 +44,8 @@ def _write_training_state(ctx: ExportContext, directory: Path, prefix: str) -> l
 
 class OnnxFormat:
     name = "onnx"
-    description = "one .onnx file (weights in <name>.onnx.data past 1 GB of weights)"
+    description = ("one .onnx file (weights in <name>.onnx.data past 1 GB of weights); a model of several graphs "
+                   "(a decoder with past): a directory of onnx_bundle components")
     is_directory = False
     atc_opsets = None  # any opset onnx supports
     device_parity = False
@@ -62,6 +64,10 @@ class OnnxFormat:
 
     def finalize(self, ctx: ExportContext, staging: Path) -> None:
         ctx.manifest = build_manifest(ctx, None)
+
+    def component_format(self) -> str:
+        """Several graphs in this format: one directory of ``onnx_bundle`` components (validate re-derives them)."""
+        return OnnxBundleFormat.name
 
     def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
@@ -121,10 +127,46 @@ class AtcReadyFormat:
 
         return [] if has_atc(manifest) else atc_problems(manifest.get("atc"))
 
+    def component_format(self) -> str:
+        return self.name
+
     def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         if ctx.output_path.suffix in ARCHIVE_SUFFIXES:  # a file path is a file: the bundle as one zip
             ctx.final_onnx = f"{ctx.output_path}!/{ctx.onnx_path.name}"
             return commit_archive(staging, ctx.output_path, ctx.options.overwrite)
+        atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
+        return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
+
+
+class OnnxBundleFormat:
+    """The ONNX graph as a bundle ``validate`` re-derives, with nothing of ATC: what each graph of a
+    ``--format onnx`` multi-graph export is written as."""
+
+    name = "onnx_bundle"
+    description = ("directory: model.onnx, manifest.json, parity.json and parity data (validate re-runs parity); "
+                   "no ATC files. Each graph of a --format onnx multi-graph export")
+    is_directory = True
+    atc_opsets = None
+    device_parity = False
+    lint = False
+
+    def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
+        files = _save(ctx, staging / "model.onnx")
+        ctx.onnx_path = files[0]
+        files += write_carried(ctx, staging)
+        if ctx.options.validate and ctx.input_sets:
+            files += write_parity_data(ctx, staging / "parity")
+        return files
+
+    def finalize(self, ctx: ExportContext, staging: Path) -> None:
+        if ctx.reports.parity is not None:
+            atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
+        write_manifest(ctx, staging)
+
+    def component_format(self) -> str:
+        return self.name
+
+    def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
         atomic.commit_dir(staging, ctx.output_path, ctx.options.overwrite)
         return sorted(p for p in ctx.output_path.rglob("*") if p.is_file())
 

@@ -100,6 +100,7 @@ class OmFormat(AtcReadyFormat):
                    "else an om-stub for `cann-export convert`); -o NAME.om writes the file NAME.om with the "
                    "bundle beside it in NAME_bundle/")
     is_directory = True
+    component_format = staticmethod(lambda: None)  # several graphs: --format atc_ready, then `cann-export convert`
 
     def targets(self, output: Path) -> list[Path]:
         return [bundle_beside(output), output] if output.suffix == ".om" else super().targets(output)

@@ -164,7 +164,8 @@ def _notes(info: dict[str, Any], pad: str) -> list[str]:
 def _multi(info: dict[str, Any]) -> list[str]:
     p = info.get("parity") or {}
     size = f", {len(info['files'])} files, {_size(info['size_bytes'])} on disk" if "size_bytes" in info else ""
-    lines = [f"{info['path']} (multi-graph bundle: {info['bundle_kind']}, {len(info['components'])} graphs{size}; "
+    lines = [f"{info['path']} ({info.get('format') or 'atc_ready'} multi-graph bundle: {info['bundle_kind']}, "
+             f"{len(info['components'])} graphs{size}; "
              f"parity recorded at export {'passed' if p.get('passed') else 'FAILED'})",
              f"  manifest sha256 {info['manifest_sha256']}"]
     if info.get("atc_script"):

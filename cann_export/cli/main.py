@@ -64,7 +64,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
         model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
-        out = ci.path = output or _default_output(model, export_format)
+        out = ci.path = output or _default_output(model, export_format, api.graphs(model, kwargs) is not None)
         with ProgressView(live=not (as_json or quiet)) as view:  # closed however the export ends
             view.say(f"cann-export: {model} -> {out} ({export_format})")
             result = api.export(model, out, export_format, trace=trace, on_progress=view, **kwargs)
@@ -85,18 +85,25 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
 def _print_multi_export(result: Any, as_json: bool) -> int:
     if as_json:
         click.echo(to_json(result.to_dict()))
-    else:
-        click.echo(f"wrote {result.output} ({result.kind}: {len(result.components)} graphs, one ATC command each "
-                   f"in atc/convert.sh)")
-        for name, c in result.components.items():
-            click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
-                       f"{'ok' if c['fp32_passed'] else 'FAIL'}, device {'ok' if c['device_passed'] else 'FAIL'})")
+        return 0 if result.ok else EXIT_PARITY_FAILED
+    atc = "atc" in result.manifest
+    click.echo(f"wrote {result.output} ({result.format}, {result.kind}: {len(result.components)} graphs"
+               + (", one ATC command each in atc/convert.sh)" if atc else ", components/NAME/model.onnx)"))
+    for name, c in result.components.items():
+        if c["passed"] is None:
+            click.echo(f"  {name}: parity not validated (--no-validate)")
+            continue
+        device = "" if c["device_passed"] is None and not atc else \
+            f", device {'ok' if c['device_passed'] else 'FAIL'}"
+        click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
+                   f"{'ok' if c['fp32_passed'] else 'FAIL'}{device})")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
-def _default_output(model: str, export_format: str) -> str:
-    """MODEL's stem, in the current directory: ``STEM_FORMAT`` for a directory format, else the first path
-    the format's ``targets`` makes of ``STEM`` (``m.onnx`` for onnx)."""
+def _default_output(model: str, export_format: str, several: bool = False) -> str:
+    """MODEL's stem, in the current directory: ``STEM_FORMAT`` for a directory format or an export of several
+    graphs (a directory of components), else the first path the format's ``targets`` makes of ``STEM``
+    (``m.onnx`` for onnx)."""
     from pathlib import Path
 
     from ..hooks.contracts import Format, optional
@@ -108,7 +115,7 @@ def _default_output(model: str, export_format: str) -> str:
         repo = next((p for p in reversed(Path(model).resolve().parts) if p.startswith("models--")), "")
         stem = repo.rsplit("--", 1)[-1] if repo.count("--") >= 2 else os.path.basename(model.rstrip("/")) or stem
     fmt = registry().formats().get(export_format)
-    if fmt is None or fmt.is_directory:  # an unknown format is refused by export, naming the known ones
+    if fmt is None or fmt.is_directory or several:  # an unknown format is refused by export, naming the known ones
         return f"{stem}_{export_format}"
     targets = optional(fmt, Format, "targets")
     return str(targets(Path(stem))[0]) if targets else stem

@@ -1,8 +1,10 @@
-"""Writing a multi-graph bundle: each component exported by the single-graph pipeline (``api.export``, format
-atc_ready) into ``components/<name>/`` of one staging directory, then the top-level ``manifest.json``
-(schema ``cann-export/bundle/2``: the components with the sha256 of their manifests, the connections, the
-overall verdict and the file table) and ``atc/convert.sh`` (one ATC command per graph, each the component's
-own script), then the whole directory committed in one rename (nothing is left on failure)."""
+"""Writing a multi-graph bundle: each component exported by the single-graph pipeline (``api.export``, in the
+format the chosen format's ``component_format`` declares: atc_ready for atc_ready, onnx_bundle for onnx) into
+``components/<name>/`` of one staging directory, then the top-level ``manifest.json`` (schema
+``cann-export/bundle/2``: the format, the components with the sha256 of their manifests, the connections, the
+overall verdict and the file table) and, when the components are headed for ATC, ``atc/convert.sh`` (one ATC
+command per graph, each the component's own script), then the whole directory committed in one rename (nothing
+is left on failure)."""
 from __future__ import annotations
 
 import shlex
@@ -21,7 +23,8 @@ CONVERT = "atc/convert.sh"
 
 @dataclass
 class MultiResult:
-    """What a multi-graph export produced: ``ok`` only when every component's parity (fp32 and device) passed."""
+    """What a multi-graph export produced: ``ok`` only when no component's parity (fp32 and device) failed
+    (``--no-validate``: none was run)."""
 
     ok: bool
     output: str
@@ -29,9 +32,10 @@ class MultiResult:
     components: dict[str, dict[str, Any]]
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     manifest_sha256: str | None = None
+    format: str = "atc_ready"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "format": "atc_ready", "output": self.output, "kind": self.kind,
+        return {"ok": self.ok, "format": self.format, "output": self.output, "kind": self.kind,
                 "components": self.components, "connections": self.manifest.get("connections", []),
                 "parity": self.manifest.get("parity", {}), "manifest_sha256": self.manifest_sha256}
 
@@ -57,7 +61,8 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
-    output = _check(plan, Path(output), options)
+    fmt, component = _check(plan, Path(output), options)
+    output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
     try:
@@ -67,16 +72,18 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         for done, comp in enumerate(plan.components):
             with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
                 events.advance("components", done, len(plan.components))
-            results[comp.name] = _export_component(comp, staging, export_one, progress, metadata, options)
+            results[comp.name] = _export_component(comp, staging, export_one, progress, metadata,
+                                                   {**options, "export_format": component.name})
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        (staging / "atc").mkdir()
-        script = staging / CONVERT
-        atomic.write_text(script, convert_script([c.name for c in plan.components]))
-        script.chmod(0o755)
-        manifest = build_manifest(plan, results, staging)
+        if atc_headed(component):
+            (staging / "atc").mkdir()
+            script = staging / CONVERT
+            atomic.write_text(script, convert_script([c.name for c in plan.components]))
+            script.chmod(0o755)
+        manifest = build_manifest(plan, results, staging, fmt)
         if sandbox_record is not None:  # where the model directory was loaded (confined or why not)
             manifest["sandbox"] = dict(sandbox_record)
         atomic.write_text(staging / "manifest.json", dumps(manifest))
@@ -87,23 +94,57 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         if staging is not None:
             atomic.discard(staging)
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}
-    return MultiResult(ok=manifest["parity"]["passed"], output=str(output), kind=plan.kind, components=summary,
-                       manifest=manifest, manifest_sha256=digest)
+    return MultiResult(ok=multi_ok(manifest), output=str(output), kind=plan.kind, components=summary,
+                       manifest=manifest, manifest_sha256=digest, format=fmt)
 
 
-def _check(plan: Plan, output: Path, options: dict[str, Any]) -> Path:
+def component_format(name: Any) -> Any:
+    """The registered Format the graphs of a multi-graph bundle in format ``name`` are written in (its
+    ``component_format`` declaration), or None when that format holds no multi-graph bundle."""
+    from ..hooks.contracts import Format, optional
+    from ..hooks.manager import registry
+
+    formats = registry().formats()
+    fmt = formats.get(name) if isinstance(name, str) else None
+    declared = optional(fmt, Format, "component_format") if fmt is not None else None
+    inner = declared() if declared else None
+    return formats.get(inner) if isinstance(inner, str) else None
+
+
+def multi_formats() -> list[str]:
+    """The registered formats a multi-graph export may be written in."""
+    from ..hooks.manager import registry
+
+    return sorted(n for n in registry().formats() if component_format(n) is not None)
+
+
+def atc_headed(component: Any) -> bool:
+    """Whether the components are headed for ATC (their format declares ATC's opsets): then the bundle has the
+    top-level ``atc/convert.sh`` and ``cann-export convert`` compiles it."""
+    return getattr(component, "atc_opsets", None) is not None
+
+
+def _check(plan: Plan, output: Path, options: dict[str, Any]) -> tuple[str, Any]:
     fmt = options.pop("export_format", "atc_ready")
-    if fmt != "atc_ready":
-        raise OptionsError(f"a multi-graph model ({plan.kind}) exports as an atc_ready bundle directory of "
-                           f"components, not --format {fmt}; pass --format atc_ready (convert it with "
-                           "`cann-export convert` or atc/convert.sh)")
+    return fmt, check_request(f"a multi-graph model ({plan.kind})", fmt, output, options)
+
+
+def check_request(what: str, fmt: str, output: Path, options: dict[str, Any]) -> Any:
+    """The component Format of a multi-graph export of ``what`` in format ``fmt`` to ``output``, or a refusal
+    (checked before any load, and again when the plan is written)."""
+    component = component_format(fmt)
+    if component is None:
+        raise OptionsError(f"{what} exports several graphs, as a bundle directory of components in --format "
+                           f"{' or '.join(multi_formats())}, not --format {fmt}; pass --format atc_ready (then "
+                           "`cann-export convert` compiles every graph) or --format onnx (the ONNX graphs, each "
+                           "validated)")
     if options.get("publish"):
         raise OptionsError("--publish is not supported for a multi-graph export yet; export, then "
                            "`cann-export zoo publish BUNDLE NAME`")
-    if output.suffix:
+    if Path(output).suffix:
         raise OptionsError(f"a multi-graph bundle is a directory; pass an output without a suffix, not "
-                           f"{output.name}", path=output)
-    return output
+                           f"{Path(output).name}", path=output)
+    return component
 
 
 def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, metadata: dict[str, str] | None,
@@ -114,7 +155,8 @@ def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, 
     where.parent.mkdir(exist_ok=True)
     hints = dict(options.get("atc_hints") or {})
     shaped = any(h in hints for h in (*DYNAMIC_HINTS, "input_shape"))
-    if getattr(comp.module, "graph_dynamic_axes", None) and not shaped:
+    if getattr(comp.module, "graph_dynamic_axes", None) and not shaped and atc_headed(component_format(
+            options["export_format"])):
         from ..atc.dynamic_form import range_cann
         from ..options import ExportOptions
 
@@ -123,7 +165,7 @@ def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, 
         else:
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
     try:
-        return export_one(comp.module, where, "atc_ready", example_inputs=comp.example_inputs,
+        return export_one(comp.module, where, example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
                           **{**options, "atc_hints": hints})
     except ExportError as e:
@@ -148,11 +190,18 @@ def component_summary(manifest: dict[str, Any], name: str) -> dict[str, Any]:
     parity = manifest.get("parity") or {}
     fp32 = (parity.get("fp32") or {}).get("passed") if isinstance(parity.get("fp32"), dict) else None
     device = (parity.get("device") or {}).get("passed") if isinstance(parity.get("device"), dict) else None
-    return {"passed": parity.get("passed") is True, "fp32_passed": fp32, "device_passed": device,
+    passed = parity.get("passed") if isinstance(parity.get("passed"), bool) else None  # None: not validated
+    return {"passed": passed, "fp32_passed": fp32, "device_passed": device,
             "path": f"{COMPONENTS_DIR}/{name}"}
 
 
-def build_manifest(plan: Plan, results: dict[str, Any], root: Path) -> dict[str, Any]:
+def multi_ok(manifest: dict[str, Any]) -> bool:
+    """An export's verdict from its (checked) top-level manifest: no component failed its parity (one exported
+    with --no-validate records none)."""
+    return all(v is not False for v in (manifest["parity"].get("components") or {}).values())
+
+
+def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "atc_ready") -> dict[str, Any]:
     from ..fs import digests
 
     components = []
@@ -167,15 +216,16 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path) -> dict[str,
     first = results[plan.components[0].name].manifest
     return {
         "schema": SCHEMA,
-        "format": "atc_ready",
+        "format": fmt,
         "kind": plan.kind,
         "components": components,
         "connections": [{"from": {"component": a, "output": o}, "to": {"component": b, "input": i}}
                         for a, o, b, i in plan.connections],
         "run": dict(plan.notes),
-        "parity": {"passed": all(v["passed"] for v in verdicts.values()),
+        "parity": {"passed": all(v["passed"] is True for v in verdicts.values()),
                    "components": {n: v["passed"] for n, v in verdicts.items()}},
-        "atc": {"script": CONVERT, "soc_version": (first.get("atc") or {}).get("soc_version")},
+        **({"atc": {"script": CONVERT, "soc_version": (first.get("atc") or {}).get("soc_version")}}
+           if (root / CONVERT).is_file() else {}),
         "provenance": dict(first.get("provenance") or {}),
         "files": digests.file_table(root),
     }

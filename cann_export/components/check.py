@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ValidateError
-from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, convert_script
+from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
 from .plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
@@ -145,8 +145,21 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
+    diffs += format_problems(manifest, owns)
     diffs += script_problems(directory, manifest)
     return manifest, diffs
+
+
+def format_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
+    """The top-level format holds multi-graph bundles, and every component is written in the format it declares
+    for them (which says whether the bundle has an ATC script)."""
+    inner = component_format(manifest.get("format"))
+    if inner is None:
+        return [f"manifest.json format: {str(manifest.get('format'))[:80]!r} is not a format of multi-graph bundles "
+                "(or the plugin that wrote it is not loaded)"]
+    return [f"{COMPONENTS_DIR}/{name}/manifest.json format: {str(own.get('format'))[:80]!r}, not {inner.name!r} "
+            f"(the components of a {manifest['format']} bundle)" for name, own in owns.items()
+            if own.get("format") != inner.name]
 
 
 def connection_problems(manifest: dict[str, Any], names: dict[str, dict[str, set[str]]]) -> list[str]:
@@ -163,9 +176,13 @@ def connection_problems(manifest: dict[str, Any], names: dict[str, dict[str, set
 
 
 def script_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
-    """atc/convert.sh is the script this tool renders for the components, and listed in the file table."""
+    """atc/convert.sh is the script this tool renders for the components, and listed in the file table (a bundle
+    whose components are not headed for ATC has none)."""
     diffs = []
     script = directory / CONVERT
+    if not atc_headed(component_format(manifest.get("format"))):
+        there = script.exists() or script.is_symlink() or CONVERT in manifest["files"]
+        return [f"{CONVERT}: a --format {str(manifest.get('format'))[:40]} bundle has no ATC script"] if there else []
     expected = convert_script([c["name"] for c in manifest["components"]])
     try:
         actual = script.read_text(encoding="utf-8") if script.is_file() and not script.is_symlink() else None
@@ -268,7 +285,8 @@ def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
     manifest, diffs = check_multi(directory)
     if diffs:
         raise BundleMismatchError(diffs, path=directory, stage="inspect")
-    return {"kind": "multi-graph", "schema": SCHEMA, "bundle_kind": manifest.get("kind"),
+    return {"kind": "multi-graph", "schema": SCHEMA, "format": manifest.get("format"),
+            "bundle_kind": manifest.get("kind"),
             "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"])}
                            for c in manifest["components"]},
             "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
@@ -287,10 +305,16 @@ def convert_multi(path: Path, output: str | Path | None, soc_version: str | None
     from ..bundle.rederive import BundleMismatchError
     from ..fs import atomic
 
+    from ..errors import OptionsError
+
     path = Path(path)
     manifest, diffs = check_multi(path)
     if diffs:
         raise BundleMismatchError(diffs, path=path, stage="convert")
+    if not atc_headed(component_format(manifest.get("format"))):
+        raise OptionsError(f"{path} is a --format {manifest.get('format')} multi-graph bundle: its graphs carry no ATC "
+                           "options to convert with; export the model again with --format atc_ready, then convert "
+                           "that bundle", path=path)
     out = Path(output) if output else path.with_name(f"{path.name}_om")
     atomic.check_target(out, overwrite)
     staging = atomic.staging_dir(out)

@@ -99,7 +99,7 @@ def _checked(bundle: Path, path: Path, output: Path) -> MultiResult:
     result (verdict, components) comes from the checked manifests, never from the child's message."""
     from ..bundle.read import load_manifest_file
     from ..fs import digests
-    from .bundle import component_summary
+    from .bundle import component_summary, multi_ok
     from .check import check_multi
 
     if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
@@ -110,6 +110,7 @@ def _checked(bundle: Path, path: Path, output: Path) -> MultiResult:
                           path=str(path), stage="write")
     components = {c["name"]: component_summary(load_manifest_file(bundle / c["path"] / "manifest.json"), c["name"])
                   for c in manifest["components"]}
-    return MultiResult(ok=manifest["parity"]["passed"], output=str(output), kind=manifest["kind"],
+    return MultiResult(ok=multi_ok(manifest), output=str(output), kind=manifest["kind"],
                        components=components, manifest=manifest,
-                       manifest_sha256=digests.sha256_file(bundle / "manifest.json"))
+                       manifest_sha256=digests.sha256_file(bundle / "manifest.json"),
+                       format=str(manifest.get("format")))

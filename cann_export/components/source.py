@@ -1,7 +1,7 @@
-"""Where a multi-graph export starts: which calls are multi-graph (a task of several graphs, or ``kv_cache``),
-and a Hugging Face model directory loaded with the hf package's checks (its config read within bounds, the task
-detected from it, safetensors only unless --trust-pickle, files inside the directory, no remote code unless
-allowed), the config and tokenizer files carried into the bundle."""
+"""Where a multi-graph export of a model directory starts (which calls are multi-graph, the loaders declare:
+``Loader.graphs``, asked by ``api.graphs``): a Hugging Face model directory loaded with the hf package's checks
+(its config read within bounds, the task detected from it, safetensors only unless --trust-pickle, files inside
+the directory, no remote code unless allowed), the config and tokenizer files carried into the bundle."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,37 +12,6 @@ from .plan import DECODER_TASKS, SEQ2SEQ_TASKS
 
 # Optimum's tasks this package exports as several graphs (the hf task table marks them graphs > 1)
 SUPPORTED = (*DECODER_TASKS, *SEQ2SEQ_TASKS)
-
-
-def multi_task(model: Any, options: dict[str, Any]) -> str | bool:
-    """The multi-graph task of this export call (True: ``kv_cache`` asks for one, the model decides which),
-    else False: a single-graph export."""
-    task = options.get("task")
-    if isinstance(model, (str, Path)):
-        from ..hf import files as hf_files
-
-        path = Path(model)
-        if not (path.is_dir() and hf_files.is_model_directory(path)):
-            return bool(options.get("kv_cache"))
-        from ..hf.config import read_config
-        from ..hf.tasks import detect
-
-        try:  # whatever cannot be told here, the single-graph loader refuses with its own message
-            directory, roots = hf_files.resolve(path)
-            config_path = hf_files.check_inside(directory / hf_files.CONFIG, roots)
-            config = read_config(directory, bool(options.get("trust_remote_code")))
-            if "auto_map" in config:
-                return bool(options.get("kv_cache"))
-            _, found = detect(config, task, config_path)
-        except LoadError:
-            return bool(options.get("kv_cache"))
-        return found.name if found.graphs > 1 else bool(options.get("kv_cache"))
-    if task is not None:
-        from ..hf.tasks import ALL_TASK_NAMES, TASKS
-
-        if task in ALL_TASK_NAMES and getattr(TASKS.get(task), "graphs", 1) > 1:
-            return task
-    return bool(options.get("kv_cache"))
 
 
 def load_directory(path: Path, task: str | None, options: dict[str, Any]) -> tuple[Any, str, dict[str, bytes]]:

@@ -76,8 +76,8 @@ class HfDirectoryLoader:
             arch, task = (config.get("architectures") or ["remote"])[0], TASKS.get(options.task)
             if task is None:
                 detect(config, options.task, config_path)  # names the valid tasks
-        else:
-            arch, task = detect(config, options.task, config_path)
+        else:  # remote code exports one graph (several load transformers' own classes only): no -with-past default
+            arch, task = detect(config, options.task, config_path, with_past="auto_map" not in config)
         _single_graph(task, config_path)
         safetensors, weights = checked_weights(directory, roots, bool(options.trust_pickle))
         carried = hf_files.companions(directory, roots)
@@ -104,14 +104,66 @@ class HfDirectoryLoader:
             return None
         config = module.config.to_dict()
         config["architectures"] = [type(module).__name__]
-        try:
-            arch, task = detect(config, options.task, f"<in-memory {type(module).__name__}>")
+        try:  # an in-memory model keeps the single graph by default (several: task=... or kv_cache=...)
+            arch, task = detect(config, options.task, f"<in-memory {type(module).__name__}>", with_past=False)
         except LoadError:
             if options.task is not None:
                 raise
             return None  # a class of no task (the user's own subclass): exported as called, with its inputs
         _single_graph(task, None)
         return _loaded(for_task(module, task, arch), config, arch, task, None)
+
+    def graphs(self, source: Any, options: dict[str, Any]) -> str | None:
+        """The multi-graph task of exporting ``source``: a model directory's (``--task`` or detected: a causal LM
+        defaults to text-generation-with-past, as in Optimum) or an in-memory transformers model's ``task``;
+        ``"auto"`` when only ``kv_cache`` asks for several graphs; None for one graph (or a source not this
+        loader's). What cannot be told here the single-graph load refuses with its own message."""
+        from ..errors import LoadError
+        from .tasks import detect
+
+        task, several = options.get("task"), "auto" if options.get("kv_cache") else None
+        if isinstance(source, (str, Path)):
+            path = Path(source)
+            if not (path.is_dir() and hf_files.is_model_directory(path)):
+                return None
+            try:
+                config, where = _directory_config(path, bool(options.get("trust_remote_code")))
+                if "auto_map" in config:
+                    return several
+                _, found = detect(config, task, where)
+            except LoadError:
+                return several
+            return found.name if found.graphs > 1 else several
+        from .model import is_pretrained
+
+        if not is_pretrained(source):
+            return None
+        return _in_memory_graphs(source, task) or several
+
+
+def _directory_config(path: Path, trust_remote_code: bool) -> tuple[dict[str, Any], Path]:
+    from .config import read_config
+
+    directory, roots = hf_files.resolve(path)
+    where = hf_files.check_inside(directory / hf_files.CONFIG, roots)
+    return read_config(directory, trust_remote_code), where
+
+
+def _in_memory_graphs(module: Any, task: str | None) -> str | None:
+    """``task`` when it exports ``module`` as several graphs (its class decides where a name is both, as
+    automatic-speech-recognition is for Whisper and CTC models); None otherwise."""
+    from ..errors import LoadError
+    from .tasks import detect, graphs_of
+
+    if task is None:
+        return None
+    config = module.config.to_dict()
+    config["architectures"] = [type(module).__name__]
+    try:
+        _, found = detect(config, task, f"<in-memory {type(module).__name__}>")
+    except LoadError:  # a class of no task table: the name decides (the plan then checks the model)
+        return task if graphs_of(task) > 1 else None
+    return found.name if found.graphs > 1 else None
 
 
 def _known(arch: str) -> bool:

@@ -109,18 +109,11 @@ def tasks_of(arch: str) -> list[Task]:
     return found
 
 
-def default_task(found: list[Task]) -> Task:
-    """The first task of ``found`` (``tasks_of``), in its ``-with-past`` form where that is a task of the class
-    too and the task is several graphs anyway: Optimum's rule (``--task`` not given: past key values are reused),
-    so an encoder-decoder (T5, Whisper) exports encoder + decoder + decoder_with_past. A decoder's
-    text-generation stays the single graph (``--kv-cache`` or ``--task text-generation-with-past`` for two)."""
-    first = found[0]
-    past = next((t for t in found if t.name == f"{first.name}-with-past"), None)
-    return past if past is not None and first.graphs > 1 else first
-
-
-def detect(config: dict[str, Any], requested: str | None, path: Any = None) -> tuple[str, Task]:
-    """(the architecture, its task): ``requested`` (--task) when the architecture does it, else its default."""
+def detect(config: dict[str, Any], requested: str | None, path: Any = None,
+           with_past: bool = True) -> tuple[str, Task]:
+    """(the architecture, its task): ``requested`` (--task) when the architecture does it, else its default:
+    as in Optimum's main_export, the ``-with-past`` form of the first task when the architecture has one and
+    config.json's ``use_cache`` is not false (``with_past=False``: the first task as it is)."""
     archs = config.get("architectures") or []
     if not archs:
         raise LoadError("config.json names no architectures, so the task cannot be told; re-save the model with "
@@ -135,13 +128,26 @@ def detect(config: dict[str, Any], requested: str | None, path: Any = None) -> t
                         "of transformers' auto-model tables lists it); a custom class needs --trust-remote-code and "
                         "--task, or export it from Python with cann_export.export(model, ...)", path=path)
     if requested is None:
-        return arch, default_task(found)
+        return arch, default_task(found, config) if with_past else found[0]
     for task in found:
         if task.name == requested:
             return arch, task
     names = ", ".join(dict.fromkeys(t.name for t in found))
     raise LoadError(f"--task {requested} is not a task of {arch} (config.json's architectures); it does: {names}. "
                     "Pass one of those, or a directory saved from a class with that head", path=path)
+
+
+def default_task(found: list[Task], config: dict[str, Any]) -> Task:
+    """The first of ``found``, or its ``-with-past`` form (a decoder's prefill + decode, an encoder-decoder's
+    decoder_with_past) when the architecture has it and the model keeps a cache (``use_cache``, true unless the
+    config says false: transformers' default for every class with a cache)."""
+    past = next((t for t in found if t.name == f"{found[0].name}-with-past"), None)
+    return past if past is not None and config.get("use_cache", True) is not False else found[0]
+
+
+def graphs_of(name: str | None) -> int:
+    """How many graphs the task ``name`` exports as at most (1 for a single-graph task or an unknown name)."""
+    return max((t.graphs for t in (*TASKS.values(), *ASR_SEQ2SEQ) if t.name == name), default=1)
 
 
 def outputs_of(task: Task, arch: str, model_type: str) -> dict[str, dict[int, str]]:

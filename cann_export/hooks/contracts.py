@@ -42,6 +42,13 @@ class LoaderOptional(Protocol):
         or None to leave it as it is; ``inputs_given``: the caller passed example inputs (or a call was
         recorded). Default: None."""
 
+    def graphs(self, source: Any, options: dict[str, Any]) -> str | None:
+        """Whether exporting ``source`` (a path this loader reads, or an in-memory model it would ``adopt``)
+        with export()'s keyword ``options`` gives several graphs: the multi-graph task (Optimum's name, e.g.
+        ``text-generation-with-past``) or ``"auto"`` (``kv_cache`` asks for several; the model decides which),
+        else None, a single-graph export. The core asks every loader that declares it (highest ``priority``
+        first) before the single-graph pipeline. Default: None."""
+
 
 @runtime_checkable
 class Pass(Protocol):
@@ -168,6 +175,12 @@ class FormatOptional(Protocol):
         """What an export's result (written to ``output``) says about the artifact beyond the common
         fields. Default: nothing."""
 
+    def component_format(self) -> str | None:
+        """The registered format each graph of a multi-graph export in this format is written in (a directory
+        bundle with its manifest and parity data, so validate re-derives it); the bundle gets a top-level ATC
+        script when that format declares ``atc_opsets``. None, or left out: a multi-graph export is refused in
+        this format."""
+
 
 @runtime_checkable
 class Validator(Protocol):
@@ -235,10 +248,10 @@ CONTRACTS: dict[str, type] = {
 }
 
 OPTIONAL: dict[type, tuple[str, ...]] = {
-    Loader: ("matches_directory", "adopt"),
+    Loader: ("matches_directory", "adopt", "graphs"),
     Pass: PASS_METHODS,
     Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info",
-             "runs_programs"),
+             "runs_programs", "component_format"),
     AtcHint: ("render",),
 }
 """The members each contract lets a plugin leave out (their signatures: ``PassOptional``,

@@ -115,14 +115,15 @@ def _stage_multi(staged: Any, path: Path) -> None:
     from ..bundle.read import load_manifest_file
 
     atc = load_manifest_file(path / first).get("atc") or {}
-    key = target_key("atc_ready", atc.get("soc_version"), atc.get("precision_mode"))
+    fmt = str(manifest.get("format") or "atc_ready")  # checked by check_multi: a format of multi-graph bundles
+    key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
     if key in staged.artifacts:
         raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
     base = f"artifacts/{key}"
     for rel in sorted(manifest["files"]) + ["manifest.json"]:
         staged.copy(path / rel, f"{base}/{rel}")
     staged.artifacts[key] = {
-        "format": "atc_ready", "soc_version": atc.get("soc_version"), "precision_mode": atc.get("precision_mode"),
+        "format": fmt, "soc_version": atc.get("soc_version"), "precision_mode": atc.get("precision_mode"),
         "path": base, "model_file": "manifest.json", "bundle": True, "multi_graph": manifest.get("kind"),
         "components": [c["name"] for c in manifest["components"]], "parity": manifest.get("parity"),
     }

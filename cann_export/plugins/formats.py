@@ -1,7 +1,7 @@
-"""Built-in formats: a plain .onnx file and the atc_ready bundle."""
+"""Built-in formats: a plain .onnx file, the atc_ready bundle and the onnx_bundle directory."""
 from __future__ import annotations
 
-from ..bundle.formats import AtcReadyFormat, OnnxFormat
+from ..bundle.formats import AtcReadyFormat, OnnxBundleFormat, OnnxFormat
 from ..hooks.specs import hookimpl
 
 
@@ -9,3 +9,4 @@ from ..hooks.specs import hookimpl
 def register_formats(register):
     register(OnnxFormat())
     register(AtcReadyFormat())
+    register(OnnxBundleFormat())

@@ -21,7 +21,7 @@ class HfCase:
     task: str  # what cann-export detects (or --task, when ``flag``)
     inputs: list[str]
     outputs: list[str]
-    flag: bool = False  # detection picks a multi-graph task: pass --task
+    flag: bool = False  # detection picks a multi-graph task (a decoder's default is -with-past): pass --task
     encoder: bool = False  # the eager yardstick is model.get_encoder()
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -36,11 +36,11 @@ CASES = {
                          "question-answering", ["input_ids", "attention_mask"], ["start_logits", "end_logits"]),
     "gpt2": HfCase("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=100, n_embd=32, n_layer=1, n_head=2,
                                                          n_positions=64),
-                   "text-generation", ["input_ids", "attention_mask", "position_ids"], ["logits"]),
+                   "text-generation", ["input_ids", "attention_mask", "position_ids"], ["logits"], flag=True),
     "llama": HfCase("LlamaForCausalLM", "LlamaConfig", {**TEXT, "num_key_value_heads": 1}, "text-generation",
-                    ["input_ids", "attention_mask", "position_ids"], ["logits"]),
+                    ["input_ids", "attention_mask", "position_ids"], ["logits"], flag=True),
     "qwen2": HfCase("Qwen2ForCausalLM", "Qwen2Config", {**TEXT, "num_key_value_heads": 1}, "text-generation",
-                    ["input_ids", "attention_mask", "position_ids"], ["logits"]),
+                    ["input_ids", "attention_mask", "position_ids"], ["logits"], flag=True),
     "mistral": HfCase("MistralModel", "MistralConfig", {**TEXT, "num_key_value_heads": 1}, "feature-extraction",
                       ["input_ids", "attention_mask"], ["last_hidden_state"]),
     "vit": HfCase("ViTForImageClassification", "ViTConfig",
