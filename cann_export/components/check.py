@@ -226,12 +226,13 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
         wrong = sorted(set(actual) ^ set(expected))[:3]
         problems.append(f"manifest.json connections: not the {len(expected)} that a {kind} bundle's graphs give "
                         f"({len(actual)} recorded; differing: {', '.join(map(str, wrong)) or 'duplicates'})")
-    length = None
+    length, batch = None, 1
     if kind == "decoder-with-static-cache":
         shapes = {v["name"]: v.get("shape") for v in owns["decode"]["model"]["inputs"]}
         shape = shapes.get("past_key_values.0.key")
         length = shape[2] if isinstance(shape, list) and len(shape) == 4 else None
-    if manifest.get("run") != run_notes(kind, length):
+        batch = shape[0] if length is not None and isinstance(shape[0], int) else 1
+    if manifest.get("run") != run_notes(kind, length, batch):
         problems.append(f"manifest.json run: not the run notes of a {kind} bundle "
                         f"{'with ' + str(length) + ' cache slots ' if length is not None else ''}"
                         "(re-derived from its graphs)")

@@ -135,18 +135,23 @@ def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
     return out
 
 
-def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False) -> list[dict[str, int]]:
+def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False,
+                 hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
     """The sizes parity runs at besides the example's: each dimension at each of its points (the sizes ATC
-    builds: every gear when the gear form is rendered, ``gear_form``, else the range's ends and middle) with
-    the others at the example's size."""
-    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form)
+    builds: the gears of a user's gear hint, ``hints``; every gear when the gear form is rendered,
+    ``gear_form``; else the range's ends and middle) with the others at the example's size."""
+    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints)
 
 
-def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool) -> list[dict[str, int]]:
+def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool,
+                hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
     """shape_points from the example's size per dimension name (validate re-derives them from a bundle)."""
+    from ..atc.hint_gears import axes_hint_sizes
+
+    gears = axes_hint_sizes(axes, hints or {})
     points: list[dict[str, int]] = []
     for name, a in symbols(axes).items():
-        for size in a.points(gear_form):
+        for size in gears.get(name) or a.points(gear_form):
             point = {**example, name: size}
             if point != example and point not in points:
                 points.append(point)
@@ -164,7 +169,8 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
 
     feed, opts = ctx.example_inputs, ctx.options
     check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
-    for k, point in enumerate(shape_points(axes, feed, renders_gears(axes, opts.cann_version, opts.atc_hints))):
+    gear_form = renders_gears(axes, opts.cann_version, opts.atc_hints)
+    for k, point in enumerate(shape_points(axes, feed, gear_form, opts.atc_hints)):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]
