@@ -57,6 +57,18 @@ def test_component_parity_runs_at_each_dimensions_ends_and_middle(dynamic_bundle
     assert api.validate(dynamic_bundle)["passed"] is True  # every shape re-derived from the stored sets
 
 
+def test_a_component_range_widened_after_parity_is_refused(dynamic_bundle):
+    from cann_export.components.shape_check import component_shape_problems
+
+    own = _manifest(dynamic_bundle, "decode")
+    assert component_shape_problems("decode", own) == []
+    hints = own["atc"]["hints"]
+    hints["input_shape"] = hints["input_shape"].replace("1~15", "1~31").replace("2~16", "2~32")
+    assert "a range changed after parity ran" in component_shape_problems("decode", own)[0]
+    hints["input_shape"] = hints["input_shape"].replace("2~32", "2~16")  # the mask and the past disagree
+    assert "another input's past_sequence_length has" in component_shape_problems("decode", own)[0]
+
+
 def test_component_shape_sets_are_consistent_across_the_graphs(dynamic_bundle):
     """decode at past length P: a mask of P + 1, the past's sequence axis P, positions after it, and the past
     itself is prefill's cache at P tokens (the keys of a real prompt, not noise)."""

@@ -24,13 +24,13 @@ def dims(module: Any, feed: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
     out: dict[str, tuple[int, int, int]] = {}
     for name in getattr(module, "graph_input_names", ()):
         for axis, label in (getattr(module, "graph_dynamic_axes", {}) or {}).get(name, {}).items():
-            base, plus = _split(label)
+            base, plus = split(label)
             low, high = module.dim_bounds[base]
             out.setdefault(base, (int(feed[name].shape[axis]) - plus, low, high))
     return out
 
 
-def _split(label: str) -> tuple[str, int]:
+def split(label: str) -> tuple[str, int]:
     base, _, plus = label.partition(" + ")
     return base, int(plus or 0)
 
@@ -39,7 +39,7 @@ def slots(module: Any) -> list[tuple[str, int]]:
     """The (dimension, offset) of each symbolic input dim in order: the -1s of ATC's ``--input_shape``, which a
     ``dynamic_dims`` profile gives one value each."""
     axes = getattr(module, "graph_dynamic_axes", {}) or {}
-    return [_split(axes[n][axis]) for n in getattr(module, "graph_input_names", ()) for axis in sorted(axes.get(n, {}))]
+    return [split(axes[n][axis]) for n in getattr(module, "graph_input_names", ()) for axis in sorted(axes.get(n, {}))]
 
 
 Point = dict[str, int]
@@ -49,9 +49,15 @@ def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = Non
                                                                                           list[str]]:
     """(the example's point, the extra points parity runs at, notes on what the caps left out): each dimension at
     its hint gears or its range's ends and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
-    found = dims(module, feed)
+    return points_of(dims(module, feed), slots(module), hints)
+
+
+def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]],
+              hints: dict[str, Any] | None) -> tuple[Point, list[Point], list[str]]:
+    """``points`` from the dimensions (``dims``) and the -1 slots (``slots``): validate re-derives them from a
+    component's graph and ATC ranges."""
     example = {n: v[0] for n, v in found.items()}
-    gears = hint_sizes(hints or {}, slots(module), batch_names=("batch_size",))
+    gears = hint_sizes(hints or {}, order, batch_names=("batch_size",))
     out: list[dict[str, int]] = []
     notes = []
     for name, (_, low, high) in found.items():
@@ -125,7 +131,7 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any) -> dict[str
         if name not in feed:
             shape = list(comp.example_inputs[name].shape)
             for axis, label in axes.get(name, {}).items():
-                base, plus = _split(label)
+                base, plus = split(label)
                 shape[axis] = point[base] + plus
             feed[name] = _drawn(name, comp.example_inputs[name], shape, point, comp.module, gen)
     return feed
