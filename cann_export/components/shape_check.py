@@ -3,9 +3,12 @@ its graph's symbolic dimensions and recorded ATC ranges build (components/gears.
 never from the module that wrote it): a range widened after parity ran is refused, as for a single graph."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .gears import points_of, split
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 def _ranges(hints: dict[str, Any]) -> dict[str, list[str]] | None:
@@ -40,7 +43,7 @@ def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
             base, plus = split(dim)
             cells = ranges.get(value["name"]) or []
             low, _, high = (cells[axis] if axis < len(cells) else "").partition("~")
-            if not (low.isdigit() and high.isdigit()) or not isinstance(example.get(base), int):
+            if not (_DIGITS.fullmatch(low) and _DIGITS.fullmatch(high)) or not isinstance(example.get(base), int):
                 return [f"{where}: {value['name']}:{axis} ({dim}) has no ATC range or no example size; export again"]
             order.append((base, plus))
             bounds = (example[base], int(low) - plus, int(high) - plus)
