@@ -162,6 +162,17 @@ def test_a_batch_gear_hint_moves_single_graph_parity_to_its_gears(root):
     assert api.validate(out)["passed"] is True  # validate re-derives the hint's gears as the parity shapes
 
 
+def test_a_batch_gear_hint_on_a_static_source_makes_the_batch_dynamic(root):
+    """A hint asks ATC for batch gears: a graph exported at the example's batch alone would not run at them."""
+    out = root / "conv_static_hint"
+    result = api.export(Conv(), out, input_shapes=["x:2,3,8,8"], atc_hints={"dynamic_batch_size": "1,3"})
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert result.ok and [r["shape"] for r in manifest["parity"]["shapes"]] == [{"batch": 2}, {"batch": 1},
+                                                                                {"batch": 3}]
+    assert ort.InferenceSession(str(out / "model.onnx")).get_inputs()[0].shape == ["batch", 3, 8, 8]
+    assert manifest["atc"]["dynamic"]["axes"][0]["source"] == "--atc-hint dynamic_batch_size"
+
+
 @pytest.fixture(scope="module")
 def static_batch(root):
     model = _gpt2()

@@ -43,11 +43,29 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     for a in asked:
         _check_asked(a, feed, program, ctx.loaded.kind)
         found[(a.input, a.axis)] = a
+    _hinted_batch(ctx.options.atc_hints or {}, found, feed)
     limit = _position_limit(ctx.model)
     axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
     axes = _propagate(axes, feed)
     _check_names(axes)
     return sorted(axes, key=lambda a: (list(feed).index(a.input), a.axis))
+
+
+def _hinted_batch(hints: dict[str, Any], found: dict[tuple[str, int], DynamicAxis], feed: dict[str, Any]) -> None:
+    """``--atc-hint dynamic_batch_size=G1,G2,...`` with no dynamic batch: axis 0 of every input of the example's
+    batch (where ATC puts -1) becomes ``batch`` over the gears and the example's size, so the graph runs at the
+    gears and parity is judged there (a model that cannot is exported static with a warning)."""
+    from ..atc.hint_gears import hint_sizes
+
+    gears = hint_sizes(hints, [], ("batch",)).get("batch")
+    ranked = [(n, t) for n, t in feed.items() if hasattr(t, "dim") and t.dim() >= 1]
+    if not gears or not ranked or any(axis == 0 for _, axis in found):
+        return
+    size = int(ranked[0][1].shape[0])
+    for name, tensor in ranked:
+        if int(tensor.shape[0]) == size:
+            found[(name, 0)] = DynamicAxis(name, 0, "batch", min(*gears, size), max(*gears, size),
+                                           source="--atc-hint dynamic_batch_size")
 
 
 def _check_asked(a: DynamicAxis, feed: dict[str, Any], program: dict, kind: str) -> None:
