@@ -43,7 +43,8 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     for a in asked:
         _check_asked(a, feed, program, ctx.loaded.kind)
         found[(a.input, a.axis)] = a
-    _hinted_batch(ctx.options.atc_hints or {}, found, feed)
+    if "dynamic_shapes" not in extras:  # a module declaring its own (a multi-graph component) keeps them
+        _hinted_batch(ctx.options.atc_hints or {}, found, feed)
     limit = _position_limit(ctx.model)
     axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
     axes = _propagate(axes, feed)
