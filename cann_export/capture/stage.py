@@ -37,6 +37,10 @@ def capture(ctx: ExportContext) -> str | None:
     from .dynamic_dims import name_dims
 
     name_dims(ctx)  # the symbolic dims named after the axes; an axis the graph fixed is a warning
+    if ctx.loaded.extras.get("shape_sets"):  # a component's parity sizes: those of a dimension the graph fixed go
+        from ..inputs.given_shapes import drop_unfit_sets
+
+        drop_unfit_sets(ctx)
     return _record(ctx, name, attempts, traced)
 
 

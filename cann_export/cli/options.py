@@ -60,8 +60,9 @@ def _model_flags() -> dict[str, Flag]:
         "task": Flag("A Hugging Face model directory's task, in Optimum's names (text-classification, "
                      "feature-extraction, ...); default: detected from config.json's architectures."),
         "kv_cache": Flag("A decoder's KV cache, exported as prefill + decode graphs: 'dynamic' (a growing cache, "
-                         "symbolic lengths) or 'static:N' (N fixed slots: every shape static, for ATC's static "
-                         "path). Implies --task text-generation-with-past.", decls=("--kv-cache",)),
+                         "symbolic lengths) or 'static:N[,batch=B]' (N fixed slots, B fixed rows, default 1: every "
+                         "shape static, for ATC's static path). Implies --task text-generation-with-past.",
+                         decls=("--kv-cache",)),
         "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
                                   "classes, which run on load; inside the load sandbox)."),
     }

@@ -72,7 +72,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         for done, comp in enumerate(plan.components):
             with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
                 events.advance("components", done, len(plan.components))
-            results[comp.name] = _export_component(comp, staging, export_one, progress, metadata,
+            results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
                                                    {**options, "export_format": component.name})
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
@@ -147,8 +147,8 @@ def check_request(what: str, fmt: str, output: Path, options: dict[str, Any]) ->
     return component
 
 
-def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, metadata: dict[str, str] | None,
-                      options: dict[str, Any]) -> Any:
+def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, progress: Any,
+                      metadata: dict[str, str] | None, options: dict[str, Any]) -> Any:
     """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges in the form the target
     CANN takes unless the caller gave a dynamic hint; an error names the component."""
     where = staging / COMPONENTS_DIR / comp.name
@@ -164,6 +164,9 @@ def _export_component(comp: Any, staging: Path, export_one: Any, progress: Any, 
             hints["input_shape"] = comp.module.shape_ranges(comp.example_inputs, brackets=False)
         else:
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
+    from .gears import shape_sets
+
+    comp.module.graph_shape_sets = shape_sets(plan, comp, hints)  # parity at the dynamic sizes, or the hint's gears
     try:
         return export_one(comp.module, where, example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),

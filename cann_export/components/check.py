@@ -140,6 +140,9 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
             if set(c[key]) != real[key]:
                 diffs.append(f"manifest.json components[{c['name']}].{key}: differ from {c['path']}/manifest.json")
     diffs += connection_problems(manifest, names)
+    from .shape_check import component_shape_problems
+
+    diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own)]
     if len(owns) == len(manifest["components"]):
         diffs += wiring_problems(manifest, owns)
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
@@ -243,12 +246,13 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
         wrong = sorted(set(actual) ^ set(expected))[:3]
         problems.append(f"manifest.json connections: not the {len(expected)} that a {kind} bundle's graphs give "
                         f"({len(actual)} recorded; differing: {', '.join(map(str, wrong)) or 'duplicates'})")
-    length = None
+    length, batch = None, 1
     if kind == "decoder-with-static-cache":
         shapes = {v["name"]: v.get("shape") for v in owns["decode"]["model"]["inputs"]}
         shape = shapes.get("past_key_values.0.key")
         length = shape[2] if isinstance(shape, list) and len(shape) == 4 else None
-    if manifest.get("run") != run_notes(kind, length):
+        batch = shape[0] if length is not None and isinstance(shape[0], int) else 1
+    if manifest.get("run") != run_notes(kind, length, batch):
         problems.append(f"manifest.json run: not the run notes of a {kind} bundle "
                         f"{'with ' + str(length) + ' cache slots ' if length is not None else ''}"
                         "(re-derived from its graphs)")

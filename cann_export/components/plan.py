@@ -12,6 +12,7 @@ from ..errors import OptionsError
 
 NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_STATIC_LENGTH = 32768
+MAX_STATIC_BATCH = 2048  # ATC's batch limit
 DECODER_TASKS = ("text-generation-with-past",)
 TEXT2TEXT_TASKS = ("text2text-generation-with-past", "text2text-generation")
 SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition")
@@ -40,16 +41,26 @@ class Plan:
 
 
 def parse_kv_cache(value: Any) -> int | None:
-    """``None`` / ``"dynamic"``: a growing cache (None); ``"static:N"`` or an int N: a fixed window of N slots."""
-    if value is None or value == "dynamic":
-        return None
+    """``None`` / ``"dynamic"``: a growing cache (None); ``"static:N"`` (``"static:N,batch=B"``) or an int N: a
+    fixed window of N slots (the batch: ``static_batch``)."""
+    return None if value is None or value == "dynamic" else _static(value)[0]
+
+
+def static_batch(value: Any) -> int:
+    """The fixed batch of a ``"static:N,batch=B"`` cache (1 when not given)."""
+    return 1 if value is None or value == "dynamic" else _static(value)[1]
+
+
+def _static(value: Any) -> tuple[int, int]:
     text = str(value)
-    m = re.fullmatch(r"(?:static:)?(\d{1,6})", text) if not isinstance(value, bool) else None
-    length = int(m.group(1)) if m else 0
-    if not m or not 2 <= length <= MAX_STATIC_LENGTH:
-        raise OptionsError(f"--kv-cache {text!r} is not 'dynamic' or 'static:N' with N in 2..{MAX_STATIC_LENGTH} "
-                           "(the fixed number of cache slots, e.g. static:256)")
-    return length
+    m = re.fullmatch(r"(?:static:)?(\d{1,6})(?:,batch=(\d{1,5}))?", text.replace(" ", "")) \
+        if not isinstance(value, bool) else None
+    length, batch = (int(m.group(1)), int(m.group(2) or 1)) if m else (0, 0)
+    if not m or not 2 <= length <= MAX_STATIC_LENGTH or not 1 <= batch <= MAX_STATIC_BATCH:
+        raise OptionsError(f"--kv-cache {text!r} is not 'dynamic' or 'static:N[,batch=B]' with N in "
+                           f"2..{MAX_STATIC_LENGTH} (the fixed number of cache slots) and B in 1..{MAX_STATIC_BATCH} "
+                           "(the fixed batch, default 1), e.g. static:256 or static:256,batch=4")
+    return length, batch
 
 
 def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7,
@@ -80,7 +91,8 @@ def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence
             raise OptionsError("--kv-cache static:N is for decoder-only models; an encoder-decoder exports "
                                "encoder, decoder and decoder_with_past")
         return seq2seq_plan(model, sequence_length, with_past=task is None or task.endswith("-with-past"))
-    return decoder_plan(model, sequence_length) if length is None else static_decoder_plan(model, length)
+    return decoder_plan(model, sequence_length) if length is None else \
+        static_decoder_plan(model, length, static_batch(kv_cache))
 
 
 def seq2seq_tasks(model: Any) -> tuple[str, ...]:
@@ -157,10 +169,13 @@ def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:
                           for n in present] + _loop("decoder_with_past", [n for n in present if ".decoder." in n])
 
 
-def run_notes(kind: str, cache_length: int | None = None) -> dict[str, Any]:
-    """The ``run`` notes of a ``kind`` bundle (``cache_length``: the static cache's slots)."""
+def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
+    """The ``run`` notes of a ``kind`` bundle (``cache_length``: the static cache's slots, ``batch``: its fixed
+    batch, recorded when more than 1)."""
     if kind == "decoder-with-static-cache":
-        return {"loop": "decode", "logits": "logits", "cache": f"static:{cache_length}", "cache_length": cache_length,
+        rows = {"batch": batch} if batch != 1 else {}
+        return {"loop": "decode", "logits": "logits", "cache": f"static:{cache_length}"
+                + (f",batch={batch}" if rows else ""), "cache_length": cache_length, **rows,
                 "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"}
     loop = {"decoder-with-past": "decode", "encoder-decoder": "decoder"}.get(kind, "decoder_with_past")
     return {"loop": loop, "logits": "logits", "cache": "none" if kind == "encoder-decoder" else "dynamic"}
@@ -192,27 +207,29 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
                 wiring(kind, list(present)), run_notes(kind))
 
 
-def static_decoder_plan(model: Any, length: int) -> Plan:
-    """Every shape fixed for ATC's static path: ``prefill`` takes a left-padded prompt of exactly ``length``
-    tokens; ``decode`` takes a window of ``length`` cache slots and returns it shifted by the new token."""
+def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
+    """Every shape fixed for ATC's static path: ``prefill`` takes ``batch`` left-padded prompts of exactly
+    ``length`` tokens (the example's rows of different lengths); ``decode`` takes a window of ``length`` cache
+    slots per row and returns it shifted by the new token."""
     import torch
 
     from .wrappers import StaticDecoderStep, StaticPrefill
 
     model = model.eval()
     prefill, step = StaticPrefill(model), StaticDecoderStep(model)
-    prompt = max(1, length // 2)
-    mask = torch.cat([torch.zeros(1, length - prompt, dtype=torch.long), torch.ones(1, prompt, dtype=torch.long)], 1)
-    feed = {"input_ids": _ids(model.config, (1, length), 0), "attention_mask": mask,
+    prompts = [max(1, length // 2 - row % max(1, length // 2)) for row in range(batch)]
+    mask = torch.stack([torch.cat([torch.zeros(length - n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
+                        for n in prompts])
+    feed = {"input_ids": _ids(model.config, (batch, length), 0), "attention_mask": mask,
             "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
     with torch.no_grad():
         present = {k: v for k, v in prefill(**feed).items() if k != "logits"}
-    nxt = {"input_ids": _ids(model.config, (1, 1), 1),
-           "attention_mask": torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1),
-           "position_ids": torch.tensor([[prompt]]), **_past(present)}
+    nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
+           "attention_mask": torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1),
+           "position_ids": torch.tensor(prompts)[:, None], **_past(present)}
     kind = "decoder-with-static-cache"
     return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
-                wiring(kind, list(present)), run_notes(kind, length))
+                wiring(kind, list(present)), run_notes(kind, length, batch))
 
 
 def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:

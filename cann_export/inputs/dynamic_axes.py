@@ -43,11 +43,30 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     for a in asked:
         _check_asked(a, feed, program, ctx.loaded.kind)
         found[(a.input, a.axis)] = a
+    if "dynamic_shapes" not in extras:  # a module declaring its own (a multi-graph component) keeps them
+        _hinted_batch(ctx.options.atc_hints or {}, found, feed)
     limit = _position_limit(ctx.model)
     axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
     axes = _propagate(axes, feed)
     _check_names(axes)
     return sorted(axes, key=lambda a: (list(feed).index(a.input), a.axis))
+
+
+def _hinted_batch(hints: dict[str, Any], found: dict[tuple[str, int], DynamicAxis], feed: dict[str, Any]) -> None:
+    """``--atc-hint dynamic_batch_size=G1,G2,...`` with no dynamic batch: axis 0 of every input of the example's
+    batch (where ATC puts -1) becomes ``batch`` over the gears and the example's size, so the graph runs at the
+    gears and parity is judged there (a model that cannot is exported static with a warning)."""
+    from ..atc.hint_gears import hint_sizes
+
+    gears = hint_sizes(hints, [], ("batch",)).get("batch")
+    ranked = [(n, t) for n, t in feed.items() if hasattr(t, "dim") and t.dim() >= 1]
+    if not gears or not ranked or any(axis == 0 for _, axis in found):
+        return
+    size = int(ranked[0][1].shape[0])
+    for name, tensor in ranked:
+        if int(tensor.shape[0]) == size:
+            found[(name, 0)] = DynamicAxis(name, 0, "batch", min(*gears, size), max(*gears, size),
+                                           source="--atc-hint dynamic_batch_size")
 
 
 def _check_asked(a: DynamicAxis, feed: dict[str, Any], program: dict, kind: str) -> None:
@@ -135,18 +154,23 @@ def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
     return out
 
 
-def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False) -> list[dict[str, int]]:
+def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False,
+                 hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
     """The sizes parity runs at besides the example's: each dimension at each of its points (the sizes ATC
-    builds: every gear when the gear form is rendered, ``gear_form``, else the range's ends and middle) with
-    the others at the example's size."""
-    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form)
+    builds: the gears of a user's gear hint, ``hints``; every gear when the gear form is rendered,
+    ``gear_form``; else the range's ends and middle) with the others at the example's size."""
+    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints)
 
 
-def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool) -> list[dict[str, int]]:
+def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool,
+                hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
     """shape_points from the example's size per dimension name (validate re-derives them from a bundle)."""
+    from ..atc.hint_gears import axes_hint_sizes
+
+    gears = axes_hint_sizes(axes, hints or {})
     points: list[dict[str, int]] = []
     for name, a in symbols(axes).items():
-        for size in a.points(gear_form):
+        for size in gears.get(name) or a.points(gear_form):
             point = {**example, name: size}
             if point != example and point not in points:
                 points.append(point)
@@ -164,7 +188,8 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
 
     feed, opts = ctx.example_inputs, ctx.options
     check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
-    for k, point in enumerate(shape_points(axes, feed, renders_gears(axes, opts.cann_version, opts.atc_hints))):
+    gear_form = renders_gears(axes, opts.cann_version, opts.atc_hints)
+    for k, point in enumerate(shape_points(axes, feed, gear_form, opts.atc_hints)):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]

@@ -36,6 +36,10 @@ def prepare(ctx: ExportContext) -> str | None:
         from .dynamic_axes import add_shape_sets
 
         add_shape_sets(ctx, source, accepted)
+    elif ctx.loaded.extras.get("shape_sets"):  # a multi-graph component's sizes, consistent across its graphs
+        from .given_shapes import add_given_shape_sets
+
+        add_given_shape_sets(ctx, source, accepted)
     if ctx.options.validate:  # the reference's own float noise on the verdict sets (the fp32 parity floor)
         from .float_noise import fp64_noise
 

@@ -58,6 +58,9 @@ def declared_inputs(module: Any) -> dict[str, Any]:
     shapes = getattr(module, "graph_dynamic_shapes", None)
     if callable(shapes):  # torch.export Dims per input, in order: capture makes those axes symbolic
         extras["dynamic_shapes"] = shapes()
+    sets = getattr(module, "graph_shape_sets", None)
+    if callable(sets):  # seed -> parity's input sets at other sizes (components/gears.py)
+        extras["shape_sets"] = sets
     return extras
 
 

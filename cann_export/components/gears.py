@@ -1,0 +1,154 @@
+"""Parity of a multi-graph component at its dynamic sizes, as a single graph's runs at its axes' points: each
+dimension of the component (``batch_size``, ``sequence_length``, ``past_sequence_length``, ...) at its range's
+ends and middle in turn, the others at the example's size, or at the gears a user's ATC hint gives
+(``dynamic_batch_size``, ``dynamic_dims``). The inputs of every shape are consistent across the graphs: what one
+component takes from another (decode's ``past_key_values.*``, the decoder's ``encoder_hidden_states``) is that
+component's output, run eagerly at the matching size (decode's past length P is prefill's sequence length P),
+and the rest follows the dimensions (an ``attention_mask`` of ``P + 1``, positions after the past)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..atc.hint_gears import hint_sizes
+from .plan import Component, Plan
+
+MAX_POINTS = 8  # shapes per component besides the example's (each two input sets): parity's cost stays bounded
+DRAWS = 2
+MAX_LENGTH = 1024  # a sequence dimension's largest parity size (T5's relative positions range to 4096)
+
+
+def dims(module: Any, feed: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """``{dimension: (example size, min, max)}`` of a component from its ``graph_dynamic_axes`` (``NAME + k``:
+    an axis k longer than NAME) and ``dim_bounds``."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for name in getattr(module, "graph_input_names", ()):
+        for axis, label in (getattr(module, "graph_dynamic_axes", {}) or {}).get(name, {}).items():
+            base, plus = split(label)
+            low, high = module.dim_bounds[base]
+            out.setdefault(base, (int(feed[name].shape[axis]) - plus, low, high))
+    return out
+
+
+def split(label: str) -> tuple[str, int]:
+    base, _, plus = label.partition(" + ")
+    return base, int(plus or 0)
+
+
+def slots(module: Any) -> list[tuple[str, int]]:
+    """The (dimension, offset) of each symbolic input dim in order: the -1s of ATC's ``--input_shape``, which a
+    ``dynamic_dims`` profile gives one value each."""
+    axes = getattr(module, "graph_dynamic_axes", {}) or {}
+    return [split(axes[n][axis]) for n in getattr(module, "graph_input_names", ()) for axis in sorted(axes.get(n, {}))]
+
+
+Point = dict[str, int]
+
+
+def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None) -> tuple[Point, list[Point],
+                                                                                          list[str]]:
+    """(the example's point, the extra points parity runs at, notes on what the caps left out): each dimension at
+    its hint gears or its range's ends and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
+    return points_of(dims(module, feed), slots(module), hints)
+
+
+def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]],
+              hints: dict[str, Any] | None) -> tuple[Point, list[Point], list[str]]:
+    """``points`` from the dimensions (``dims``) and the -1 slots (``slots``): validate re-derives them from a
+    component's graph and ATC ranges."""
+    example = {n: v[0] for n, v in found.items()}
+    gears = hint_sizes(hints or {}, order, batch_names=("batch_size",))
+    out: list[dict[str, int]] = []
+    notes = []
+    for name, (_, low, high) in found.items():
+        sizes = gears.get(name) or sorted({low, (low + high) // 2, high})
+        if name != "batch_size" and max(sizes) > MAX_LENGTH:
+            notes.append(f"{name}: parity ran up to {MAX_LENGTH}, not at {max(sizes)} (the cap on a component's "
+                         "parity lengths)")
+            sizes = sorted({min(size, MAX_LENGTH) for size in sizes})
+        for size in sizes:
+            point = {**example, name: size}
+            if point != example and point not in out:
+                out.append(point)
+    if len(out) > MAX_POINTS:
+        notes.append(f"parity ran at {MAX_POINTS} of the {len(out)} shapes (the ranges' ends first, then spread over "
+                     "the rest: the cap on a component's parity shapes)")
+    return example, _capped(out), notes
+
+
+def _capped(found: list[dict[str, int]]) -> list[dict[str, int]]:
+    """At most MAX_POINTS, spread over the list (its first and last kept: the ranges' ends come first)."""
+    if len(found) <= MAX_POINTS:
+        return found
+    step = (len(found) - 1) / (MAX_POINTS - 1)
+    return [found[round(k * step)] for k in range(MAX_POINTS)]
+
+
+def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None) -> Callable[[int], Any] | None:
+    """What a component's export runs parity at besides its example (``graph_shape_sets`` on its module, read by
+    the prepare stage): ``seed -> (example point, [(point, [input sets])], notes on what the caps left out)``;
+    None for a component with no dynamic axis."""
+    if not dims(comp.module, comp.example_inputs):
+        return None
+
+    def make(seed: int) -> Any:
+        import torch
+
+        example, chosen, notes = points(comp.module, comp.example_inputs, hints)
+        out = []
+        for k, point in enumerate(chosen):
+            sets = []
+            for draw in range(DRAWS):
+                gen = torch.Generator().manual_seed(seed + 101 + DRAWS * k + draw)
+                sets.append(feed_at(plan, plan.components.index(comp), point, gen))
+            out.append((point, sets))
+        return example, out, notes
+
+    return make
+
+
+def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any) -> dict[str, Any]:
+    """Component ``index``'s inputs at ``point``: what a connection brings from an earlier component is its
+    output run eagerly at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the
+    consumer's ``X``); the rest drawn at the point's sizes."""
+    import torch
+
+    comp = plan.components[index]
+    feed: dict[str, Any] = {}
+    sources: dict[str, list[tuple[str, str]]] = {}
+    for src, out, dst, inp in plan.connections:
+        if dst == comp.name and src != comp.name:
+            sources.setdefault(src, []).append((out, inp))
+    for src, pairs in sources.items():
+        j = next(i for i, c in enumerate(plan.components) if c.name == src)
+        own = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        at = {n: point.get(f"past_{n}", point.get(n, size)) for n, size in own.items()}
+        with torch.no_grad():
+            outputs = plan.components[j].module(**feed_at(plan, j, at, gen))
+        feed.update({inp: outputs[out] for out, inp in pairs})
+    axes = getattr(comp.module, "graph_dynamic_axes", {}) or {}
+    for name in comp.module.graph_input_names:
+        if name not in feed:
+            shape = list(comp.example_inputs[name].shape)
+            for axis, label in axes.get(name, {}).items():
+                base, plus = split(label)
+                shape[axis] = point[base] + plus
+            feed[name] = _drawn(name, comp.example_inputs[name], shape, point, comp.module, gen)
+    return feed
+
+
+def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], module: Any, gen: Any) -> Any:
+    """An input no other graph gives: masks all ones (no row is padding), positions after the past, token ids
+    across the vocabulary, floats from N(0, 1)."""
+    import torch
+
+    if example.dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(example.dtype)
+    if "mask" in name or example.dtype == torch.bool:
+        return torch.ones(shape, dtype=example.dtype)
+    if name == "position_ids":
+        start = point.get("past_sequence_length", 0)
+        return (start + torch.arange(shape[-1])).expand(shape).to(example.dtype).contiguous()
+    vocab = getattr(getattr(getattr(module, "model", None), "config", None), "vocab_size", None)
+    high = vocab if isinstance(vocab, int) and vocab > 2 else int(example.max()) + 1
+    return torch.randint(1, high, shape, generator=gen).to(example.dtype)

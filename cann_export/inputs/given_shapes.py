@@ -1,0 +1,75 @@
+"""Parity sets at other shapes that a module makes itself (``graph_shape_sets``, declared with
+``graph_input_names``: a multi-graph component, whose inputs at another size must be consistent across its
+graphs, components/gears.py): appended to the input sets with their reference outputs, each labelled with its
+shape, so the per-shape verdicts (validators/shape_parity.py) are those of a dynamic single graph."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors
+
+
+def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
+    """The sets ``ctx.loaded.extras["shape_sets"](seed)`` gives, with their references; every label names its
+    shape (the existing sets: the example's). A shape the model fails at is an error naming it."""
+    from .reference import reference_outputs
+    from .tensors import set_label
+
+    make = ctx.loaded.extras.get("shape_sets")
+    if not callable(make) or not ctx.options.validate:
+        return
+    example, found, notes = make(ctx.options.seed)
+    for label in ctx.input_set_labels:
+        label["shape"] = dict(example)
+    for point, sets in found:
+        try:
+            _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+        except errors.PrepareError as e:
+            raise errors.PrepareError(f"the graph fails at {_shown(point)} (a size of its dynamic range): "
+                                      f"{e.message[:300]}", path=ctx.loaded.source_path) from e
+        for draw, feed in enumerate(sets):
+            label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}",
+                              len(ctx.input_sets))
+            label["shape"] = dict(point)
+            ctx.input_sets.append(feed)
+            ctx.input_set_labels.append(label)
+        ctx.reference_outputs += outputs
+    ctx.reports.reference.input_sets["shapes"] = sum(len(sets) for _, sets in found)
+    if notes:
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *notes]
+
+
+def _shown(point: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items())
+
+
+def drop_unfit_sets(ctx: Any) -> None:
+    """After capture: a dimension the exporter fixed (torch.export specialises an axis the model's code pins,
+    such as a decoder's one-token input) cannot vary on the graph; its shape sets go, with a warning, and it
+    leaves every set's shape (validate re-derives the shapes from the graph's symbolic dims)."""
+    from ..capture.dynamic_dims import graph_dims
+    from .dynamic_axes import keep_sets
+
+    labels = ctx.input_set_labels
+    if not ctx.loaded.extras.get("shape_sets") or not labels or not isinstance(labels[0].get("shape"), dict):
+        return
+    graph, example = graph_dims(ctx.onnx_model), labels[0]["shape"]
+    fixed: set[str] = set()
+    for s, feed in enumerate(ctx.input_sets):
+        for name, tensor in feed.items():
+            held = graph.get(name) or []
+            if any(isinstance(d, int) and d > 0 and d != n for d, n in zip(held, tensor.shape, strict=False)):
+                fixed |= {k for k, v in (labels[s].get("shape") or {}).items() if v != example.get(k)}
+    if not fixed:
+        return
+    keep = [s for s, label in enumerate(labels) if all(label["shape"].get(n) == example.get(n) for n in fixed)]
+    dropped = len(labels) - len(keep)
+    keep_sets(ctx, keep)
+    for label in ctx.input_set_labels:
+        label["shape"] = {k: v for k, v in label["shape"].items() if k not in fixed}
+    counts = ctx.reports.reference.input_sets
+    counts["shapes"] = max(0, counts.get("shapes", 0) - dropped)
+    kept = [w for w in ctx.reports.warnings.dynamic or [] if not any(w.startswith(f"{n}: ") for n in fixed)]
+    ctx.reports.warnings.dynamic = [*kept, *(
+        f"{name} is static in the exported graph (the exporter specialised it at the example's size "
+        f"{example.get(name)}): parity ran at the other dimensions' sizes" for name in sorted(fixed))]
