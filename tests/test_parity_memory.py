@@ -97,3 +97,35 @@ def test_compare_never_copies_a_large_output_whole():
         tracemalloc.stop()
     assert result["passed"] is True
     assert peak < actual.nbytes, f"{peak / 2**20:.0f} MiB traced for a {actual.nbytes / 2**20:.0f} MiB output"
+
+
+def test_a_large_models_reference_outputs_live_on_disk_and_go(tmp_path, monkeypatch):
+    import torch
+
+    import cann_export
+    from cann_export.inputs import spill
+
+    kept = []
+    real_keep = spill.SpillDir.keep
+
+    def keep(self, arrays):
+        kept.append((self.path, real_keep(self, arrays)))
+        return kept[-1][1]
+
+    monkeypatch.setattr(spill.SpillDir, "keep", keep)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    out = tmp_path / "m.onnx"
+    result = cann_export.export(model, out, "onnx", example_inputs=torch.randn(2, 64), external_data_threshold=10_000)
+    assert result.ok and result.parity["passed"] and result.parity["input_sets"] >= 3
+    assert len(kept) >= result.parity["input_sets"]  # every set's reference outputs went to disk
+    one = kept[0][1][0]
+    assert isinstance(one, np.memmap) and one.shape == (2, 64) and not one.flags.writeable
+    directory = kept[0][0]
+    del one, kept[:]
+    gc.collect()
+    assert not directory.exists()  # the spill went with the export's last reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    small = tmp_path / "small.onnx"
+    assert cann_export.export(model, small, "onnx", example_inputs=torch.randn(2, 64)).ok
+    assert not kept  # under the threshold: kept in memory

@@ -165,22 +165,27 @@ def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> 
                                                 for a, e in zip(actual, expected, strict=False))
 
 
-def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
-    """Why a float reference output (one array per input set) cannot vouch for anything: non-finite
-    in every element, or one constant value everywhere; None when it is usable."""
-    arrays = [np.asarray(x) for x in per_set]
-    if not arrays or not all(np.issubdtype(x.dtype, np.floating) for x in arrays):
-        return None
+def reference_problem(per_set: Any) -> dict[str, str] | None:
+    """Why a float reference output (one array per input set, any iterable: read one at a time) cannot vouch for
+    anything: non-finite in every element, or one constant value everywhere; None when it is usable."""
     # counted array by array (a concatenated float64 copy of every set's logits is GBs at a large vocabulary);
     # float32/16 -> float64 is exact, so min/max in the array's own dtype decide the same
     size = finite_count = 0
     low, high = np.inf, -np.inf
-    for x in arrays:
+    floating = True
+    for one in per_set:
+        x = np.asarray(one)
+        if not np.issubdtype(x.dtype, np.floating):
+            floating = False
+            break
         size += x.size
         count = int(np.count_nonzero(np.isfinite(x))) if x.size else 0
         finite_count += count
         if count and count == x.size:
             low, high = min(low, float(x.min())), max(high, float(x.max()))
+        del x, one
+    if not floating:
+        return None
     if size == 0:
         return None
     if finite_count == 0:

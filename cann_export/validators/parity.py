@@ -105,7 +105,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     for k, name in enumerate(names):
         entry = {"name": name, "shape": list(expected[0][k].shape),
                  **_judged(name, verdict, labels, lambda s, k=k: judged[s][k], failed)}
-        problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
+        problem = reference_problem(expected[s][k] for s in range(len(input_sets)))  # one set mapped at a time
         if problem:  # a meaningless reference is a failed check with its own message, never a pass
             entry.update(problem, passed=False)
         report["outputs"].append(entry)
