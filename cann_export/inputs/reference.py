@@ -11,15 +11,17 @@ from .tensors import flatten_outputs
 
 def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: list[str],
                       input_sets: list[dict[str, Any]] | None = None) -> tuple[list, list]:
-    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set)."""
+    """Run ``model`` on every input set (``ctx.input_sets`` by default): (output names, numpy outputs per set).
+    A model past ``external_data_threshold`` keeps each set's outputs on disk, mapped when read (inputs/spill.py)."""
     import torch
 
     from ..backend.placement import pipeline_device, to_device
+    from .spill import spill_for
 
     device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"
     ctx.reports.reference.device = device
     model = to_device(model, device)
-    names, outputs = [], []
+    names, outputs, spill = [], [], spill_for(ctx, model)
     with torch.no_grad():
         for one in ctx.input_sets if input_sets is None else input_sets:
             try:
@@ -34,7 +36,9 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
             names, tensors = flatten_outputs(out)
             if not tensors:
                 raise errors.PrepareError("the model returned no tensors", path=ctx.loaded.source_path)
-            outputs.append([t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
-                            else t.detach().cpu().numpy() for t in tensors])
+            arrays = [t.detach().float().cpu().numpy() if t.dtype in (torch.bfloat16,)
+                      else t.detach().cpu().numpy() for t in tensors]
+            outputs.append(spill.keep(arrays) if spill is not None else arrays)
+            del out, tensors, arrays
     to_device(model, "cpu")  # capture and the exporters run on the CPU
     return names, outputs

@@ -61,20 +61,15 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Any, noise: float | N
     base = _base(actual, expected)
     if base is not None:
         return base
-    a, b, finite, bad_special = _finite_pairs(actual, expected)
-    err = np.abs(a[finite] - b[finite])
-    ref = np.abs(b[finite])
-    peak = float(ref.max()) if ref.size else 0.0
-    max_abs = float(err.max()) if err.size else 0.0
-    max_rel = float((err / np.maximum(ref, max(tol.atol, 1e-12))).max()) if err.size else 0.0
-    cos = cosine(a[finite], b[finite])
+    st = _PairStats(actual, expected, max(tol.atol, 1e-12))
     if noise is not None and math.isfinite(noise):
-        bound = tol.atol + tol.rtol * (ref + max(getattr(tol, "noise_share", 0.0) * noise, NOISE_MIN_SHARE * peak))
+        floor = max(getattr(tol, "noise_share", 0.0) * noise, NOISE_MIN_SHARE * st.peak)
     else:
-        bound = tol.atol + tol.rtol * (ref + getattr(tol, "peak_share", 0.0) * peak)
-    within = bool(np.all(err <= bound)) and not bad_special
+        floor = getattr(tol, "peak_share", 0.0) * st.peak
+    within = not st.bad_special and st.all_within(tol.atol, tol.rtol, floor)
+    cos = st.cosine()
     passed = within and cos >= tol.min_cosine
-    return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cos, "passed": passed}
+    return {"max_abs": st.max_abs, "max_rel": st.max_rel, "cosine": cos, "passed": passed}
 
 
 def compare_probe(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[str, Any]:
@@ -87,12 +82,9 @@ def compare_probe(actual: np.ndarray, expected: np.ndarray, tol: Any) -> dict[st
     base = _base(actual, expected)
     if base is not None:
         return base
-    a, b, finite, bad_special = _finite_pairs(actual, expected)
-    err = np.abs(a[finite] - b[finite])
-    peak = float(np.abs(b[finite]).max()) if finite.any() else 0.0
-    max_abs = float(err.max()) if err.size else 0.0
-    cos = cosine(a[finite], b[finite])
-    passed = (not bad_special and max_abs <= tol.atol + tol.probe_rtol * peak and cos >= tol.probe_min_cosine)
+    st = _PairStats(actual, expected, max(tol.atol, 1e-12))
+    peak, max_abs, cos = st.peak, st.max_abs, st.cosine()
+    passed = (not st.bad_special and max_abs <= tol.atol + tol.probe_rtol * peak and cos >= tol.probe_min_cosine)
     return {"max_abs": max_abs, "max_rel": max_abs / peak if peak > 0 else 0.0, "cosine": cos, "passed": passed}
 
 
@@ -108,15 +100,63 @@ def _base(actual: np.ndarray, expected: np.ndarray) -> dict[str, Any] | None:
     return None
 
 
-def _finite_pairs(actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """Flat float64 copies, the mask of pairs to compare (matching NaN / inf excluded) and whether any compared
-    pair is non-finite (inf/nan on one side only)."""
-    a = actual.astype(np.float64).ravel()
-    b = expected.astype(np.float64).ravel()
-    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
-    finite = ~same_special
-    bad_special = bool((~np.isfinite(a[finite]) | ~np.isfinite(b[finite])).any())
-    return a, b, finite, bad_special
+CHUNK = 1 << 20  # elements per float64 chunk (8 MiB a side): a large output (logits) is never copied whole
+
+
+def _pairs(actual: np.ndarray, expected: np.ndarray) -> Any:
+    """Per chunk of the flattened pair: float64 copies of the pairs to compare (matching NaN / inf excluded)."""
+    flat_a, flat_b = actual.reshape(-1), expected.reshape(-1)
+    for start in range(0, flat_a.size, CHUNK):
+        a = flat_a[start:start + CHUNK].astype(np.float64)
+        b = flat_b[start:start + CHUNK].astype(np.float64)
+        same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+        if same_special.any():
+            a, b = a[~same_special], b[~same_special]
+        yield a, b
+
+
+class _PairStats:
+    """One output's comparison, accumulated chunk by chunk in float64 (the same numbers as whole-array float64
+    copies, at a fraction of the memory): max |a-b|, max |a-b| / max(|ref|, ``rel_floor``), peak = max |ref|,
+    the cosine's sums, and whether any compared pair is non-finite on one side only (``bad_special``)."""
+
+    def __init__(self, actual: np.ndarray, expected: np.ndarray, rel_floor: float) -> None:
+        self.actual, self.expected = actual, expected
+        self.size, self.bad_special = 0, False
+        self.peak = self.max_abs = self.max_rel = 0.0
+        self.dot = self.norm_a = self.norm_b = 0.0
+        for a, b in _pairs(actual, expected):
+            if not a.size:
+                continue
+            self.size += a.size
+            self.bad_special = self.bad_special or bool((~np.isfinite(a) | ~np.isfinite(b)).any())
+            err, ref = np.abs(a - b), np.abs(b)
+            # np.maximum: a NaN propagates as np.max over the whole array would
+            self.peak = float(np.maximum(self.peak, ref.max()))
+            self.max_abs = float(np.maximum(self.max_abs, err.max()))
+            self.max_rel = float(np.maximum(self.max_rel, (err / np.maximum(ref, rel_floor)).max()))
+            if not self.bad_special:
+                self.dot += float(np.dot(a, b))
+                self.norm_a += float(np.dot(a, a))
+                self.norm_b += float(np.dot(b, b))
+
+    def all_within(self, atol: float, rtol: float, floor: float) -> bool:
+        """Every compared pair has |a-b| <= atol + rtol * (|ref| + floor) (a second pass: floor needs the peak)."""
+        return all(bool(np.all(np.abs(a - b) <= atol + rtol * (np.abs(b) + floor)))
+                   for a, b in _pairs(self.actual, self.expected))
+
+    def cosine(self) -> float:
+        """As ``cosine`` on the compared pairs: 0 when any is non-finite."""
+        if self.size == 0:
+            return 1.0
+        if self.bad_special:
+            return 0.0
+        na, nb = math.sqrt(self.norm_a), math.sqrt(self.norm_b)
+        if na == 0.0 and nb == 0.0:
+            return 1.0
+        if na == 0.0 or nb == 0.0:
+            return 0.0
+        return float(np.clip(self.dot / (na * nb), -1.0, 1.0))
 
 
 def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> bool:
@@ -125,22 +165,27 @@ def all_pass(actual: list[np.ndarray], expected: list[np.ndarray], tol: Any) -> 
                                                 for a, e in zip(actual, expected, strict=False))
 
 
-def reference_problem(per_set: list[np.ndarray]) -> dict[str, str] | None:
-    """Why a float reference output (one array per input set) cannot vouch for anything: non-finite
-    in every element, or one constant value everywhere; None when it is usable."""
-    arrays = [np.asarray(x) for x in per_set]
-    if not arrays or not all(np.issubdtype(x.dtype, np.floating) for x in arrays):
-        return None
+def reference_problem(per_set: Any) -> dict[str, str] | None:
+    """Why a float reference output (one array per input set, any iterable: read one at a time) cannot vouch for
+    anything: non-finite in every element, or one constant value everywhere; None when it is usable."""
     # counted array by array (a concatenated float64 copy of every set's logits is GBs at a large vocabulary);
     # float32/16 -> float64 is exact, so min/max in the array's own dtype decide the same
     size = finite_count = 0
     low, high = np.inf, -np.inf
-    for x in arrays:
+    floating = True
+    for one in per_set:
+        x = np.asarray(one)
+        if not np.issubdtype(x.dtype, np.floating):
+            floating = False
+            break
         size += x.size
         count = int(np.count_nonzero(np.isfinite(x))) if x.size else 0
         finite_count += count
         if count and count == x.size:
             low, high = min(low, float(x.min())), max(high, float(x.max()))
+        del x, one
+    if not floating:
+        return None
     if size == 0:
         return None
     if finite_count == 0:

@@ -11,9 +11,8 @@ from typing import Any
 from ..context import ParityReport, PrecisionFix, Reports
 
 
-def run_onnx(path: Path, input_sets: list[dict[str, Any]],
-             quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
-    """Run every input set through onnxruntime (CPU); returns output names and outputs per set.
+def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[Any, list[str]]:
+    """An onnxruntime (CPU) session on the graph at ``path`` and the names of the inputs it is fed.
 
     A Q/DQ graph runs with basic optimisations only: onnxruntime's extended level fuses Q/DQ into u8s8
     int8 kernels, which saturate on AVX2 CPUs without VNNI (onnxruntime's quantization docs), an artifact
@@ -39,10 +38,24 @@ def run_onnx(path: Path, input_sets: list[dict[str, Any]],
     missing = [n for n in wanted if n not in input_sets[0]]
     if missing:
         raise ValueError(f"the graph needs inputs {missing} that the parity data does not have")
-    names = [o.name for o in session.get_outputs()]
+    return session, wanted
+
+
+def judged_runs(path: Path, input_sets: list[dict[str, Any]], judge: Any,
+                quantized: bool = False) -> tuple[list[str], list[list[Any]]]:
+    """Run the input sets through onnxruntime one at a time; of each run only ``judge(set, output names,
+    outputs)`` is kept, and the outputs are dropped before the next run (a large vocabulary's logits at every
+    shape never sit in memory together). Returns the output names and the judgements per set."""
     from ..progress import counted
 
-    return names, [session.run(None, {n: feed[n] for n in wanted}) for feed in counted(input_sets, "parity input sets")]
+    session, wanted = onnx_session(path, input_sets, quantized)
+    names = [o.name for o in session.get_outputs()]
+    kept = []
+    for s, feed in enumerate(counted(input_sets, "parity input sets")):
+        outputs = session.run(None, {n: feed[n] for n in wanted})
+        kept.append(judge(s, names, outputs))
+        del outputs
+    return names, kept
 
 
 def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[list[Any]],
@@ -61,35 +74,43 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     from .metrics import compare, compare_probe, compare_quantized, reference_problem
 
     labels = labels or unlabelled(len(input_sets))
-    names, actual = run_onnx(path, input_sets, quantized)
+    count = len(expected[0])
+
+    def judge(s: int, names: list[str], outputs: list[Any]) -> list[dict[str, Any]] | None:
+        if len(names) != count:
+            return None
+        rule = compare_probe if labels[s]["role"] == "probe" else compare
+        out = []
+        for k, got in enumerate(outputs):
+            got = np.asarray(got)
+            if quantized:
+                out.append(compare_quantized(got, expected[s][k], tolerance, noise=_noise(quant_noise, s, k)))
+            elif rule is compare:
+                out.append(compare(got, expected[s][k], tolerance, _noise(noise, s, k)))
+            else:
+                out.append(rule(got, expected[s][k], tolerance))
+        return out
+
+    names, judged = judged_runs(path, input_sets, judge, quantized)
     report: dict[str, Any] = {"reference": reference, "runtime": "onnxruntime CPUExecutionProvider",
                               "input_sets": len(input_sets), "tolerance": tolerance.to_dict(), "outputs": [],
                               "sets": [dict(label) for label in labels]}
-    if len(names) != len(expected[0]):
-        report.update(passed=False, reason=f"the graph has {len(names)} outputs, the reference {len(expected[0])}")
+    if len(names) != count:
+        report.update(passed=False, reason=f"the graph has {len(names)} outputs, the reference {count}")
         return report
     verdict = [s for s, label in enumerate(labels) if label["role"] != "probe"]
     probes = [s for s, label in enumerate(labels) if label["role"] == "probe"]
     failed: list[dict[str, Any]] = []
     probe_outputs: list[dict[str, Any]] = []
     for k, name in enumerate(names):
-        def judge(s: int, rule: Any, k: int = k) -> dict[str, Any]:
-            got = np.asarray(actual[s][k])
-            if quantized:
-                return compare_quantized(got, expected[s][k], tolerance, noise=_noise(quant_noise, s, k))
-            if rule is compare:
-                return compare(got, expected[s][k], tolerance, _noise(noise, s, k))
-            return rule(got, expected[s][k], tolerance)
-
         entry = {"name": name, "shape": list(expected[0][k].shape),
-                 **_judged(name, verdict, labels, lambda s: judge(s, compare), failed)}
-        problem = reference_problem([expected[s][k] for s in range(len(input_sets))])
+                 **_judged(name, verdict, labels, lambda s, k=k: judged[s][k], failed)}
+        problem = reference_problem(expected[s][k] for s in range(len(input_sets)))  # one set mapped at a time
         if problem:  # a meaningless reference is a failed check with its own message, never a pass
             entry.update(problem, passed=False)
         report["outputs"].append(entry)
         if probes:
-            probe_outputs.append({"name": name, **_judged(name, probes, labels, lambda s: judge(s, compare_probe),
-                                                          failed)})
+            probe_outputs.append({"name": name, **_judged(name, probes, labels, lambda s, k=k: judged[s][k], failed)})
     _verdict(report, failed, probe_outputs, len(probes))
     return report
 
