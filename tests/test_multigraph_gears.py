@@ -98,8 +98,8 @@ def test_seq2seq_shapes_feed_each_graph_from_the_one_before():
     plan = seq2seq_plan(transformers.T5ForConditionalGeneration(cfg).eval())
     comp = plan.components[2]
     example, points, notes = gears.points(comp.module, comp.example_inputs)
-    assert example == {"batch_size": 2, "encoder_sequence_length": 7, "past_decoder_sequence_length": 1}
-    assert {"batch_size": 2, "encoder_sequence_length": 1024, "past_decoder_sequence_length": 1} in points
+    assert example == {"batch_size": 2, "encoder_sequence_length": 7, "past_decoder_sequence_length": 2}
+    assert {"batch_size": 2, "encoder_sequence_length": 1024, "past_decoder_sequence_length": 2} in points
     assert points[-1] == {"batch_size": 2, "encoder_sequence_length": 7, "past_decoder_sequence_length": 1024}
     assert any("4096" in n for n in notes)  # T5's relative positions range to 4096: parity stops at 1024, says so
     feed = gears.feed_at(plan, 2, {"batch_size": 3, "encoder_sequence_length": 5, "past_decoder_sequence_length": 4},

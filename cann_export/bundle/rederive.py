@@ -328,7 +328,11 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
                            quantized="quantization" in manifest, labels=labels,
                            noise=read_bundle_noise(directory, len(feeds)),
                            quant_noise=read_bundle_int8_noise(directory, len(feeds)))
-    if checked.options is None or not report.get("outputs"):
+    if checked.options is None or not report.get("outputs"):  # no device run (an onnx bundle): fp32 per shape
+        from ..validators.shape_parity import add_shape_verdicts
+
+        if report.get("outputs"):
+            add_shape_verdicts(report, labels, None, None)
         return report, None, {}
     from ..atc.hints import effective_precision
     from ..validators.precision import INF_NAN
