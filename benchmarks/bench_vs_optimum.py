@@ -4,8 +4,8 @@
 Models (benchmarks/optimum_models.py, random weights from configs, written with ``save_pretrained``; nothing is
 downloaded): DistilBERT 4 layers dim 256 seq 128 (text-classification), ViT-small/16 (image-classification),
 GPT-2 small (text-generation-with-past). Both sides validate: Optimum by default (onnxruntime against the
-PyTorch model at its per-task atol), cann-export by its parity stage (5 input sets, fp32 tolerance and the float64
-noise floor).
+PyTorch model at its per-task atol), cann-export by its parity stage (5 input sets, fp32 tolerance; the float64
+noise floor where a verdict set fails without it).
 
 Our side is ``cann-export DIR --format onnx --task T`` when this checkout reads a Hugging Face directory
 (``cann_export.hf``), else ``cann-export NAME.pt2 --format onnx`` on a positional torch.export capture of the
@@ -246,7 +246,8 @@ def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
         st = r["stage_median_s"]
         print(f"  {name} our stages (s): " + ", ".join(f"{s} {v:.2f}" for s, v in st.items() if v >= 0.01))
         print(f"  {name} what Optimum skips that we keep: our validation (fp32 reference on 5 input sets, the float64 "
-              f"noise floor on the verdict sets, onnxruntime parity on the written file; Optimum checks 1 set): "
+              f"noise floor where it can change the verdict, onnxruntime parity on the written file; Optimum checks "
+              f"1 set): "
               f"without it (--no-validate) ours takes {r['novalidate_wall_s']:.2f} s wall "
               f"({r['novalidate_wall_s'] / r['optimum_wall_s']:.2f}x), {r['novalidate_cpu_s']:.1f} s CPU "
               f"({r['novalidate_cpu_s'] / r['optimum_cpu_s']:.2f}x), {r['novalidate_peak_mib']:.0f} MiB "

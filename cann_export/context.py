@@ -224,11 +224,15 @@ class ExportContext:
     input_set_labels: list[dict[str, Any]] = field(default_factory=list)
     # per input set, per output: max |fp32 reference - float64 run| (inputs.float_noise), None where not run
     reference_noise: list[list[float] | None] = field(default_factory=list)
+    # True while that noise is left unmeasured (inputs.float_noise.defer): measured when a bundle stores it, or
+    # when the parity verdict could depend on it
+    reference_noise_deferred: bool = False
     # per input set, per output: the fake-quant reference's own rounding noise, in steps (inputs.quant_noise)
     int8_noise: list[list[dict[str, float]] | None] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)  # the reference's outputs, flattened
     reference_outputs: list[list[Any]] = field(default_factory=list)  # numpy arrays per input set
     onnx_model: Any = None  # the captured onnx.ModelProto (slim, for a large graph)
+    capture_loaded: Any = None  # the exporter's graph onnxruntime already loaded (capture's check skips that load)
     capture: CaptureReport | None = None  # set by the capture stage
     optimize: dict[str, Any] = field(default_factory=dict)  # onnxsim's verdict (manifest.json's "optimize")
     metadata: dict[str, str] = field(default_factory=dict)  # the user's metadata, as strings

@@ -116,14 +116,20 @@ def _from_tests(name: str) -> bool:
     return top in ("tests", "helpers", "conftest") or top.startswith("test_")
 
 
+def _benchmark_files() -> list[Path]:
+    """The benchmarks' own files (not the side virtualenv bench_vs_optimum.py makes, benchmarks/.optimum-venv)."""
+    return [p for p in (ROOT / "benchmarks").rglob("*.py")
+            if not any(part.startswith(".") for part in p.relative_to(ROOT / "benchmarks").parts)]
+
+
 def test_benchmarks_never_import_from_tests():
     """Benchmarks measure the product; what they need lives in benchmarks/ (or the package), not tests/."""
     found = {str(p.relative_to(ROOT)): [n for n in _imported_names(p) if _from_tests(n)]
-             for p in (ROOT / "benchmarks").rglob("*.py")}
+             for p in _benchmark_files()}
     assert len(found) >= 6  # the walk found the benchmarks
     offenders = {path: names for path, names in found.items() if names}
     assert not offenders, offenders
-    on_path = [str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py")
+    on_path = [str(p.relative_to(ROOT)) for p in _benchmark_files()
                if any(isinstance(n, ast.Constant) and n.value == "tests"
                       for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
     assert not on_path, f"these put tests/ on sys.path: {on_path}"

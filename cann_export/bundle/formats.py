@@ -225,10 +225,13 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
         import json
 
         order["labels"] = json.dumps(ctx.input_set_labels)
-    if len(ctx.reference_noise) == len(ctx.input_sets):  # the reference's own float noise (the fp32 floor)
+    from ..inputs.float_noise import measured
+
+    noise = measured(ctx)  # measured now when prepare deferred it
+    if len(noise) == len(ctx.input_sets):  # the reference's own float noise (the fp32 floor)
         import json
 
-        order["noise"] = json.dumps(ctx.reference_noise)
+        order["noise"] = json.dumps(noise)
     if len(ctx.int8_noise) == len(ctx.input_sets):  # the fake-quant reference's own rounding noise (int8 floor)
         import json
 

@@ -63,11 +63,11 @@ class DynamoExporter:
         asked = ctx.options.opset
         native = max(asked, _dynamo_min_opset())
         with quiet_export():
-            graph = _dynamo_graph(model, args, kwargs, native, ctx)
-        stamp_from_exporter(graph)
+            held = [_dynamo_graph(model, args, kwargs, native, ctx)]
+        stamp_from_exporter(held[0])
         if asked < native:  # torch would call onnx's converter, which asserts or leaves invalid attributes
-            graph = _down_convert(graph, asked, ctx)
-        return graph
+            return _down_convert(held, asked, ctx)
+        return held[0]
 
 
 def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -> Any:
@@ -207,23 +207,37 @@ def _chain_text(e: BaseException) -> str:
     return "\n".join(parts)
 
 
-def _down_convert(graph: Any, opset: int, ctx: Any) -> Any:
-    """The graph at ``opset``, or unchanged (at 18) with the reason recorded when a node has no older form
-    or the converted graph computes something else."""
+def _down_convert(held: list, opset: int, ctx: Any) -> Any:
+    """The graph (``held``'s one item, taken out of it) at ``opset``, or unchanged (at 18) with the reason
+    recorded when a node has no older form or the converted graph computes something else. The opset-18
+    graph waits in a file meanwhile (read back only to compare or to keep it), so its copy is not held while
+    onnxruntime loads the converted one."""
+    import onnx
+
     from .opset_convert import OpsetConversionError, convert
 
+    graph = held.pop()
     origins = collect_origins(graph)
-    try:
-        converted = convert(graph, opset)
-        _same_outputs(converted, graph, ctx)
-    except OpsetConversionError as e:
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamo: opset {opset}: {e}"]
-        return graph
+    with tempfile.TemporaryDirectory(prefix="cann-export-opset-") as tmp:
+        kept = graph
+        if large_graph.state(ctx) is None:  # a large graph's slim proto holds no weights
+            kept = Path(tmp) / "opset18.onnx"
+            onnx.save(graph, str(kept))
+        try:
+            converted = convert(graph, opset)
+            del graph
+            _same_outputs(converted, kept, ctx)
+        except OpsetConversionError as e:
+            ctx.capture_notes = [*ctx.capture_notes, f"dynamo: opset {opset}: {e}"]
+            ctx.capture_loaded = None
+            return onnx.load(str(kept)) if isinstance(kept, Path) else kept
     stamp_origins(converted, origins)
     return converted
 
 
 def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
+    """The converted graph runs and computes what the reference (else the opset-18 graph: a ModelProto or a
+    file) does; OpsetConversionError otherwise."""
     import numpy as np
 
     from ..validators.metrics import all_pass, compare
@@ -240,6 +254,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         after = run(converted)
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
+    ctx.capture_loaded = converted  # onnxruntime loaded it: the capture's check need not load it again
     reference = ctx.reference_outputs
     # the usual case: the opset-18 graph is never run
     if reference and all_pass(after, reference[0], ctx.options.tolerance):

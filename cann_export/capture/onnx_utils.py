@@ -31,14 +31,16 @@ def session(model: onnx.ModelProto | str | Path) -> Any:
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def check_graph(model: onnx.ModelProto, path: Path | None = None) -> None:
-    """Full ONNX check plus an onnxruntime load; raises with the checker's/runtime's message."""
+def check_graph(model: onnx.ModelProto, path: Path | None = None, loaded: bool = False) -> None:
+    """Full ONNX check plus an onnxruntime load (``loaded``: onnxruntime already loaded this very graph);
+    raises with the checker's/runtime's message."""
     if path is not None:
         onnx.checker.check_model(str(path), full_check=True)
         session(path)
     else:
         onnx.checker.check_model(model, full_check=True)
-        session(model)
+        if not loaded:
+            session(model)
 
 
 def describe_values(values: Any) -> list[dict[str, Any]]:

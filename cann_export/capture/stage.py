@@ -58,11 +58,13 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         ctx.trace_warnings = []
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
-        large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model)
+        loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
+        large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model, loaded=loaded)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
     finally:
+        ctx.capture_loaded = None
         to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
     opset = opset_of(model)
     attempts.append(CaptureAttempt(exporter.name, opset=opset))

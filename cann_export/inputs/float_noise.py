@@ -6,6 +6,61 @@ from __future__ import annotations
 from typing import Any
 
 MAX_WEIGHT_BYTES = 1 << 30  # a float64 copy of weights up to 1 GiB; larger models get no estimate
+# module passes that leave an eval-mode module's numbers as they were (fold-conv-bn too, on a module without
+# BatchNorm): after them the float64 run of the stripped module measures what it measured before strip
+NEUTRAL_PASSES = {"unwrap-checkpoint", "dropout", "fold-conv-bn", "identity", "lower-fake-quant",
+                  "lower-torch-ao-fake-quant"}
+
+
+def measure(ctx: Any) -> None:
+    """``ctx.reference_noise`` on the verdict sets of ``ctx.input_sets`` (now, whether or not it was deferred)."""
+    verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]
+    ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
+    ctx.reference_noise_deferred = False
+
+
+def measured(ctx: Any) -> list[list[float] | None]:
+    """The reference noise, measured first if it was deferred (a bundle that stores it asks here)."""
+    if ctx.reference_noise_deferred:
+        measure(ctx)
+    return ctx.reference_noise
+
+
+def defer(ctx: Any) -> bool:
+    """Leave the float64 runs for later (``ctx.reference_noise_deferred``) when nothing before validate changes
+    the module's numbers: a float eval module with no BatchNorm for strip to fold, no quantization, only the
+    neutral module passes. The noise only ever raises the verdict rule's floor above rtol x NOISE_MIN_SHARE x
+    max |ref| (validators/metrics.py), so a graph that passes at that least floor passes whatever it measures
+    (``least_floor``), and parity measures it only when a verdict set fails there (validators/parity.py)."""
+    import torch
+
+    from ..hooks.contracts import Pass, optional
+    from ..hooks.manager import registry
+    from ..validators.metrics import NOISE_MIN_SHARE
+
+    model, tol = ctx.model, ctx.options.tolerance
+    if ctx.options.quantize or ctx.loaded.kind != "module" or not isinstance(model, torch.nn.Module) \
+            or not getattr(tol, "peak_share", 0.0) >= NOISE_MIN_SHARE:
+        return False
+    passes = {p.name for p in registry().passes() if optional(p, Pass, "apply_module") is not None}
+    if not passes <= NEUTRAL_PASSES:
+        return False
+    from torch.ao.quantization import FakeQuantizeBase
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from ..qat.fake_quant import QuantLayer
+    from ..qat.wrapping import prepared_state
+
+    if prepared_state(model) or any(isinstance(m, (_BatchNorm, FakeQuantizeBase, QuantLayer)) for m in model.modules()):
+        return False
+    ctx.reference_noise, ctx.reference_noise_deferred = [], True
+    return True
+
+
+def least_floor(ctx: Any) -> list[list[float] | None]:
+    """A stand-in for the deferred noise: 0.0 on every verdict set (the verdict rule's least floor)."""
+    outputs = len(ctx.output_names)
+    return [[0.0] * outputs if label["role"] == "verdict" else None for label in ctx.input_set_labels]
 
 
 def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], reference: list[list[Any]],

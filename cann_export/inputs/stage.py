@@ -41,10 +41,10 @@ def prepare(ctx: ExportContext) -> str | None:
 
         add_given_shape_sets(ctx, source, accepted)
     if ctx.options.validate:  # the reference's own float noise on the verdict sets (the fp32 parity floor)
-        from .float_noise import fp64_noise
+        from .float_noise import defer, measure
 
-        verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]
-        ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
+        if not defer(ctx):
+            measure(ctx)
     from ..qat.wrapping import float_twin, prepared_state
 
     state = prepared_state(ctx.model)

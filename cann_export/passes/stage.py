@@ -77,6 +77,28 @@ def _final_graph_passes(ctx: ExportContext) -> None:
 
 
 def _simplify(ctx: ExportContext) -> tuple[str, Any]:
+    """onnxsim from a file to a file, the graph's in-memory copy let go meanwhile (onnxsim's own round trip
+    of a ModelProto holds it, its bytes and the C++ copies at once: the export's peak RSS); the captured graph
+    is read back from the file only when the simplified one is not kept."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    refused = _refused_before(ctx)
+    with tempfile.TemporaryDirectory(prefix="cann-export-onnxsim-") as tmp:
+        original, simplified_path = Path(tmp) / "captured.onnx", Path(tmp) / "simplified.onnx"
+        onnx.save(ctx.onnx_model, str(original))
+        ctx.onnx_model = simplified = None
+        try:
+            verdict, simplified = _simplified(ctx, original, simplified_path, refused)
+        finally:
+            if simplified is None:  # kept unsimplified (or onnxsim raised): the captured graph as it was
+                ctx.onnx_model = onnx.load(str(original))
+    return verdict, simplified
+
+
+def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | None) -> tuple[str, Any]:
     import numpy as np
     import onnxsim
 
@@ -84,39 +106,47 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     from ..validators.metrics import all_pass
 
     try:  # onnxsim's onnxruntime fusions (com.microsoft::Attention ...) are no ONNX: ATC could not parse them
-        simplified, ok = onnxsim.simplify(ctx.onnx_model, skipped_optimizers=list(ONNXSIM_CONTRIB_FUSIONS))
+        simplified, ok = onnxsim.simplify(str(original), skipped_optimizers=list(ONNXSIM_CONTRIB_FUSIONS),
+                                          output_path=str(target))
     except Exception as e:  # noqa: BLE001
         return f"failed: {type(e).__name__}: {_gist(e, 200)}", None
     if not ok:
         return "failed: onnxsim's own check did not pass", None
-    added = _refused_by_atc(ctx, simplified)
+    added = _refused_by_atc(refused, simplified)
     if added:  # a fusion this list does not know yet: the unsimplified graph is standard ONNX
         return f"rejected: simplified graph holds op(s) ATC does not parse ({', '.join(added)})", None
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
     tol = ctx.options.tolerance
 
-    def run(m: Any) -> list[Any]:
-        sess = session(m)
+    def run(path: Any) -> list[Any]:
+        sess = session(path)
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     try:
-        after = run(simplified)
+        after = run(target)
         if all_pass(after, ctx.reference_outputs[0], tol):  # the usual case: the original graph is never run
             return "applied", simplified
-        if all_pass(after, run(ctx.onnx_model), tol):  # simplification did not change what the graph computes
+        if all_pass(after, run(original), tol):  # simplification did not change what the graph computes
             return "applied (outputs equal to the unsimplified graph)", simplified
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
     return "rejected: simplified graph changed outputs beyond tolerance", None
 
 
-def _refused_by_atc(ctx: ExportContext, simplified: Any) -> list[str]:
+def _refused_before(ctx: ExportContext) -> set | None:
+    """Ops ATC refuses in the captured graph, for a format bound to ATC (None for other formats)."""
+    from ..atc.lint import graph_refused_ops
+
+    return graph_refused_ops(ctx.onnx_model) if getattr(ctx.format, "lint", False) else None
+
+
+def _refused_by_atc(before: set | None, simplified: Any) -> list[str]:
     """Ops ATC refuses that onnxsim wrote into a graph bound for ATC (none for other formats)."""
     from ..atc.lint import graph_refused_ops
 
-    if not getattr(ctx.format, "lint", False):
+    if before is None:
         return []
-    added = graph_refused_ops(simplified) - graph_refused_ops(ctx.onnx_model)
+    added = graph_refused_ops(simplified) - before
     return sorted(f"{d}::{o}" if d else o for d, o in added)
 
 

@@ -1,0 +1,81 @@
+"""The float64 reference noise is measured only where it can matter (inputs/float_noise.defer): a graph that
+passes parity at the verdict rule's least floor never runs the model in float64; one that fails there is judged
+again with the noise measured (the same verdict as measuring it up front); a bundle that stores the noise
+still gets it."""
+import types
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from helpers.toy_models import make_mlp
+from safetensors import safe_open
+
+import cann_export
+from cann_export import hookimpl
+from cann_export.hooks.manager import get_plugin_manager
+from cann_export.inputs import float_noise
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The float64 runs made (the real function, counted)."""
+    calls = []
+    real = float_noise.fp64_noise
+
+    def counted(*args, **kwargs):
+        calls.append(args[4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(float_noise, "fp64_noise", counted)
+    return calls
+
+
+class ScaleWeight:
+    """A graph pass that multiplies the largest initializer by 1.01 (a wrong graph, for the verdict)."""
+
+    name, order = "scale-weight", 950
+
+    def apply_final_graph(self, model, ctx):
+        init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+        array = onnx.numpy_helper.to_array(init) * np.float32(1.01)
+        init.CopyFrom(onnx.numpy_helper.from_array(array.astype(np.float32), init.name))
+        return model
+
+
+@pytest.fixture
+def wrong_graph():
+    @hookimpl
+    def register_passes(register):
+        register(ScaleWeight())
+
+    plugin = types.SimpleNamespace(register_passes=register_passes)
+    get_plugin_manager().register(plugin, name="scale-weight")
+    yield
+    get_plugin_manager().unregister(plugin)
+
+
+def _export(tmp_path, name, fmt="onnx"):
+    out = tmp_path / (f"{name}.onnx" if fmt == "onnx" else name)
+    return cann_export.export(make_mlp(), out, export_format=fmt, example_inputs={"x": torch.randn(4, 12)})
+
+
+def test_a_passing_graph_runs_no_float64(tmp_path, runs):
+    result = _export(tmp_path, "m")
+    assert result.ok and result.parity["passed"] is True
+    assert runs == []
+
+
+def test_a_failing_graph_measures_the_noise_and_keeps_the_verdict(tmp_path, runs, wrong_graph, monkeypatch):
+    deferred = _export(tmp_path, "deferred")
+    assert runs == [[0, 1, 2]]  # measured once, on the verdict sets, when the least floor refused the graph
+    monkeypatch.setattr(float_noise, "defer", lambda ctx: False)  # measured up front, as before
+    eager = _export(tmp_path, "eager")
+    assert deferred.parity["passed"] is False and deferred.parity == eager.parity
+
+
+def test_a_bundle_still_stores_the_noise(tmp_path, runs):
+    result = _export(tmp_path, "b", fmt="atc_ready")
+    assert result.ok and len(runs) == 1
+    with safe_open(str(tmp_path / "b" / "parity" / "inputs.safetensors"), "pt") as f:
+        assert "noise" in f.metadata()
