@@ -145,6 +145,10 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     carried: dict[str, bytes] = {}
     fmt = options.get("export_format", "atc_ready")
     check_request(task or "a decoder with past / encoder-decoder", fmt, Path(output_path), options)  # before loads
+    from .components.ranges import parse_ranges, split_hints
+
+    parse_ranges(options.get("dynamic"))  # --dynamic DIM=LO..HI, [COMPONENT:]KEY=VALUE hints: refused before loads
+    split_hints(options.get("atc_hints"))
     if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
         from .components.confined import export_directory
 

@@ -247,6 +247,23 @@ def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
     assert tokens == _reference(model, ids)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5"])
+def test_every_atc_range_lies_on_a_symbolic_graph_dim(bundles, name):
+    """Issue 19's report: T5's decoder declared 1~4096 on an axis its graph held fixed. Every component's ATC
+    ranges now match its exported graph: a ``~`` cell on a named dim, the graph's size on a fixed one."""
+    import onnx
+
+    _, bundle, _ = bundles[name]
+    for comp in json.loads((bundle / "manifest.json").read_text())["components"]:
+        graph = onnx.load(str(bundle / comp["path"] / "model.onnx"), load_external_data=False)
+        held = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+        own = json.loads((bundle / comp["path"] / "manifest.json").read_text())
+        for part in own["atc"]["hints"]["input_shape"].split(";"):
+            inp, _, cells = part.rpartition(":")
+            for cell, dim in zip(cells.split(","), held[inp], strict=True):
+                assert ("~" in cell) == isinstance(dim, str) and ("~" in cell or cell == str(dim)), (comp, part)
+
+
 def test_no_if_node_and_a_verdict_per_component(bundles):
     for name, (_, bundle, _result) in bundles.items():
         if name == "gpt2_onnx":  # no device verdict, no ATC script: test_onnx_format_writes_validated_onnx_...

@@ -82,8 +82,8 @@ def flags() -> dict[str, Flag]:
                                       ("--no-sandbox", "off", "Load the model file in this process, unconfined."))),
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
-        "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...]: dynamic axes, e.g. input_ids:0=batch:1..16,"
-                        "1=seq:1..512 or x:0=batch:1,2,4,8 (gears); repeatable.", multiple=True, parse=list),
+        "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. input_ids:0=batch:1..16,1=seq:1..512, "
+                        "x:0=batch:1,2,4,8; multi-graph: [COMP:]DIM=LO..HI; repeatable.", multiple=True, parse=list),
         "static_shapes": Flag("Export every input at the example's shape: no dynamic axes from a .pt2's Dims or a "
                               "Hugging Face task's axes."),
         "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",
@@ -101,7 +101,7 @@ def flags() -> dict[str, Flag]:
         "precision_mode": Flag("ATC --precision_mode (its values are checked, with the list, before any work)."),
         "metadata": Flag("KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.", multiple=True,
                          parse=_key_values("--metadata")),
-        "atc_hints": Flag("KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.",
+        "atc_hints": Flag("[COMPONENT:]KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.",
                           decls=("--atc-hint",), multiple=True, parse=_key_values("--atc-hint")),
         "exporter": Flag("ONNX exporter (auto: each in priority order until one gives a valid graph).",
                          choices=_registered("exporters", ("auto",))),

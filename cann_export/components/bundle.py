@@ -61,7 +61,11 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
+    from .ranges import component_hints, narrow, parse_ranges
+
     fmt, component = _check(plan, Path(output), options)
+    narrow(plan, parse_ranges(options.pop("dynamic", None)))  # the user's ranges, before anything is written
+    hints = component_hints(plan, options.pop("atc_hints", None))
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
@@ -73,7 +77,8 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
             with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
                 events.advance("components", done, len(plan.components))
             results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
-                                                   {**options, "export_format": component.name})
+                                                   {**options, "export_format": component.name,
+                                                    "atc_hints": hints[comp.name]})
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -149,8 +154,9 @@ def check_request(what: str, fmt: str, output: Path, options: dict[str, Any]) ->
 
 def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, progress: Any,
                       metadata: dict[str, str] | None, options: dict[str, Any]) -> Any:
-    """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges in the form the target
-    CANN takes unless the caller gave a dynamic hint; an error names the component."""
+    """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges (its ``dim_bounds``)
+    in the form the target CANN takes unless its hints (``options["atc_hints"]``: the common ones and its own)
+    give a dynamic form; an error names the component."""
     where = staging / COMPONENTS_DIR / comp.name
     where.parent.mkdir(exist_ok=True)
     hints = dict(options.get("atc_hints") or {})

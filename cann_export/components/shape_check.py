@@ -37,11 +37,14 @@ def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
     found: dict[str, tuple[int, int, int]] = {}
     order: list[tuple[str, int]] = []
     for value in own["model"]["inputs"]:
+        cells = ranges.get(value["name"]) or []
         for axis, dim in enumerate(value.get("shape") or []):
             if not isinstance(dim, str):
+                if axis < len(cells) and cells[axis] != str(dim):  # T5's decoder once had 1~4096 on a fixed 1
+                    return [f"{where}: {value['name']}:{axis} is fixed at {dim} in the graph, but its ATC command "
+                            f"declares {cells[axis]}; export again"]
                 continue
             base, plus = split(dim)
-            cells = ranges.get(value["name"]) or []
             low, _, high = (cells[axis] if axis < len(cells) else "").partition("~")
             if not (_DIGITS.fullmatch(low) and _DIGITS.fullmatch(high)) or not isinstance(example.get(base), int):
                 return [f"{where}: {value['name']}:{axis} ({dim}) has no ATC range or no example size; export again"]

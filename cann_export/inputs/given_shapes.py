@@ -73,3 +73,29 @@ def drop_unfit_sets(ctx: Any) -> None:
     ctx.reports.warnings.dynamic = [*kept, *(
         f"{name} is static in the exported graph (the exporter specialised it at the example's size "
         f"{example.get(name)}): parity ran at the other dimensions' sizes" for name in sorted(fixed))]
+
+
+def fix_ranges_to_graph(ctx: Any) -> None:
+    """After capture: the ATC ranges a component's module declared (``input_shape`` / ``input_shape_range`` with
+    ``~``) follow the exported graph, so a dimension the exporter fixed gets its fixed size in the ATC command
+    (T5's decoder once declared 1~4096 on an input the graph held at 1)."""
+    from ..capture.dynamic_dims import graph_dims
+
+    hints = ctx.options.atc_hints or {}
+    key = next((k for k in ("input_shape", "input_shape_range") if "~" in str(hints.get(k) or "")), None)
+    if key is None:
+        return
+    graph, parts, changed = graph_dims(ctx.onnx_model), [], []
+    for part in str(hints[key]).split(";"):
+        name, _, dims = part.rpartition(":")
+        bracket = dims.startswith("[")
+        cells = dims.strip("[]").split(",")
+        for axis, held in enumerate(graph.get(name) or []):
+            if isinstance(held, int) and held > 0 and axis < len(cells) and "~" in cells[axis]:
+                changed.append(f"{name}:{axis} {cells[axis]} -> {held}")
+                cells[axis] = str(held)
+        parts.append(f"{name}:{'[' if bracket else ''}{','.join(cells)}{']' if bracket else ''}")
+    if changed:
+        ctx.options.atc_hints = {**hints, key: ";".join(parts)}
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []),
+                                        "the ATC ranges follow the exported graph's fixed dims: " + ", ".join(changed)]
