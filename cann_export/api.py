@@ -96,7 +96,9 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         with events.listening(on_progress):
             return export(model, output_path, export_format, example_inputs, progress=progress, trace=trace,
                           **options)
-    if graphs(model, options) is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
+    several = graphs(model, options)
+    if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
+        _check_defaulted(model, several, output_path, export_format, options)
         return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
     if trace is not None:
         from .pipeline.timeline import StageTimeline
@@ -108,6 +110,24 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
                             manifest={"halted": ctx.halted})
     return _result(ctx)
+
+
+def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, options: dict[str, Any]) -> None:
+    """A file output (``-o model.onnx``) for a model whose *default* task exports several graphs (a causal LM's
+    text-generation-with-past, Optimum's rule): refused naming the default and the --task that gives one file,
+    since the same command wrote one graph before the default changed."""
+    from .components.bundle import component_format
+
+    if options.get("task") is not None or not task.endswith("-with-past") or not Path(output_path).suffix \
+            or component_format(fmt) is None:  # a format of no multi-graph bundle: check_request names them
+        return
+    base = task[: -len("-with-past")]
+    one = (f"; pass --task {base} for one graph (no cache) in {Path(output_path).name}"
+           if graphs(model, {**options, "task": base}) is None else "")
+    raise errors.OptionsError(f"with no --task, {model} exports as {task} (the -with-past form, as Optimum does, "
+                              f"since config.json's use_cache is not false): several graphs, written as a bundle "
+                              f"directory, not the file {Path(output_path).name}. Pass an output without a suffix "
+                              f"for the bundle{one}", path=str(output_path))
 
 
 def graphs(model: Any, options: dict[str, Any]) -> str | None:

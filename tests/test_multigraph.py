@@ -364,6 +364,9 @@ def test_bad_multi_options_are_refused_before_any_work(tmp_path):
     (lambda m: m["components"][1].update(name="Decode; rm -rf"), "components[1]: no name of the form"),
     (lambda m: m["components"].append(dict(m["components"][0])), "'prefill' listed twice"),
     (lambda m: m["parity"].update(passed="yes"), "parity.passed"),
+    (lambda m: m["parity"].update(components=["prefill"]), "parity.components: not a map"),  # was AttributeError
+    (lambda m: m.update(kind=["decoder-with-past"]), "kind: missing or not a name"),  # was TypeError (unhashable)
+    (lambda m: m.update(format={"x": 1}), "format: missing or not a name"),
 ])
 def test_hostile_top_level_manifest_is_refused(bundles, tmp_path, edit, words):
     bundle = _copy(bundles, tmp_path)

@@ -231,3 +231,38 @@ def test_bad_static_batch_is_refused_naming_the_spelling(value, tmp_path):
         api.export_multi(_gpt2(), tmp_path / "x", kv_cache=value)
     res = CliRunner().invoke(cli, ["m.pt2", "--kv-cache", value])
     assert res.exit_code == 2 and "--kv-cache" in res.output
+
+
+@pytest.mark.parametrize("edit", [
+    lambda own: own["atc"].update(hints=["input_shape"]),
+    lambda own: own["atc"].update(hints="input_ids:1~2"),
+    lambda own: own["model"]["inputs"][0].update(shape=5),
+    lambda own: own["model"]["inputs"][1].update(shape=["batch_size + x", "past_sequence_length + 1"]),
+], ids=["hints-list", "hints-str", "shape-int", "dim-offset-not-int"])
+def test_hostile_component_shapes_are_refused_not_a_crash(dynamic_bundle, tmp_path, edit):
+    """A component manifest edited by hand (not what an export writes): exit 2 naming it, never an internal error."""
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(dynamic_bundle, copy)
+    f = copy / "components" / "decode" / "manifest.json"
+    own = json.loads(f.read_text())
+    edit(own)
+    f.write_text(json.dumps(own))
+    r = CliRunner().invoke(cli, ["validate", str(copy)])
+    assert r.exit_code == 2, r.output
+    assert "components/decode/manifest.json" in r.output
+
+
+def test_a_million_gear_hint_in_a_component_manifest_is_no_million_shapes(dynamic_bundle):
+    """A hostile dynamic_batch_size of 200k gears (ATC takes 2..100) re-derives no shapes from it, at once."""
+    import time
+
+    from cann_export.components.shape_check import component_shape_problems
+
+    own = _manifest(dynamic_bundle, "decode")
+    own["atc"]["hints"]["dynamic_batch_size"] = ",".join(map(str, range(1, 200_000)))
+    start = time.perf_counter()
+    problems = component_shape_problems("decode", own)
+    assert time.perf_counter() - start < 5
+    assert all(len(p) < 1000 for p in problems)  # the gears are not the hint ATC takes: the lint refuses it

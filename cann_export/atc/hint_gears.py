@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dynamic import MAX_GEARS
+
 
 def _values(text: Any) -> list[list[int]] | None:
     if isinstance(text, (list, tuple)):
@@ -21,15 +23,16 @@ def hint_sizes(hints: dict[str, Any], slots: list[tuple[str, int]],
     """``{dimension: sizes}`` from the gear hint in ``hints`` (none: {}). ``slots``: the (dimension, offset) of
     each -1 in --input_shape in order (an axis ``offset`` longer than its dimension: its value less offset);
     ``batch_names``: the dimensions on axis 0 that ``dynamic_batch_size`` sets. A hint that does not fit the
-    slots (a profile of another length) gives nothing here: the lint names it."""
+    slots (a profile of another length) or past ATC's MAX_GEARS gears gives nothing here: the lint names it (and a
+    hostile manifest's million gears never become a million parity shapes)."""
     if "dynamic_batch_size" in hints:
         rows = _values(hints["dynamic_batch_size"])
-        gears = sorted(set(rows[0])) if rows and len(rows) == 1 else []
+        gears = sorted(set(rows[0])) if rows and len(rows) == 1 and len(rows[0]) <= MAX_GEARS else []
         return {name: gears for name in batch_names} if gears else {}
     if "dynamic_dims" not in hints or not slots:
         return {}
     rows = _values(hints["dynamic_dims"])
-    if not rows or any(len(row) != len(slots) for row in rows):
+    if not rows or len(rows) > MAX_GEARS or any(len(row) != len(slots) for row in rows):
         return {}
     out: dict[str, set[int]] = {}
     for row in rows:

@@ -90,6 +90,11 @@ def shape_problems(manifest: Any) -> list[str]:
     parity = manifest.get("parity")
     if not isinstance(parity, dict) or not isinstance(parity.get("passed"), bool):
         problems.append("parity.passed: missing or not true/false")
+    elif not isinstance(parity.get("components", {}), dict):
+        problems.append("parity.components: not a map of component name to verdict")
+    for key in ("kind", "format"):
+        if not isinstance(manifest.get(key), str):
+            problems.append(f"{key}: missing or not a name")
     return problems + _file_table_problems(manifest.get("files"))
 
 

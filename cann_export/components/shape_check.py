@@ -6,14 +6,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..bundle.dynamic_check import short
 from .gears import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
+_DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?: \+ [0-9]{1,6})?")  # NAME or NAME + k (components/gears.py)
+MAX_DIMS = 64  # symbolic dims of one component's inputs (a decoder has a few per cache tensor)
 
 
 def _ranges(hints: dict[str, Any]) -> dict[str, list[str]] | None:
     """``{input: [dim text]}`` of the ATC ranges a component's convert.sh passes (``input_shape`` on CANN 8,
     ``input_shape_range`` before), None when it passes none (a user's gear hint gives the form)."""
+    if not isinstance(hints, dict):
+        return None
     text = hints.get("input_shape") or hints.get("input_shape_range")
     if not isinstance(text, str) or "~" not in text:
         return None
@@ -37,26 +42,43 @@ def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
     found: dict[str, tuple[int, int, int]] = {}
     order: list[tuple[str, int]] = []
     for value in own["model"]["inputs"]:
-        cells = ranges.get(value["name"]) or []
-        for axis, dim in enumerate(value.get("shape") or []):
-            if not isinstance(dim, str):
-                if axis < len(cells) and cells[axis] != str(dim):  # T5's decoder once had 1~4096 on a fixed 1
-                    return [f"{where}: {value['name']}:{axis} is fixed at {dim} in the graph, but its ATC command "
-                            f"declares {cells[axis]}; export again"]
-                continue
-            base, plus = split(dim)
-            low, _, high = (cells[axis] if axis < len(cells) else "").partition("~")
-            if not (_DIGITS.fullmatch(low) and _DIGITS.fullmatch(high)) or not isinstance(example.get(base), int):
-                return [f"{where}: {value['name']}:{axis} ({dim}) has no ATC range or no example size; export again"]
-            order.append((base, plus))
-            bounds = (example[base], int(low) - plus, int(high) - plus)
-            if found.setdefault(base, bounds) != bounds:
-                return [f"{where}: {value['name']}:{axis} ({dim}) has the ATC range {low}~{high}, another input's "
-                        f"{base} has {found[base][1] + plus}~{found[base][2] + plus}; export again"]
+        problem = _input_dims(where, value, ranges, example, found, order)
+        if problem:
+            return [problem]
     if set(example) != set(found):
-        return [f"{where}: the first shape {example} is not the example's size of each dimension {sorted(found)}"]
+        return [f"{where}: the first shape {short(example)} is not the example's size of each dimension "
+                f"{short(sorted(found))}"]
     _, points, _ = points_of(found, order, (own.get("atc") or {}).get("hints"))
     if shapes != [example, *points]:
-        return [f"{where}: parity ran at {shapes}, but the graph's ATC ranges build {[example, *points]}; a range "
-                "changed after parity ran: export again"]
+        return [f"{where}: parity ran at {short(shapes)}, but the graph's ATC ranges build "
+                f"{short([example, *points])}; a range changed after parity ran: export again"]
     return []
+
+
+def _input_dims(where: str, value: dict[str, Any], ranges: dict[str, list[str]], example: dict[str, Any],
+                found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]]) -> str | None:
+    """Add one input's symbolic dims to ``found`` (dimension: example size, min, max) and ``order`` (its -1s);
+    a problem when a dim is not ``NAME`` / ``NAME + k`` (a hand-edited manifest), has no range, or disagrees."""
+    held, shown = value.get("shape") or [], str(value["name"])[:80]
+    if not isinstance(held, list):
+        return f"{where}: {shown}'s shape is not a list of dims (the manifest was edited); export again"
+    cells = ranges.get(value["name"]) or []
+    for axis, dim in enumerate(held):
+        if not isinstance(dim, str):
+            if axis < len(cells) and cells[axis] != str(dim):  # T5's decoder once had 1~4096 on a fixed 1
+                return (f"{where}: {shown}:{axis} is fixed at {str(dim)[:20]} in the graph, but its ATC command "
+                        f"declares {cells[axis][:40]}; export again")
+            continue
+        if not _DIM.fullmatch(dim) or len(order) >= MAX_DIMS:
+            return (f"{where}: {shown}:{axis} ({dim[:80]!r}) is not a dimension of the form NAME or NAME + k, or "
+                    f"past {MAX_DIMS} of them; export again")
+        base, plus = split(dim)
+        low, _, high = (cells[axis] if axis < len(cells) else "").partition("~")
+        if not (_DIGITS.fullmatch(low) and _DIGITS.fullmatch(high)) or not isinstance(example.get(base), int):
+            return f"{where}: {shown}:{axis} ({dim}) has no ATC range or no example size; export again"
+        order.append((base, plus))
+        bounds = (example[base], int(low) - plus, int(high) - plus)
+        if found.setdefault(base, bounds) != bounds:
+            return (f"{where}: {shown}:{axis} ({dim}) has the ATC range {low}~{high}, another input's {base} has "
+                    f"{found[base][1] + plus}~{found[base][2] + plus}; export again")
+    return None
