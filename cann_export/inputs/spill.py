@@ -19,6 +19,7 @@ class SpillDir:
         from ..fs import atomic
 
         self.path = atomic.staging_dir(target)
+        self.target = target
         self._remove = weakref.finalize(self, shutil.rmtree, str(self.path), True)
 
     def keep(self, arrays: list[Any]) -> SpilledOutputs:
@@ -64,6 +65,6 @@ def spill_for(ctx: Any, model: Any) -> SpillDir | None:
     if module_bytes(model) <= opts.external_data_threshold:
         return None
     found = _OPEN.get(id(ctx))
-    if found is None:
+    if found is None or found.target != Path(ctx.output_path):  # a freed context's id reused by another export
         found = _OPEN[id(ctx)] = SpillDir(Path(ctx.output_path))
     return found
