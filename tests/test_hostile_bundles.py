@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import zipfile
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def exported(tmp_path_factory):
         good = cann_export.export(make_mlp(), root / "good", "atc_ready", example_inputs=x,
                                   metadata={"license": "MIT"},
                                   atc_hints={"fusion_switch": {"ConvToFullyConnectionFusionPass": "off"}})
+        time.sleep(1.1)  # created_utc is to the second: the other export's provenance differs from good's
         other = cann_export.export(make_mlp(hidden=16), root / "other", "atc_ready", example_inputs=x)
         stub = cann_export.export(make_mlp(), root / "stub", "om", example_inputs=x)
     assert good.ok and other.ok and stub.ok
