@@ -10,7 +10,6 @@ import shutil
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 import transformers
@@ -19,6 +18,7 @@ from click.testing import CliRunner
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import ExportError, OptionsError
+from helpers.bundle_runs import component_session, feeds_from, run_named
 
 STEPS = 4
 OPTIONS = {"num_random_inputs": 1}
@@ -67,20 +67,6 @@ def bundles(tmp_path_factory):
     return out
 
 
-def _session(bundle, component):
-    return ort.InferenceSession(str(bundle / "components" / component / "model.onnx"),
-                                providers=["CPUExecutionProvider"])
-
-
-def _run(session, feed):
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {k: np.asarray(v) for k, v in feed.items()}), strict=True))
-
-
-def _feeds_from(manifest, source, target, outputs):
-    """What the bundle's connections say ``source``'s outputs give ``target``'s inputs."""
-    return {c["to"]["input"]: outputs[c["from"]["output"]] for c in manifest["connections"]
-            if c["from"]["component"] == source and c["to"]["component"] == target}
 
 
 def _prompt(model, n=5):
@@ -96,9 +82,9 @@ def _reference(model, ids, **kw):
 
 def _decoder_generate(bundle, ids):
     manifest = json.loads((bundle / "manifest.json").read_text())
-    prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
+    prefill, decode = component_session(bundle, "prefill"), component_session(bundle, "decode")
     n = ids.shape[1]
-    out = _run(prefill, {"input_ids": ids.numpy(), "attention_mask": np.ones((1, n), np.int64),
+    out = run_named(prefill, {"input_ids": ids.numpy(), "attention_mask": np.ones((1, n), np.int64),
                          "position_ids": np.arange(n, dtype=np.int64)[None]})
     tokens, source, logits = [], "prefill", []
     for step in range(STEPS):
@@ -107,8 +93,8 @@ def _decoder_generate(bundle, ids):
         if step == STEPS - 1:
             break
         length = n + step
-        past = _feeds_from(manifest, source, "decode", out)
-        out = _run(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
+        past = feeds_from(manifest, source, "decode", out)
+        out = run_named(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
                             "attention_mask": np.ones((1, length + 1), np.int64),
                             "position_ids": np.array([[length]], np.int64), **past})
         source = "decode"
@@ -198,22 +184,22 @@ def test_static_cache_runs_in_onnxruntime_and_matches_eager(bundles):
     from cann_export.sandbox import confine
 
     assert manifest["sandbox"]["kind"] == (confine.probe().kind if confine.probe().available else "none")
-    prefill, decode = _session(bundle, "prefill"), _session(bundle, "decode")
+    prefill, decode = component_session(bundle, "prefill"), component_session(bundle, "decode")
     for s in (prefill, decode):  # every shape fixed: what ATC's static path needs
         assert all(isinstance(d, int) for v in (*s.get_inputs(), *s.get_outputs()) for d in v.shape)
     ids, length = _prompt(model), 16
     n = ids.shape[1]
     slots = np.concatenate([np.zeros((1, length - n), np.int64), np.ones((1, n), np.int64)], 1)
     padded = np.concatenate([np.zeros((1, length - n), np.int64), ids.numpy()], 1)
-    out = _run(prefill, {"input_ids": padded, "attention_mask": slots,
+    out = run_named(prefill, {"input_ids": padded, "attention_mask": slots,
                          "position_ids": np.clip(slots.cumsum(-1) - 1, 0, None)})
     tokens, source = [], "prefill"
     for step in range(STEPS):
         tokens.append(int(out["logits"][0, -1].argmax()))
         if step == STEPS - 1:
             break
-        past = _feeds_from(manifest, source, "decode", out)
-        out = _run(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
+        past = feeds_from(manifest, source, "decode", out)
+        out = run_named(decode, {"input_ids": np.array([[tokens[-1]]], np.int64),
                             "attention_mask": np.concatenate([slots, [[1]]], 1),
                             "position_ids": np.array([[n + step]], np.int64), **past})
         slots = np.concatenate([slots[:, 1:], [[1]]], 1)  # the window moved by one slot
@@ -229,19 +215,20 @@ def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
     assert result.ok, result.to_dict()
     manifest = result.manifest
     ids = _prompt(model, 6)
-    enc = _run(_session(bundle, "encoder"), {"input_ids": ids.numpy(), "attention_mask": np.ones((1, 6), np.int64)})
-    hidden = _feeds_from(manifest, "encoder", "decoder", enc)
-    out = _run(_session(bundle, "decoder"), {"input_ids": np.array([[0]], np.int64),
+    enc = run_named(component_session(bundle, "encoder"),
+                    {"input_ids": ids.numpy(), "attention_mask": np.ones((1, 6), np.int64)})
+    hidden = feeds_from(manifest, "encoder", "decoder", enc)
+    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[0]], np.int64),
                                              "encoder_attention_mask": np.ones((1, 6), np.int64), **hidden})
-    with_past = _session(bundle, "decoder_with_past")
+    with_past = component_session(bundle, "decoder_with_past")
     first, tokens, source = out, [], "decoder"
     for step in range(STEPS):
         tokens.append(int(out["logits"][0, -1].argmax()))
         if step == STEPS - 1:
             break
-        past = {**_feeds_from(manifest, "decoder", "decoder_with_past", first),
-                **_feeds_from(manifest, source, "decoder_with_past", out)}
-        out = _run(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64),
+        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
+                **feeds_from(manifest, source, "decoder_with_past", out)}
+        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64),
                                "encoder_attention_mask": np.ones((1, 6), np.int64), **past})
         source = "decoder_with_past"
     assert tokens == _reference(model, ids)

@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 import transformers
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
+from helpers.bundle_runs import component_session, feeds_from, run_named
 
 STEPS = 4
 MELS, SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
@@ -53,19 +53,6 @@ def whisper(tmp_path_factory):
                                                 "--task", "automatic-speech-recognition"))}
 
 
-def _session(bundle, component):
-    return ort.InferenceSession(str(bundle / "components" / component / "model.onnx"),
-                                providers=["CPUExecutionProvider"])
-
-
-def _run(session, feed):
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {k: np.asarray(v) for k, v in feed.items()}), strict=True))
-
-
-def _feeds_from(manifest, source, target, outputs):
-    return {c["to"]["input"]: outputs[c["from"]["output"]] for c in manifest["connections"]
-            if c["from"]["component"] == source and c["to"]["component"] == target}
 
 
 def _features():
@@ -86,18 +73,18 @@ def test_default_is_with_past_and_greedy_generation_equals_generate(whisper):
     assert result["ok"] is True and manifest["kind"] == "encoder-decoder-with-past"
     assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder", "decoder_with_past"]
     features, start = _features(), model.config.decoder_start_token_id
-    enc = _run(_session(bundle, "encoder"), {"input_features": features.numpy()})
-    out = _run(_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64),
-                                             **_feeds_from(manifest, "encoder", "decoder", enc)})
-    with_past = _session(bundle, "decoder_with_past")
+    enc = run_named(component_session(bundle, "encoder"), {"input_features": features.numpy()})
+    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64),
+                                             **feeds_from(manifest, "encoder", "decoder", enc)})
+    with_past = component_session(bundle, "decoder_with_past")
     first, tokens, source = out, [], "decoder"
     for step in range(STEPS):
         tokens.append(int(out["logits"][0, -1].argmax()))
         if step == STEPS - 1:
             break
-        past = {**_feeds_from(manifest, "decoder", "decoder_with_past", first),
-                **_feeds_from(manifest, source, "decoder_with_past", out)}
-        out = _run(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **past})
+        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
+                **feeds_from(manifest, source, "decoder_with_past", out)}
+        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **past})
         source = "decoder_with_past"
     assert tokens == _reference(model, features)
     assert len(set(tokens)) > 1  # the yardstick moves: a cache that is not read would show
@@ -142,11 +129,11 @@ def test_task_without_past_is_encoder_and_decoder(whisper):
     assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder"]
     assert manifest["run"] == {"loop": "decoder", "logits": "logits", "cache": "none"}
     features = _features()
-    enc = _run(_session(bundle, "encoder"), {"input_features": features.numpy()})
-    hidden = _feeds_from(manifest, "encoder", "decoder", enc)
-    decoder, ids = _session(bundle, "decoder"), [model.config.decoder_start_token_id]
+    enc = run_named(component_session(bundle, "encoder"), {"input_features": features.numpy()})
+    hidden = feeds_from(manifest, "encoder", "decoder", enc)
+    decoder, ids = component_session(bundle, "decoder"), [model.config.decoder_start_token_id]
     for _ in range(STEPS):  # the decoder re-reads the whole prefix each step
-        out = _run(decoder, {"input_ids": np.array([ids], np.int64), **hidden})
+        out = run_named(decoder, {"input_ids": np.array([ids], np.int64), **hidden})
         ids.append(int(out["logits"][0, -1].argmax()))
     assert ids[1:] == _reference(model, features)
 
