@@ -248,3 +248,42 @@ def test_contiguous_copy_before_views_keeps_the_program_equal():
     buf = io.BytesIO()
     torch.export.save(program, buf)
     torch.testing.assert_close(program.module()(x), Views()(x))
+
+
+def _identity_graph(unused_initializer: bool = False) -> onnx.ModelProto:
+    """y = (x @ W) + b through Identity nodes, as TorchScript writes them (a weight read through an Identity,
+    an Identity between two ops, an Identity of an Identity)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")]
+    if unused_initializer:
+        inits.append(numpy_helper.from_array(np.ones(2, np.float32), "stale"))
+    nodes = [helper.make_node("Identity", ["W"], ["W_id"]), helper.make_node("Identity", ["W_id"], ["W_id2"]),
+             helper.make_node("MatMul", ["x", "W_id2"], ["h"]), helper.make_node("Identity", ["h"], ["h_id"]),
+             helper.make_node("Add", ["h_id", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], inits,
+                              value_info=[helper.make_tensor_value_info("h_id", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_cleanup_bypasses_identities_in_place():
+    """A graph whose only cleanup is its Identity nodes (a TorchScript capture's usual graph) is cleaned in place:
+    no onnx_ir round trip, which held a second copy of every weight at the optimize stage's start."""
+    graph = _identity_graph()
+    feed = {"x": np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)}
+    before = _run(graph, feed)[0]
+    cleaned, report = cleanup_graph(graph)
+    assert cleaned is graph and report == {"conv_bn_folded": 0, "identities_removed": 3}
+    assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Add"]
+    assert list(cleaned.graph.node[0].input) == ["x", "W"] and not list(cleaned.graph.value_info)
+    onnx.checker.check_model(cleaned, full_check=True)
+    np.testing.assert_array_equal(_run(cleaned, feed)[0], before)
+
+
+def test_cleanup_with_something_unused_takes_the_full_passes():
+    graph = _identity_graph(unused_initializer=True)
+    cleaned, report = cleanup_graph(graph)
+    assert cleaned is not graph and report["identities_removed"] == 3
+    assert [t.name for t in cleaned.graph.initializer] == ["W", "b"]  # the unused one pruned
+    assert [n.op_type for n in graph.graph.node].count("Identity") == 3  # the input graph left as it was

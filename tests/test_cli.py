@@ -246,3 +246,21 @@ def test_every_plugin_command_is_guarded_and_clicks_own_errors_stay_clicks(plugi
     usage = runner.invoke(cli, ["house", "deep", "usage"])
     assert usage.exit_code == 2 and "say which house" in usage.stderr and "internal" not in usage.stderr
     assert runner.invoke(cli, ["house", "deep", "leave"]).exit_code == 4
+
+
+def test_exit_once_torch_is_imported_skips_the_teardown(cli_env):
+    """With torch imported, the interpreter's teardown (~1 s of wall and CPU) is skipped: atexit handlers still
+    run, what was printed is flushed, the exit code is the command's; an object freed only by the teardown is
+    not freed (it would print)."""
+    code = ("import atexit, sys, torch\n"
+            "class Late:\n    def __del__(self):\n        print('TORN-DOWN', flush=True)\n"
+            "late = Late()\natexit.register(lambda: print('ATEXIT'))\n"
+            "from cann_export.cli.main import main\nsys.argv = ['cann-export'] + sys.argv[1:]\nmain()\n")
+    ok = subprocess.run([sys.executable, "-c", code, "plugins"], capture_output=True, text=True, env=cli_env,
+                        timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "register_loaders" in ok.stdout and ok.stdout.rstrip().endswith("ATEXIT")
+    assert "TORN-DOWN" not in ok.stdout
+    usage = subprocess.run([sys.executable, "-c", code, "export", "--no-such-flag"], capture_output=True, text=True,
+                           env=cli_env, timeout=120, check=False)
+    assert usage.returncode == 2 and "--no-such-flag" in usage.stderr and "TORN-DOWN" not in usage.stdout

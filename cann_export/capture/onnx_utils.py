@@ -70,7 +70,12 @@ def set_metadata(model: onnx.ModelProto, items: dict[str, str]) -> None:
 def cleanup_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Fold BatchNormalization into the Conv / ConvTranspose / Gemm before it (onnxscript's rewriter rules),
     bypass Identity nodes and drop unused nodes and initializers (onnx_ir's passes). A folded Conv keeps the
-    Conv's origin and names the BatchNorm (module_paths). Returns the new graph and what changed."""
+    Conv's origin and names the BatchNorm (module_paths). Returns the new graph and what changed; ``model``
+    itself, changed in place, when only Identity nodes go (no onnxscript import, no onnx_ir round trip copying
+    every weight: a TorchScript capture's usual graph)."""
+    done = _cleaned_in_place(model)
+    if done is not None:
+        return model, done
     import onnx_ir as ir
     from onnx_ir.passes import common
     from onnxscript import rewriter
@@ -95,6 +100,44 @@ def cleanup_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, in
     common.RemoveUnusedNodesPass()(ir_model)  # also drops the initializers nothing reads any more
     report = {"conv_bn_folded": bn - count("BatchNormalization"), "identities_removed": identities - count("Identity")}
     return ir.to_proto(ir_model), report
+
+
+def _cleaned_in_place(model: onnx.ModelProto) -> dict[str, int] | None:
+    """``cleanup_graph``'s work done on ``model`` itself when it is only bypassing Identity nodes (no
+    BatchNormalization, no Identity that is a graph output, nothing unused once they are out, no subgraphs or
+    local functions): what changed, else None with ``model`` untouched (the onnx_ir passes do the rest)."""
+    g = model.graph
+    if model.functions or g.sparse_initializer:
+        return None
+    outputs = {o.name for o in g.output}
+    alias: dict[str, str] = {}
+    for n in g.node:
+        if n.op_type == "BatchNormalization" or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                    for a in n.attribute):
+            return None
+        if n.op_type == "Identity":
+            if n.domain not in ("", "ai.onnx") or len(n.input) != 1 or len(n.output) != 1 or n.output[0] in outputs:
+                return None
+            alias[n.output[0]] = n.input[0]
+
+    def source(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return name
+
+    kept = [n for n in g.node if n.op_type != "Identity"]
+    used = outputs | {source(i) for n in kept for i in n.input}
+    if not all(t.name in used for t in g.initializer) or not all(any(o in used for o in n.output) for n in kept):
+        return None
+    for n in kept:
+        for k, name in enumerate(n.input):
+            if name in alias:
+                n.input[k] = source(name)
+    for k in reversed([k for k, n in enumerate(g.node) if n.op_type == "Identity"]):
+        del g.node[k]
+    for k in reversed([k for k, v in enumerate(g.value_info) if v.name in alias]):
+        del g.value_info[k]
+    return {"conv_bn_folded": 0, "identities_removed": len(alias)}
 
 
 def prune_initializers(model: onnx.ModelProto) -> None:

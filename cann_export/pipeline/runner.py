@@ -9,7 +9,7 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
-from . import chatter, confined
+from . import chatter, confined, memory
 from .stage import ProgressFn, Stage
 from .table import STAGES
 
@@ -59,6 +59,7 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
         finally:
             if heard:
                 ctx.reports.warnings.third_party = (ctx.reports.warnings.third_party or []) + heard
+            memory.give_back()
     else:
         status = "skipped"
         ctx.stage_seconds[stage.name] = 0.0
