@@ -157,7 +157,12 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> li
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
         return [path, path.with_name(data_name)]
-    onnx.save_model(model, str(path))
+    from . import onnx_stream
+
+    if onnx_stream.streamable(model):  # the same bytes, without a serialised copy of the whole graph
+        onnx_stream.save(model, path)
+    else:
+        onnx.save_model(model, str(path))
     return [path]
 
 
