@@ -85,10 +85,12 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
 
     import onnx
 
+    from ..capture.onnx_utils import save_model
+
     refused = _refused_before(ctx)
     with tempfile.TemporaryDirectory(prefix="cann-export-onnxsim-") as tmp:
         original, simplified_path = Path(tmp) / "captured.onnx", Path(tmp) / "simplified.onnx"
-        onnx.save(ctx.onnx_model, str(original))
+        save_model(ctx.onnx_model, original)  # streamed: no serialised copy of the whole graph
         ctx.onnx_model = simplified = None
         try:
             verdict, simplified = _simplified(ctx, original, simplified_path, refused)
