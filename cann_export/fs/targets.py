@@ -212,9 +212,11 @@ _MAX_GRAPH_SCAN = 64 << 20  # an .onnx that keeps its weights outside is small; 
 def our_external_data(path: Path) -> list[str]:
     """``<name>.data`` when the .onnx at ``path`` keeps weights in it: the one external-data name cann-export
     writes. Any other location the file names is not ours to remove, whatever the file claims."""
+    name = Path(path).name + ".data"
+    if not (Path(path).parent / name).exists():  # nothing there to go stale: the graph is not read (nor onnx imported)
+        return []
     import onnx
 
-    name = Path(path).name + ".data"
     try:
         if Path(path).stat().st_size > _MAX_GRAPH_SCAN:
             return []
