@@ -106,3 +106,21 @@ def test_writing_a_graph_holds_no_second_copy_of_its_weights(tmp_path):
         pytest.skip("the peak RSS cannot be reset here")
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) < 24, out.stdout  # onnx.save_model: ~190 MiB over the graph (two copies of 96 MiB)
+
+
+def test_the_graph_read_one_weight_at_a_time_is_what_onnx_reads(tmp_path):
+    import onnx
+
+    from cann_export.capture import onnx_stream
+
+    model = _rich_model()
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    read = onnx_stream.load(tmp_path / "m.onnx")
+    assert read == onnx.load(str(tmp_path / "m.onnx"))
+    assert read.SerializeToString() == model.SerializeToString()
+    onnx.save_model(model, str(tmp_path / "x.onnx"), save_as_external_data=True, location="x.onnx.data",
+                    size_threshold=0)  # external data is read in, as onnx.load does
+    assert onnx_stream.load(tmp_path / "x.onnx") == onnx.load(str(tmp_path / "x.onnx"))
+    (tmp_path / "cut.onnx").write_bytes((tmp_path / "m.onnx").read_bytes()[:-7])
+    with pytest.raises(Exception):  # noqa: B017 - a truncated file is refused, as onnx.load refuses it
+        onnx_stream.load(tmp_path / "cut.onnx")

@@ -128,8 +128,10 @@ def load_captured(path: Path, ctx: Any) -> Any:
     import onnx
 
     large = state(ctx)
-    if large is None:
-        return onnx.load(str(path))
+    if large is None:  # read one weight at a time: no second copy of the file's bytes
+        from .onnx_stream import load
+
+        return load(path)
     model = onnx.load(str(path), load_external_data=False)
     target = _fresh(large, "torchscript")
     large.directory, large.data = target.parent, target.name + ".data"

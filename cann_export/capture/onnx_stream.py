@@ -2,7 +2,8 @@
 ``ByteSize``, which protobuf's upb computes by serialising) holds the whole graph's bytes and protobuf's own
 buffer at once: two copies of every weight, the write stage's peak RSS. Here each field goes out on its own,
 a weight's ``raw_data`` as the only copy, sizes added up from the pieces: the same bytes as
-``onnx.save_model`` (field-number order, as protobuf writes them), with at most one weight's bytes extra."""
+``onnx.save_model`` (field-number order, as protobuf writes them), with at most one weight's bytes extra.
+``load`` reads one the same way: the ModelProto ``onnx.load`` returns, without the whole file's bytes beside it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -98,3 +99,80 @@ def _write(pieces: Iterator[Piece], out: BinaryIO) -> None:
         if len(chunk) != size:  # a weight changed while written: nothing sensible to leave
             raise RuntimeError("the graph changed while it was written")
         out.write(chunk)
+
+
+def _read_varint(f: BinaryIO) -> int | None:
+    shift = value = 0
+    while True:
+        b = f.read(1)
+        if not b:
+            if shift:
+                raise ValueError("an ONNX file cut short inside a varint")
+            return None
+        value |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return value
+        shift += 7
+
+
+def _exact(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError("an ONNX file cut short")
+    return data
+
+
+def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes, int]]:
+    """(field number, the field's raw header bytes, content length or -1) for each field up to offset ``end``;
+    a length-delimited field's content is left for the caller to read, any other is in the header bytes."""
+    while f.tell() < end:
+        start = f.tell()
+        tag = _read_varint(f)
+        if tag is None:
+            return
+        wire = tag & 7
+        if wire == 2:
+            size = _read_varint(f)
+            if size is None:
+                raise ValueError("an ONNX file cut short")
+            yield tag >> 3, b"", size
+            continue
+        if wire == 0:
+            _read_varint(f)
+        elif wire in (1, 5):
+            f.seek(8 if wire == 1 else 4, 1)
+        else:
+            raise ValueError(f"an ONNX file with wire type {wire}")
+        here = f.tell()
+        f.seek(start)
+        yield tag >> 3, _exact(f, here - start), -1
+
+
+def load(path: Path) -> Any:
+    """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included), parsed one weight at a
+    time: ``onnx.load`` holds the file's bytes and the parsed graph at once (two copies of every weight)."""
+    import os
+
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    model, rest, graph_rest = onnx.ModelProto(), bytearray(), bytearray()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        for number, raw, length in _fields(f, size):
+            if number != 7 or length < 0:  # not the graph: kept as it is in the file
+                rest += raw if length < 0 else _header(number, length) + _exact(f, length)
+                continue
+            end = f.tell() + length
+            for inner, inner_raw, inner_length in _fields(f, end):
+                if inner == 5 and inner_length >= 0:
+                    model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
+                else:
+                    graph_rest += (inner_raw if inner_length < 0 else
+                                   _header(inner, inner_length) + _exact(f, inner_length))
+            model.graph.MergeFromString(bytes(graph_rest))
+            graph_rest.clear()
+    model.MergeFromString(bytes(rest))
+    if any(uses_external_data(t) for t in model.graph.initializer):
+        load_external_data_for_model(model, os.path.dirname(str(path)))
+    return model

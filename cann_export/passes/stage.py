@@ -83,8 +83,7 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     import tempfile
     from pathlib import Path
 
-    import onnx
-
+    from ..capture.onnx_stream import load
     from ..capture.onnx_utils import save_model
 
     refused = _refused_before(ctx)
@@ -96,15 +95,15 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
             verdict, simplified = _simplified(ctx, original, simplified_path, refused)
         finally:
             if simplified is None:  # kept unsimplified (or onnxsim raised): the captured graph as it was
-                ctx.onnx_model = onnx.load(str(original))
+                ctx.onnx_model = load(original)
     return verdict, simplified
 
 
 def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | None) -> tuple[str, Any]:
     import numpy as np
-    import onnx
     import onnxsim
 
+    from ..capture.onnx_stream import load
     from ..capture.onnx_utils import session
     from ..validators.metrics import all_pass
 
@@ -132,9 +131,9 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     try:
         after = run(target)
         if all_pass(after, ctx.reference_outputs[0], tol):  # the usual case: the original graph is never run
-            return "applied", onnx.load(str(target))
+            return "applied", load(target)
         if all_pass(after, run(original), tol):  # simplification did not change what the graph computes
-            return "applied (outputs equal to the unsimplified graph)", onnx.load(str(target))
+            return "applied (outputs equal to the unsimplified graph)", load(target)
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
     return "rejected: simplified graph changed outputs beyond tolerance", None
