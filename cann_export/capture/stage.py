@@ -23,15 +23,13 @@ def capture(ctx: ExportContext) -> str | None:
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
     for exporter in exporters:
-        model = _attempt(exporter, ctx, attempts, traced)
+        model = _attempt(exporter, ctx, attempts, traced, checked)
         if model is None:
             continue
-        if traced.get(exporter.name) and trace_gate.gated(ctx):
-            checked[exporter.name] = trace_gate.check(ctx, model)
-            if not checked[exporter.name]["passed"]:  # the next exporter; this graph only if none gives one
-                attempts[-1].note = trace_gate.note(checked.pop(exporter.name))
-                rejected = rejected or (exporter.name, model)
-                continue
+        if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
+            attempts[-1].note = trace_gate.note(checked.pop(exporter.name))  # only if none gives one
+            rejected = rejected or (exporter.name, model)
+            continue
         if attempts[-1].opset == ctx.options.opset:
             chosen = (exporter.name, model)
             break
@@ -53,9 +51,11 @@ def capture(ctx: ExportContext) -> str | None:
 
 
 def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
-             traced: dict[str, list[dict[str, Any]]]) -> Any:
-    """One exporter's try, recorded in ``attempts``: its valid graph, or None."""
+             traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> Any:
+    """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
+    the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
+    from . import trace_gate
     from .onnx_utils import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
@@ -67,6 +67,9 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
         loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
+        if ctx.trace_warnings and trace_gate.gated(ctx):
+            checked[exporter.name] = trace_gate.check(ctx, model)
+            loaded = loaded or bool(checked[exporter.name].get("ran"))
         large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model, loaded=loaded)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))

@@ -38,7 +38,7 @@ def gated(ctx: Any) -> bool:
 
 def check(ctx: Any, model: Any) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
-    ``{"passed", "input_sets", "shapes", "path_variants", "reason"?}``. The path variants and their reference
+    ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
     if not ctx.options.validate:
         return {"passed": False, "reason": "not checked: validation is off (--no-validate)"}
@@ -55,6 +55,7 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
         return {**done, "passed": False, "reason": f"the traced graph fails on an input set: {type(e).__name__}: "
                                                    f"{' '.join(str(e).split())[:200]}"}
+    done["ran"] = True  # onnxruntime loaded and ran the graph (the capture's check need not load it again)
     if report.get("passed"):
         return {**done, "passed": True}
     return {**done, "passed": False, "reason": f"the traced graph differs from the model: {report.get('reason')}"}
