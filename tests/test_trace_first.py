@@ -3,7 +3,6 @@ gate (capture/trace_gate.py): a Hugging Face directory is traced first, as Optim
 warned in transformers' mask code, is kept only after it agreed with the model on every prepared input set; a
 module whose trace is wrong at another size of its dynamic axis falls back to dynamo, and the manifest says why."""
 import numpy as np
-import pytest
 import torch
 from helpers import hf_dirs
 
@@ -89,11 +88,18 @@ def test_forcing_torchscript_keeps_the_accept_rule_and_no_order_keeps_dynamo_fir
     assert "checked" not in forced.parity["trace_specialized"]
 
 
-@pytest.mark.parametrize("validate", [False])
-def test_an_unchecked_trace_is_not_kept_under_auto(plugin, tmp_path, validate):
+def test_no_trace_is_run_first_where_the_gate_could_not_check_it(plugin, tmp_path):
+    from types import SimpleNamespace
+
+    from cann_export.capture.trace_gate import check, ordered
+
     _branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")
     result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                                validate=validate)
-    assert result.onnx["exporter"] == "dynamo"
-    assert "not checked: validation is off" in result.manifest["capture"]["attempts"][0]["note"]
+                                validate=False)
+    assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo"]
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(validate=False), loaded=LoadedModel(None, "module"))
+    assert check(ctx, None) == {"passed": False, "reason": "not checked: validation is off (--no-validate)"}
+    exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
+    assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]

@@ -2,8 +2,9 @@
 
 Order: ``--exporter NAME`` tries that one only. ``auto`` follows the format's declared ``exporter_order``, else the
 loader's (``LoadedModel.extras["exporter_order"]``; the Hugging Face loader asks for TorchScript first, as Optimum
-traces), each named exporter first and the rest by priority; a graph past the large-graph threshold keeps the
-priority order (a trace that may be rejected is not run twice over gigabytes).
+traces), each named exporter first and the rest by priority; where the gate below could not check a trace (a graph
+past the large-graph threshold, validation off, a quantized export) the priority order stays, so no trace is run
+only to be thrown away.
 
 Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
 kept: onnxruntime runs it on every input set the prepare stage built (the example, the random variants, each dynamic
@@ -25,7 +26,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
     if ctx.options.exporter != "auto":
         return [e for e in exporters if e.name == ctx.options.exporter]
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
-    if not wanted or large_graph.state(ctx) is not None:
+    if not wanted or large_graph.state(ctx) is not None or (gated(ctx) and _unchecked(ctx)):
         return exporters
     rank = {name: i for i, name in enumerate(wanted)}
     return sorted(exporters, key=lambda e: rank.get(e.name, len(rank)))  # stable: the rest keep their priority
@@ -36,16 +37,24 @@ def gated(ctx: Any) -> bool:
     return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
 
 
+def _unchecked(ctx: Any) -> str | None:
+    """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
+    if not ctx.options.validate:
+        return "not checked: validation is off (--no-validate)"
+    if ctx.options.quantize or ctx.quant_table:
+        return "not checked: a quantized export"
+    if large_graph.state(ctx) is not None:
+        return "not checked: a large graph"
+    return None
+
+
 def check(ctx: Any, model: Any) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
-    if not ctx.options.validate:
-        return {"passed": False, "reason": "not checked: validation is off (--no-validate)"}
-    if ctx.options.quantize or ctx.quant_table:
-        return {"passed": False, "reason": "not checked: a quantized export"}
-    if large_graph.state(ctx) is not None:
-        return {"passed": False, "reason": "not checked: a large graph"}
+    why = _unchecked(ctx)
+    if why:
+        return {"passed": False, "reason": why}
     sets, labels, reference = _sets(ctx)
     shapes = [label["shape"] for label in labels if label.get("shape")]
     done = {"input_sets": len(sets), "path_variants": len(ctx.path_input_sets),
