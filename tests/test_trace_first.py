@@ -21,6 +21,11 @@ def test_a_hugging_face_directory_is_traced_first_and_its_checked_trace_passes(t
     sizes = {s.get("sequence_length") for s in checked["shapes"]}
     assert {1, 60} <= sizes, checked["shapes"]  # seq 1..60 (4 x the dummy's 15): both ends were run
     assert "agrees with the model" in result.manifest["warnings"]["trace"]
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph  # the outputs' dims are Optimum's names, as dynamo's were
+    assert {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output} == {
+        "start_logits": ["batch_size", "sequence_length"], "end_logits": ["batch_size", "sequence_length"]}
     ids = torch.randint(0, 100, (3, 5))  # a batch and a length the export was not traced at
     names, got = run_ort(tmp_path / "m.onnx", {"input_ids": ids, "attention_mask": torch.ones(3, 5, dtype=torch.long)})
     want = hf_dirs.eager("distilbert", directory, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})

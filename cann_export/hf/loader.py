@@ -9,6 +9,7 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
   up to the position table's length);
 - ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
   ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
+- ``output_axes``: ``{output name: {axis: Optimum's axis name}}`` (a traced graph's output dims take those names);
 - ``exporter_order``: ``["torchscript", "dynamo"]``, the order the capture stage tries them under ``--exporter auto``;
 - ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
   which bundle formats carry and list in the manifest's file table."""
@@ -37,7 +38,8 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
     return LoadedModel(wrapped, "module", extras={"task": task.name, "input_names": [s.name for s in specs],
                                                  "dynamic_axes": dynamic_axes(specs),
                                                  "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
-                                                 "exporter_order": list(EXPORTER_ORDER)})
+                                                 "exporter_order": list(EXPORTER_ORDER),
+                                                 "output_axes": {n: dict(a) for n, a in outputs.items()}})
 
 
 def _single_graph(task: Any, path: Any) -> None:
