@@ -114,3 +114,9 @@ def test_no_trace_is_run_first_where_the_gate_could_not_check_it(plugin, tmp_pat
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]
+    loaded = LoadedModel(None, "module", extras={"exporter_order": ["torchscript", "dynamo"]})
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(), loaded=loaded, format=None, quant_table={},
+                          large_graph_decided=True, large_graph=None)
+    assert [e.name for e in ordered(ctx, exporters)] == ["torchscript", "dynamo"]
+    ctx.format = SimpleNamespace(exporter_order=("dynamo",))  # a format's order comes before a loader's
+    assert [e.name for e in ordered(ctx, exporters)] == ["dynamo", "torchscript"]
