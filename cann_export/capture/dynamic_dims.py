@@ -58,12 +58,19 @@ def named_forward(model: Any, names: list[str]) -> Iterator[None]:
 
 
 def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
+    """The TorchScript exporter's ``dynamic_axes``: the inputs' axes, and the outputs' a loader names
+    (``extras["output_axes"]``, Optimum's ``{output: {axis: name}}``) over those same dimension names."""
     axes = ctx.dynamic_axes
     if not axes:
         return None
     out: dict[str, dict[int, str]] = {}
     for a in axes:
         out.setdefault(a.input, {})[a.axis] = a.name
+    names = {a.name for a in axes}
+    for output, dims in (ctx.loaded.extras.get("output_axes") or {}).items():
+        named = {int(axis): label for axis, label in dims.items() if label in names}
+        if output in ctx.output_names and output not in out and named:
+            out[output] = named
     return out
 
 

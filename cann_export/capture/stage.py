@@ -15,22 +15,27 @@ def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    exporters = manager.registry().exporters()
-    if ctx.options.exporter != "auto":
-        exporters = [e for e in exporters if e.name == ctx.options.exporter]
+    from . import trace_gate
+
+    exporters = trace_gate.ordered(ctx, manager.registry().exporters())
     attempts: list[CaptureAttempt] = []
-    chosen = fallback = None
+    chosen = fallback = rejected = None
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
+    checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
     for exporter in exporters:
-        model = _attempt(exporter, ctx, attempts, traced)
+        model = _attempt(exporter, ctx, attempts, traced, checked)
         if model is None:
+            continue
+        if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
+            attempts[-1].note = trace_gate.note(checked.pop(exporter.name))  # only if none gives one
+            rejected = rejected or (exporter.name, model)
             continue
         if attempts[-1].opset == ctx.options.opset:
             chosen = (exporter.name, model)
             break
         if fallback is None and ctx.options.accepts_opset(attempts[-1].opset, ctx.format):
             fallback = (exporter.name, model)
-    chosen = chosen or fallback
+    chosen = chosen or fallback or rejected
     if chosen is None:
         raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
@@ -42,13 +47,15 @@ def capture(ctx: ExportContext) -> str | None:
 
         drop_unfit_sets(ctx)
         fix_ranges_to_graph(ctx)
-    return _record(ctx, name, attempts, traced)
+    return _record(ctx, name, attempts, traced, checked.get(name))
 
 
 def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
-             traced: dict[str, list[dict[str, Any]]]) -> Any:
-    """One exporter's try, recorded in ``attempts``: its valid graph, or None."""
+             traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> Any:
+    """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
+    the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
+    from . import trace_gate
     from .onnx_utils import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
@@ -60,6 +67,9 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
         loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
+        if ctx.trace_warnings and trace_gate.gated(ctx):
+            checked[exporter.name] = trace_gate.check(ctx, model)
+            loaded = loaded or bool(checked[exporter.name].get("ran"))
         large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model, loaded=loaded)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
@@ -76,7 +86,7 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
 
 
 def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
-            traced: dict[str, list[dict[str, Any]]]) -> str:
+            traced: dict[str, list[dict[str, Any]]], checked: dict[str, Any] | None = None) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
     from .onnx_utils import opset_of
 
@@ -86,7 +96,9 @@ def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
     ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
     ctx.trace_warnings = traced.get(name, [])
     if ctx.trace_warnings:
-        _specialised(ctx)
+        _specialised(ctx, checked)
+    else:  # a rejected trace's path variants: the chosen graph took no path the example decided
+        ctx.path_input_sets, ctx.path_reference_outputs = [], []
     if opset != ctx.options.opset:
         notes = "; ".join(a.note for a in attempts if a.note is not None)
         ctx.capture.warning = (f"the {name} exporter wrote opset {opset} instead of {ctx.options.opset} "
@@ -105,13 +117,13 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
     return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
 
 
-def _specialised(ctx: ExportContext) -> None:
-    """A traced graph that warned: record it, and the reference on inputs that may take other paths
-    (from the stripped module, which is what was traced)."""
+def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
+    """A traced graph that warned: record it (``checked``: the trace gate's passed check), and the reference on
+    inputs that may take other paths (from the stripped module, which is what was traced) unless the gate made it."""
     from . import trace_check
 
-    trace_check.record(ctx, ctx.trace_warnings)
-    if ctx.options.validate and not ctx.quant_table:
+    trace_check.record(ctx, ctx.trace_warnings, checked)
+    if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets:
         ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
         if ctx.path_input_sets:
             _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",

@@ -3,7 +3,8 @@
 When tracing warned (a tensor turned into a Python bool / int / float / list, data-dependent control
 flow), the capture stage records each warning with its source line, parity also runs inputs that may
 take other paths (sign-flipped and scaled copies of the example), and the export fails unless the user
-accepts a graph specialised to the traced path (``--accept-trace-specialization``).
+accepts a graph specialised to the traced path (``--accept-trace-specialization``) or, under ``--exporter auto``,
+the trace gate (trace_gate.py) checked it against the model on every prepared input set first.
 """
 from __future__ import annotations
 
@@ -63,12 +64,17 @@ def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:
     return sets if any(t.dtype.is_floating_point for t in example.values()) else []
 
 
-def record(ctx: Any, findings: list[dict[str, Any]]) -> None:
-    """Mark the capture as specialised to the traced path; refuse when parity cannot show it."""
+def record(ctx: Any, findings: list[dict[str, Any]], checked: dict[str, Any] | None = None) -> None:
+    """Mark the capture as specialised to the traced path; refuse when parity cannot show it. ``checked``: the
+    trace gate found the graph agreeing with the model on every prepared input set (a warning, not a failure)."""
     from ..errors import CaptureError
 
     accepted = bool(ctx.options.accept_trace_specialization)
     ctx.capture.specialized = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
+    if checked is not None:
+        ctx.capture.specialized["checked"] = {k: checked[k] for k in ("input_sets", "path_variants", "shapes")}
+        ctx.reports.warnings.trace = summary(checked)
+        return
     if not accepted and not ctx.options.validate:
         raise CaptureError(message(findings, None), path=ctx.loaded.source_path if ctx.loaded else None)
 
@@ -89,7 +95,8 @@ def message(findings: list[dict[str, Any]], other: dict[str, Any] | None) -> str
 
 
 def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None) -> dict[str, Any]:
-    """Record the trace specialisation in the parity report; it fails unless accepted."""
+    """Record the trace specialisation in the parity report; it fails unless accepted or checked by the trace gate
+    (whose sets parity has just judged again on the written graph, path variants included)."""
     spec = ctx.capture.specialized
     if not spec:
         return report
@@ -99,9 +106,23 @@ def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None
                  "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine", "passed") if k in o}
                              for o in other.get("outputs", [])]}
     report["trace_specialized"] = {"accepted": spec["accepted"], "warnings": spec["warnings"],
+                                   **({"checked": spec["checked"]} if spec.get("checked") else {}),
                                    **({"other_paths": other} if other is not None else {})}
-    if not spec["accepted"]:
+    if spec.get("checked") and other is not None and not other.get("passed"):  # the written graph, unlike the trace
+        report["passed"] = False
+        earlier = report.get("reason")
+        report["reason"] = message(spec["warnings"], other) + (f"; also {earlier}" if earlier else "")
+    elif not spec["accepted"] and not spec.get("checked"):
         report["passed"] = False
         earlier = report.get("reason")
         report["reason"] = message(spec["warnings"], other) + (f"; also {earlier}" if earlier else "")
     return report
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The manifest's warning for a trace the trace gate (trace_gate.py) checked and kept."""
+    shapes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in result.get("shapes") or [])
+    return (f"the graph comes from tracing, which warned (trace_specialized in the parity report names where); it "
+            f"agrees with the model on the {result['input_sets']} input sets it was checked on"
+            + (f" (shapes {shapes})" if shapes else "")
+            + ", so inputs beyond those may still take a path the trace did not record")

@@ -151,7 +151,8 @@ def _notes(info: dict[str, Any], pad: str) -> list[str]:
     notes = list(info.get("notes") or [])  # what the artifact's Format says of it (an om-stub's header, say)
     spec = (info.get("parity") or {}).get("trace_specialized")
     if spec:
-        accepted = "accepted" if spec.get("accepted") else "not accepted"
+        accepted = (f"checked on {spec['checked'].get('input_sets')} input sets" if spec.get("checked")
+                    else "accepted" if spec.get("accepted") else "not accepted")
         notes.append(f"traced graph, specialised to the example's path ({accepted}): "
                      f"{len(spec.get('warnings') or [])} tracer warning(s)")
     for kind, items in (info.get("warnings") or {}).items():  # strings, or lists of them

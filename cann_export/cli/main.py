@@ -167,8 +167,9 @@ def _print_result(result: Any) -> None:
         spec = parity["trace_specialized"]
         from ..capture.trace_check import where
 
-        click.echo("traced graph, specialised to the example's path "
-                   f"({'accepted' if spec['accepted'] else 'not accepted'}): "
+        state = ("checked on {} input sets".format(spec["checked"]["input_sets"]) if spec.get("checked")
+                 else "accepted" if spec["accepted"] else "not accepted")
+        click.echo(f"traced graph, specialised to the example's path ({state}): "
                    + "; ".join(where(f) for f in spec["warnings"][:3]))
     _print_fix(parity)
     if not parity["passed"]:

@@ -9,6 +9,9 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
   up to the position table's length);
 - ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
   ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
+- ``output_axes``: ``{output name: {axis: Optimum's axis name}}`` (a traced graph's output dims take those names);
+- ``exporter_order``: ``["torchscript", "dynamo"]`` for tasks of integer inputs, the order the capture stage tries
+  them under ``--exporter auto`` (``_exporter_order``);
 - ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
   which bundle formats carry and list in the manifest's file table."""
 from __future__ import annotations
@@ -18,6 +21,18 @@ from typing import Any
 
 from ..context import LoadedModel
 from . import files as hf_files
+
+# Optimum's capture: a TorchScript trace, kept only after the capture stage's trace gate checked it (a trace that
+# warned and disagrees on any prepared input set falls back to dynamo); capture/trace_gate.py
+EXPORTER_ORDER = ("torchscript", "dynamo")
+
+
+def _exporter_order(specs: list[Any]) -> dict[str, Any]:
+    """TorchScript first for tasks of integer inputs only (text): there the gate reuses the prepare stage's
+    reference and adds no forward. A float input (pixels, audio) adds four sign-flipped / scaled forwards, which
+    cost more than the trace saves (ViT-small: +5.7 s CPU of forwards and checks against 3.3 s saved), so those
+    keep the priority order (dynamo first)."""
+    return {} if any(s.kind == "float" for s in specs) else {"exporter_order": list(EXPORTER_ORDER)}
 
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
@@ -31,7 +46,9 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
           "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs)}
     return LoadedModel(wrapped, "module", extras={"task": task.name, "input_names": [s.name for s in specs],
                                                  "dynamic_axes": dynamic_axes(specs),
-                                                 "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf})
+                                                 "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
+                                                 "output_axes": {n: dict(a) for n, a in outputs.items()},
+                                                 **_exporter_order(specs)})
 
 
 def _single_graph(task: Any, path: Any) -> None:

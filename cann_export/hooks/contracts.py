@@ -175,6 +175,10 @@ class FormatOptional(Protocol):
         """What an export's result (written to ``output``) says about the artifact beyond the common
         fields. Default: nothing."""
 
+    exporter_order: tuple[str, ...]
+    """The exporters ``--exporter auto`` tries first for this format, in order, before a loader's
+    ``extras["exporter_order"]`` (capture/trace_gate.py). Default: none (the loader's, else priority)."""
+
     def component_format(self) -> str | None:
         """The registered format each graph of a multi-graph export in this format is written in (a directory
         bundle with its manifest and parity data, so validate re-derives it); the bundle gets a top-level ATC

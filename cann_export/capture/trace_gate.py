@@ -1,0 +1,121 @@
+"""Which exporters the capture stage tries, in what order, and whether a traced graph that warned is kept.
+
+Order: ``--exporter NAME`` tries that one only. ``auto`` follows the format's declared ``exporter_order``, else the
+loader's (``LoadedModel.extras["exporter_order"]``; the Hugging Face loader asks for TorchScript first, as Optimum
+traces), each named exporter first and the rest by priority; where the gate below could not check a trace (a graph
+past the large-graph threshold, validation off, a quantized export) the priority order stays, so no trace is run
+only to be thrown away.
+
+Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
+kept: onnxruntime runs it on every input set the prepare stage built (the example, the random variants, each dynamic
+axis at its range's ends and middle) and on sign-flipped / scaled copies of the example, judged by parity's own
+rule (parity_report). All agree: kept, the specialisation recorded as checked (a warning naming the sets). Any
+differ, or it cannot be checked (validation off, a quantized export): rejected, the next exporter runs, and the
+attempt names why. ``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
+``--accept-trace-specialization``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import large_graph
+
+
+def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
+    """The exporters to try, in order (``exporters`` come in descending priority)."""
+    if ctx.options.exporter != "auto":
+        return [e for e in exporters if e.name == ctx.options.exporter]
+    wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
+    if not wanted or large_graph.state(ctx) is not None or (gated(ctx) and _unchecked(ctx)):
+        return exporters
+    rank = {name: i for i, name in enumerate(wanted)}
+    return sorted(exporters, key=lambda e: rank.get(e.name, len(rank)))  # stable: the rest keep their priority
+
+
+def gated(ctx: Any) -> bool:
+    """Whether a traced graph that warned must pass the check to be kept (``auto``, not accepted by the user)."""
+    return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
+
+
+def _unchecked(ctx: Any) -> str | None:
+    """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
+    if not ctx.options.validate:
+        return "not checked: validation is off (--no-validate)"
+    if ctx.options.quantize or ctx.quant_table:
+        return "not checked: a quantized export"
+    if large_graph.state(ctx) is not None:
+        return "not checked: a large graph"
+    return None
+
+
+def check(ctx: Any, model: Any) -> dict[str, Any]:
+    """The traced ``model`` against the reference on every prepared input set and the path variants:
+    ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
+    stay in the context for parity (which judges the written graph on them again)."""
+    why = _unchecked(ctx)
+    if why:
+        return {"passed": False, "reason": why}
+    sets, labels, reference = _sets(ctx)
+    shapes = [label["shape"] for label in labels if label.get("shape")]
+    done = {"input_sets": len(sets), "path_variants": len(ctx.path_input_sets),
+            "shapes": [dict(s) for i, s in enumerate(shapes) if s not in shapes[:i]]}
+    try:
+        report = _judged(ctx, model, sets, labels, reference)
+    except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
+        return {**done, "passed": False, "reason": f"the traced graph fails on an input set: {type(e).__name__}: "
+                                                   f"{' '.join(str(e).split())[:200]}"}
+    done["ran"] = True  # onnxruntime loaded and ran the graph (the capture's check need not load it again)
+    if report.get("passed"):
+        return {**done, "passed": True}
+    return {**done, "passed": False, "reason": f"the traced graph differs from the model: {report.get('reason')}"}
+
+
+def _sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
+    """The prepared input sets with their labels and reference (no new forward), plus the path variants and
+    theirs (one forward each, for float inputs only; kept in the context for parity)."""
+    from ..inputs.reference import reference_outputs
+    from ..inputs.tensors import set_label
+    from .trace_check import PATH_SCALES, path_variants
+
+    if not ctx.path_input_sets:
+        ctx.path_input_sets = path_variants(ctx.example_inputs)
+        if ctx.path_input_sets:
+            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
+                                                              list(ctx.input_names), ctx.path_input_sets)
+    count = len(ctx.input_sets)
+    labels = [dict(label) for label in ctx.input_set_labels[:count]]
+    labels += [set_label("trace_path", f"example x {scale:g}", count + s, probe=True)
+               for s, scale in enumerate(PATH_SCALES[:len(ctx.path_input_sets)])]
+    return ([*ctx.input_sets, *ctx.path_input_sets], labels,
+            [*ctx.reference_outputs, *ctx.path_reference_outputs])
+
+
+def _judged(ctx: Any, model: Any, sets: list, labels: list, reference: list) -> dict[str, Any]:
+    """parity_report on the traced graph (written to a temporary file), at the verdict rule's floor when the
+    reference's noise was deferred (a disagreement there rejects the trace: dynamo is the safe side)."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    from ..validators.parity import parity_report, to_numpy
+
+    count = len(ctx.input_sets)
+    noise = list(ctx.reference_noise) if len(ctx.reference_noise) == count else None
+    if noise is None and ctx.reference_noise_deferred:
+        from ..inputs import float_noise
+
+        noise = float_noise.least_floor(ctx)
+    noise = [*noise, *[None] * (len(sets) - count)] if noise is not None else None
+    feeds = [{n: to_numpy(t) for n, t in s.items()} for s in sets]
+    with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
+        path = Path(tmp) / "traced.onnx"
+        onnx.save(model, str(path))
+        return parity_report(path, feeds, reference, ctx.options.tolerance,
+                             "the model on the prepared input sets (trace check)", labels=labels, noise=noise)
+
+
+def note(result: dict[str, Any]) -> str:
+    """The capture attempt's note for a trace the gate rejected."""
+    return f"traced graph not kept (tracing warned): {result.get('reason')}"
+

@@ -1,0 +1,122 @@
+"""A loader's exporter order (``LoadedModel.extras["exporter_order"]``) under ``--exporter auto``, and the trace
+gate (capture/trace_gate.py): a Hugging Face directory is traced first, as Optimum does, and its trace, which
+warned in transformers' mask code, is kept only after it agreed with the model on every prepared input set; a
+module whose trace is wrong at another size of its dynamic axis falls back to dynamo, and the manifest says why."""
+import numpy as np
+import torch
+from helpers import hf_dirs
+
+import cann_export
+from cann_export import LoadedModel, hookimpl
+
+
+def test_a_hugging_face_directory_is_traced_first_and_its_checked_trace_passes(tmp_path, run_ort):
+    directory = hf_dirs.save("distilbert", tmp_path / "distilbert")
+    result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx")
+    assert result.ok and result.onnx["exporter"] == "torchscript", result.onnx
+    spec = result.parity["trace_specialized"]  # transformers' mask code made the tracer warn
+    assert spec["warnings"] and spec["accepted"] is False
+    checked = spec["checked"]
+    assert checked["input_sets"] == result.parity["input_sets"]  # every prepared set, each dynamic axis' ends too
+    sizes = {s.get("sequence_length") for s in checked["shapes"]}
+    assert {1, 60} <= sizes, checked["shapes"]  # seq 1..60 (4 x the dummy's 15): both ends were run
+    assert "agrees with the model" in result.manifest["warnings"]["trace"]
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph  # the outputs' dims are Optimum's names, as dynamo's were
+    assert {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output} == {
+        "start_logits": ["batch_size", "sequence_length"], "end_logits": ["batch_size", "sequence_length"]}
+    ids = torch.randint(0, 100, (3, 5))  # a batch and a length the export was not traced at
+    names, got = run_ort(tmp_path / "m.onnx", {"input_ids": ids, "attention_mask": torch.ones(3, 5, dtype=torch.long)})
+    want = hf_dirs.eager("distilbert", directory, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    for name, value in zip(names, got, strict=True):
+        np.testing.assert_allclose(value, want[name], atol=2e-4, rtol=1e-3)
+    from cann_export.hf.loader import HfDirectoryLoader
+
+    options = cann_export.ExportOptions()  # pixels: the gate's four extra forwards cost more than the trace saves
+    vit = HfDirectoryLoader().load(hf_dirs.save("vit", tmp_path / "vit"), options)
+    assert "exporter_order" not in vit.extras
+    assert HfDirectoryLoader().load(directory, options).extras["exporter_order"] == ["torchscript", "dynamo"]
+
+
+class ShapeBranch(torch.nn.Module):
+    """Python control flow on a size: a trace keeps the branch of the example's size (8) at every size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if x.shape[1] > 4:
+            return y * 2.0
+        return y - 1.0
+
+
+def _branchy_loader(plugin, order):
+    @hookimpl
+    def register_loaders(register):
+        class Branchy:
+            name = "shape-branch"
+            priority = 500
+
+            def matches(self, path):
+                return path.suffix == ".branch"
+
+            def load(self, path, options):
+                torch.manual_seed(0)
+                extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
+                return LoadedModel(ShapeBranch().eval(), "module", example_inputs={"x": torch.randn(2, 8, 3)},
+                                   source_sha256="0" * 64, extras=extras)
+
+        register(Branchy())
+
+    plugin({"register_loaders": register_loaders}, "shape-branch")
+
+
+def test_a_trace_wrong_at_another_size_falls_back_to_dynamo_and_says_why(plugin, tmp_path):
+    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.branch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx")
+    assert result.ok and result.onnx["exporter"] == "dynamo", result.onnx
+    assert not result.parity.get("trace_specialized")
+    first, second = result.manifest["capture"]["attempts"]
+    assert (first["exporter"], second["exporter"]) == ("torchscript", "dynamo")
+    assert first["note"].startswith("traced graph not kept (tracing warned): the traced graph differs from the model")
+    assert "seq=1" in first["note"]  # the shape set where the traced branch is wrong
+    # dynamo cannot keep the branch symbolic either: its graph is static in seq, and says so (as before)
+    assert any("x:1 (seq" in w for w in result.manifest["warnings"]["dynamic"])
+
+
+def test_forcing_torchscript_keeps_the_accept_rule_and_no_order_keeps_dynamo_first(plugin, tmp_path):
+    _branchy_loader(plugin, None)
+    (tmp_path / "m.branch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "a.onnx", export_format="onnx")
+    assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo"]
+    forced = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "t.onnx", export_format="onnx",
+                                exporter="torchscript")
+    assert not forced.ok and "--accept-trace-specialization" in forced.parity["reason"]
+    assert "checked" not in forced.parity["trace_specialized"]
+
+
+def test_no_trace_is_run_first_where_the_gate_could_not_check_it(plugin, tmp_path):
+    from types import SimpleNamespace
+
+    from cann_export.capture.trace_gate import check, ordered
+
+    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.branch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                                validate=False)
+    assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo"]
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(validate=False), loaded=LoadedModel(None, "module"))
+    assert check(ctx, None) == {"passed": False, "reason": "not checked: validation is off (--no-validate)"}
+    exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
+    assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]
+    loaded = LoadedModel(None, "module", extras={"exporter_order": ["torchscript", "dynamo"]})
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(), loaded=loaded, format=None, quant_table={},
+                          large_graph_decided=True, large_graph=None)
+    assert [e.name for e in ordered(ctx, exporters)] == ["torchscript", "dynamo"]
+    ctx.format = SimpleNamespace(exporter_order=("dynamo",))  # a format's order comes before a loader's
+    assert [e.name for e in ordered(ctx, exporters)] == ["dynamo", "torchscript"]
