@@ -1,12 +1,15 @@
 """validate's check of a multi-graph component's ``parity.shapes``: exactly its example's shape and the points
 its graph's symbolic dimensions and recorded ATC ranges build (components/gears.py, re-derived from the bundle,
-never from the module that wrote it): a range widened after parity ran is refused, as for a single graph."""
+never from the module that wrote it) under the element budget its manifest records (components/budget.py; a
+shape's elements from the graph's symbolic dims): a range widened after parity ran is refused, as for a single
+graph."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
 from ..bundle.dynamic_check import short
+from .budget import dim_size, recorded_budget, shape_elements
 from .gears import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -48,7 +51,14 @@ def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
     if set(example) != set(found):
         return [f"{where}: the first shape {short(example)} is not the example's size of each dimension "
                 f"{short(sorted(found))}"]
-    _, points, _ = points_of(found, order, (own.get("atc") or {}).get("hints"))
+    budget, problem = recorded_budget(parity.get("shape_budget"))
+    if problem:
+        return [f"components/{name}/manifest.json {problem}"]
+    outputs = own["model"].get("outputs") if isinstance(own["model"].get("outputs"), list) else []
+    tensors = [v.get("shape") if isinstance(v.get("shape"), list) else [] for v in
+               [*own["model"]["inputs"], *outputs] if isinstance(v, dict)]
+    elements = shape_elements(tensors, dim_size) if budget is not None else None
+    _, points, _, _ = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements)
     if shapes != [example, *points]:
         return [f"{where}: parity ran at {short(shapes)}, but the graph's ATC ranges build "
                 f"{short([example, *points])}; a range changed after parity ran: export again"]
