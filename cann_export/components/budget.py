@@ -130,3 +130,16 @@ def dim_size(dim: Any, point: Point) -> int | None:
         return None
     return point[base] + int(plus or 0)
 
+
+def fed(own: Elements, sources: list[tuple[Elements, Point]]) -> Elements:
+    """``point -> elements`` of a set with what makes it: the component's own inputs and outputs, plus each earlier
+    component run eagerly to feed it (decode's past at P tokens is prefill at P tokens: ``past_X`` of the consumer
+    is the source's ``X``, else the same name, else the source's example size), itself counted the same way."""
+
+    def count(point: Point) -> int:
+        total = own(point)
+        for elements, example in sources:
+            total += elements({n: point.get(f"past_{n}", point.get(n, size)) for n, size in example.items()})
+        return total
+
+    return count

@@ -109,7 +109,8 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
 
         weights = weight_elements(comp.module)
         budget = None if full else budget_for(weights)
-        elements = None if full else module_elements(plan, comp, torch.Generator().manual_seed(seed + 97))
+        elements = None if full else set_elements(plan, plan.components.index(comp),
+                                                  torch.Generator().manual_seed(seed + 97))
         example, chosen, notes, left = points(comp.module, comp.example_inputs, hints, budget, elements)
 
         def sets_of() -> Any:
@@ -170,6 +171,20 @@ def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], mod
     vocab = getattr(getattr(getattr(module, "model", None), "config", None), "vocab_size", None)
     high = vocab if isinstance(vocab, int) and vocab > 2 else int(example.max()) + 1
     return torch.randint(1, high, shape, generator=gen).to(example.dtype)
+
+
+def set_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
+    """``point -> elements`` of component ``index``'s set with the earlier components that feed it
+    (budget.fed): what making and judging one set holds."""
+    from .budget import fed
+
+    comp = plan.components[index]
+    sources = []
+    for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
+        j = next(i for i, c in enumerate(plan.components) if c.name == src)
+        example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        sources.append((set_elements(plan, j, gen), example))
+    return fed(module_elements(plan, comp, gen), sources)
 
 
 def module_elements(plan: Any, comp: Any, gen: Any) -> Callable[[Point], int]:
