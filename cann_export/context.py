@@ -95,6 +95,7 @@ class ParityReport:
     probes: dict[str, Any] | None = None  # the specialisation probes' own verdict (not the fp32 verdict sets)
     trace_specialized: dict[str, Any] | None = None
     shapes: list[dict[str, Any]] | None = None  # a dynamic graph: the fp32 and device verdicts per shape
+    shape_budget: dict[str, Any] | None = None  # the element budget of those shapes and what it left out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParityReport:
@@ -129,6 +130,7 @@ class ReferenceReport:
 
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
+    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (components/budget.py)
 
 
 @dataclass(slots=True)

@@ -222,6 +222,7 @@ class ExportOptions:
     trust_remote_code: bool = False  # a directory whose config.json has an auto_map (its own Python) may load
     # a decoder's cache for a multi-graph export: None / "dynamic" (growing) or "static:N" (N fixed slots)
     kv_cache: str | None = None
+    parity_full_ranges: bool = False  # a multi-graph component's parity at its range ends, past the element budget
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
     # dynamic axes (cann_export.dynamic): "--dynamic" strings, DynamicAxis objects or {input: {axis: "dim:1..16"}}

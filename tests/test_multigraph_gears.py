@@ -97,7 +97,7 @@ def test_seq2seq_shapes_feed_each_graph_from_the_one_before():
                                 decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)
     plan = seq2seq_plan(transformers.T5ForConditionalGeneration(cfg).eval())
     comp = plan.components[2]
-    example, points, notes = gears.points(comp.module, comp.example_inputs)
+    example, points, notes, _ = gears.points(comp.module, comp.example_inputs)
     assert example == {"batch_size": 2, "encoder_sequence_length": 7, "past_decoder_sequence_length": 2}
     assert {"batch_size": 2, "encoder_sequence_length": 1024, "past_decoder_sequence_length": 2} in points
     assert points[-1] == {"batch_size": 2, "encoder_sequence_length": 7, "past_decoder_sequence_length": 1024}
@@ -118,10 +118,10 @@ def test_gear_hints_give_the_components_sizes():
 
     plan = decoder_plan(_gpt2())
     decode = plan.components[1]
-    _, points, _ = gears.points(decode.module, decode.example_inputs, {"dynamic_batch_size": "1,3"})
+    _, points, _, _ = gears.points(decode.module, decode.example_inputs, {"dynamic_batch_size": "1,3"})
     assert [p["batch_size"] for p in points[:2]] == [1, 3] and all(p["batch_size"] == 2 for p in points[2:])
-    _, points, notes = gears.points(decode.module, decode.example_inputs,
-                                    {"dynamic_batch_size": ",".join(map(str, range(1, 13)))})
+    _, points, notes, _ = gears.points(decode.module, decode.example_inputs,
+                                       {"dynamic_batch_size": ",".join(map(str, range(1, 13)))})
     assert len(points) == gears.MAX_POINTS and points[0]["batch_size"] == 1 and "of the 14 shapes" in notes[0]
     assert points[-1] == {"batch_size": 2, "past_sequence_length": 15}  # the last range end kept
     # dynamic_dims: one value per -1 of --input_shape, in order; "past + 1" columns give the past length

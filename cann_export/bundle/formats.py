@@ -202,6 +202,15 @@ def write_carried(ctx: ExportContext, staging: Path) -> list[Path]:
     return written
 
 
+def _own(arr: Any) -> Any:
+    """``arr`` as torch can share it: a writable C-contiguous array as is (no second copy of a vocabulary's logits
+    at every parity shape), else a copy (a read-only map of a spilled output)."""
+    import numpy as np
+
+    arr = np.asarray(arr)
+    return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()
+
+
 def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     """The export's parity inputs and reference outputs, as ``directory``/inputs.safetensors and
     expected.safetensors, so ``cann-export validate`` can re-run parity without the model. Write them into
@@ -215,10 +224,10 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
         for name, t in feed.items():
             inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
         for name, arr in zip(ctx.output_names, ctx.reference_outputs[s], strict=False):
-            expected[f"{s}/{name}"] = torch.from_numpy(arr.copy())
+            expected[f"{s}/{name}"] = torch.from_numpy(_own(arr))
         if len(ctx.float_reference_outputs) == len(ctx.input_sets):  # a Q/DQ graph's float model (int8 yardstick)
             for name, arr in zip(ctx.output_names, ctx.float_reference_outputs[s], strict=False):
-                expected[f"float/{s}/{name}"] = torch.from_numpy(arr.copy())
+                expected[f"float/{s}/{name}"] = torch.from_numpy(_own(arr))
     order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
              "sets": str(len(ctx.input_sets))}
     if len(ctx.input_set_labels) == len(ctx.input_sets):  # which sets decide parity, which are probes

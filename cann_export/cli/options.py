@@ -63,6 +63,9 @@ def _model_flags() -> dict[str, Flag]:
                          "symbolic lengths) or 'static:N[,batch=B]' (N fixed slots, B fixed rows, default 1: every "
                          "shape static, for ATC's static path). Implies --task text-generation-with-past.",
                          decls=("--kv-cache",)),
+        "parity_full_ranges": Flag("Run a multi-graph component's parity at its dimensions' full range ends even where "
+                                   "one input set there passes the element budget (a third of the weights; the "
+                                   "shapes left out are listed in parity.shape_budget). Slower, more memory."),
         "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
                                   "classes, which run on load; inside the load sandbox)."),
     }

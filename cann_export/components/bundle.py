@@ -66,6 +66,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     fmt, component = _check(plan, Path(output), options)
     narrow(plan, parse_ranges(options.pop("dynamic", None)))  # the user's ranges, before anything is written
     hints = component_hints(plan, options.pop("atc_hints", None))
+    full = bool(options.pop("parity_full_ranges", False))  # parity past the element budget (components/budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
@@ -78,7 +79,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
                 events.advance("components", done, len(plan.components))
             results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
                                                    {**options, "export_format": component.name,
-                                                    "atc_hints": hints[comp.name]})
+                                                    "atc_hints": hints[comp.name]}, full)
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +154,7 @@ def check_request(what: str, fmt: str, output: Path, options: dict[str, Any]) ->
 
 
 def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, progress: Any,
-                      metadata: dict[str, str] | None, options: dict[str, Any]) -> Any:
+                      metadata: dict[str, str] | None, options: dict[str, Any], full: bool = False) -> Any:
     """One component into ``staging/components/<name>``; its dynamic axes get ATC ranges (its ``dim_bounds``)
     in the form the target CANN takes unless its hints (``options["atc_hints"]``: the common ones and its own)
     give a dynamic form; an error names the component."""
@@ -172,7 +173,7 @@ def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, pro
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
     from .gears import shape_sets
 
-    comp.module.graph_shape_sets = shape_sets(plan, comp, hints)  # parity at the dynamic sizes, or the hint's gears
+    comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full)  # parity at the dynamic sizes or hint gears
     try:
         return export_one(comp.module, where, example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),

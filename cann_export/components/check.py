@@ -147,7 +147,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     diffs += connection_problems(manifest, names)
     from .shape_check import component_shape_problems
 
-    diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own)]
+    diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, manifest["connections"])]
     if len(owns) == len(manifest["components"]):
         diffs += wiring_problems(manifest, owns)
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):

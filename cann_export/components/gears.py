@@ -45,27 +45,36 @@ def slots(module: Any) -> list[tuple[str, int]]:
 Point = dict[str, int]
 
 
-def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None) -> tuple[Point, list[Point],
-                                                                                          list[str]]:
-    """(the example's point, the extra points parity runs at, notes on what the caps left out): each dimension at
-    its hint gears or its range's ends and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
-    return points_of(dims(module, feed), slots(module), hints)
+def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None, budget: int | None = None,
+           elements: Any = None) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
+    """(the example's point, the extra points parity runs at, notes on what the caps left out, the records of the
+    sizes the element budget left out: components/budget.py): each dimension at its hint gears or its range's ends
+    and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
+    return points_of(dims(module, feed), slots(module), hints, budget, elements)
 
 
-def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]],
-              hints: dict[str, Any] | None) -> tuple[Point, list[Point], list[str]]:
+def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]], hints: dict[str, Any] | None,
+              budget: int | None = None, elements: Any = None) -> tuple[Point, list[Point], list[str],
+                                                                        list[dict[str, Any]]]:
     """``points`` from the dimensions (``dims``) and the -1 slots (``slots``): validate re-derives them from a
-    component's graph and ATC ranges."""
+    component's graph, its ATC ranges and its recorded budget (``elements``: point -> the elements of one input
+    set there, inputs + outputs)."""
+    from .budget import within
+
     example = {n: v[0] for n, v in found.items()}
     gears = hint_sizes(hints or {}, order, batch_names=("batch_size",))
     out: list[dict[str, int]] = []
-    notes = []
+    notes: list[str] = []
+    left: list[dict[str, Any]] = []
     for name, (_, low, high) in found.items():
         sizes = gears.get(name) or sorted({low, (low + high) // 2, high})
         if name != "batch_size" and max(sizes) > MAX_LENGTH:
             notes.append(f"{name}: parity ran up to {MAX_LENGTH}, not at {max(sizes)} (the cap on a component's "
                          "parity lengths)")
             sizes = sorted({min(size, MAX_LENGTH) for size in sizes})
+        sizes, gone = within(name, sizes, example, budget, elements, bool(gears.get(name)))
+        left += gone
+        notes += [f"{name}={g['size']}: {g['reason']}" for g in gone]
         for size in sizes:
             point = {**example, name: size}
             if point != example and point not in out:
@@ -73,7 +82,7 @@ def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int
     if len(out) > MAX_POINTS:
         notes.append(f"parity ran at {MAX_POINTS} of the {len(out)} shapes (the ranges' ends first, then spread over "
                      "the rest: the cap on a component's parity shapes)")
-    return example, _capped(out), notes
+    return example, _capped(out), notes, left
 
 
 def _capped(found: list[dict[str, int]]) -> list[dict[str, int]]:
@@ -84,25 +93,35 @@ def _capped(found: list[dict[str, int]]) -> list[dict[str, int]]:
     return [found[round(k * step)] for k in range(MAX_POINTS)]
 
 
-def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None) -> Callable[[int], Any] | None:
+def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
+               full: bool = False) -> Callable[[int], Any] | None:
     """What a component's export runs parity at besides its example (``graph_shape_sets`` on its module, read by
-    the prepare stage): ``seed -> (example point, [(point, [input sets])], notes on what the caps left out)``;
-    None for a component with no dynamic axis."""
+    the prepare stage): ``seed -> (example point, iterator of (point, [input sets]) made one point at a time,
+    notes on what the caps left out, the manifest's parity.shape_budget record)``; None for a component with no
+    dynamic axis. ``full``: no element budget (components/budget.py), every range end runs."""
     if not dims(comp.module, comp.example_inputs):
         return None
 
     def make(seed: int) -> Any:
         import torch
 
-        example, chosen, notes = points(comp.module, comp.example_inputs, hints)
-        out = []
-        for k, point in enumerate(chosen):
-            sets = []
-            for draw in range(DRAWS):
-                gen = torch.Generator().manual_seed(seed + 101 + DRAWS * k + draw)
-                sets.append(feed_at(plan, plan.components.index(comp), point, gen))
-            out.append((point, sets))
-        return example, out, notes
+        from .budget import budget_for, record, weight_elements
+
+        weights = weight_elements(comp.module)
+        budget = None if full else budget_for(weights)
+        elements = None if full else set_elements(plan, plan.components.index(comp),
+                                                  torch.Generator().manual_seed(seed + 97))
+        example, chosen, notes, left = points(comp.module, comp.example_inputs, hints, budget, elements)
+
+        def sets_of() -> Any:
+            for k, point in enumerate(chosen):
+                sets = []
+                for draw in range(DRAWS):
+                    gen = torch.Generator().manual_seed(seed + 101 + DRAWS * k + draw)
+                    sets.append(feed_at(plan, plan.components.index(comp), point, gen))
+                yield point, sets
+
+        return example, sets_of(), notes, record(budget, weights, left)
 
     return make
 
@@ -152,3 +171,49 @@ def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], mod
     vocab = getattr(getattr(getattr(module, "model", None), "config", None), "vocab_size", None)
     high = vocab if isinstance(vocab, int) and vocab > 2 else int(example.max()) + 1
     return torch.randint(1, high, shape, generator=gen).to(example.dtype)
+
+
+def set_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
+    """``point -> elements`` of component ``index``'s set with the earlier components that feed it
+    (budget.fed): what making and judging one set holds."""
+    from .budget import fed
+
+    comp = plan.components[index]
+    sources = []
+    for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
+        j = next(i for i, c in enumerate(plan.components) if c.name == src)
+        example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        sources.append((set_elements(plan, j, gen), example))
+    return fed(module_elements(plan, comp, gen), sources)
+
+
+def module_elements(plan: Any, comp: Any, gen: Any) -> Callable[[Point], int]:
+    """``point -> elements`` of one of the component's input sets at export: its inputs' shapes from its dynamic
+    axes, its outputs' from the module run at the example and at each dimension's low end (an output axis that
+    moves with a dimension is ``NAME + k``, as the exported graph writes it)."""
+    import torch
+
+    from .budget import dim_size, shape_elements
+
+    module, feed = comp.module, comp.example_inputs
+    found = dims(module, feed)
+    example = {n: v[0] for n, v in found.items()}
+    axes = getattr(module, "graph_dynamic_axes", {}) or {}
+    shapes = [[axes.get(n, {}).get(a, size) for a, size in enumerate(feed[n].shape)] for n in module.graph_input_names]
+    with torch.no_grad():
+        base = {k: list(v.shape) for k, v in module(**feed).items()}
+    outputs = {k: list(v) for k, v in base.items()}
+    index = plan.components.index(comp)
+    for name, (size, low, high) in found.items():
+        probe = low if low != size else high
+        if probe == size:
+            continue
+        with torch.no_grad():
+            moved = module(**feed_at(plan, index, {**example, name: probe}, gen))
+        for key, shape in base.items():
+            for a, (was, now) in enumerate(zip(shape, moved[key].shape, strict=False)):
+                k = was - size
+                if was != now and now - probe == k and k >= 0:
+                    outputs[key][a] = f"{name} + {k}" if k else name
+        del moved
+    return shape_elements([*shapes, *outputs.values()], dim_size)

@@ -1,12 +1,15 @@
 """validate's check of a multi-graph component's ``parity.shapes``: exactly its example's shape and the points
 its graph's symbolic dimensions and recorded ATC ranges build (components/gears.py, re-derived from the bundle,
-never from the module that wrote it): a range widened after parity ran is refused, as for a single graph."""
+never from the module that wrote it) under the element budget its manifest records (components/budget.py; a
+shape's elements from the graph's symbolic dims): a range widened after parity ran is refused, as for a single
+graph."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
 from ..bundle.dynamic_check import short
+from .budget import dim_size, fed, recorded_budget, shape_elements
 from .gears import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -29,8 +32,10 @@ def _ranges(hints: dict[str, Any]) -> dict[str, list[str]] | None:
     return out
 
 
-def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
-    """The differences between a component's recorded parity shapes and the ones its graph and ranges build."""
+def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dict[str, Any]] | None = None,
+                             connections: list[dict[str, Any]] | None = None) -> list[str]:
+    """The differences between a component's recorded parity shapes and the ones its graph and ranges build
+    (``owns``, ``connections``: the bundle's component manifests and connections, for the graphs that feed it)."""
     parity = own.get("parity") if isinstance(own.get("parity"), dict) else {}
     rows = parity.get("shapes")
     ranges = _ranges(((own.get("atc") or {}).get("hints") or {}) if isinstance(own.get("atc"), dict) else {})
@@ -48,11 +53,35 @@ def component_shape_problems(name: str, own: dict[str, Any]) -> list[str]:
     if set(example) != set(found):
         return [f"{where}: the first shape {short(example)} is not the example's size of each dimension "
                 f"{short(sorted(found))}"]
-    _, points, _ = points_of(found, order, (own.get("atc") or {}).get("hints"))
+    budget, problem = recorded_budget(parity.get("shape_budget"))
+    if problem:
+        return [f"components/{name}/manifest.json {problem}"]
+    elements = graph_elements(name, {**(owns or {}), name: own}, connections or []) if budget is not None else None
+    _, points, _, _ = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements)
     if shapes != [example, *points]:
         return [f"{where}: parity ran at {short(shapes)}, but the graph's ATC ranges build "
                 f"{short([example, *points])}; a range changed after parity ran: export again"]
     return []
+
+
+def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]],
+                   depth: int = 0) -> Any:
+    """``point -> elements`` of a component's set from its graph's symbolic dims, with the graphs that feed it
+    (budget.fed, as export counts them; their example sizes: their first parity shape)."""
+    model = owns[name].get("model") if isinstance(owns[name].get("model"), dict) else {}
+    values = [v for key in ("inputs", "outputs") if isinstance(model.get(key), list) for v in model[key]]
+    tensors = [v.get("shape") if isinstance(v, dict) and isinstance(v.get("shape"), list) else [] for v in values]
+    sources = []
+    feeding = [c["from"]["component"] for c in connections if isinstance(c, dict) and isinstance(c.get("from"), dict)
+               and isinstance(c.get("to"), dict) and c["to"].get("component") == name]
+    for src in dict.fromkeys(f for f in feeding if f != name and f in owns):
+        if depth >= 8:  # a hostile loop of connections
+            break
+        rows = (owns[src].get("parity") or {}).get("shapes") if isinstance(owns[src].get("parity"), dict) else None
+        first = rows[0].get("shape") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+        example = {k: v for k, v in first.items() if isinstance(v, int)} if isinstance(first, dict) else {}
+        sources.append((graph_elements(src, owns, connections, depth + 1), example))
+    return fed(shape_elements(tensors, dim_size), sources)
 
 
 def _input_dims(where: str, value: dict[str, Any], ranges: dict[str, list[str]], example: dict[str, Any],

@@ -13,8 +13,14 @@ NEUTRAL_PASSES = {"unwrap-checkpoint", "dropout", "fold-conv-bn", "identity", "l
 
 
 def measure(ctx: Any) -> None:
-    """``ctx.reference_noise`` on the verdict sets of ``ctx.input_sets`` (now, whether or not it was deferred)."""
-    verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]
+    """``ctx.reference_noise`` on the verdict sets of ``ctx.input_sets`` (now, whether or not it was deferred). A
+    multi-graph component's sets at its other shapes (``shape_sets``) get none: they are judged at the rule's
+    ``peak_share`` floor, at least the least floor, so the float64 twin runs on the example's small sets only (on
+    GPT-2 small it ran every range point, a second reference in float64)."""
+    labels = ctx.input_set_labels
+    example = labels[0].get("shape") if labels and ctx.loaded.extras.get("shape_sets") else None
+    verdict = [s for s, label in enumerate(labels) if label["role"] == "verdict"
+               and (example is None or label.get("shape") == example)]
     ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
     ctx.reference_noise_deferred = False
 

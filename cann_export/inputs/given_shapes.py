@@ -18,10 +18,13 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     make = ctx.loaded.extras.get("shape_sets")
     if not callable(make) or not ctx.options.validate:
         return
-    example, found, notes = make(ctx.options.seed)
+    example, found, notes, budget = make(ctx.options.seed)
+    ctx.reports.reference.shape_budget = budget
     for label in ctx.input_set_labels:
         label["shape"] = dict(example)
-    for point, sets in found:
+    count = 0
+    for point, sets in found:  # made one point at a time: a point's inputs exist only once it runs
+        count += len(sets)
         try:
             _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
         except errors.PrepareError as e:
@@ -34,7 +37,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets.append(feed)
             ctx.input_set_labels.append(label)
         ctx.reference_outputs += outputs
-    ctx.reports.reference.input_sets["shapes"] = sum(len(sets) for _, sets in found)
+    ctx.reports.reference.input_sets["shapes"] = count
     if notes:
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *notes]
 

@@ -211,6 +211,8 @@ class ParityValidator:
 
         report = self.check_graph(ctx)
         report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
+        if ctx.reports.reference.shape_budget is not None:
+            report["shape_budget"] = ctx.reports.reference.shape_budget
         other = None
         if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
             other = path_probe_report(ctx)

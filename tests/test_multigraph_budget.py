@@ -1,0 +1,111 @@
+"""The element budget of a multi-graph component's parity shapes (components/budget.py): a shape whose one input
+set (inputs + outputs, with the graphs run to feed it) passes it is not run, a range end gives way to the largest
+size within it, what was left out is recorded in the component's manifest (``parity.shape_budget``) with how to
+run it, ``validate`` re-derives the same shapes from the graphs and the recorded budget, and
+``--parity-full-ranges`` runs the ends. A tiny GPT-2 fits the real budget's 2^24-element floor whole, so the floor
+is lowered here to make it bite."""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from cann_export import api
+from cann_export.cli.main import cli
+from cann_export.components import budget
+from cann_export.components.budget import budget_for, dim_size
+from cann_export.components.shape_check import component_shape_problems
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=96, n_positions=16,
+                                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def low_floor():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(budget, "FLOOR", 1)  # the budget is a third of this model's weights
+        yield
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory, low_floor):
+    out = tmp_path_factory.mktemp("budget") / "gpt2"
+    result = api.export_multi(_gpt2(), out, num_random_inputs=1)
+    assert result.ok, result.to_dict()
+    return out
+
+
+def _own(bundle, name):
+    return json.loads((bundle / "components" / name / "manifest.json").read_text())
+
+
+def _elements(bundle, name, point):
+    """One input set's elements at ``point``, from the written graph's symbolic dims (not the exporter's count)."""
+    graph = onnx.load(str(bundle / "components" / name / "model.onnx"), load_external_data=False).graph
+    total = 0
+    for v in [*graph.input, *graph.output]:
+        n = 1
+        for d in v.type.tensor_type.shape.dim:
+            n *= d.dim_value if d.HasField("dim_value") else dim_size(d.dim_param, point)
+        total += n
+    return total
+
+
+def _set_elements(bundle, name, point):
+    """Decode's set with the prefill that makes its past (P tokens of prompt for a past of P)."""
+    own = _elements(bundle, name, point)
+    if name == "prefill":
+        return own
+    return own + _elements(bundle, "prefill", {"batch_size": point["batch_size"],
+                                               "sequence_length": point["past_sequence_length"]})
+
+
+def test_default_shapes_stay_within_the_budget_and_record_what_they_left_out(budgeted):
+    for name, length in (("prefill", "sequence_length"), ("decode", "past_sequence_length")):
+        own = _own(budgeted, name)
+        record = own["parity"]["shape_budget"]
+        limit = record["elements"]
+        assert record["full"] is False and limit == budget_for(record["weights"]) == record["weights"] // 3
+        shapes = [r["shape"] for r in own["parity"]["shapes"]]
+        assert all(_set_elements(budgeted, name, s) <= limit for s in shapes), (name, shapes)
+        batches = [s["batch_size"] for s in shapes if s[length] == 7]
+        top = max(batches)  # the largest batch within the budget: one more row passes it
+        assert top < 64 and (name == "decode" or top > 2)
+        assert _set_elements(budgeted, name, {**shapes[0], "batch_size": top + 1}) > limit
+        left = {(g["dimension"], g["size"]) for g in record["left_out"]}
+        assert ("batch_size", 64) in left and all("--parity-full-ranges" in g["reason"] for g in record["left_out"])
+        assert all(g["elements"] > limit for g in record["left_out"])
+    prefill = [r["shape"] for r in _own(budgeted, "prefill")["parity"]["shapes"]]
+    assert {"batch_size": 2, "sequence_length": 16} in prefill  # a range end within the budget still runs
+
+
+def test_validate_rederives_the_budgeted_shapes(budgeted):
+    assert api.validate(budgeted)["passed"] is True
+    own = _own(budgeted, "prefill")
+    assert component_shape_problems("prefill", own) == []
+    own["parity"]["shape_budget"]["full"] = True  # claims the full ends ran: the re-derived shapes differ
+    assert "a range changed after parity ran" in component_shape_problems("prefill", own)[0]
+    own = _own(budgeted, "prefill")
+    own["parity"]["shape_budget"]["elements"] *= 4  # a budget the rule does not give
+    assert "is not the budget of" in component_shape_problems("prefill", own)[0]
+
+
+def test_parity_full_ranges_runs_the_range_ends(tmp_path, low_floor):
+    src = tmp_path / "tiny-gpt2"
+    _gpt2().save_pretrained(src)
+    out = tmp_path / "full"
+    r = CliRunner().invoke(cli, [str(src), "--format", "onnx", "-o", str(out), "--parity-full-ranges",
+                                 "--no-sandbox"])
+    assert r.exit_code == 0, r.output
+    own = _own(out, "prefill")
+    assert own["parity"]["shape_budget"]["full"] is True
+    assert {"batch_size": 64, "sequence_length": 7} in [row["shape"] for row in own["parity"]["shapes"]]
+    assert CliRunner().invoke(cli, ["validate", str(out)]).exit_code == 0
