@@ -123,7 +123,8 @@ def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
     from . import trace_check
 
     trace_check.record(ctx, ctx.trace_warnings, checked)
-    if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets:
+    if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets \
+            and not trace_check.prepared_paths(ctx):  # else parity judges them among the prepared sets
         ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
         if ctx.path_input_sets:
             _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",

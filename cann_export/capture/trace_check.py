@@ -64,6 +64,11 @@ def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:
     return sets if any(t.dtype.is_floating_point for t in example.values()) else []
 
 
+def prepared_paths(ctx: Any) -> bool:
+    """Whether the prepare stage built the path variants among its input sets (probes labelled ``trace_path``)."""
+    return any(label.get("source") == "trace_path" for label in ctx.input_set_labels)
+
+
 def record(ctx: Any, findings: list[dict[str, Any]], checked: dict[str, Any] | None = None) -> None:
     """Mark the capture as specialised to the traced path; refuse when parity cannot show it. ``checked``: the
     trace gate found the graph agreeing with the model on every prepared input set (a warning, not a failure)."""

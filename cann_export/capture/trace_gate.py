@@ -9,9 +9,12 @@ only to be thrown away.
 Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
 kept: onnxruntime runs it on every input set the prepare stage built (the example, the random variants, each dynamic
 axis at its range's ends and middle) and on sign-flipped / scaled copies of the example, judged by parity's own
-rule (parity_report). All agree: kept, the specialisation recorded as checked (a warning naming the sets). Any
-differ, or it cannot be checked (validation off, a quantized export): rejected, the next exporter runs, and the
-attempt names why. ``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
+rule (parity_report). When a checkable trace comes first (``traced_first``), prepare builds those copies itself as
+its specialisation probes, in place of the heavy-tailed random draws (laplace, wide_normal: x4 / x-4 reach further
+off the example's range), so the gate and parity judge them on the one reference and add no forward. All agree:
+kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
+(validation off, a quantized export): rejected, the next exporter runs, and the attempt names why.
+``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
 ``--accept-trace-specialization``.
 """
 from __future__ import annotations
@@ -30,6 +33,20 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
         return exporters
     rank = {name: i for i, name in enumerate(wanted)}
     return sorted(exporters, key=lambda e: rank.get(e.name, len(rank)))  # stable: the rest keep their priority
+
+
+def traced_first(ctx: Any) -> bool:
+    """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
+    then builds the path variants among its input sets: ``trace_check.prepared_paths``)."""
+    if not gated(ctx) or not ctx.options.validate or ctx.options.quantize:
+        return False
+    wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
+    if not wanted or wanted[0] != "torchscript":
+        return False
+    if ctx.large_graph_decided:
+        return ctx.large_graph is None
+    opts = ctx.options
+    return opts.external_data == "never" or large_graph.module_bytes(ctx.model) <= opts.external_data_threshold
 
 
 def gated(ctx: Any) -> bool:
@@ -57,7 +74,8 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
         return {"passed": False, "reason": why}
     sets, labels, reference = _sets(ctx)
     shapes = [label["shape"] for label in labels if label.get("shape")]
-    done = {"input_sets": len(sets), "path_variants": len(ctx.path_input_sets),
+    paths = sum(1 for label in labels if label["source"] == "trace_path")
+    done = {"input_sets": len(sets), "path_variants": paths,
             "shapes": [dict(s) for i, s in enumerate(shapes) if s not in shapes[:i]]}
     try:
         report = _judged(ctx, model, sets, labels, reference)
@@ -72,12 +90,13 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
 
 def _sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
     """The prepared input sets with their labels and reference (no new forward), plus the path variants and
-    theirs (one forward each, for float inputs only; kept in the context for parity)."""
+    theirs unless prepare built them among its sets (``traced_first``); else one forward each, for float inputs
+    only, kept in the context for parity."""
     from ..inputs.reference import reference_outputs
     from ..inputs.tensors import set_label
-    from .trace_check import PATH_SCALES, path_variants
+    from .trace_check import PATH_SCALES, path_variants, prepared_paths
 
-    if not ctx.path_input_sets:
+    if not ctx.path_input_sets and not prepared_paths(ctx):
         ctx.path_input_sets = path_variants(ctx.example_inputs)
         if ctx.path_input_sets:
             _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",

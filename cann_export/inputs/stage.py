@@ -89,8 +89,8 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
 
 
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The seeded random variants and the --parity-data samples with their labels (what each set is), and
-    their counts in the reference report."""
+    """The seeded random variants, the --parity-data samples and (a trace checked first) the path variants with
+    their labels (what each set is), and their counts in the reference report."""
     from ..qat.wrapping import prepared_state
     from .signature import feed_embedding_rows
 
@@ -99,15 +99,34 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
     # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
     quantized = bool(opts.quantize or prepared_state(ctx.model))
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
-    variants, samples = [], []
+    variants, samples, paths, count = [], [], [], opts.num_random_inputs
     if opts.validate:
+        paths = [] if quantized else _path_sets(ctx, feed)
+        if paths:  # the path variants are the probes: the random draws keep the realistic distributions
+            count = sum(1 for k in range(count) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
+            kinds = tensors.REALISTIC_DISTRIBUTIONS
         vocab = feed_embedding_rows(ctx.model, feed)
-        variants = tensors.random_variants(feed, opts.num_random_inputs, opts.seed + 1, vocab, kinds)
+        variants = tensors.random_variants(feed, count, opts.seed + 1, vocab, kinds)
         if opts.parity_data:
             from .parity_data import read_parity_data
 
             samples = read_parity_data(opts.parity_data, feed)
-    ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples)}
+    ctx.reports.reference.input_sets = {"example": 1, "random": len(variants), "parity_data": len(samples),
+                                        **({"trace_path": len(paths)} if paths else {})}
     labels = tensors.variant_labels(feed, len(variants), 1, kinds)
     labels += [tensors.set_label("parity_data", f"sample {k}", 1 + len(variants) + k) for k in range(len(samples))]
-    return variants + samples, labels
+    from ..capture.trace_check import PATH_SCALES
+
+    first = 1 + len(variants) + len(samples)
+    labels += [tensors.set_label("trace_path", f"example x {scale:g}", first + k, probe=True)
+               for k, scale in enumerate(PATH_SCALES[:len(paths)])]
+    return variants + samples + paths, labels
+
+
+def _path_sets(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Sign-flipped / scaled copies of the example when capture will first try a trace the gate checks on them
+    (capture/trace_gate.py): built here, they share the reference's one forward each with parity."""
+    from ..capture.trace_check import path_variants
+    from ..capture.trace_gate import traced_first
+
+    return path_variants(feed) if traced_first(ctx) else []

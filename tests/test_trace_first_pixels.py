@@ -1,0 +1,104 @@
+"""When a checkable trace comes first for a float-input model, the prepare stage builds the trace gate's
+sign-flipped / scaled copies of the example as its specialisation probes (capture/trace_gate.py ``traced_first``),
+so the gate and parity judge them on the one reference: one eager forward per input set, none added. A
+data-dependent branch the trace kept is still rejected on them, and dynamo runs. Pixel models keep dynamo first
+(hf/loader.py ``_exporter_order``: measured, the trace still costs more), so the test asks for the trace first."""
+import pytest
+import torch
+from helpers import hf_dirs
+
+import cann_export
+from cann_export import LoadedModel, hookimpl
+
+
+def _eager_forwards(name: str):
+    """A counter of the float32 eager forwards of modules whose class is ``name`` (not under tracing or dynamo)."""
+    calls = []
+
+    def hook(module, args, kwargs, output):
+        if type(module).__name__ != name or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and tensors[0].dtype != torch.float64:
+            calls.append(1)
+
+    return calls, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("case", ["vit", "convnext"])
+def test_a_pixel_model_traced_first_runs_no_forward_beyond_the_prepared_sets(tmp_path, monkeypatch, case):
+    from cann_export.hf import loader
+
+    directory = hf_dirs.save(case, tmp_path / case)
+    assert "exporter_order" not in loader.HfDirectoryLoader().load(directory, cann_export.ExportOptions()).extras
+    monkeypatch.setattr(loader, "_exporter_order", lambda specs: {"exporter_order": list(loader.EXPORTER_ORDER)})
+    calls, handle = _eager_forwards("TaskModule")  # the task's graph (hf/model.py)
+    try:
+        result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx",
+                                    sandbox="off")  # the forwards in this process, where the hook counts
+    finally:
+        handle.remove()
+    assert result.ok and result.onnx["exporter"] == "torchscript", result.onnx
+    parity = result.parity
+    assert parity["input_sets_from"] == {"example": 1, "random": 2, "parity_data": 0, "trace_path": 4,
+                                         **({"shapes": parity["input_sets_from"]["shapes"]}
+                                            if "shapes" in parity["input_sets_from"] else {})}
+    assert len(calls) == parity["input_sets"], (len(calls), parity["input_sets"])  # one forward per set, no more
+    assert parity["passed"] and parity["probes"]["passed"]  # the four copies judged as probes, on the written graph
+    checked = parity.get("trace_specialized", {}).get("checked")
+    assert checked is None or checked["path_variants"] == 4
+
+
+class MeanBranch(torch.nn.Module):
+    """`if x.mean() > 0`: a trace keeps the branch of the (positive) example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.mean() > 0:
+            return self.proj(x) * 2.0
+        return self.proj(x) - 3.0
+
+
+def test_a_data_dependent_branch_is_rejected_by_the_gate_on_the_prepared_probes(plugin, tmp_path):
+    @hookimpl
+    def register_loaders(register):
+        class Loader:
+            name = "mean-branch"
+            priority = 500
+
+            def matches(self, path):
+                return path.suffix == ".meanbranch"
+
+            def load(self, path, options):
+                torch.manual_seed(0)
+                return LoadedModel(MeanBranch().eval(), "module", example_inputs={"x": torch.randn(2, 8) + 3},
+                                   source_sha256="0" * 64, extras={"exporter_order": ["torchscript", "dynamo"]})
+
+        register(Loader())
+
+    plugin({"register_loaders": register_loaders}, "mean-branch")
+    (tmp_path / "m.meanbranch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.meanbranch"), tmp_path / "m.onnx", export_format="onnx")
+    attempts = result.manifest["capture"]["attempts"]
+    assert result.parity["input_sets_from"] == {"example": 1, "random": 2, "parity_data": 0, "trace_path": 4}
+    assert attempts[0]["exporter"] == "torchscript"  # judged on the prepared sign-flipped copy, and not kept
+    assert "traced graph not kept" in attempts[0]["note"] and "(example x -1)" in attempts[0]["note"], attempts
+    assert attempts[1]["exporter"] == "dynamo"  # which refuses the data-dependent branch: no graph passes
+    assert not result.ok and not result.parity["passed"]
+
+
+def test_a_pixel_model_keeps_dynamo_first_with_one_forward_per_set(tmp_path):
+    directory = hf_dirs.save("vit", tmp_path / "vit")
+    calls, handle = _eager_forwards("TaskModule")
+    try:
+        result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx", sandbox="off")
+    finally:
+        handle.remove()
+    assert result.ok and result.onnx["exporter"] == "dynamo", result.onnx
+    assert "trace_path" not in result.parity["input_sets_from"] and result.parity["input_sets_from"]["random"] == 4
+    assert len(calls) == result.parity["input_sets"], (len(calls), result.parity["input_sets"])
