@@ -29,9 +29,10 @@ EXPORTER_ORDER = ("torchscript", "dynamo")
 
 def _exporter_order(specs: list[Any]) -> dict[str, Any]:
     """TorchScript first for tasks of integer inputs only (text): there the gate reuses the prepare stage's
-    reference and adds no forward. A float input (pixels, audio) adds four sign-flipped / scaled forwards, which
-    cost more than the trace saves (ViT-small: +5.7 s CPU of forwards and checks against 3.3 s saved), so those
-    keep the priority order (dynamo first)."""
+    reference and adds no forward. A float input (pixels, audio) needs the four sign-flipped / scaled copies as
+    probes, two forwards more than the random probe draws they replace (inputs/stage.py), which take back what the
+    trace saves (ViT-small: 25.8 s CPU traced first against 24.7 s; ConvNeXt-tiny 25.5 against 21.7), so those keep
+    the priority order (dynamo first)."""
     return {} if any(s.kind == "float" for s in specs) else {"exporter_order": list(EXPORTER_ORDER)}
 
 
