@@ -97,6 +97,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         atomic.commit_dir(staging, output, overwrite)
         staging = None
     finally:
+        plan.kept.clear()  # the references later components took their inputs from (components/reuse.py)
         if staging is not None:
             atomic.discard(staging)
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}

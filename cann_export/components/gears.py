@@ -118,19 +118,25 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
                 sets = []
                 for draw in range(DRAWS):
                     gen = torch.Generator().manual_seed(seed + 101 + DRAWS * k + draw)
-                    sets.append(feed_at(plan, plan.components.index(comp), point, gen))
+                    sets.append(feed_at(plan, plan.components.index(comp), point, gen, draw))
                 yield point, sets
 
         return example, sets_of(), notes, record(budget, weights, left)
 
+    from .reuse import keeper
+
+    make.keep = keeper(plan, comp)  # what a later component takes from this one's references (given_shapes)
     return make
 
 
-def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any) -> dict[str, Any]:
+def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int | None = None) -> dict[str, Any]:
     """Component ``index``'s inputs at ``point``: what a connection brings from an earlier component is its
-    output run eagerly at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the
-    consumer's ``X``); the rest drawn at the point's sizes."""
+    output at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the consumer's
+    ``X``), sliced from that component's parity references of draw ``draw`` when one covers it
+    (components/reuse.py), else run eagerly; the rest drawn at the point's sizes."""
     import torch
+
+    from .reuse import reused
 
     comp = plan.components[index]
     feed: dict[str, Any] = {}
@@ -142,9 +148,12 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any) -> dict[str
         j = next(i for i, c in enumerate(plan.components) if c.name == src)
         own = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
         at = {n: point.get(f"past_{n}", point.get(n, size)) for n, size in own.items()}
-        with torch.no_grad():
-            outputs = plan.components[j].module(**feed_at(plan, j, at, gen))
-        feed.update({inp: outputs[out] for out, inp in pairs})
+        found = reused(plan, src, at, draw, pairs, comp.module, comp.example_inputs)
+        if found is None:
+            with torch.no_grad():
+                outputs = plan.components[j].module(**feed_at(plan, j, at, gen))
+            found = {inp: outputs[out] for out, inp in pairs}
+        feed.update(found)
     axes = getattr(comp.module, "graph_dynamic_axes", {}) or {}
     for name in comp.module.graph_input_names:
         if name not in feed:

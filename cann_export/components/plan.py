@@ -38,6 +38,7 @@ class Plan:
     components: list[Component]
     connections: list[tuple[str, str, str, str]]
     notes: dict[str, Any] = field(default_factory=dict)
+    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # components/reuse.py
 
 
 def parse_kv_cache(value: Any) -> int | None:

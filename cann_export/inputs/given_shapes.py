@@ -26,7 +26,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     for point, sets in found:  # made one point at a time: a point's inputs exist only once it runs
         count += len(sets)
         try:
-            _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+            names, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
         except errors.PrepareError as e:
             raise errors.PrepareError(f"the graph fails at {_shown(point)} (a size of its dynamic range): "
                                       f"{e.message[:300]}", path=ctx.loaded.source_path) from e
@@ -37,6 +37,8 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets.append(feed)
             ctx.input_set_labels.append(label)
         ctx.reference_outputs += outputs
+        if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (components/reuse.py)
+            make.keep(point, names, outputs)
     ctx.reports.reference.input_sets["shapes"] = count
     if notes:
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *notes]
