@@ -19,16 +19,14 @@ from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import ExportError, OptionsError
 from helpers.bundle_runs import component_session, feeds_from, run_named
+from helpers.hf_models import tiny_decoder_gpt2
 
 STEPS = 4
 OPTIONS = {"num_random_inputs": 1}
 
 
 def _gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=96, n_positions=64,
-                                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg).eval()
+    return tiny_decoder_gpt2(n_positions=64)
 
 
 def _llama():

@@ -18,15 +18,13 @@ from safetensors.numpy import load_file
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
+from helpers.hf_models import tiny_decoder_gpt2
 
 STEPS = 4
 
 
 def _gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=96, n_positions=16,
-                                  bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg).eval()
+    return tiny_decoder_gpt2()
 
 
 @pytest.fixture(scope="module")

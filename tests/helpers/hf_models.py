@@ -21,6 +21,16 @@ def tiny_gpt2():
     return GPT2LMHeadModel(cfg).eval()
 
 
+def tiny_decoder_gpt2(n_positions=16):
+    """A 2-layer GPT-2 LM with its cache on (the multi-graph tests' decoder): vocabulary 96, pad and bos 0."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=96, n_positions=n_positions,
+                     bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
 def tiny_vit():
     from transformers import ViTConfig, ViTForImageClassification
 
