@@ -105,3 +105,28 @@ def test_parity_full_ranges_runs_the_range_ends(tmp_path, low_floor):
     assert own["parity"]["shape_budget"]["full"] is True
     assert {"batch_size": 64, "sequence_length": 7} in [row["shape"] for row in own["parity"]["shapes"]]
     assert CliRunner().invoke(cli, ["validate", str(out)]).exit_code == 0
+
+
+def test_validate_refuses_a_range_widened_past_the_budgets_cap(budgeted):
+    """Past the cap the kept points do not depend on the range's end: the recorded left-out sizes do."""
+    own = _own(budgeted, "prefill")
+    hints = own["atc"]["hints"]
+    assert "1~64" in hints["input_shape"]
+    hints["input_shape"] = hints["input_shape"].replace("1~64", "1~128")  # batch widened after parity ran
+    problems = component_shape_problems("prefill", own)
+    assert problems and "left_out" in problems[0] and "a range changed after parity ran" in problems[0]
+
+
+def test_hostile_dims_and_feeding_loops_are_counted_cheaply(budgeted):
+    """Element counts stop past the ceiling (a manifest's huge dims) and each feeder is built once (a loop of
+    connections among many components)."""
+    from cann_export.components.shape_check import graph_elements
+    from helpers.deadline import deadline
+
+    huge = budget.shape_elements([[10 ** 4000, 2] * 2000, ["n"] * 5000], dim_size)
+    own = _own(budgeted, "prefill")
+    owns = {f"c{i}": own for i in range(64)}
+    loop = [{"from": {"component": f"c{i}"}, "to": {"component": f"c{j}"}} for i in range(64) for j in range(64)]
+    with deadline(20):
+        assert huge({"n": 3}) == budget.CEILING + 1
+        assert graph_elements("c0", owns, loop)({"batch_size": 2, "sequence_length": 7}) > 0

@@ -64,7 +64,7 @@ def load_manifest_file(manifest_path: Path) -> Any:
                             "a few KiB); the bundle is damaged or was edited, export it again", path=manifest_path)
     try:
         manifest = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, and an int past Python's digit limit
         raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
                             path=manifest_path) from e
     except RecursionError as e:

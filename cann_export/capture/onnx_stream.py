@@ -80,8 +80,11 @@ def streamable(model: Any) -> bool:
     """Whether ``save`` writes ``model`` as ``onnx.save_model`` would: every weight in the file, no field
     protobuf does not know (those the walk over known fields would drop)."""
     import onnx
-    from google.protobuf.unknown_fields import UnknownFieldSet
 
+    try:
+        from google.protobuf.unknown_fields import UnknownFieldSet  # protobuf >= 4.24
+    except ImportError:  # an older protobuf: onnx's own save
+        return False
     inits = model.graph.initializer
     return (not any(t.data_location == onnx.TensorProto.EXTERNAL for t in inits)
             and not any(len(UnknownFieldSet(m)) for m in (model, model.graph, *inits)))

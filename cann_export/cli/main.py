@@ -350,9 +350,13 @@ def _leave(code: Any) -> None:
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()
+    with contextlib.suppress(Exception):  # what C++ libraries printed through stdio (os._exit skips its flush)
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
     os._exit(code or 0)
 
 

@@ -107,11 +107,15 @@ def shape_elements(shapes: list[list[Any]], dims: Callable[[Any, Point], int | N
 
     def count(point: Point) -> int:
         total = 0
-        for shape in shapes:
+        for shape in shapes:  # past CEILING the count stops: a hostile manifest's huge dims stay cheap
             n = 1
             for d in shape:
-                n *= dims(d, point) or 1
+                n *= max(1, dims(d, point) or 1)
+                if n > CEILING:
+                    break
             total += n
+            if total > CEILING:
+                return CEILING + 1
         return total
 
     return count

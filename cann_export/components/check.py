@@ -144,12 +144,13 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
         for key in ("inputs", "outputs"):
             if set(c[key]) != real[key]:
                 diffs.append(f"manifest.json components[{c['name']}].{key}: differ from {c['path']}/manifest.json")
-    diffs += connection_problems(manifest, names)
-    from .shape_check import component_shape_problems
+    whole = len(owns) == len(manifest["components"])
+    wired = connection_problems(manifest, names) + (wiring_problems(manifest, owns) if whole else [])
+    diffs += wired
+    if whole and not wired:  # the shape check follows the connections: only the plan's own (no loops)
+        from .shape_check import component_shape_problems
 
-    diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, manifest["connections"])]
-    if len(owns) == len(manifest["components"]):
-        diffs += wiring_problems(manifest, owns)
+        diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, manifest["connections"])]
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")

@@ -28,10 +28,10 @@ def keeper(plan: Plan, comp: Component) -> Any:
             if len(index) != len(wanted):
                 return
             kept = plan.kept.setdefault(comp.name, [])
-            if any(d == draw and _covers(p, point) for p, d, _, _ in kept):
+            if any(d == draw and _covers(p, point) for p, d, _ in kept):
                 continue
             kept[:] = [e for e in kept if not (e[1] == draw and _covers(point, e[0]))]
-            kept.append((dict(point), draw, index, arrays))
+            kept.append((dict(point), draw, {n: arrays[k] for n, k in index.items()}))  # not the logits
 
     return keep
 
@@ -48,12 +48,12 @@ def reused(plan: Plan, source: str, at: dict[str, int], draw: int | None, pairs:
     import torch
 
     axes = getattr(consumer, "graph_dynamic_axes", {}) or {}
-    for point, d, index, arrays in plan.kept.get(source, []):
+    for point, d, arrays in plan.kept.get(source, []):
         if (draw is not None and d != draw) or not _covers(point, at):
             continue
         feed = {}
         for out, inp in pairs:
-            array = arrays[index[out]]
+            array = arrays[out]
             cut = [slice(None)] * array.ndim
             for axis, label in axes.get(inp, {}).items():
                 base, _, more = label.partition(" + ")

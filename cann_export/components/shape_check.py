@@ -14,6 +14,7 @@ from .gears import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?: \+ [0-9]{1,6})?")  # NAME or NAME + k (components/gears.py)
+MAX_TENSORS = 4096  # inputs + outputs of one component counted for the budget (a decoder has a few hundred)
 MAX_DIMS = 64  # symbolic dims of one component's inputs (a decoder has a few per cache tensor)
 
 
@@ -57,17 +58,34 @@ def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dic
     if problem:
         return [f"components/{name}/manifest.json {problem}"]
     elements = graph_elements(name, {**(owns or {}), name: own}, connections or []) if budget is not None else None
-    _, points, _, _ = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements)
+    _, points, _, left = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements)
     if shapes != [example, *points]:
         return [f"{where}: parity ran at {short(shapes)}, but the graph's ATC ranges build "
                 f"{short([example, *points])}; a range changed after parity ran: export again"]
+    recorded = (parity.get("shape_budget") or {}).get("left_out") if budget is not None else []
+    if _sizes(recorded) != _sizes(left):  # a range widened past the budget's cap builds the same points
+        return [f"components/{name}/manifest.json parity.shape_budget.left_out: records {short(_sizes(recorded))}, "
+                f"the graph's ATC ranges leave out {short(_sizes(left))}; a range changed after parity ran: "
+                "export again"]
     return []
 
 
+def _sizes(left: Any) -> list[tuple[Any, Any]]:
+    """(dimension, size) of each left-out record (the element counts past the budget are not compared: validate
+    stops counting at the ceiling)."""
+    if not isinstance(left, list):
+        return [("?", "not a list")]
+    return [(r.get("dimension"), r.get("size")) if isinstance(r, dict) else ("?", str(r)[:20]) for r in left]
+
+
 def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]],
-                   depth: int = 0) -> Any:
+                   depth: int = 0, memo: dict[str, Any] | None = None) -> Any:
     """``point -> elements`` of a component's set from its graph's symbolic dims, with the graphs that feed it
-    (budget.fed, as export counts them; their example sizes: their first parity shape)."""
+    (budget.fed, as export counts them; their example sizes: their first parity shape). Each component's is built
+    once (``memo``); the connections were checked to be the plan's (no loops) before this runs."""
+    memo = {} if memo is None else memo
+    if name in memo:
+        return memo[name]
     model = owns[name].get("model") if isinstance(owns[name].get("model"), dict) else {}
     values = [v for key in ("inputs", "outputs") if isinstance(model.get(key), list) for v in model[key]]
     tensors = [v.get("shape") if isinstance(v, dict) and isinstance(v.get("shape"), list) else [] for v in values]
@@ -80,8 +98,9 @@ def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list
         rows = (owns[src].get("parity") or {}).get("shapes") if isinstance(owns[src].get("parity"), dict) else None
         first = rows[0].get("shape") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
         example = {k: v for k, v in first.items() if isinstance(v, int)} if isinstance(first, dict) else {}
-        sources.append((graph_elements(src, owns, connections, depth + 1), example))
-    return fed(shape_elements(tensors, dim_size), sources)
+        sources.append((graph_elements(src, owns, connections, depth + 1, memo), example))
+    memo[name] = fed(shape_elements(tensors[:MAX_TENSORS], dim_size), sources)
+    return memo[name]
 
 
 def _input_dims(where: str, value: dict[str, Any], ranges: dict[str, list[str]], example: dict[str, Any],
