@@ -253,6 +253,7 @@ def test_a_malformed_manifest_is_a_refusal(bundle, tmp_path, recording_atc, dama
     ('{"schema": "cann-export/manifest/1", "format": "atc_', "not valid JSON"),
     ("[1, 2]", "not a JSON object"),
     ("", "not valid JSON"),
+    ('{"size": ' + "9" * 5000 + "}", "not valid JSON"),  # an int past Python's digit limit: ValueError
     ('{"files": {"../../../etc/passwd": {"sha256": "' + "0" * 64 + '", "size": 1}}}', "malformed"),
 ])
 def test_a_truncated_or_foreign_manifest_is_a_refusal(bundle, tmp_path, text, words):
