@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from ..hooks.specs import hookimpl
+from ..passes.dedupe import DedupeInitializersPass
 from ..passes.strip import ConvBnPass, DropoutPass, GraphCleanupPass, IdentityPass, UnwrapCheckpointPass
 
 
 @hookimpl
 def register_passes(register):
-    for p in (UnwrapCheckpointPass(), DropoutPass(), ConvBnPass(), IdentityPass(), GraphCleanupPass()):
+    for p in (UnwrapCheckpointPass(), DropoutPass(), ConvBnPass(), IdentityPass(), GraphCleanupPass(),
+              DedupeInitializersPass()):
         register(p)

@@ -1,0 +1,106 @@
+"""A tied weight is stored once in the written graph (passes/dedupe.py and the optimize stage's hidden weights):
+GPT-2's and Llama's LM head shares the token embedding; the graph reads it through a Gather and, transposed,
+through the head's MatMul. onnxsim used to fold that Transpose into a second copy of the embedding (GPT-2 small:
+154 MB of a 650 MB graph); a graph that already holds equal or transposed copies gets them replaced."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from onnx import TensorProto, helper, numpy_helper
+
+import cann_export
+from cann_export import api
+from cann_export.passes.dedupe import dedupe
+
+
+def _copies(model: onnx.ModelProto, weight: np.ndarray) -> list[str]:
+    """The initializers holding ``weight`` or its transpose."""
+    found = []
+    for t in model.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if (a.shape == weight.shape and np.array_equal(a, weight)) or \
+                (a.shape == weight.T.shape and np.array_equal(a, weight.T)):
+            found.append(t.name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def gpt2_bundle(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=1024, n_positions=16,
+                                  bos_token_id=0, eos_token_id=None, pad_token_id=0)  # wte: 128 KiB
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    out = tmp_path_factory.mktemp("dedupe") / "gpt2"
+    return model, out, api.export_multi(model, out, export_format="onnx", num_random_inputs=1)
+
+
+def test_gpt2_bundle_stores_the_tied_embedding_once(gpt2_bundle):
+    model, out, result = gpt2_bundle
+    assert result.ok, result.to_dict()
+    wte = model.transformer.wte.weight.detach().numpy()
+    for name in ("prefill", "decode"):
+        graph = onnx.load(str(out / "components" / name / "model.onnx"))
+        assert len(_copies(graph, wte)) == 1, (name, _copies(graph, wte))
+        head = [n for n in graph.graph.node if n.op_type == "Transpose" and n.input[0] in _copies(graph, wte)]
+        assert head, name  # the LM head reads the embedding through a Transpose onnxruntime folds
+        manifest = result.components[name]
+        assert manifest["passed"] and manifest["fp32_passed"], manifest
+
+
+def test_tied_llama_graph_stores_the_embedding_once(tmp_path):
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                                   tie_word_embeddings=True, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(str(tmp_path / "llama"))
+    result = cann_export.export(str(tmp_path / "llama"), tmp_path / "m.onnx", "onnx", task="text-generation")
+    assert result.ok and result.parity["passed"], result.parity
+    graph = onnx.load(str(tmp_path / "m.onnx"))
+    assert len(_copies(graph, model.model.embed_tokens.weight.detach().numpy())) == 1
+
+
+def _graph_with_copies() -> tuple[onnx.ModelProto, np.ndarray]:
+    """Gather of an embedding, a MatMul with its transposed copy, two MatMuls with equal weights."""
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((512, 48)).astype(np.float32)  # 96 KiB: past MIN_BYTES
+    w = rng.standard_normal((48, 512)).astype(np.float32)
+    inits = [numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(np.ascontiguousarray(emb.T), "emb_t"),
+             numpy_helper.from_array(w, "w1"), numpy_helper.from_array(w.copy(), "w2"),
+             numpy_helper.from_array(np.ascontiguousarray(w.T) * 2, "other")]  # a different tensor stays
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "emb_t"], ["logits"]),
+             helper.make_node("MatMul", ["h", "w1"], ["a"]),
+             helper.make_node("MatMul", ["h", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["ab"]),
+             helper.make_node("MatMul", ["ab", "other"], ["c"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, 512]),
+                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3, 48])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), emb
+
+
+def _run(model: onnx.ModelProto, ids: np.ndarray) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"ids": ids})
+
+
+def test_dedupe_replaces_equal_and_transposed_copies_with_identical_outputs():
+    model, emb = _graph_with_copies()
+    ids = np.array([[1, 5, 511], [0, 7, 300]], dtype=np.int64)
+    before = _run(model, ids)
+    record = dedupe(model)
+    onnx.checker.check_model(model)
+    assert record["replaced"] == {"emb_t": "emb", "w2": "w1"}, record
+    assert record["bytes_saved"] == 2 * 512 * 48 * 4 and record["transposed"] == ["emb"]
+    assert sorted(t.name for t in model.graph.initializer) == ["emb", "other", "w1"]
+    assert _copies(model, emb) == ["emb"]
+    after = _run(model, ids)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after, strict=True))
+    assert dedupe(model)["replaced"] == {}  # nothing left to do
