@@ -104,3 +104,46 @@ def test_dedupe_replaces_equal_and_transposed_copies_with_identical_outputs():
     after = _run(model, ids)
     assert all(np.array_equal(x, y) for x, y in zip(before, after, strict=True))
     assert dedupe(model)["replaced"] == {}  # nothing left to do
+
+
+class _Wide(torch.nn.Module):
+    """Weights past MIN_BYTES (a dynamo graph's, held back from onnxsim) and a small bias it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("perturb", [False, True])
+def test_weights_held_back_from_onnxsim_come_back_whole(tmp_path, monkeypatch, perturb):
+    """onnxsim reads the graph without its large weights (graph inputs while it runs); the written graph holds
+    each once, with the module's bytes, whether the simplified graph is kept or rejected (changed outputs)."""
+    import onnxsim
+
+    real, seen = onnxsim.simplify, []
+
+    def spying(model, *a, **k):
+        seen.append(sorted(i.name for i in onnx.load(model).graph.input))
+        out, ok = real(model, *a, **k)
+        if perturb:  # a simplifier bug: the bias it was given changes
+            init = next(t for t in out.graph.initializer if numpy_helper.to_array(t).ndim == 1)
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 1.0, init.name))
+            onnx.save(out, k["output_path"])
+        return out, ok
+
+    monkeypatch.setattr(onnxsim, "simplify", spying)
+    torch.manual_seed(0)
+    model = _Wide().eval()
+    result = cann_export.export(model, tmp_path / "m.onnx", "onnx", example_inputs=torch.randn(2, 64))
+    assert result.ok and result.manifest["capture"]["exporter"] == "dynamo", result.manifest["capture"]
+    verdict = result.manifest["optimize"]["onnxsim"]
+    assert verdict.startswith("rejected") if perturb else verdict.startswith("applied"), verdict
+    assert len(seen) == 1 and len(seen[0]) == 3, seen  # x and the two weights of 64 KiB
+    graph = onnx.load(str(tmp_path / "m.onnx"))
+    assert [i.name for i in graph.graph.input] == ["x"]
+    for w in (model.a.weight, model.b.weight):
+        w = w.detach().numpy()
+        assert len(_copies(graph, w)) == 1
