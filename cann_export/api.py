@@ -96,14 +96,14 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         with events.listening(on_progress):
             return export(model, output_path, export_format, example_inputs, progress=progress, trace=trace,
                           **options)
+    if trace is not None:  # every stage of every graph ("prefill:capture", ...) for a multi-graph bundle
+        from .pipeline.timeline import StageTimeline
+
+        progress = StageTimeline(trace).wrap(progress)
     several = graphs(model, options)
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         _check_defaulted(model, several, output_path, export_format, options)
         return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
-    if trace is not None:
-        from .pipeline.timeline import StageTimeline
-
-        progress = StageTimeline(trace).wrap(progress)
     ctx = _context(model, Path(output_path), _options(export_format, dict(options)), example_inputs)
     pipeline.run(ctx, progress)
     if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes

@@ -59,7 +59,7 @@ def bundles(tmp_path_factory):
     out["gpt2_static"] = (models["gpt2"], root / "gpt2_static", json.loads(res.stdout))
     # --format onnx, no --task: a causal LM's default is text-generation-with-past (as in Optimum)
     res = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "--format", "onnx", "-o", str(root / "gpt2_onnx"),
-                                   "--json"], catch_exceptions=False)
+                                   "--json", "--trace", str(root / "gpt2_onnx.trace.json")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out["gpt2_onnx"] = (models["gpt2"], root / "gpt2_onnx", json.loads(res.stdout))
     return out
@@ -126,6 +126,9 @@ def test_onnx_format_writes_validated_onnx_components_that_generate(bundles, tmp
         assert not (bundle / "components" / name / "atc").exists()
         assert (bundle / "components" / name / "parity" / "inputs.safetensors").is_file()
     assert (bundle / "hf" / "config.json").is_file()
+    timeline = json.loads(bundle.with_name("gpt2_onnx.trace.json").read_text())["traceEvents"]
+    stages = {e["name"] for e in timeline if e.get("ph") == "X"}
+    assert {"prefill:capture", "decode:capture", "prefill:validate", "decode:validate"} <= stages, stages
     ids = _prompt(model)
     assert _decoder_generate(bundle, ids)[0] == _reference(model, ids)
     check = CliRunner().invoke(cli, ["validate", str(bundle), "--json"], catch_exceptions=False)
