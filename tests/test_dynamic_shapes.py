@@ -129,6 +129,17 @@ def test_parity_runs_at_the_range_ends_and_middle(batch_bundle):
     assert parity["passed"] and len(parity["shapes"]) == 4
 
 
+def test_each_extra_shape_is_judged_on_one_input_set(batch_bundle):
+    """The example's shape keeps its several sets (example + random variants); each other size one set, drawn
+    like the example (a second draw doubled the largest forwards, batch 16, for no other check)."""
+    bundle, result = batch_bundle
+    rows = json.loads((bundle / "manifest.json").read_text())["parity"]["shapes"]
+    assert [len(r["input_sets"]) for r in rows[1:]] == [1, 1, 1], rows
+    assert len(rows[0]["input_sets"]) >= 3  # the example and its realistic random variants decide there
+    assert result.parity["input_sets_from"]["shapes"] == 3
+    assert result.parity["input_sets"] == 5 + 3
+
+
 def test_validate_rederives_the_dynamic_command_and_shapes(batch_bundle):
     bundle, _ = batch_bundle
     report = cann_export.validate(bundle)

@@ -10,8 +10,8 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
 - ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
   ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
 - ``output_axes``: ``{output name: {axis: Optimum's axis name}}`` (a traced graph's output dims take those names);
-- ``exporter_order``: ``["torchscript", "dynamo"]`` for tasks of integer inputs, the order the capture stage tries
-  them under ``--exporter auto`` (``_exporter_order``);
+- ``exporter_order``: ``["torchscript", "dynamo"]`` (``EXPORTER_ORDER``), the order the capture stage tries them
+  under ``--exporter auto``;
 - ``bundle_files``: ``{"hf/NAME": bytes}``, config.json and the tokenizer/processor files (directories only),
   which bundle formats carry and list in the manifest's file table."""
 from __future__ import annotations
@@ -23,17 +23,12 @@ from ..context import LoadedModel
 from . import files as hf_files
 
 # Optimum's capture: a TorchScript trace, kept only after the capture stage's trace gate checked it (a trace that
-# warned and disagrees on any prepared input set falls back to dynamo); capture/trace_gate.py
+# warned and disagrees on any prepared input set falls back to dynamo); capture/trace_gate.py. Every task: a float
+# input (pixels, audio) adds the four sign-flipped / scaled copies as probes, two forwards more than the random probe
+# draws they replace (inputs/stage.py), which the trace's saving outweighs. Measured with torch on one thread (CPU
+# seconds are then the work; medians of 2, interleaved): ViT-small at batch 1 16.7 s CPU and 827 MiB traced first
+# against 20.3 s and 929 MiB dynamo first; ConvNeXt-tiny 14.6 s / 961 MiB against 16.7 s / 1037 MiB.
 EXPORTER_ORDER = ("torchscript", "dynamo")
-
-
-def _exporter_order(specs: list[Any]) -> dict[str, Any]:
-    """TorchScript first for tasks of integer inputs only (text): there the gate reuses the prepare stage's
-    reference and adds no forward. A float input (pixels, audio) needs the four sign-flipped / scaled copies as
-    probes, two forwards more than the random probe draws they replace (inputs/stage.py), which take back what the
-    trace saves (ViT-small: 25.8 s CPU traced first against 24.7 s; ConvNeXt-tiny 25.5 against 21.7), so those keep
-    the priority order (dynamo first)."""
-    return {} if any(s.kind == "float" for s in specs) else {"exporter_order": list(EXPORTER_ORDER)}
 
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
@@ -49,7 +44,7 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
                                                  "dynamic_axes": dynamic_axes(specs),
                                                  "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
                                                  "output_axes": {n: dict(a) for n, a in outputs.items()},
-                                                 **_exporter_order(specs)})
+                                                 "exporter_order": list(EXPORTER_ORDER)})
 
 
 def _single_graph(task: Any, path: Any) -> None:

@@ -177,10 +177,15 @@ def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: boo
     return points
 
 
+SHAPE_DRAWS = 1  # input sets per extra shape: the example's shape has its own several (the random variants)
+
+
 def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
-    """Per extra shape: (point, two seeded input sets drawn like the example: floats from N(0, 1), integers
-    (ids, masks, token types) within the example's own values, so within the model's tables; labels naming the
-    shape in ``label["shape"]``)."""
+    """Per extra shape: (point, ``SHAPE_DRAWS`` seeded input sets drawn like the example: floats from N(0, 1),
+    integers (ids, masks, token types) within the example's own values, so within the model's tables; labels naming
+    the shape in ``label["shape"]``). One per shape, as Polygraphy checks one per profile shape: a shape point
+    asks whether the graph computes at that size, which the example's shape's own sets (the distributions, the
+    probes) do not; a second draw there doubled the largest forwards (ViT-small at batch 16) for no other check."""
     import torch
 
     from ..atc.dynamic_form import check_profiles, renders_gears
@@ -194,8 +199,8 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]
         sets, labels = [], []
-        for draw in range(2):
-            gen = torch.Generator().manual_seed(ctx.options.seed + 101 + 2 * k + draw)
+        for draw in range(SHAPE_DRAWS):
+            gen = torch.Generator().manual_seed(ctx.options.seed + 101 + 2 * k + draw)  # draw 0's seed as before
             sets.append({n: _like(feed[n], shapes[n], gen) for n in feed})
             label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}", start + draw)
             label["shape"] = dict(point)
