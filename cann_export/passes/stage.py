@@ -86,7 +86,9 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     from ..capture.onnx_stream import load
     from ..capture.onnx_utils import save_model
 
-    refused = _refused_before(ctx)
+    from ..capture.dynamic_dims import input_dim_names, restore_input_dims
+
+    refused, named = _refused_before(ctx), input_dim_names(ctx.onnx_model)
     with tempfile.TemporaryDirectory(prefix="cann-export-onnxsim-") as tmp:
         original, simplified_path = Path(tmp) / "captured.onnx", Path(tmp) / "simplified.onnx"
         save_model(ctx.onnx_model, original)  # streamed: no serialised copy of the whole graph
@@ -96,6 +98,8 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
         finally:
             if simplified is None:  # kept unsimplified (or onnxsim raised): the captured graph as it was
                 ctx.onnx_model = load(original)
+    if simplified is not None:  # onnxsim's shape inference may rename an input's dim (GPT-2 decode's unk__0)
+        restore_input_dims(simplified, named)
     return verdict, simplified
 
 
