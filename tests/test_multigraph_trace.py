@@ -1,7 +1,7 @@
 """A decoder's prefill and decode graphs are captured as Optimum does, by a TorchScript trace with the components'
 declared axes as ``dynamic_axes`` (batch, sequence, past length; Optimum's names), kept only after the trace gate
-ran it against the model on every prepared input set, each dimension's range ends and middle included; a component
-whose trace is specialised to the example's size is rejected and captured by dynamo instead."""
+ran it against the model at the example and at each dimension's range ends and middle; a component whose trace is
+specialised to the example's size is rejected and captured by dynamo instead."""
 from __future__ import annotations
 
 import json
@@ -37,7 +37,7 @@ def test_prefill_and_decode_are_traced_with_symbolic_dims_and_checked_at_the_ran
         manifest = json.loads((out / "components" / name / "manifest.json").read_text())
         capture = manifest["capture"]
         assert capture["exporter"] == "torchscript" and [a["exporter"] for a in capture["attempts"]] == ["torchscript"]
-        checked = capture["specialized"]["checked"]  # the gate ran every prepared set, the range ends among them
+        checked = capture["specialized"]["checked"]  # the gate ran at every range point
         shapes = checked["shapes"]
         assert {s["batch_size"] for s in shapes} >= {1, 2, 64} and {s[length] for s in shapes} >= {1, 7, end}
         # at each other shape one set (its example-like draw); parity judges every set again on the written graph

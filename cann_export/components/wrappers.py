@@ -128,9 +128,10 @@ def _cache_of(out: Any) -> Any:
         else getattr(out, "cache", None)
 
 
-# Optimum's capture for a decoder's graphs: a TorchScript trace with the declared axes, kept only after the trace gate
-# checked it on every prepared input set, each dimension's range ends and middle included (capture/trace_gate.py);
-# a trace that differs anywhere falls back to dynamo
+# Optimum's capture for a decoder's graphs (``graph_exporter_order``, passed on by the load stage as
+# ``extras["exporter_order"]``): a TorchScript trace with the declared axes, kept only after the trace gate checked it
+# at the example and at each dimension's range ends and middle (capture/trace_gate.py); a trace that differs anywhere
+# falls back to dynamo
 TRACE_FIRST = ("torchscript", "dynamo")
 
 
