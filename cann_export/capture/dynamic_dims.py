@@ -59,19 +59,44 @@ def named_forward(model: Any, names: list[str]) -> Iterator[None]:
 
 def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
     """The TorchScript exporter's ``dynamic_axes``: the inputs' axes, and the outputs' a loader names
-    (``extras["output_axes"]``, Optimum's ``{output: {axis: name}}``) over those same dimension names."""
-    axes = ctx.dynamic_axes
-    if not axes:
+    (``extras["output_axes"]``, Optimum's ``{output: {axis: name}}``) over those same dimension names. A module that
+    declares its axes (``extras["graph_axes"]``, a multi-graph component: ``past_sequence_length + 1`` too) gets
+    those, as its dynamo capture gets its declared Dims."""
+    axes, declared = ctx.dynamic_axes, ctx.loaded.extras.get("graph_axes")
+    if not axes and not declared:
         return None
     out: dict[str, dict[int, str]] = {}
     for a in axes:
         out.setdefault(a.input, {})[a.axis] = a.name
-    names = {a.name for a in axes}
+    for name, dims in (declared or {}).items():
+        if name in ctx.input_names:
+            out[name] = {**dict(dims), **out.get(name, {})}
+    names = {a.name for a in axes} | {label for dims in (declared or {}).values() for label in dims.values()}
     for output, dims in (ctx.loaded.extras.get("output_axes") or {}).items():
         named = {int(axis): label for axis, label in dims.items() if label in names}
         if output in ctx.output_names and output not in out and named:
             out[output] = named
     return out
+
+
+def fix_declared_outputs(model: Any, ctx: Any) -> None:
+    """A traced graph of a module that declares its axes: an output dim it does not declare dynamic that the
+    tracer's shape inference left symbolic (decode's one-token logits) takes the reference's size where every
+    prepared set's reference has that one size (as dynamo's graph holds it)."""
+    declared = ctx.loaded.extras.get("output_axes") if ctx.loaded.extras.get("graph_axes") else None
+    if not declared or not ctx.reference_outputs:
+        return
+    index = {name: i for i, name in enumerate(ctx.output_names)}
+    for value in model.graph.output:
+        i = index.get(value.name)
+        if i is None or not value.type.HasField("tensor_type"):
+            continue
+        shapes = {tuple(outputs[i].shape) for outputs in ctx.reference_outputs if i < len(outputs)}
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            sizes = {shape[axis] for shape in shapes if axis < len(shape)}
+            if dim.dim_param and axis not in declared.get(value.name, {}) and len(sizes) == 1:
+                dim.Clear()
+                dim.dim_value = int(sizes.pop())
 
 
 def name_dims(ctx: Any) -> None:
@@ -139,6 +164,27 @@ def _rename(model: Any, renames: dict[str, str]) -> None:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param:
                 dim.dim_param = pattern.sub(lambda m: renames[m.group(1)], dim.dim_param)
+
+
+def input_dim_names(model: Any) -> dict[tuple[str, int], str]:
+    """``(input, axis) -> dim name`` of a graph's symbolic input dims."""
+    if not hasattr(model, "graph"):
+        return {}
+    return {(v.name, axis): d.dim_param for v in model.graph.input if v.type.HasField("tensor_type")
+            for axis, d in enumerate(v.type.tensor_type.shape.dim) if d.dim_param}
+
+
+def restore_input_dims(model: Any, named: dict[tuple[str, int], str]) -> None:
+    """Give a rewritten graph's symbolic input dims back the names ``named`` had (everywhere the rewrite's own name
+    occurs), where one rewritten name maps to one original name; the inputs are the graph's interface."""
+    renames: dict[str, set[str]] = {}
+    for (name, axis), dim in input_dim_names(model).items():
+        if named.get((name, axis), dim) != dim:
+            renames.setdefault(dim, set()).add(named[(name, axis)])
+    taken = set(named.values())
+    unique = {old: new.pop() for old, new in renames.items() if len(new) == 1 and old not in taken}
+    if unique:
+        _rename(model, unique)
 
 
 def graph_dims(model: Any) -> dict[str, list[int | str]]:

@@ -296,7 +296,7 @@ class TorchScriptExporter:
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
                 _fixed_mode(model, ctx):
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
-            from .dynamic_dims import torchscript_axes
+            from .dynamic_dims import fix_declared_outputs, torchscript_axes
 
             torch.onnx.export(
                 model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
@@ -304,6 +304,7 @@ class TorchScriptExporter:
                 do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
             )
             graph = large_graph.load_captured(path, ctx)
+        fix_declared_outputs(graph, ctx)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from .trace_check import tracer_findings
 

@@ -128,13 +128,30 @@ def _cache_of(out: Any) -> Any:
         else getattr(out, "cache", None)
 
 
+# Optimum's capture for a decoder's graphs (``graph_exporter_order``, passed on by the load stage as
+# ``extras["exporter_order"]``): a TorchScript trace with the declared axes, kept only after the trace gate checked it
+# at the example and at each dimension's range ends and middle (capture/trace_gate.py); a trace that differs anywhere
+# falls back to dynamo
+TRACE_FIRST = ("torchscript", "dynamo")
+
+
 class DecoderPrefill(_Graph):
     """``input_ids, attention_mask, position_ids -> logits, present.*``: the prompt, no past in."""
+
+    graph_exporter_order = TRACE_FIRST
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.graph_input_names = ("input_ids", "attention_mask", "position_ids")
         self.graph_dynamic_axes = {n: {0: "batch_size", 1: "sequence_length"} for n in self.graph_input_names}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The outputs' dynamic axes by name (a traced graph's output dims take them, as dynamo's do)."""
+        present = kv_names(num_layers(self.model.config), "present")
+        length = self.graph_dynamic_axes.get("input_ids", {}).get(1)
+        if length is None:  # a fixed-length form: no dynamic axis
+            return {}
+        return {"logits": {0: "batch_size", 1: length}, **{n: {0: "batch_size", 2: length} for n in present}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from transformers import DynamicCache
@@ -148,6 +165,8 @@ class DecoderStep(_Graph):
     """``input_ids (new tokens), attention_mask (past + new), position_ids, past_key_values.* -> logits,
     present.*``: a decode step on a growing cache (``present`` = past + the new tokens)."""
 
+    graph_exporter_order = TRACE_FIRST
+
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.past = kv_names(num_layers(model.config), "past_key_values")
@@ -155,6 +174,13 @@ class DecoderStep(_Graph):
         self.graph_dynamic_axes = {"input_ids": {0: "batch_size"}, "position_ids": {0: "batch_size"},
                                    "attention_mask": {0: "batch_size", 1: "past_sequence_length + 1"},
                                    **{n: {0: "batch_size", 2: "past_sequence_length"} for n in self.past}}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The outputs' dynamic axes by name: ``present.*`` hold the past and the new token."""
+        if not self.graph_dynamic_axes:
+            return {}
+        present = [n.replace("past_key_values.", "present.", 1) for n in self.past]
+        return {"logits": {0: "batch_size"}, **{n: {0: "batch_size", 2: "past_sequence_length + 1"} for n in present}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _dynamic_cache([feed[n] for n in self.past], self.model.config)

@@ -58,10 +58,29 @@ def declared_inputs(module: Any) -> dict[str, Any]:
     shapes = getattr(module, "graph_dynamic_shapes", None)
     if callable(shapes):  # torch.export Dims per input, in order: capture makes those axes symbolic
         extras["dynamic_shapes"] = shapes()
+        extras.update(_declared_axes(module))
     sets = getattr(module, "graph_shape_sets", None)
     if callable(sets):  # seed -> parity's input sets at other sizes (components/gears.py)
         extras["shape_sets"] = sets
     return extras
+
+
+def _declared_axes(module: Any) -> dict[str, Any]:
+    """The same axes by name for the TorchScript exporter (``graph_dynamic_axes``: ``{input: {axis: name}}``, and
+    ``graph_output_axes()``: the outputs'), and the exporters the module asks ``--exporter auto`` to try first
+    (``graph_exporter_order``; the trace gate still checks a trace that warned, capture/trace_gate.py)."""
+    out: dict[str, Any] = {}
+    axes = getattr(module, "graph_dynamic_axes", None)
+    if isinstance(axes, dict) and axes:
+        out["graph_axes"] = {str(n): {int(a): str(label) for a, label in dict(d).items()} for n, d in axes.items()}
+        outputs = getattr(module, "graph_output_axes", None)
+        if callable(outputs):
+            out["output_axes"] = {str(n): {int(a): str(label) for a, label in dict(d).items()}
+                                  for n, d in outputs().items()}
+    order = getattr(module, "graph_exporter_order", None)
+    if isinstance(order, (list, tuple)) and order and all(isinstance(n, str) for n in order):
+        out["exporter_order"] = list(order)
+    return out
 
 
 def _adopted(module: Any, ctx: ExportContext) -> LoadedModel | None:

@@ -89,7 +89,9 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     from ..capture.onnx_utils import save_model
     from .dedupe import graft, without
 
-    refused = _refused_before(ctx)
+    from ..capture.dynamic_dims import input_dim_names, restore_input_dims
+
+    refused, named = _refused_before(ctx), input_dim_names(ctx.onnx_model)
     hidden = _hidden(ctx)
     base = ctx.onnx_model if hidden else None
     with tempfile.TemporaryDirectory(prefix="cann-export-onnxsim-") as tmp:
@@ -103,6 +105,8 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
                 ctx.onnx_model = base if hidden else load(original)
     if simplified is not None and hidden:
         simplified = graft(base, simplified, hidden)
+    if simplified is not None:  # onnxsim's shape inference may rename an input's dim (GPT-2 decode's unk__0)
+        restore_input_dims(simplified, named)
     return verdict, simplified
 
 

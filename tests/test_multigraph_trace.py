@@ -1,0 +1,96 @@
+"""A decoder's prefill and decode graphs are captured as Optimum does, by a TorchScript trace with the components'
+declared axes as ``dynamic_axes`` (batch, sequence, past length; Optimum's names), kept only after the trace gate
+ran it against the model at the example and at each dimension's range ends and middle; a component whose trace is
+specialised to the example's size is rejected and captured by dynamo instead."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from cann_export import api
+from cann_export.components.gears import shape_sets
+from cann_export.components.plan import decoder_plan
+from cann_export.components.wrappers import DecoderPrefill
+from helpers.bundle_runs import component_session, run_named
+from helpers.hf_models import tiny_decoder_gpt2
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace") / "gpt2"
+    return out, api.export_multi(tiny_decoder_gpt2(n_positions=32), out, export_format="onnx", num_random_inputs=1)
+
+
+def _dims(values):
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+
+def test_prefill_and_decode_are_traced_with_symbolic_dims_and_checked_at_the_range_ends(traced):
+    out, result = traced
+    assert result.ok, result.to_dict()
+    ranges = {"prefill": ("sequence_length", 32), "decode": ("past_sequence_length", 31)}
+    for name, (length, end) in ranges.items():
+        manifest = json.loads((out / "components" / name / "manifest.json").read_text())
+        capture = manifest["capture"]
+        assert capture["exporter"] == "torchscript" and [a["exporter"] for a in capture["attempts"]] == ["torchscript"]
+        checked = capture["specialized"]["checked"]  # the gate ran at every range point
+        shapes = checked["shapes"]
+        assert {s["batch_size"] for s in shapes} >= {1, 2, 64} and {s[length] for s in shapes} >= {1, 7, end}
+        # at each other shape one set (its example-like draw); parity judges every set again on the written graph
+        per_shape = len(manifest["parity"]["shapes"]) - 1
+        assert checked["input_sets"] == manifest["parity"]["input_sets"] - per_shape
+        assert manifest["parity"]["passed"] and len(manifest["parity"]["shapes"]) == len(shapes)
+        graph = onnx.load(str(out / "components" / name / "model.onnx"), load_external_data=False).graph
+        inputs, outputs = _dims(graph.input), _dims(graph.output)
+        if name == "prefill":
+            assert set(map(tuple, inputs.values())) == {("batch_size", "sequence_length")}
+            assert outputs["logits"] == ["batch_size", "sequence_length", 96]
+            assert outputs["present.1.value"] == ["batch_size", 2, "sequence_length", 16]
+        else:  # onnxsim does not rename input_ids' batch (it made it unk__0)
+            assert inputs["input_ids"] == ["batch_size", 1] and inputs["position_ids"] == ["batch_size", 1]
+            assert inputs["attention_mask"] == ["batch_size", "past_sequence_length + 1"]
+            assert inputs["past_key_values.0.key"] == ["batch_size", 2, "past_sequence_length", 16]
+            assert outputs["logits"] == ["batch_size", 1, 96]
+            assert outputs["present.0.key"] == ["batch_size", 2, "past_sequence_length + 1", 16]
+            assert checked["path_variants"] == 4  # the past's float inputs sign-flipped and scaled
+
+
+def test_traced_graphs_run_at_sizes_they_were_not_traced_at(traced):
+    out, _ = traced
+    model = tiny_decoder_gpt2(n_positions=32)
+    ids = torch.randint(1, 96, (3, 11), generator=torch.Generator().manual_seed(3))
+    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(11)[None].repeat(3, 1)}
+    got = run_named(component_session(out, "prefill"), {k: v.numpy() for k, v in feed.items()})
+    with torch.no_grad():
+        want = DecoderPrefill(model.eval())(**feed)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value.numpy(), atol=1e-4)
+
+
+def _size_scaled(self, feed):
+    """Prefill's logits divided by the prompt's length as a Python float: a trace bakes in the example's 7."""
+    out = COMPUTE(self, feed)
+    return {**out, "logits": out["logits"] / float(feed["input_ids"].shape[1])}
+
+
+COMPUTE = DecoderPrefill.compute
+
+
+def test_a_component_whose_trace_specialises_falls_back_to_dynamo(tmp_path, monkeypatch):
+    """Prefill alone, exported as the bundle exports each component (its parity shapes from the plan)."""
+    monkeypatch.setattr(DecoderPrefill, "compute", _size_scaled)
+    plan = decoder_plan(tiny_decoder_gpt2(n_positions=16))
+    prefill = plan.components[0]
+    prefill.module.graph_shape_sets = shape_sets(plan, prefill, {}, False)
+    result = api.export(prefill.module, tmp_path / "prefill", example_inputs=prefill.example_inputs,
+                        export_format="onnx_bundle", num_random_inputs=1)
+    attempts = result.manifest["capture"]["attempts"]
+    assert [a["exporter"] for a in attempts] == ["torchscript", "dynamo"], attempts
+    assert "traced graph not kept" in attempts[0]["note"] and "differs from the model" in attempts[0]["note"]
+    assert result.manifest["capture"]["exporter"] == "dynamo" and result.ok, result.parity
+    assert result.parity["shapes"]  # parity at the dimensions the dynamo graph kept (it fixes the length)
