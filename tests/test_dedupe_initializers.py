@@ -147,3 +147,57 @@ def test_weights_held_back_from_onnxsim_come_back_whole(tmp_path, monkeypatch, p
     for w in (model.a.weight, model.b.weight):
         w = w.detach().numpy()
         assert len(_copies(graph, w)) == 1
+
+
+def _matmuls(inits: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """x @ each initializer, one output each (no Gather)."""
+    nodes, outs = [], []
+    for k, (name, w) in enumerate(inits.items()):
+        nodes.append(helper.make_node("MatMul", ["x" if w.shape[0] == 128 else "xt", name], [f"y{k}"]))
+        outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [2, w.shape[1]]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128]),
+                                           helper.make_tensor_value_info("xt", TensorProto.FLOAT, [2, 256])],
+                              outs, [numpy_helper.from_array(w, n) for n, w in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_copies_in_both_orientations_leave_no_reference_to_a_removed_initializer():
+    """A, and two equal copies of A's transpose: both end on A (through one Transpose), none on a removed name."""
+    a = np.random.default_rng(1).standard_normal((128, 256)).astype(np.float32)
+    model = _matmuls({"A": a, "B": np.ascontiguousarray(a.T), "C": np.ascontiguousarray(a.T)})
+    feed = {"x": np.ones((2, 128), np.float32), "xt": np.ones((2, 256), np.float32)}
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    record = dedupe(model)
+    onnx.checker.check_model(model)
+    assert [t.name for t in model.graph.initializer] == ["A"] and set(record["replaced"]) == {"B", "C"}, record
+    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after, strict=True))
+
+
+def test_a_transposed_copy_differing_in_the_sign_of_a_zero_is_kept():
+    a = np.random.default_rng(2).standard_normal((128, 256)).astype(np.float32)
+    a[5, 5] = 0.0
+    b = np.ascontiguousarray(a.T)
+    b[5, 5] = -0.0
+    model = _matmuls({"A": a, "B": b})
+    assert dedupe(model)["replaced"] == {}
+
+
+class _WeightNormed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(256, 256))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_a_weight_computed_from_weights_is_still_folded_by_onnxsim(tmp_path):
+    """weight_norm's weight is computed from two parameters: onnxsim sees those (a foldable node reads them) and
+    folds the norm into one weight, as before weights were held back from it."""
+    torch.manual_seed(0)
+    result = cann_export.export(_WeightNormed().eval(), tmp_path / "m.onnx", "onnx", exporter="dynamo",
+                                example_inputs=torch.randn(2, 256))
+    assert result.ok and result.manifest["optimize"]["onnxsim"].startswith("applied"), result.manifest["optimize"]
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert not ops & {"ReduceL2", "Div", "Sqrt", "ReduceSum"}, ops

@@ -45,9 +45,10 @@ def dedupe(model: Any) -> dict[str, Any]:
     replaced: dict[str, tuple[str, bool]] = {}  # removed name -> (kept name, transposed)
     paired = {k for k in by_shape if len(k[1]) == 2 and k[1][0] != k[1][1] and (k[0], k[1][::-1]) in by_shape}
     signs = {t.name: _signature(t) for k, group in by_shape.items() if len(group) > 1 or k in paired for t in group}
-    for (dtype, dims), group in by_shape.items():
+    for group in by_shape.values():  # equal copies first, so no kept tensor is replaced by a transposed pairing later
         if len(group) > 1:
             _same(group, signs, replaced)
+    for (dtype, dims), group in by_shape.items():
         if (dtype, dims) in paired and dims < dims[::-1]:  # each pair of transposed groups once
             _transposed([t for t in group if t.name not in replaced],
                         [t for t in by_shape[(dtype, dims[::-1])] if t.name not in replaced], signs, gathered, replaced)
@@ -143,7 +144,7 @@ def _transposed(group: list[Any], mates: list[Any], signs: dict[str, tuple[bytes
         for b in mates:
             if b.name in replaced or signs[b.name][2] != col or signs[b.name][1] != row:
                 continue
-            if not np.array_equal(_array(a).T, _array(b)):
+            if np.ascontiguousarray(_array(a).T).tobytes() != b.raw_data:  # bytes: -0.0 is not 0.0
                 continue
             keep, drop = (b, a) if b.name in gathered and a.name not in gathered else (a, b)
             replaced[drop.name] = (keep.name, True)
@@ -155,7 +156,9 @@ def _rewire(graph: Any, replaced: dict[str, tuple[str, bool]]) -> dict[str, Any]
     initializer, placed before its first user) and drop the replaced ones."""
     import onnx
 
-    names = {n for node in graph.node for n in node.output} | {t.name for t in graph.initializer}
+    names = ({n for node in graph.node for n in node.output} | {t.name for t in graph.initializer}
+             | {i.name for i in graph.input})
+    replaced = {r: _final(replaced, r) for r in replaced}
     transposes: dict[str, str] = {}
     for keep, flipped in replaced.values():
         if flipped and keep not in transposes:
@@ -188,10 +191,23 @@ def _rewire(graph: Any, replaced: dict[str, tuple[str, bool]]) -> dict[str, Any]
             "transposed": sorted(first_use)}
 
 
+def _final(replaced: dict[str, tuple[str, bool]], name: str) -> tuple[str, bool]:
+    """Where ``name``'s replacement chain ends (the kept initializer) and whether the chain transposes it."""
+    keep, flipped = replaced[name]
+    seen = {name}
+    while keep in replaced and keep not in seen:
+        seen.add(keep)
+        keep, again = replaced[keep]
+        flipped ^= again
+    return keep, flipped
+
+
 def shared_transposed(model: Any) -> list[str]:
     """Initializers of at least ``MIN_BYTES`` that a Transpose reads and another node reads too (a tied weight):
     folded, the Transpose would be a second copy of them beside the first."""
-    names = {t.name for t in model.graph.initializer if t.HasField("raw_data") and _nbytes(t) >= MIN_BYTES}
+    inputs = {i.name for i in model.graph.input}
+    names = {t.name for t in model.graph.initializer if t.HasField("raw_data") and _nbytes(t) >= MIN_BYTES
+             and t.name not in inputs and t.data_type in HIDEABLE}
     users: dict[str, set[str]] = {}
     for node in model.graph.node:
         for x in node.input:
@@ -200,11 +216,30 @@ def shared_transposed(model: Any) -> list[str]:
     return sorted(n for n, ops in users.items() if "Transpose" in ops and len(ops) > 1)
 
 
-def weight_names(model: Any, min_bytes: int) -> list[str]:
-    """Initializers held in the graph of at least ``min_bytes`` that are not graph inputs (overridable)."""
-    inputs = {i.name for i in model.graph.input}
-    return [t.name for t in model.graph.initializer
-            if t.HasField("raw_data") and _nbytes(t) >= min_bytes and t.name not in inputs]
+HIDEABLE = {1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13}  # TensorProto types numpy holds natively (onnxruntime feeds)
+
+
+def unfoldable_weights(model: Any, min_bytes: int = MIN_BYTES) -> list[str]:
+    """Initializers held in the graph, of at least ``min_bytes`` and a type onnxruntime takes from numpy, that no
+    constant-foldable node reads (each reader also reads a value computed from the graph's inputs: a MatMul's or a
+    Gather's weight, not a weight-norm's or a cast's), neither graph inputs (overridable) nor read in a subgraph:
+    onnxsim needs their shapes, never their bytes."""
+    import onnx
+
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    constant = {t.name for t in graph.initializer if t.name not in inputs}
+    readers: dict[str, list[bool]] = {}
+    for node in graph.node:
+        nested = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        folds = not nested and all(x in constant for x in node.input if x)
+        if folds:
+            constant |= set(node.output)
+        for x in node.input:
+            readers.setdefault(x, []).append(folds or nested)
+    return [t.name for t in graph.initializer
+            if t.name in readers and not any(readers[t.name]) and t.name not in inputs
+            and t.data_type in HIDEABLE and t.HasField("raw_data") and _nbytes(t) >= min_bytes]
 
 
 def without(model: Any, names: list[str]) -> Any:

@@ -111,16 +111,13 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
 
 
 def _hidden(ctx: ExportContext) -> list[str]:
-    """The initializers onnxsim runs without. A tied weight a Transpose reads (the LM head's embedding): folded,
-    the Transpose is a second copy of it. A dynamo graph's weights, all of them: onnxscript's optimizer folded
-    what it would fold of them at capture (what it left, a tied weight's Transpose, it left on purpose), so onnxsim
-    only simplifies shapes, which needs the weights' shapes, not their bytes (GPT-2 small's prefill: the same 588
-    nodes, onnxsim 6.3 -> 0.2 s)."""
-    from .dedupe import MIN_BYTES, shared_transposed, weight_names
+    """The initializers onnxsim runs without (graph inputs of the file it reads, put back after): a tied weight a
+    Transpose reads (the LM head's embedding: folded, the Transpose would be a second copy of it) and every weight
+    no constant-foldable node reads (onnxsim simplifies around them with their shapes alone; GPT-2 small's
+    prefill: the same 588 nodes, onnxsim 6.3 -> 0.2 s; the graph onnxsim reads holds none of their bytes)."""
+    from .dedupe import shared_transposed, unfoldable_weights
 
-    if ctx.capture is not None and ctx.capture.exporter == "dynamo":
-        return weight_names(ctx.onnx_model, MIN_BYTES)
-    return shared_transposed(ctx.onnx_model)
+    return sorted(set(shared_transposed(ctx.onnx_model)) | set(unfoldable_weights(ctx.onnx_model)))
 
 
 def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | None, base: Any,
@@ -148,7 +145,6 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
 
     give_back()  # onnxsim's working set, before onnxruntime's
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
-    feed.update(feeds(base, hidden) if hidden else {})
     tol = ctx.options.tolerance
 
     def run(path: Any) -> list[Any]:
@@ -156,6 +152,7 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
         return [np.asarray(o) for o in sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})]
 
     try:  # the hidden weights are fed, copies dropped with ``feed``
+        feed.update(feeds(base, hidden) if hidden else {})
         after = run(target)
         if all_pass(after, ctx.reference_outputs[0], tol):  # the usual case: the original graph is never run
             return "applied", load(target)
