@@ -70,17 +70,24 @@ def _declared_axes(module: Any) -> dict[str, Any]:
     ``graph_output_axes()``: the outputs'), and the exporters the module asks ``--exporter auto`` to try first
     (``graph_exporter_order``; the trace gate still checks a trace that warned, capture/trace_gate.py)."""
     out: dict[str, Any] = {}
-    axes = getattr(module, "graph_dynamic_axes", None)
-    if isinstance(axes, dict) and axes:
-        out["graph_axes"] = {str(n): {int(a): str(label) for a, label in dict(d).items()} for n, d in axes.items()}
-        outputs = getattr(module, "graph_output_axes", None)
-        if callable(outputs):
-            out["output_axes"] = {str(n): {int(a): str(label) for a, label in dict(d).items()}
-                                  for n, d in outputs().items()}
     order = getattr(module, "graph_exporter_order", None)
-    if isinstance(order, (list, tuple)) and order and all(isinstance(n, str) for n in order):
-        out["exporter_order"] = list(order)
+    if not (isinstance(order, (list, tuple)) and order and all(isinstance(n, str) for n in order)):
+        return out  # a module that does not ask for a trace keeps the exporters' own axes (T5, Whisper)
+    out["exporter_order"] = list(order)
+    axes, outputs = getattr(module, "graph_dynamic_axes", None), getattr(module, "graph_output_axes", None)
+    try:
+        if isinstance(axes, dict) and axes:
+            out["graph_axes"] = _named_axes(axes)
+            if callable(outputs):
+                out["output_axes"] = _named_axes(outputs())
+    except (TypeError, ValueError, AttributeError) as e:
+        raise errors.LoadError(f"{type(module).__name__}'s graph_dynamic_axes / graph_output_axes must map each name "
+                               f"to {{axis: dimension name}} ({e})") from e
     return out
+
+
+def _named_axes(axes: Any) -> dict[str, dict[int, str]]:
+    return {str(n): {int(a): str(label) for a, label in dict(d).items()} for n, d in dict(axes).items()}
 
 
 def _adopted(module: Any, ctx: ExportContext) -> LoadedModel | None:
