@@ -32,15 +32,20 @@ def _repeated(field: Any) -> bool:
     return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
 
 
+def copy_field(message: Any, field: Any, value: Any) -> None:
+    """Set ``field`` of ``message`` to ``value`` (a repeated field extended, a message copied)."""
+    if _repeated(field):
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
 def _field(message: Any, field: Any, value: Any) -> bytes:
     """One field of ``message`` as it serialises, alone."""
     part = type(message)()
-    if _repeated(field):
-        getattr(part, field.name).extend(value)
-    elif field.message_type is not None:
-        getattr(part, field.name).CopyFrom(value)
-    else:
-        setattr(part, field.name, value)
+    copy_field(part, field, value)
     return part.SerializeToString()
 
 

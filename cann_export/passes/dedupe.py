@@ -289,14 +289,9 @@ def graft(base: Any, simplified: Any, names: list[str]) -> Any:
 
 
 def _copy_field(message: Any, field: Any, value: Any) -> None:
-    from ..capture.onnx_stream import _repeated
+    from ..capture.onnx_stream import copy_field
 
-    if _repeated(field):
-        getattr(message, field.name).extend(value)
-    elif field.message_type is not None:
-        getattr(message, field.name).CopyFrom(value)
-    else:
-        setattr(message, field.name, value)
+    copy_field(message, field, value)
 
 
 def feeds(model: Any, names: list[str]) -> dict[str, Any]:
