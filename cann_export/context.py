@@ -269,6 +269,10 @@ class ExportContext:
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples
     path_reference_outputs: list[list[Any]] = field(default_factory=list)  # the stripped module's on those
+    # a trace kept before its gate ran (capture/trace_deferred.py): parity on the written graph decides it
+    trace_rewind: bool = False  # the stages run validate after capture, so they can go back to it
+    trace_deferred: dict[str, Any] | None = None  # {"exporter", "reason"?} until validate has judged it
+    traces_rejected: dict[str, str] = field(default_factory=dict)  # exporter -> why its trace was not kept
     halted: str | None = None  # set by a stage when this process must not go on (e.g. DDP rank != 0)
     finalized: bool = False  # the format's finalize ran (in the load sandbox): commit only moves it into place
     sandbox_dir: Path | None = None  # the directory the load sandbox wrote in, removed after the export

@@ -15,30 +15,27 @@ def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    from . import trace_gate
+    from . import trace_deferred, trace_gate
 
     exporters = trace_gate.ordered(ctx, manager.registry().exporters())
     attempts: list[CaptureAttempt] = []
-    chosen = fallback = rejected = None
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
-    for exporter in exporters:
-        model = _attempt(exporter, ctx, attempts, traced, checked)
-        if model is None:
-            continue
-        if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
-            attempts[-1].note = trace_gate.note(checked.pop(exporter.name))  # only if none gives one
-            rejected = rejected or (exporter.name, model)
-            continue
-        if attempts[-1].opset == ctx.options.opset:
-            chosen = (exporter.name, model)
-            break
-        if fallback is None and ctx.options.accepts_opset(attempts[-1].opset, ctx.format):
-            fallback = (exporter.name, model)
-    chosen = chosen or fallback or rejected
+    ctx.trace_deferred = None
+    set_aside = [e for e in exporters if e.name in ctx.traces_rejected]  # traces validate rejected: last resort
+    for e in set_aside:
+        attempts.append(CaptureAttempt(e.name, note=trace_gate.note({"reason": ctx.traces_rejected[e.name]})))
+    chosen = _first_graph(ctx, [e for e in exporters if e not in set_aside], attempts, traced, checked)
+    if chosen is None and set_aside:
+        chosen = _first_graph(ctx, set_aside, attempts, traced, checked)
     if chosen is None:
         raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
+    if ctx.trace_deferred and ctx.trace_deferred["exporter"] != name:
+        ctx.trace_deferred = None
+    if why := trace_deferred.fixed(ctx, name):  # known now: no need to wait for validate
+        ctx.traces_rejected[name] = why
+        return capture(ctx)
     from .dynamic_dims import name_dims
 
     name_dims(ctx)  # the symbolic dims named after the axes; an axis the graph fixed is a warning
@@ -50,12 +47,34 @@ def capture(ctx: ExportContext) -> str | None:
     return _record(ctx, name, attempts, traced, checked.get(name))
 
 
+def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[CaptureAttempt],
+                 traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> tuple[str, Any] | None:
+    """(exporter, graph) of the first of ``exporters`` whose graph is at the requested opset, else the first at
+    an opset the format accepts, else the first the trace gate rejected; None when none wrote a graph."""
+    from . import trace_gate
+
+    fallback = rejected = None
+    for exporter in exporters:
+        model = _attempt(exporter, ctx, attempts, traced, checked)
+        if model is None:
+            continue
+        if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
+            attempts[-1].note = trace_gate.note(checked.pop(exporter.name))  # only if none gives one
+            rejected = rejected or (exporter.name, model)
+            continue
+        if attempts[-1].opset == ctx.options.opset:
+            return exporter.name, model
+        if fallback is None and ctx.options.accepts_opset(attempts[-1].opset, ctx.format):
+            fallback = (exporter.name, model)
+    return fallback or rejected
+
+
 def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
              traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> Any:
     """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
     the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
-    from . import trace_gate
+    from . import trace_deferred, trace_gate
     from .onnx_utils import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
@@ -67,9 +86,10 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
         loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
-        if ctx.trace_warnings and trace_gate.gated(ctx):
-            checked[exporter.name] = trace_gate.check(ctx, model)
-            loaded = loaded or bool(checked[exporter.name].get("ran"))
+        if ctx.trace_warnings and trace_gate.gated(ctx):  # judged by validate's parity, else by the gate now
+            check = trace_deferred.defer(ctx, exporter.name) or trace_gate.check(ctx, model)
+            checked[exporter.name] = check
+            loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model, loaded=loaded)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))

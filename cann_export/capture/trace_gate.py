@@ -15,6 +15,9 @@ its specialisation probes, in place of the heavy-tailed random draws (laplace, w
 off the example's range), so the gate and parity judge them on the one reference and add no forward. All agree:
 kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
 (validation off, a quantized export): rejected, the next exporter runs, and the attempt names why.
+When the stages run validate after capture (an export's usual run) the check waits for it (trace_deferred.py):
+parity judges the same sets on the written graph, and a failure there sends the stages back to capture with the
+trace rejected, so onnxruntime runs the sets once, not twice.
 ``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
 ``--accept-trace-specialization``.
 """
@@ -30,7 +33,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
     if ctx.options.exporter != "auto":
         return [e for e in exporters if e.name == ctx.options.exporter]
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
-    if not wanted or large_graph.state(ctx) is not None or (gated(ctx) and _unchecked(ctx)):
+    if not wanted or large_graph.state(ctx) is not None or (gated(ctx) and unchecked(ctx)):
         return exporters
     rank = {name: i for i, name in enumerate(wanted)}
     return sorted(exporters, key=lambda e: rank.get(e.name, len(rank)))  # stable: the rest keep their priority
@@ -55,7 +58,7 @@ def gated(ctx: Any) -> bool:
     return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
 
 
-def _unchecked(ctx: Any) -> str | None:
+def unchecked(ctx: Any) -> str | None:
     """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
     if not ctx.options.validate:
         return "not checked: validation is off (--no-validate)"
@@ -70,15 +73,12 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
-    why = _unchecked(ctx)
+    why = unchecked(ctx)
     if why:
         return {"passed": False, "reason": why}
-    sets, labels, reference = _sets(ctx)
+    sets, labels, reference = gate_sets(ctx)
     chosen = _chosen(labels)
-    shapes = [label["shape"] for label in labels if label.get("shape")]
-    paths = sum(1 for label in labels if label["source"] == "trace_path")
-    done = {"input_sets": len(chosen), "path_variants": paths,
-            "shapes": [dict(s) for i, s in enumerate(shapes) if s not in shapes[:i]]}
+    done = coverage(labels, chosen)
     try:
         report = _judged(ctx, model, chosen, sets, labels, reference)
     except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
@@ -90,7 +90,14 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     return {**done, "passed": False, "reason": f"the traced graph differs from the model: {report.get('reason')}"}
 
 
-def _sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
+def coverage(labels: list[dict[str, Any]], chosen: list[int]) -> dict[str, Any]:
+    """What a check of the ``chosen`` sets covers: their count, the path variants among the sets, the shapes."""
+    shapes = [label["shape"] for label in labels if label.get("shape")]
+    return {"input_sets": len(chosen), "path_variants": sum(1 for label in labels if label["source"] == "trace_path"),
+            "shapes": [dict(s) for i, s in enumerate(shapes) if s not in shapes[:i]]}
+
+
+def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
     """The prepared input sets with their labels and reference (no new forward), plus the path variants and
     theirs unless prepare built them among its sets (``traced_first``); else one forward each, for float inputs
     only, kept in the context for parity."""

@@ -52,21 +52,12 @@ def drop_unfit_sets(ctx: Any) -> None:
     """After capture: a dimension the exporter fixed (torch.export specialises an axis the model's code pins,
     such as a decoder's one-token input) cannot vary on the graph; its shape sets go, with a warning, and it
     leaves every set's shape (validate re-derives the shapes from the graph's symbolic dims)."""
-    from ..capture.dynamic_dims import graph_dims
     from .dynamic_axes import keep_sets
 
     labels = ctx.input_set_labels
-    if not ctx.loaded.extras.get("shape_sets") or not labels or not isinstance(labels[0].get("shape"), dict):
+    if not ctx.loaded.extras.get("shape_sets") or not (fixed := fixed_dims(ctx)):
         return
-    graph, example = graph_dims(ctx.onnx_model), labels[0]["shape"]
-    fixed: set[str] = set()
-    for s, feed in enumerate(ctx.input_sets):
-        for name, tensor in feed.items():
-            held = graph.get(name) or []
-            if any(isinstance(d, int) and d > 0 and d != n for d, n in zip(held, tensor.shape, strict=False)):
-                fixed |= {k for k, v in (labels[s].get("shape") or {}).items() if v != example.get(k)}
-    if not fixed:
-        return
+    example = labels[0]["shape"]
     keep = [s for s, label in enumerate(labels) if all(label["shape"].get(n) == example.get(n) for n in fixed)]
     dropped = len(labels) - len(keep)
     keep_sets(ctx, keep)
@@ -78,6 +69,23 @@ def drop_unfit_sets(ctx: Any) -> None:
     ctx.reports.warnings.dynamic = [*kept, *(
         f"{name} is static in the exported graph (the exporter specialised it at the example's size "
         f"{example.get(name)}): parity ran at the other dimensions' sizes" for name in sorted(fixed))]
+
+
+def fixed_dims(ctx: Any) -> set[str]:
+    """The dimensions the input sets vary (their labels' ``shape``) that the captured graph holds at one size."""
+    from ..capture.dynamic_dims import graph_dims
+
+    labels = ctx.input_set_labels
+    if not labels or not isinstance(labels[0].get("shape"), dict):
+        return set()
+    graph, example = graph_dims(ctx.onnx_model), labels[0]["shape"]
+    fixed: set[str] = set()
+    for s, feed in enumerate(ctx.input_sets):
+        for name, tensor in feed.items():
+            held = graph.get(name) or []
+            if any(isinstance(d, int) and d > 0 and d != n for d, n in zip(held, tensor.shape, strict=False)):
+                fixed |= {k for k, v in (labels[s].get("shape") or {}).items() if v != example.get(k)}
+    return fixed
 
 
 def fix_ranges_to_graph(ctx: Any) -> None:

@@ -16,6 +16,7 @@ from ..fs import atomic
 from ..hooks import manager
 from ..hooks.contracts import Format, optional
 from ..sandbox import child, confine
+from . import rewind
 from .stage import ProgressFn, Stage
 
 FIRST_UNCONFINED = "commit"  # commit (the rename into place) and publish run in the caller's process
@@ -74,10 +75,10 @@ def run_confined(ctx: ExportContext, stages: tuple[Stage, ...], progress: Progre
         from .. import progress as events
 
         with events.listening(lambda event: send({"event": event.to_dict()})):
-            for index, stage in enumerate(stages[:split], start=1):
+            for index, stage in rewind.in_order(ctx, stages, 0, split):
                 if ctx.halted:
                     break
-                run_one(ctx, stage, registry, forward, index, len(stages))
+                run_one(ctx, stage, registry, forward, index + 1, len(stages))
         if split < len(stages) and not ctx.halted:
             _finalize(ctx)
         return _outcome(ctx)

@@ -9,7 +9,7 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
-from . import chatter, confined, memory
+from . import chatter, confined, memory, rewind
 from .stage import ProgressFn, Stage
 from .table import STAGES
 
@@ -24,11 +24,11 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
         start = 0
         if ctx.reports.sandbox["kind"] != "none":
             start = confined.run_confined(ctx, stages, progress, run_one)
-        for index, stage in enumerate(stages[start:], start=start + 1):
+        for index, stage in rewind.in_order(ctx, stages, start):
             if ctx.halted:  # this process writes nothing: what a stage staged is not left behind
                 atomic.discard(ctx.staging)
                 break
-            run_one(ctx, stage, registry, progress, index, len(stages))
+            run_one(ctx, stage, registry, progress, index + 1, len(stages))
     except BaseException:
         atomic.discard(ctx.staging)
         raise

@@ -21,7 +21,9 @@ def _lint(ctx: ExportContext) -> str | None:
 
 
 def _validate(ctx: ExportContext) -> str | None:
-    return validators.run_validators(ctx, "validate")
+    from ..capture import trace_deferred
+
+    return trace_deferred.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
 
 
 def _quantizing(options: ExportOptions) -> bool:
