@@ -1,0 +1,74 @@
+"""The trace gate's check deferred to validate (capture/trace_deferred.py, pipeline/rewind.py): a warned trace is
+kept at capture without an onnxruntime run; parity judges it on the written graph; a failure there sends the
+stages back to capture with the trace set aside, and nothing of the rejected graph is left."""
+import pytest
+from test_trace_first import _branchy_loader
+
+import cann_export
+
+
+@pytest.fixture
+def gate_calls(monkeypatch):
+    from cann_export.capture import trace_gate
+
+    calls = []
+    real = trace_gate.check
+    monkeypatch.setattr(trace_gate, "check", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def _stages(seen):  # the exports below run unsandboxed: the counted gate calls happen in this process
+    return lambda index, stage, status, seconds: seen.append((index, stage, status))
+
+
+def test_a_rejected_trace_sends_the_stages_back_to_capture_once(plugin, tmp_path, gate_calls):
+    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.branch").write_text("")
+    seen = []
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                                progress=_stages(seen), sandbox="off")
+    assert not gate_calls  # the check ran once, as parity on the written graph
+    names = [stage for _, stage, _ in seen]
+    assert names.count("capture") == 2 and names.count("validate") == 2 and names.count("commit") == 1
+    first = next(status for _, stage, status in seen if stage == "validate")
+    assert first.startswith("traced graph not kept (the traced graph differs from the model")
+    assert result.ok and result.onnx["exporter"] == "dynamo"
+    assert "trace" not in result.manifest.get("warnings", {})  # nothing of the rejected trace's reports stays
+    assert not result.parity.get("trace_specialized")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.branch", "m.onnx"]  # its staged files are gone
+
+
+def test_a_checked_trace_is_kept_without_the_gate_run(tmp_path, gate_calls):
+    from helpers import hf_dirs
+
+    directory = hf_dirs.save("distilbert", tmp_path / "d")
+    seen = []
+    result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx", progress=_stages(seen),
+                                sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript"
+    assert not gate_calls and [stage for _, stage, _ in seen].count("capture") == 1
+    checked = result.parity["trace_specialized"]["checked"]
+    assert checked["input_sets"] == result.parity["input_sets"]  # every set parity judged, probes included
+    assert "agrees with the model" in result.manifest["warnings"]["trace"]
+
+
+def test_a_rejected_trace_is_still_the_last_resort(plugin, tmp_path, monkeypatch, gate_calls):
+    """No other exporter writes a graph: the trace the first validate rejected is captured again, gated now (it
+    cannot be deferred twice), and kept with a failing verdict, as before the deferral."""
+    from cann_export.capture.exporters import DynamoExporter
+
+    def broken(self, model, ctx):
+        raise RuntimeError("dynamo cannot capture this model")
+
+    monkeypatch.setattr(DynamoExporter, "export", broken)
+    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.branch").write_text("")
+    seen = []
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                                progress=_stages(seen), sandbox="off")
+    assert len(gate_calls) == 1 and [stage for _, stage, _ in seen].count("capture") == 2
+    assert not result.ok and result.onnx["exporter"] == "torchscript"
+    attempts = result.manifest["capture"]["attempts"]
+    assert [a["exporter"] for a in attempts] == ["torchscript", "dynamo", "torchscript"], attempts
+    assert attempts[0]["note"].startswith("traced graph not kept (tracing warned)")
+    assert "dynamo cannot capture" in attempts[1]["error"]
