@@ -2,7 +2,7 @@
 kept at capture without an onnxruntime run; parity judges it on the written graph; a failure there sends the
 stages back to capture with the trace set aside, and nothing of the rejected graph is left."""
 import pytest
-from test_trace_first import _branchy_loader
+from helpers.branchy import branchy_loader
 
 import cann_export
 
@@ -22,7 +22,7 @@ def _stages(seen):  # the exports below run unsandboxed: the counted gate calls 
 
 
 def test_a_rejected_trace_sends_the_stages_back_to_capture_once(plugin, tmp_path, gate_calls):
-    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")
     seen = []
     result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
@@ -61,7 +61,7 @@ def test_a_rejected_trace_is_still_the_last_resort(plugin, tmp_path, monkeypatch
         raise RuntimeError("dynamo cannot capture this model")
 
     monkeypatch.setattr(DynamoExporter, "export", broken)
-    _branchy_loader(plugin, ["torchscript", "dynamo"])
+    branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")
     seen = []
     result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",

@@ -5,9 +5,10 @@ module whose trace is wrong at another size of its dynamic axis falls back to dy
 import numpy as np
 import torch
 from helpers import hf_dirs
+from helpers.branchy import branchy_loader as _branchy_loader
 
 import cann_export
-from cann_export import LoadedModel, hookimpl
+from cann_export import LoadedModel
 
 
 def test_a_hugging_face_directory_is_traced_first_and_its_checked_trace_passes(tmp_path, run_ort):
@@ -38,41 +39,6 @@ def test_a_hugging_face_directory_is_traced_first_and_its_checked_trace_passes(t
     vit = HfDirectoryLoader().load(hf_dirs.save("vit", tmp_path / "vit"), options)
     assert vit.extras["exporter_order"] == ["torchscript", "dynamo"]
     assert HfDirectoryLoader().load(directory, options).extras["exporter_order"] == ["torchscript", "dynamo"]
-
-
-class ShapeBranch(torch.nn.Module):
-    """Python control flow on a size: a trace keeps the branch of the example's size (8) at every size."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(3, 3)
-
-    def forward(self, x):
-        y = self.proj(x)
-        if x.shape[1] > 4:
-            return y * 2.0
-        return y - 1.0
-
-
-def _branchy_loader(plugin, order):
-    @hookimpl
-    def register_loaders(register):
-        class Branchy:
-            name = "shape-branch"
-            priority = 500
-
-            def matches(self, path):
-                return path.suffix == ".branch"
-
-            def load(self, path, options):
-                torch.manual_seed(0)
-                extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
-                return LoadedModel(ShapeBranch().eval(), "module", example_inputs={"x": torch.randn(2, 8, 3)},
-                                   source_sha256="0" * 64, extras=extras)
-
-        register(Branchy())
-
-    plugin({"register_loaders": register_loaders}, "shape-branch")
 
 
 def test_a_trace_wrong_at_another_size_falls_back_to_dynamo_and_says_why(plugin, tmp_path):
