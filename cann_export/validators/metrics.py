@@ -101,49 +101,102 @@ def _base(actual: np.ndarray, expected: np.ndarray) -> dict[str, Any] | None:
 
 
 CHUNK = 1 << 20  # elements per float64 chunk (8 MiB a side): a large output (logits) is never copied whole
+BLOCK = 1 << 15  # elements per cache-sized block of a chunk's elementwise pass (the dot sums stay per CHUNK)
 
 
-def _pairs(actual: np.ndarray, expected: np.ndarray) -> Any:
-    """Per chunk of the flattened pair: float64 copies of the pairs to compare (matching NaN / inf excluded)."""
-    flat_a, flat_b = actual.reshape(-1), expected.reshape(-1)
-    for start in range(0, flat_a.size, CHUNK):
-        a = flat_a[start:start + CHUNK].astype(np.float64)
-        b = flat_b[start:start + CHUNK].astype(np.float64)
-        same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
-        if same_special.any():
-            a, b = a[~same_special], b[~same_special]
-        yield a, b
+def _chunk_pair(flat_a: np.ndarray, flat_b: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 copies of one chunk's pairs to compare: matching NaN / inf excluded."""
+    a = flat_a[start:start + CHUNK].astype(np.float64)
+    b = flat_b[start:start + CHUNK].astype(np.float64)
+    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    if same_special.any():
+        a, b = a[~same_special], b[~same_special]
+    return a, b
+
+
+def _chunk_maxima(a: np.ndarray, b: np.ndarray, rel_floor: float) -> tuple[Any, Any, Any]:
+    """max |b|, max |a-b|, max |a-b| / max(|b|, rel_floor) of float64 pairs (a NaN propagates)."""
+    err, ref = np.abs(a - b), np.abs(b)
+    return ref.max(), err.max(), (err / np.maximum(ref, rel_floor)).max()
+
+
+def _finite_chunk(src_a: np.ndarray, src_b: np.ndarray, bufs: np.ndarray, scratch: np.ndarray,
+                  rel_floor: float) -> Any:
+    """``_chunk_maxima`` of a chunk cast to float64 into bufs[0] / bufs[1], block by block while the block is in
+    cache; None when a value is NaN / inf (or |a-b| overflows): the caller then takes the general path. Finite
+    pairs exclude nothing and a max is exact, so the numbers are ``_chunk_maxima``'s."""
+    n = src_a.size
+    maxima = np.empty((-(-n // BLOCK), 3))
+    for k, i in enumerate(range(0, n, BLOCK)):
+        j = min(i + BLOCK, n)
+        a, b, err, ref = bufs[0, i:j], bufs[1, i:j], scratch[0, :j - i], scratch[1, :j - i]
+        a[...], b[...] = src_a[i:j], src_b[i:j]  # the casts astype(np.float64) makes
+        with np.errstate(invalid="ignore", over="ignore"):  # what it would warn of, the general path warns of again
+            np.subtract(a, b, out=err)
+        maxima[k, 1] = np.abs(err, out=err).max()
+        if not math.isfinite(maxima[k, 1]):  # a NaN or inf on either side makes |a-b| NaN or inf
+            return None
+        maxima[k, 0] = np.abs(b, out=ref).max()
+        maxima[k, 2] = np.divide(err, np.maximum(ref, rel_floor, out=ref), out=ref).max()
+    return tuple(maxima.max(axis=0))
 
 
 class _PairStats:
     """One output's comparison, accumulated chunk by chunk in float64 (the same numbers as whole-array float64
     copies, at a fraction of the memory): max |a-b|, max |a-b| / max(|ref|, ``rel_floor``), peak = max |ref|,
-    the cosine's sums, and whether any compared pair is non-finite on one side only (``bad_special``)."""
+    the cosine's sums, and whether any compared pair is non-finite on one side only (``bad_special``). A chunk
+    with no NaN / inf (the usual case) takes one cache-blocked pass (``_finite_chunk``); ``all_within`` decides
+    from each chunk's max |a-b| and rereads only a chunk that it cannot clear so."""
 
     def __init__(self, actual: np.ndarray, expected: np.ndarray, rel_floor: float) -> None:
         self.actual, self.expected = actual, expected
         self.size, self.bad_special = 0, False
         self.peak = self.max_abs = self.max_rel = 0.0
         self.dot = self.norm_a = self.norm_b = 0.0
-        for a, b in _pairs(actual, expected):
-            if not a.size:
-                continue
-            self.size += a.size
-            self.bad_special = self.bad_special or bool((~np.isfinite(a) | ~np.isfinite(b)).any())
-            err, ref = np.abs(a - b), np.abs(b)
-            # np.maximum: a NaN propagates as np.max over the whole array would
-            self.peak = float(np.maximum(self.peak, ref.max()))
-            self.max_abs = float(np.maximum(self.max_abs, err.max()))
-            self.max_rel = float(np.maximum(self.max_rel, (err / np.maximum(ref, rel_floor)).max()))
-            if not self.bad_special:
-                self.dot += float(np.dot(a, b))
-                self.norm_a += float(np.dot(a, a))
-                self.norm_b += float(np.dot(b, b))
+        self.chunk_err: list[tuple[int, Any]] = []  # (start, max |a-b|) of each chunk with pairs compared
+        flat_a, flat_b = actual.reshape(-1), expected.reshape(-1)
+        bufs, scratch = np.empty((2, min(flat_a.size, CHUNK))), np.empty((2, min(flat_a.size, BLOCK)))
+        for start in range(0, flat_a.size, CHUNK):
+            src_a, src_b = flat_a[start:start + CHUNK], flat_b[start:start + CHUNK]
+            a, b, bad = bufs[0, :src_a.size], bufs[1, :src_a.size], False
+            maxima = _finite_chunk(src_a, src_b, bufs, scratch, rel_floor)
+            if maxima is None:
+                a, b = _chunk_pair(flat_a, flat_b, start)
+                if not a.size:
+                    continue
+                bad = bool((~np.isfinite(a) | ~np.isfinite(b)).any())
+                maxima = _chunk_maxima(a, b, rel_floor)
+            self._add(start, a, b, maxima, bad)
+
+    def _add(self, start: int, a: np.ndarray, b: np.ndarray, maxima: tuple[Any, Any, Any], bad: bool) -> None:
+        self.size += a.size
+        self.bad_special = self.bad_special or bad
+        # np.maximum: a NaN propagates as np.max over the whole array would
+        self.peak = float(np.maximum(self.peak, maxima[0]))
+        self.max_abs = float(np.maximum(self.max_abs, maxima[1]))
+        self.max_rel = float(np.maximum(self.max_rel, maxima[2]))
+        self.chunk_err.append((start, maxima[1]))
+        if not self.bad_special:
+            self.dot += float(np.dot(a, b))
+            self.norm_a += float(np.dot(a, a))
+            self.norm_b += float(np.dot(b, b))
 
     def all_within(self, atol: float, rtol: float, floor: float) -> bool:
-        """Every compared pair has |a-b| <= atol + rtol * (|ref| + floor) (a second pass: floor needs the peak)."""
-        return all(bool(np.all(np.abs(a - b) <= atol + rtol * (np.abs(b) + floor)))
-                   for a, b in _pairs(self.actual, self.expected))
+        """Every compared pair has |a-b| <= atol + rtol * (|ref| + floor). The bound only grows with |ref| (each
+        rounded step is monotone when rtol >= 0 and nothing overflows), so a chunk whose max |a-b| is within the
+        bound at |ref| = 0 passes whole; any other chunk is read again and checked pair by pair."""
+        x, r, f = float(atol), float(rtol), float(floor)
+        monotone = r >= 0 and all(math.isfinite(v) for v in (x, r, f, self.peak + f))
+        least = x + r * (0.0 + f)  # the bound of a pair with |ref| = 0, as numpy rounds it
+        todo = [start for start, err in self.chunk_err if not (monotone and err <= least)]
+        if not todo:
+            return True
+        flat_a, flat_b = self.actual.reshape(-1), self.expected.reshape(-1)
+        for start in todo:
+            a, b = _chunk_pair(flat_a, flat_b, start)
+            if not np.all(np.abs(a - b) <= atol + rtol * (np.abs(b) + floor)):
+                return False
+        return True
 
     def cosine(self) -> float:
         """As ``cosine`` on the compared pairs: 0 when any is non-finite."""
