@@ -183,6 +183,19 @@ def test_a_transposed_copy_differing_in_the_sign_of_a_zero_is_kept():
     assert dedupe(model)["replaced"] == {}
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float64, np.complex128])
+def test_a_transposed_copy_is_compared_byte_for_byte_in_each_element_size(dtype):
+    """The full comparison of a transposed pair (a block of columns at a time, elements as unsigned integers of
+    their size): equal bytes pair, a NaN included; one bit changed in the last block keeps both."""
+    a = (np.random.default_rng(3).standard_normal((128, 1024)) * 50).astype(dtype)
+    if np.issubdtype(dtype, np.floating):
+        a[3, 700] = np.nan
+    assert dedupe(_matmuls({"A": a, "B": np.ascontiguousarray(a.T)}))["replaced"] == {"B": "A"}
+    b = np.ascontiguousarray(a.T)
+    b.reshape(-1).view(np.uint8)[-1] ^= 1
+    assert dedupe(_matmuls({"A": a, "B": b}))["replaced"] == {}
+
+
 class _WeightNormed(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

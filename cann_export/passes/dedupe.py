@@ -14,6 +14,7 @@ from typing import Any
 
 MIN_BYTES = 1 << 16  # smaller initializers are not worth comparing
 SAMPLE = 64  # elements compared before the whole tensor
+_BLOCK = 1 << 18  # bytes of a transposed pair's mate compared at a time (cache-sized)
 
 
 class DedupeInitializersPass:
@@ -44,7 +45,8 @@ def dedupe(model: Any) -> dict[str, Any]:
     gathered = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.domain in ("", "ai.onnx")}
     replaced: dict[str, tuple[str, bool]] = {}  # removed name -> (kept name, transposed)
     paired = {k for k in by_shape if len(k[1]) == 2 and k[1][0] != k[1][1] and (k[0], k[1][::-1]) in by_shape}
-    signs = {t.name: _signature(t) for k, group in by_shape.items() if len(group) > 1 or k in paired for t in group}
+    signs = {t.name: _signature(t) for k, group in by_shape.items()  # a lone one of a pair's first shape is signed
+             if len(group) > 1 or (k in paired and k[1] > k[1][::-1]) for t in group}  # when compared (one read)
     for group in by_shape.values():  # equal copies first, so no kept tensor is replaced by a transposed pairing later
         if len(group) > 1:
             _same(group, signs, replaced)
@@ -82,12 +84,16 @@ def _all_nodes(graph: Any) -> list[Any]:
 
 
 def _nbytes(t: Any) -> int:
-    import onnx
-
     n = 1
     for d in t.dims:
         n *= d
-    return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 0
+    return n * _itemsize(t)
+
+
+def _itemsize(t: Any) -> int:
+    import onnx
+
+    return onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 0
 
 
 def _array(t: Any, data: bytes | None = None) -> Any:
@@ -98,12 +104,13 @@ def _array(t: Any, data: bytes | None = None) -> Any:
     return np.frombuffer(t.raw_data if data is None else data, dtype=dtype).reshape(tuple(t.dims))
 
 
-def _signature(t: Any) -> tuple[bytes, bytes, bytes]:
-    """A few of ``t``'s elements: its first and last ones, and (2-D) its first column and first row (each access to
-    ``raw_data`` copies the tensor, so it is read once here and again only for a full comparison)."""
+def _signature(t: Any, data: bytes | None = None) -> tuple[bytes, bytes, bytes]:
+    """A few of ``t``'s elements (``data``: its ``raw_data`` already read): its first and last ones, and (2-D) its
+    first column and first row (each access to ``raw_data`` copies the tensor, so it is read once here and again
+    only for a full comparison)."""
     import numpy as np
 
-    data = t.raw_data
+    data = t.raw_data if data is None else data
     if len(data) != _nbytes(t):
         return b"", b"", b""
     x = _array(t, data)
@@ -115,8 +122,10 @@ def _signature(t: Any) -> tuple[bytes, bytes, bytes]:
 
 def _same(group: list[Any], signs: dict[str, tuple[bytes, bytes, bytes]],
           replaced: dict[str, tuple[str, bool]]) -> None:
-    """Within one dtype and shape: each initializer equal to an earlier one is replaced by it."""
+    """Within one dtype and shape: each initializer equal to an earlier one is replaced by it. Each read of
+    ``raw_data`` copies the tensor: the kept one last compared is held, so copies of one tensor read it once."""
     kept: dict[bytes, list[Any]] = {}
+    held: list[Any] = [None, b""]  # the kept initializer last read, and its bytes
     for t in group:
         edges = signs[t.name][0]
         if not edges:
@@ -124,31 +133,57 @@ def _same(group: list[Any], signs: dict[str, tuple[bytes, bytes, bytes]],
         match = None
         if edges in kept:
             data = t.raw_data
-            match = next((k for k in kept[edges] if k.raw_data == data), None)
+            match = next((k for k in kept[edges] if _held(held, k) == data), None)
         if match is None:
             kept.setdefault(edges, []).append(t)
         else:
             replaced[t.name] = (match.name, False)
 
 
+def _held(held: list[Any], t: Any) -> bytes:
+    if held[0] is not t:
+        held[:] = [t, t.raw_data]
+    return held[1]
+
+
 def _transposed(group: list[Any], mates: list[Any], signs: dict[str, tuple[bytes, bytes, bytes]],
                 gathered: set[str], replaced: dict[str, tuple[str, bool]]) -> None:
     """Pairs across two 2-D groups of transposed shapes: the one a Gather reads (else the earlier group's) is
-    kept, the other replaced by its Transpose."""
-    import numpy as np
-
+    kept, the other replaced by its Transpose. A pair is compared in full only when its sampled first row and
+    column agree, and then without a transposed copy (``equal_transposed``). ``group``'s members without a
+    signature are signed here, from the bytes a full comparison reuses."""
     for a in group:
-        _, col, row = signs[a.name]
-        if a.name in replaced or not col:
+        if a.name in replaced:
+            continue
+        data = None if a.name in signs else a.raw_data  # signed already (it has equal copies), else read once here
+        _, col, row = signs[a.name] if data is None else _signature(a, data)
+        if not col:
             continue
         for b in mates:
             if b.name in replaced or signs[b.name][2] != col or signs[b.name][1] != row:
                 continue
-            if np.ascontiguousarray(_array(a).T).tobytes() != b.raw_data:  # bytes: -0.0 is not 0.0
+            data = a.raw_data if data is None else data  # read (copied) once, whichever mates it is compared to
+            if not equal_transposed(data, b.raw_data, tuple(a.dims), _itemsize(a)):
                 continue
             keep, drop = (b, a) if b.name in gathered and a.name not in gathered else (a, b)
             replaced[drop.name] = (keep.name, True)
             break
+
+
+def equal_transposed(data: bytes, mate: bytes, dims: tuple[int, int], itemsize: int) -> bool:
+    """Whether ``mate`` holds exactly the bytes of the ``dims`` matrix ``data`` transposed (-0.0 is not 0.0, a NaN
+    is its own bytes): elements compared as unsigned integers of their size, a block of columns at a time."""
+    import numpy as np
+
+    rows, cols = dims
+    if itemsize <= 0 or len(data) != rows * cols * itemsize or len(mate) != len(data):
+        return False
+    word = next(w for w in (8, 4, 2, 1) if itemsize % w == 0)
+    uint = np.dtype(f"<u{word}")
+    x = np.frombuffer(data, uint).reshape(rows, cols, itemsize // word)
+    y = np.frombuffer(mate, uint).reshape(cols, rows, itemsize // word)
+    step = max(1, _BLOCK // max(1, rows * itemsize))
+    return all(np.array_equal(x[:, j:j + step], y[j:j + step].transpose(1, 0, 2)) for j in range(0, cols, step))
 
 
 def _rewire(graph: Any, replaced: dict[str, tuple[str, bool]]) -> dict[str, Any]:
