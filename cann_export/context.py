@@ -236,6 +236,7 @@ class ExportContext:
     reference_outputs: list[list[Any]] = field(default_factory=list)  # numpy arrays per input set
     onnx_model: Any = None  # the captured onnx.ModelProto (slim, for a large graph)
     capture_loaded: Any = None  # the exporter's graph onnxruntime already loaded (capture's check skips that load)
+    capture_checked: Any = None  # the exporter's graph onnx's full check already passed, on the file it wrote
     capture: CaptureReport | None = None  # set by the capture stage
     optimize: dict[str, Any] = field(default_factory=dict)  # onnxsim's verdict (manifest.json's "optimize")
     metadata: dict[str, str] = field(default_factory=dict)  # the user's metadata, as strings

@@ -72,3 +72,37 @@ def test_a_rejected_trace_is_still_the_last_resort(plugin, tmp_path, monkeypatch
     assert [a["exporter"] for a in attempts] == ["torchscript", "dynamo", "torchscript"], attempts
     assert attempts[0]["note"].startswith("traced graph not kept (tracing warned)")
     assert "dynamo cannot capture" in attempts[1]["error"]
+
+
+def test_a_trace_with_no_exporter_left_after_it_is_gated_at_capture(plugin, tmp_path, monkeypatch, gate_calls):
+    """dynamo first and failing: the trace is the last graph, so the gate judges it in capture (no second pass)."""
+    from cann_export.capture.exporters import DynamoExporter
+
+    monkeypatch.setattr(DynamoExporter, "export", lambda self, model, ctx: (_ for _ in ()).throw(RuntimeError("no")))
+    branchy_loader(plugin, ["dynamo", "torchscript"])
+    (tmp_path / "m.branch").write_text("")
+    seen = []
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                                progress=_stages(seen), sandbox="off")
+    assert len(gate_calls) == 1 and [stage for _, stage, _ in seen].count("capture") == 1
+    assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo", "torchscript"]
+
+
+def test_another_validators_error_is_not_blamed_on_the_trace(plugin, tmp_path, gate_calls):
+    """Only parity decides a deferred trace: a validate-stage plugin that raises stops the export as before."""
+    from cann_export import errors, hookimpl
+
+    class Broken:
+        name, stage, formats = "broken", "validate", "*"
+
+        def check(self, ctx):
+            raise RuntimeError("a validator plugin's own bug")
+
+    plugin({"register_validators": hookimpl(lambda register: register(Broken()))}, "broken-validator")
+    branchy_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.branch").write_text("")
+    seen = []
+    with pytest.raises(errors.ValidateError, match="validator plugin's own bug"):
+        cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                           progress=_stages(seen), sandbox="off")
+    assert [stage for _, stage, _ in seen].count("capture") == 1 and not (tmp_path / "m.onnx").exists()

@@ -23,11 +23,9 @@ def capture(ctx: ExportContext) -> str | None:
     checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
     ctx.trace_deferred = None
     set_aside = [e for e in exporters if e.name in ctx.traces_rejected]  # traces validate rejected: last resort
-    for e in set_aside:
-        attempts.append(CaptureAttempt(e.name, note=trace_gate.note({"reason": ctx.traces_rejected[e.name]})))
-    chosen = _first_graph(ctx, [e for e in exporters if e not in set_aside], attempts, traced, checked)
+    chosen = _first_graph(ctx, exporters, attempts, traced, checked, {e.name for e in set_aside})
     if chosen is None and set_aside:
-        chosen = _first_graph(ctx, set_aside, attempts, traced, checked)
+        chosen = _first_graph(ctx, set_aside, attempts, traced, checked, set())
     if chosen is None:
         raise _no_graph(ctx, attempts)
     name, ctx.onnx_model = chosen
@@ -48,14 +46,21 @@ def capture(ctx: ExportContext) -> str | None:
 
 
 def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[CaptureAttempt],
-                 traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> tuple[str, Any] | None:
+                 traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]],
+                 skip: set[str]) -> tuple[str, Any] | None:
     """(exporter, graph) of the first of ``exporters`` whose graph is at the requested opset, else the first at
-    an opset the format accepts, else the first the trace gate rejected; None when none wrote a graph."""
+    an opset the format accepts, else the first the trace gate rejected; None when none wrote a graph. Those in
+    ``skip`` (traces validate rejected) are recorded as set aside, not run."""
     from . import trace_gate
 
     fallback = rejected = None
-    for exporter in exporters:
-        model = _attempt(exporter, ctx, attempts, traced, checked)
+    for i, exporter in enumerate(exporters):
+        if exporter.name in skip:
+            attempts.append(CaptureAttempt(exporter.name, note=trace_gate.note({"reason": ctx.traces_rejected[
+                exporter.name]})))
+            continue
+        later = any(e.name not in skip for e in exporters[i + 1:])  # a trace is deferred only with a fallback left
+        model = _attempt(exporter, ctx, attempts, traced, checked, later)
         if model is None:
             continue
         if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
@@ -70,7 +75,7 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
 
 
 def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
-             traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]]) -> Any:
+             traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]], deferrable: bool) -> Any:
     """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
     the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
@@ -86,16 +91,20 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
         loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
+        checked_file, ctx.capture_checked = model is ctx.capture_checked, None
         if ctx.trace_warnings and trace_gate.gated(ctx):  # judged by validate's parity, else by the gate now
-            check = trace_deferred.defer(ctx, exporter.name) or trace_gate.check(ctx, model)
+            check = (deferrable and trace_deferred.defer(ctx, exporter.name)) or trace_gate.check(ctx, model)
             checked[exporter.name] = check
             loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
-        large_graph.check(model, ctx) if large_graph.state(ctx) else check_graph(model, loaded=loaded)
+        if large_graph.state(ctx):
+            large_graph.check(model, ctx)
+        elif not (checked_file and loaded):  # else both halves of the check are done
+            check_graph(model, loaded=loaded, checked=checked_file)
     except Exception as e:  # noqa: BLE001 - each failure is recorded, the next exporter tried
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
     finally:
-        ctx.capture_loaded = None
+        ctx.capture_loaded = ctx.capture_checked = None
         to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
     opset = opset_of(model)
     attempts.append(CaptureAttempt(exporter.name, opset=opset))

@@ -17,10 +17,14 @@ from typing import Any
 def defer(ctx: Any, exporter: str) -> dict[str, Any] | None:
     """The check record of a trace kept now for validate to judge (``deferred``), or None when the gate must run
     here (the stages cannot go back, the gate cannot check it, or validate already rejected this exporter's)."""
+    from ..hooks.contracts import Format, optional
     from . import trace_gate
 
     if not ctx.trace_rewind or exporter in ctx.traces_rejected or not trace_gate.gated(ctx) \
             or trace_gate.unchecked(ctx):
+        return None
+    runs = optional(ctx.format, Format, "runs_programs")
+    if runs is not None and runs(ctx.options):  # the write stage runs a program (ATC): not on a graph in doubt
         return None
     _, labels, _ = trace_gate.gate_sets(ctx)  # builds the path variants when prepare did not
     ctx.trace_deferred = {"exporter": exporter}
@@ -39,18 +43,14 @@ def fixed(ctx: Any, exporter: str) -> str | None:
 
 
 def judged(ctx: Any, run: Callable[[], str | None]) -> str | None:
-    """The validate stage (``run``) on a deferred trace's written graph; a failure of its fp32 verdict or probes, or
-    an error running it, rejects the trace (the stage's status says so; the stages then go back to capture)."""
+    """The validate stage (``run``) on a deferred trace's written graph; a failure of its fp32 verdict (at the least
+    floor, as the gate judged) or probes, or onnxruntime failing on a set (validators/parity.py), rejects the trace
+    (the stage's status says so; the stages then go back to capture). Other validators' errors are raised."""
     pending = ctx.trace_deferred
     if pending is None:
         return run()
-    try:
-        status = run()
-    except Exception as e:  # noqa: BLE001 - a graph that fails on a set is a disagreement, as at the gate
-        from .. import errors
-
-        pending["reason"] = f"the traced graph fails on an input set: {type(e).__name__}: {errors.gist(e, 200)}"
-    else:
+    status = run()
+    if not pending.get("reason"):  # parity sets it when onnxruntime cannot run the graph on a set
         why = _failed(ctx.reports.parity)
         if why is None:
             ctx.trace_deferred = None

@@ -238,5 +238,21 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
         **({"atc": {"script": CONVERT, "soc_version": (first.get("atc") or {}).get("soc_version")}}
            if (root / CONVERT).is_file() else {}),
         "provenance": dict(first.get("provenance") or {}),
-        "files": digests.file_table(root),
+        "files": _file_table(plan, results, root),
     }
+
+
+def _file_table(plan: Plan, results: dict[str, Any], root: Path) -> dict[str, dict[str, Any]]:
+    """The bundle's files (fs/digests.file_table), a component's files taken from the table its own manifest has
+    just recorded (each of GPT-2's graphs is 500 MB: hashed once, not twice) where the size on disk still agrees."""
+    from ..fs import digests
+
+    known: dict[str, dict[str, Any]] = {}
+    for comp in plan.components:
+        for rel, entry in (results[comp.name].manifest.get("files") or {}).items():
+            path = root / COMPONENTS_DIR / comp.name / rel
+            if isinstance(entry, dict) and path.is_file() and not path.is_symlink() \
+                    and path.stat().st_size == entry.get("size"):
+                known[f"{COMPONENTS_DIR}/{comp.name}/{rel}"] = dict(entry)
+    table = {**digests.file_table(root, exclude=("manifest.json", *known)), **known}
+    return dict(sorted(table.items()))

@@ -179,10 +179,22 @@ def _fp32_report(ctx: Any, feeds: list, reference: str, quantized: bool, labels:
                            quantized=quantized, labels=labels, noise=noise, quant_noise=quant_noise)
     if not deferred or not any(f["role"] != "probe" for f in report.get("failing_sets", [])):
         return report
+    if ctx.trace_deferred is not None:  # as the trace gate judged: a trace off at the least floor is not kept
+        return report
     measured = float_noise.measured(ctx)
     noise = measured if len(measured) == len(feeds) else None
     return parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
                          quantized=quantized, labels=labels, noise=noise, quant_noise=quant_noise)
+
+
+def _unrunnable(ctx: Any, e: Exception) -> ParityReport:
+    """The failing verdict of a deferred trace's graph that onnxruntime cannot run on a set."""
+    from .. import errors
+
+    ctx.trace_deferred["reason"] = f"the traced graph fails on an input set: {type(e).__name__}: {errors.gist(e, 200)}"
+    return ParityReport(reference="pytorch eager fp32 (eval mode)", runtime="onnxruntime CPUExecutionProvider",
+                        input_sets=len(ctx.input_sets), tolerance=ctx.options.tolerance.to_dict(), outputs=[],
+                        passed=False, reason=ctx.trace_deferred["reason"])
 
 
 def example_shape(labels: list[dict[str, Any]] | None, sets: list[int]) -> list[int]:
@@ -209,7 +221,12 @@ class ParityValidator:
     def check(self, ctx: Any) -> ParityReport:
         from ..capture.trace_check import apply_verdict
 
-        report = self.check_graph(ctx)
+        try:
+            report = self.check_graph(ctx)
+        except Exception as e:
+            if ctx.trace_deferred is None:
+                raise
+            return _unrunnable(ctx, e)  # a deferred trace that fails on a set: rejected (capture/trace_deferred.py)
         report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
         if ctx.reports.reference.shape_budget is not None:
             report["shape_budget"] = ctx.reports.reference.shape_budget
@@ -230,6 +247,11 @@ class ParityValidator:
 
         with sharing(ctx):
             report = _fp32_report(ctx, feeds, reference, quantized, labels, noise, quant_noise)
+        if ctx.trace_deferred is not None and not report.get("passed"):  # the trace is rejected: no device run
+            from .shape_parity import add_shape_verdicts
+
+            add_shape_verdicts(report, labels)
+            return report
         if quantized and ctx.float_reference_outputs:  # the accuracy cost of int8, reported apart from parity
             cost = parity_report(ctx.onnx_path, feeds, ctx.float_reference_outputs, ctx.options.tolerance,
                                  "pytorch float model (eval mode)", quantized=True, labels=labels)
