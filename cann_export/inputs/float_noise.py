@@ -88,7 +88,10 @@ def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], referenc
 
     out = list(none)
     try:
-        wide = copy.deepcopy(model).double().eval()
+        # the parameters go straight to float64 (deepcopy's memo): no float32 copy of the weights first (GPT-2
+        # small: 1.47 -> 0.83 s CPU per graph); a tied weight stays one tensor
+        wide = copy.deepcopy(model, {id(p): torch.nn.Parameter(p.detach().double(), requires_grad=p.requires_grad)
+                                     for p in params}).double().eval()
         with torch.no_grad():
             for s in indices:
                 feed = {n: t.double() if t.dtype.is_floating_point else t for n, t in input_sets[s].items()}
