@@ -106,3 +106,22 @@ def test_another_validators_error_is_not_blamed_on_the_trace(plugin, tmp_path, g
         cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
                            progress=_stages(seen), sandbox="off")
     assert [stage for _, stage, _ in seen].count("capture") == 1 and not (tmp_path / "m.onnx").exists()
+
+
+def test_a_device_emulation_error_is_not_blamed_on_the_trace(plugin, tmp_path, monkeypatch, gate_calls):
+    """atc_ready: device parity runs after the fp32 verdict; its own error is raised, the (correct) trace not
+    rejected for it."""
+    from cann_export import errors
+    from cann_export.validators import parity
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device emulation bug")
+
+    monkeypatch.setattr(parity, "with_device_parity", broken)
+    branchy_loader(plugin, ["torchscript", "dynamo"], size=0)  # the example's branch holds at every size
+    (tmp_path / "m.branch").write_text("")
+    seen = []
+    with pytest.raises(errors.ValidateError, match="device emulation bug"):
+        cann_export.export(str(tmp_path / "m.branch"), tmp_path / "out", export_format="atc_ready",
+                           progress=_stages(seen), sandbox="off")
+    assert [stage for _, stage, _ in seen].count("capture") == 1 and not (tmp_path / "out").exists()

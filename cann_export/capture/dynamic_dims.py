@@ -79,13 +79,14 @@ def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
     return out
 
 
-def fix_declared_outputs(model: Any, ctx: Any) -> None:
+def fix_declared_outputs(model: Any, ctx: Any) -> bool:
     """A traced graph of a module that declares its axes: an output dim it does not declare dynamic that the
     tracer's shape inference left symbolic (decode's one-token logits) takes the reference's size where every
-    prepared set's reference has that one size (as dynamo's graph holds it)."""
+    prepared set's reference has that one size (as dynamo's graph holds it). Whether a dim changed."""
     declared = ctx.loaded.extras.get("output_axes") if ctx.loaded.extras.get("graph_axes") else None
     if not declared or not ctx.reference_outputs:
-        return
+        return False
+    changed = False
     index = {name: i for i, name in enumerate(ctx.output_names)}
     for value in model.graph.output:
         i = index.get(value.name)
@@ -97,6 +98,8 @@ def fix_declared_outputs(model: Any, ctx: Any) -> None:
             if dim.dim_param and axis not in declared.get(value.name, {}) and len(sizes) == 1:
                 dim.Clear()
                 dim.dim_value = int(sizes.pop())
+                changed = True
+    return changed
 
 
 def name_dims(ctx: Any) -> None:

@@ -305,12 +305,13 @@ class TorchScriptExporter:
             )
             graph = large_graph.load_captured(path, ctx)
             if large_graph.state(ctx) is None:  # checked on the file it wrote: capture's check need not write it
-                import onnx  # again (GPT-2 small: 0.7 s and 500 MB of writes per graph); only our dims and
-                # module stamps change it after this
+                import onnx  # again (GPT-2 small: 0.7 s and 500 MB of writes per graph); only our module stamps
+                # change it after this (an output dim fix_declared_outputs changes: capture checks it again)
 
                 onnx.checker.check_model(str(path), full_check=True)
                 ctx.capture_checked = graph
-        fix_declared_outputs(graph, ctx)
+        if fix_declared_outputs(graph, ctx):
+            ctx.capture_checked = None
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from .trace_check import tracer_findings
 

@@ -187,7 +187,22 @@ def _fp32_report(ctx: Any, feeds: list, reference: str, quantized: bool, labels:
                          quantized=quantized, labels=labels, noise=noise, quant_noise=quant_noise)
 
 
-def _unrunnable(ctx: Any, e: Exception) -> ParityReport:
+class _Unrunnable(Exception):
+    """onnxruntime failed on a deferred trace's graph (its cause): the trace is rejected, not the export."""
+
+
+def _graph_runs(ctx: Any, run: Any) -> Any:
+    """``run()`` (onnxruntime on the written graph); with a deferred trace, its failure is ``_Unrunnable``. Only
+    these runs decide a trace: an error elsewhere in validate (device emulation, a plugin) is raised as it is."""
+    if ctx.trace_deferred is None:
+        return run()
+    try:
+        return run()
+    except Exception as e:
+        raise _Unrunnable() from e
+
+
+def _unrunnable(ctx: Any, e: BaseException | None) -> ParityReport:
     """The failing verdict of a deferred trace's graph that onnxruntime cannot run on a set."""
     from .. import errors
 
@@ -223,16 +238,14 @@ class ParityValidator:
 
         try:
             report = self.check_graph(ctx)
-        except Exception as e:
-            if ctx.trace_deferred is None:
-                raise
-            return _unrunnable(ctx, e)  # a deferred trace that fails on a set: rejected (capture/trace_deferred.py)
-        report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
-        if ctx.reports.reference.shape_budget is not None:
-            report["shape_budget"] = ctx.reports.reference.shape_budget
-        other = None
-        if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
-            other = path_probe_report(ctx)
+            report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
+            if ctx.reports.reference.shape_budget is not None:
+                report["shape_budget"] = ctx.reports.reference.shape_budget
+            other = None
+            if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
+                other = _graph_runs(ctx, lambda: path_probe_report(ctx))
+        except _Unrunnable as e:  # a deferred trace that fails on a set: rejected (capture/trace_deferred.py)
+            return _unrunnable(ctx, e.__cause__)
         return ParityReport.from_dict(apply_verdict(report, ctx, other))
 
     def check_graph(self, ctx: Any) -> dict[str, Any]:
@@ -246,7 +259,8 @@ class ParityValidator:
         from ..capture.large_graph import sharing
 
         with sharing(ctx):
-            report = _fp32_report(ctx, feeds, reference, quantized, labels, noise, quant_noise)
+            report = _graph_runs(ctx, lambda: _fp32_report(ctx, feeds, reference, quantized, labels, noise,
+                                                            quant_noise))
         if ctx.trace_deferred is not None and not report.get("passed"):  # the trace is rejected: no device run
             from .shape_parity import add_shape_verdicts
 

@@ -6,20 +6,22 @@ from cann_export import LoadedModel, hookimpl
 
 
 class ShapeBranch(torch.nn.Module):
-    """Python control flow on a size: a trace keeps the branch of the example's size (8) at every size."""
+    """Python control flow on a size: a trace keeps the branch of the example's size (8) at every size; with
+    ``size`` below the range's low end the branch is the same at every size (a warned trace that is right)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 4) -> None:
         super().__init__()
         self.proj = torch.nn.Linear(3, 3)
+        self.size = size
 
     def forward(self, x):
         y = self.proj(x)
-        if x.shape[1] > 4:
+        if x.shape[1] > self.size:
             return y * 2.0
         return y - 1.0
 
 
-def branchy_loader(plugin, order):
+def branchy_loader(plugin, order, size=4):
     @hookimpl
     def register_loaders(register):
         class Branchy:
@@ -32,7 +34,7 @@ def branchy_loader(plugin, order):
             def load(self, path, options):
                 torch.manual_seed(0)
                 extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
-                return LoadedModel(ShapeBranch().eval(), "module", example_inputs={"x": torch.randn(2, 8, 3)},
+                return LoadedModel(ShapeBranch(size).eval(), "module", example_inputs={"x": torch.randn(2, 8, 3)},
                                    source_sha256="0" * 64, extras=extras)
 
         register(Branchy())
