@@ -59,7 +59,8 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
             attempts.append(CaptureAttempt(exporter.name, note=trace_gate.note({"reason": ctx.traces_rejected[
                 exporter.name]})))
             continue
-        later = any(e.name not in skip for e in exporters[i + 1:])  # a trace is deferred only with a fallback left
+        later = any(e.name not in skip and e.supports(ctx.model) for e in exporters[i + 1:])  # a trace is deferred
+        # only with a fallback left
         model = _attempt(exporter, ctx, attempts, traced, checked, later)
         if model is None:
             continue
