@@ -17,20 +17,28 @@ def gate_calls(monkeypatch):
     return calls
 
 
-def _stages(seen):  # the exports below run unsandboxed: the counted gate calls happen in this process
-    return lambda index, stage, status, seconds: seen.append((index, stage, status))
+def _recorder(seen):  # the exports below run unsandboxed: the counted gate calls happen in this process
+    return lambda index, stage, status, seconds: seen.append((stage, status))
+
+
+def _export(plugin, tmp_path, order, seen, fmt="onnx", size=4):
+    """The branchy model exported unsandboxed; ``seen`` gets each stage's (name, status) as it ends."""
+    branchy_loader(plugin, order, size=size)
+    (tmp_path / "m.branch").write_text("")
+    return cann_export.export(str(tmp_path / "m.branch"), tmp_path / ("m.onnx" if fmt == "onnx" else "out"),
+                              export_format=fmt, sandbox="off", progress=_recorder(seen))
+
+
+def _count(seen, name):
+    return [stage for stage, _ in seen].count(name)
 
 
 def test_a_rejected_trace_sends_the_stages_back_to_capture_once(plugin, tmp_path, gate_calls):
-    branchy_loader(plugin, ["torchscript", "dynamo"])
-    (tmp_path / "m.branch").write_text("")
     seen = []
-    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                                progress=_stages(seen), sandbox="off")
+    result = _export(plugin, tmp_path, ["torchscript", "dynamo"], seen)
     assert not gate_calls  # the check ran once, as parity on the written graph
-    names = [stage for _, stage, _ in seen]
-    assert names.count("capture") == 2 and names.count("validate") == 2 and names.count("commit") == 1
-    first = next(status for _, stage, status in seen if stage == "validate")
+    assert _count(seen, "capture") == 2 and _count(seen, "validate") == 2 and _count(seen, "commit") == 1
+    first = next(status for stage, status in seen if stage == "validate")
     assert first.startswith("traced graph not kept (the traced graph differs from the model")
     assert result.ok and result.onnx["exporter"] == "dynamo"
     assert "trace" not in result.manifest.get("warnings", {})  # nothing of the rejected trace's reports stays
@@ -43,10 +51,10 @@ def test_a_checked_trace_is_kept_without_the_gate_run(tmp_path, gate_calls):
 
     directory = hf_dirs.save("distilbert", tmp_path / "d")
     seen = []
-    result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx", progress=_stages(seen),
+    result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx", progress=_recorder(seen),
                                 sandbox="off")
     assert result.ok and result.onnx["exporter"] == "torchscript"
-    assert not gate_calls and [stage for _, stage, _ in seen].count("capture") == 1
+    assert not gate_calls and _count(seen, "capture") == 1
     checked = result.parity["trace_specialized"]["checked"]
     assert checked["input_sets"] == result.parity["input_sets"]  # every set parity judged, probes included
     assert "agrees with the model" in result.manifest["warnings"]["trace"]
@@ -61,12 +69,9 @@ def test_a_rejected_trace_is_still_the_last_resort(plugin, tmp_path, monkeypatch
         raise RuntimeError("dynamo cannot capture this model")
 
     monkeypatch.setattr(DynamoExporter, "export", broken)
-    branchy_loader(plugin, ["torchscript", "dynamo"])
-    (tmp_path / "m.branch").write_text("")
     seen = []
-    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                                progress=_stages(seen), sandbox="off")
-    assert len(gate_calls) == 1 and [stage for _, stage, _ in seen].count("capture") == 2
+    result = _export(plugin, tmp_path, ["torchscript", "dynamo"], seen)
+    assert len(gate_calls) == 1 and _count(seen, "capture") == 2
     assert not result.ok and result.onnx["exporter"] == "torchscript"
     attempts = result.manifest["capture"]["attempts"]
     assert [a["exporter"] for a in attempts] == ["torchscript", "dynamo", "torchscript"], attempts
@@ -79,12 +84,9 @@ def test_a_trace_with_no_exporter_left_after_it_is_gated_at_capture(plugin, tmp_
     from cann_export.capture.exporters import DynamoExporter
 
     monkeypatch.setattr(DynamoExporter, "export", lambda self, model, ctx: (_ for _ in ()).throw(RuntimeError("no")))
-    branchy_loader(plugin, ["dynamo", "torchscript"])
-    (tmp_path / "m.branch").write_text("")
     seen = []
-    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                                progress=_stages(seen), sandbox="off")
-    assert len(gate_calls) == 1 and [stage for _, stage, _ in seen].count("capture") == 1
+    result = _export(plugin, tmp_path, ["dynamo", "torchscript"], seen)
+    assert len(gate_calls) == 1 and _count(seen, "capture") == 1
     assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo", "torchscript"]
 
 
@@ -99,13 +101,10 @@ def test_another_validators_error_is_not_blamed_on_the_trace(plugin, tmp_path, g
             raise RuntimeError("a validator plugin's own bug")
 
     plugin({"register_validators": hookimpl(lambda register: register(Broken()))}, "broken-validator")
-    branchy_loader(plugin, ["torchscript", "dynamo"])
-    (tmp_path / "m.branch").write_text("")
     seen = []
     with pytest.raises(errors.ValidateError, match="validator plugin's own bug"):
-        cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                           progress=_stages(seen), sandbox="off")
-    assert [stage for _, stage, _ in seen].count("capture") == 1 and not (tmp_path / "m.onnx").exists()
+        _export(plugin, tmp_path, ["torchscript", "dynamo"], seen)
+    assert _count(seen, "capture") == 1 and not (tmp_path / "m.onnx").exists()
 
 
 def test_a_device_emulation_error_is_not_blamed_on_the_trace(plugin, tmp_path, monkeypatch, gate_calls):
@@ -118,10 +117,7 @@ def test_a_device_emulation_error_is_not_blamed_on_the_trace(plugin, tmp_path, m
         raise RuntimeError("device emulation bug")
 
     monkeypatch.setattr(parity, "with_device_parity", broken)
-    branchy_loader(plugin, ["torchscript", "dynamo"], size=0)  # the example's branch holds at every size
-    (tmp_path / "m.branch").write_text("")
     seen = []
-    with pytest.raises(errors.ValidateError, match="device emulation bug"):
-        cann_export.export(str(tmp_path / "m.branch"), tmp_path / "out", export_format="atc_ready",
-                           progress=_stages(seen), sandbox="off")
-    assert [stage for _, stage, _ in seen].count("capture") == 1 and not (tmp_path / "out").exists()
+    with pytest.raises(errors.ValidateError, match="device emulation bug"):  # size 0: the branch holds at every size
+        _export(plugin, tmp_path, ["torchscript", "dynamo"], seen, fmt="atc_ready", size=0)
+    assert _count(seen, "capture") == 1 and not (tmp_path / "out").exists()
