@@ -19,7 +19,11 @@ transformers it supports and the same CPU torch, so nothing large downloads, plu
 version when it is installed here: transformers imports it with every model, so both sides pay that); when it
 cannot be installed the benchmark says so and exits 0 without a table.
 
-Both sides export at the same input shapes (ours ``--input-shape``, Optimum's dummy-input flags). The sides run
+By default each side runs the command a user types, with nothing but the task: ``cann-export DIR --format onnx
+--task T`` (its dynamic axes are the task's: batch and sequence, parity at their ranges' ends and middle) against
+``optimum-cli export onnx --model DIR --task T OUT`` (its dummy shapes, one validation set). ``--shapes fixed``
+runs both at the model's benchmark shapes instead (ours ``--input-shape``: a static graph with no shape points;
+Optimum's dummy-input flags, its graph still dynamic), which is not the same graph on both sides. The sides run
 interleaved (the order rotates), ``--repeat`` rounds; medians of wall time (spawn to exit) and peak RSS
 (``os.wait4``'s ``ru_maxrss``: the process and its reaped children, the larger) are reported, with ratios
 ours / Optimum; user+sys CPU seconds (the same ``os.wait4``) too, steadier than wall time on a shared machine.
@@ -134,14 +138,19 @@ def reads_directories(env: dict) -> bool:
     return probe.stdout.strip() == "True"
 
 
-def our_command(name: str, info: dict, tmp: Path, path_kind: str, out: Path, validate: bool = True) -> list[str] | str:
-    """Our side's command at the benchmark's input shapes, or why this checkout cannot export the model."""
+def our_command(name: str, info: dict, tmp: Path, path_kind: str, out: Path, validate: bool = True,
+                fixed: bool = False) -> list[str] | str:
+    """Our side's command (the task only; ``fixed``: at the benchmark's input shapes, a static graph), or why this
+    checkout cannot export the model."""
     extra = [] if validate else ["--no-validate"]
     if path_kind == "dir" and info["task"].endswith("-with-past"):  # prefill + decode: a multi-graph bundle of
         # onnx components (like Optimum's directory of decoder_model.onnx + decoder_with_past_model.onnx), each
         # with its own parity; the graphs' example shapes are the bundle's own (prompt 7, batch 2)
         return [*our_cli(), str(tmp / name), "--format", "onnx", "--task", info["task"], "-o",
                 str(out.with_suffix("")), "--overwrite", *extra]
+    if path_kind == "dir" and not fixed:
+        return [*our_cli(), str(tmp / name), "--format", "onnx", "--task", info["task"], "-o", str(out),
+                "--overwrite", *extra]
     if path_kind == "dir":
         shapes = [a for n, dims in info["inputs"].items()
                   for a in ("--input-shape", f"{n}:{','.join(map(str, dims))}:{_dtype(n)}")]
@@ -157,9 +166,11 @@ def _dtype(name: str) -> str:
     return "float32" if name == "pixel_values" else "int64"
 
 
-def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path) -> list[str]:
-    """optimum-cli at the same input shapes (its dummy-input flags)."""
+def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path, fixed: bool = False) -> list[str]:
+    """optimum-cli with the task only (``fixed``: at the benchmark's input shapes, its dummy-input flags)."""
     cmd = [str(cli), "export", "onnx", "--model", str(tmp / name), "--task", info["task"]]
+    if not fixed or info["task"].endswith("-with-past"):
+        return [*cmd, str(out)]
     if "input_ids" in info["inputs"]:
         batch, seq = info["inputs"]["input_ids"]
         cmd += ["--batch_size", str(batch), "--sequence_length", str(seq)]
@@ -192,7 +203,8 @@ def parity_sets(log: Path) -> int:
 
 def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: argparse.Namespace,
           env: dict, opt_env: dict) -> dict:
-    ours_probe = our_command(name, info, tmp, path_kind, tmp / "probe")
+    fixed = args.shapes == "fixed"
+    ours_probe = our_command(name, info, tmp, path_kind, tmp / "probe", fixed=fixed)
     sides = ("ours", "optimum", "ours-novalidate")
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.repeat):
@@ -200,8 +212,8 @@ def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: arg
             if side.startswith("ours") and isinstance(ours_probe, str):
                 continue
             out = tmp / f"{name}-{side}-{rep}"
-            cmd = (optimum_command(cli, name, info, tmp, out) if side == "optimum" else
-                   our_command(name, info, tmp, path_kind, out / "model.onnx", validate=side == "ours"))
+            cmd = (optimum_command(cli, name, info, tmp, out, fixed) if side == "optimum" else
+                   our_command(name, info, tmp, path_kind, out / "model.onnx", validate=side == "ours", fixed=fixed))
             log = tmp / f"{name}-{side}-{rep}.log"
             m = run_measured(cmd, env if side.startswith("ours") else opt_env, log, args.timeout)
             if m["rc"] != 0 and side.startswith("ours") and not runs["ours"]:  # this checkout cannot export it
@@ -237,7 +249,8 @@ def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: arg
 
 
 def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
-    print(f"\ncann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved pairs)")
+    print(f"\ncann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved pairs; "
+          f"shapes: {args.shapes})")
     print("| model | ours via | ours wall s | Optimum wall s | wall ratio | ours MiB | Optimum MiB | RSS ratio "
           "| CPU s ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -283,6 +296,9 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ours", choices=("auto", "dir", "pt2"), default="auto",
                     help="our input: the model directory (needs cann_export.hf) or a .pt2 capture")
+    ap.add_argument("--shapes", choices=("default", "fixed"), default="default",
+                    help="default: each tool's own command with the task only; fixed: both at the benchmark's "
+                         "input shapes (ours static)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
@@ -313,7 +329,8 @@ def main() -> int:
         print_table(rows, args)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "ours_via": path_kind,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "shapes": args.shapes,
+            "ours_via": path_kind,
             "optimum_pins": PINS, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
             "models": {n: {**infos[n], **rows[n]} for n in models}}, indent=2) + "\n")
     finally:
