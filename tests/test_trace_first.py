@@ -66,7 +66,9 @@ def test_forcing_torchscript_keeps_the_accept_rule_and_no_order_keeps_dynamo_fir
     assert "checked" not in forced.parity["trace_specialized"]
 
 
-def test_no_trace_is_run_first_where_the_gate_could_not_check_it(plugin, tmp_path):
+def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(plugin, tmp_path):
+    """--no-validate: prepare builds the example only; the gate makes a set at each dynamic axis' ends and middle
+    itself, so the branchy trace (wrong at seq=1) is still refused and dynamo writes the graph."""
     from types import SimpleNamespace
 
     from cann_export.capture.trace_gate import check, ordered
@@ -74,10 +76,13 @@ def test_no_trace_is_run_first_where_the_gate_could_not_check_it(plugin, tmp_pat
     _branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")
     result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
-                                validate=False)
-    assert [a["exporter"] for a in result.manifest["capture"]["attempts"]] == ["dynamo"]
-    ctx = SimpleNamespace(options=cann_export.ExportOptions(validate=False), loaded=LoadedModel(None, "module"))
-    assert check(ctx, None) == {"passed": False, "reason": "not checked: validation is off (--no-validate)"}
+                                validate=False, sandbox="off")
+    first, second = result.manifest["capture"]["attempts"]
+    assert (first["exporter"], second["exporter"]) == ("torchscript", "dynamo"), first
+    assert "differs from the model" in first["note"] and "seq=1" in first["note"], first["note"]
+    assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
+    assert check(ctx, None) == {"passed": False, "reason": "not checked: a quantized export"}
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]

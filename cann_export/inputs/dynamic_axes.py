@@ -259,6 +259,22 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
 
 
+def other_size_sets(ctx: Any, start: int) -> tuple[list, list, list]:
+    """The first input set at each shape point, its label (indexed from ``start``) and its reference, without
+    touching the context's sets: what the trace gate checks under --no-validate, where prepare made none."""
+    from .reference import reference_outputs
+
+    sets, labels, outputs = [], [], []
+    for _, found, named in _point_sets(ctx, ctx.dynamic_axes, start):
+        with _attributes_kept(ctx.model):
+            _, ran = reference_outputs(ctx, ctx.model, "the dynamic axes' other sizes", list(ctx.input_names),
+                                       input_sets=found[:1])
+        sets.append(found[0])
+        labels.append({**named[0], "index": start + len(labels)})
+        outputs += ran
+    return sets, labels, outputs
+
+
 @contextlib.contextmanager
 def _attributes_kept(model: Any) -> Iterator[None]:
     """A forward at another size may reconfigure the model for it (transformers' Swin shrinks window_size and
