@@ -15,7 +15,8 @@ MAX_STATIC_LENGTH = 32768
 MAX_STATIC_BATCH = 2048  # ATC's batch limit
 DECODER_TASKS = ("text-generation-with-past",)
 TEXT2TEXT_TASKS = ("text2text-generation-with-past", "text2text-generation")
-SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition")
+SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition",
+                 "image-to-text-with-past", "image-to-text")
 
 
 @dataclass
@@ -131,7 +132,9 @@ def encoder_inputs(model: Any, source: int) -> tuple[dict[str, Any], dict[str, d
 
 
 def _vocab(config: Any) -> int:
-    vocab = getattr(config, "vocab_size", None)
+    from .wrappers import decoder_config
+
+    vocab = getattr(decoder_config(config), "vocab_size", None)
     return vocab if isinstance(vocab, int) and vocab > 2 else 2
 
 
@@ -257,6 +260,9 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
         hidden = encoder(**enc_feed)["last_hidden_state"]
         dec_feed = {"input_ids": first, **mask, "encoder_hidden_states": hidden}
         present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
+    if not any("encoder_sequence_length" in axes.values() for axes in enc_axes.values()):
+        for graph in (decoder, stepper):  # a pixel / feature encoder of one input size: one output length
+            graph.dim_bounds["encoder_sequence_length"] = (1, int(hidden.shape[1]))
     past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), **mask, **_past(present)}
     kind = "encoder-decoder-with-past" if with_past else "encoder-decoder"
     parts = [Component("encoder", "encoder", encoder, enc_feed), Component("decoder", "decoder", decoder, dec_feed)]

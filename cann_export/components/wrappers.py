@@ -13,9 +13,25 @@ import torch
 from torch import nn
 
 
+def decoder_config(config: Any) -> Any:
+    """The config of the decoder: a composite encoder-decoder's own (VisionEncoderDecoder's ``config.decoder``:
+    layers, positions, vocabulary), else ``config`` itself (T5, BART, Whisper keep one config)."""
+    sub = getattr(config, "decoder", None)
+    return sub if sub is not None and callable(getattr(sub, "to_dict", None)) else config
+
+
+def encoder_width(config: Any) -> int:
+    """The width of the encoder's hidden states as the decoder graph takes them (before a composite model's
+    projection to the decoder's width)."""
+    sub = getattr(config, "encoder", None)
+    config = sub if sub is not None and callable(getattr(sub, "to_dict", None)) else config
+    return getattr(config, "d_model", None) or config.hidden_size
+
+
 def num_layers(config: Any) -> int:
     """The decoder's layer count (``num_decoder_layers`` / ``decoder_layers`` for encoder-decoders: Whisper's and
     BART's ``num_hidden_layers`` is the encoder's)."""
+    config = decoder_config(config)
     for key in ("num_decoder_layers", "decoder_layers", "num_hidden_layers", "n_layer", "num_layers", "decoder_layers"):
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -54,13 +70,15 @@ class _Graph(nn.Module):
         super().__init__()
         self.model = model
         self.graph_dynamic_axes: dict[str, dict[int, str]] = {}
-        seq = max_positions(model.config)
+        seq = max_positions(decoder_config(model.config))
         self.dim_bounds: dict[str, tuple[int, int]] = {"batch_size": (1, MAX_BATCH)}
         for name in ("sequence_length", "decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq)
         # the encoder's own positions where it has a table of its own (Whisper's max_source_positions)
         encoder_keys = ("max_source_positions", "n_positions", "max_position_embeddings", "max_target_positions")
-        self.dim_bounds["encoder_sequence_length"] = (1, max_positions(model.config, encoder_keys))
+        encoder = getattr(model.config, "encoder", None)
+        encoder = encoder if callable(getattr(encoder, "to_dict", None)) else model.config
+        self.dim_bounds["encoder_sequence_length"] = (1, max_positions(encoder, encoder_keys))
         for name in ("past_sequence_length", "past_decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq - 1)
 
@@ -226,6 +244,7 @@ def cache_config(config: Any) -> Any:
     ``num_hidden_layers`` counts the encoder's), a copy only where they differ."""
     import copy
 
+    config = decoder_config(config)
     layers = num_layers(config)
     if getattr(config, "num_hidden_layers", layers) == layers:
         return config
@@ -311,7 +330,7 @@ class Seq2SeqDecoderWithPast(_Graph):
         cache = _seq2seq_cache(own, cross, self.cache_config)
         mask = {"attention_mask": feed["encoder_attention_mask"]} if self.masked else {}
         # the hidden states are read only for their shape once the cross-attention cache is filled
-        width = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
+        width = encoder_width(self.model.config)
         hidden = cross[0].new_zeros((cross[0].shape[0], cross[0].shape[2], width))
         out = self.model(encoder_outputs=(hidden,), decoder_input_ids=feed["input_ids"], past_key_values=cache,
                          use_cache=True, **mask)

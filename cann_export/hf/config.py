@@ -12,6 +12,7 @@ from ..errors import LoadError
 MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KB; a hostile one must not exhaust memory
 MAX_DEPTH = 16
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+MODEL_TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")  # transformers' own have hyphens: vision-encoder-decoder
 # integer fields the dummy inputs and the task read: each must be a positive int below its bound
 INT_BOUNDS = {
     "vocab_size": 1 << 24, "max_position_embeddings": 1 << 22, "n_positions": 1 << 22, "type_vocab_size": 1 << 12,
@@ -23,7 +24,7 @@ _HINT = "re-save it with transformers' save_pretrained"
 # config.json keys that make from_pretrained load another weight file than the one checked (transformers 5's
 # modeling_utils reads ``transformers_weights`` as the file to load, following links, past these checks)
 REDIRECT_KEYS = ("transformers_weights",)
-SUB_CONFIGS = ("text_config", "vision_config", "audio_config")  # composite models' nested configs
+SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder", "decoder")  # composite models' nested configs
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -72,7 +73,7 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
     path = directory / "config.json"
     config = read_json(path, "config.json")
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not IDENT.fullmatch(model_type):
+    if not isinstance(model_type, str) or not MODEL_TYPE.fullmatch(model_type):
         raise LoadError(f"config.json's model_type is {_shown(model_type)}, not a transformers model type; {_HINT}",
                         path=path)
     archs = config.get("architectures")

@@ -66,6 +66,14 @@ ASR_SEQ2SEQ = (_t("automatic-speech-recognition", SEQ2SEQ_SPEECH, "AutoModelForS
                   {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=2),
                _t("automatic-speech-recognition-with-past", SEQ2SEQ_SPEECH, "AutoModelForSpeechSeq2Seq",
                   {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=3))
+# Vision encoder-decoders (TrOCR, Donut: VisionEncoderDecoderModel) do image-to-text as encoder + decoder graphs
+# (Optimum's task names); the other classes of transformers' image-text-to-text table are decoder-only multimodal
+# models, which these graphs do not fit.
+VISION_SEQ2SEQ = ("VisionEncoderDecoderModel",)
+IMAGE2TEXT = (_t("image-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText",
+                 {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=2),
+              _t("image-to-text-with-past", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText",
+                 {"logits": {0: BATCH, 1: "decoder_sequence_length"}}, graphs=3))
 # Classes in no auto table that Optimum still exports (their own OnnxConfigs): feature-extraction, own outputs.
 EXTRA_FEATURE_CLASSES = {
     "CLIPTextModelWithProjection": {"text_embeds": {0: BATCH}, "last_hidden_state": {0: BATCH, 1: SEQ}},
@@ -73,7 +81,7 @@ EXTRA_FEATURE_CLASSES = {
 }
 # model types whose feature-extraction also outputs pooler_output in Optimum (CLIPTextOnnxConfig, ViT-based)
 POOLER_TYPES = ("clip_text_model", "clip_vision_model", "siglip_text_model", "siglip_vision_model")
-ALL_TASK_NAMES = tuple(dict.fromkeys([*TASKS, *(t.name for t in ASR_SEQ2SEQ)]))
+ALL_TASK_NAMES = tuple(dict.fromkeys([*TASKS, *(t.name for t in (*ASR_SEQ2SEQ, *IMAGE2TEXT))]))
 
 
 def _mapping(name: str) -> dict[str, Any]:
@@ -104,6 +112,8 @@ def tasks_of(arch: str) -> list[Task]:
     found = [t for t in TASKS.values() if t.mapping is not None and arch in _classes(t.mapping)]
     if arch in _classes(SEQ2SEQ_SPEECH):
         found = [*ASR_SEQ2SEQ, *found]
+    if arch in VISION_SEQ2SEQ:
+        found = [*IMAGE2TEXT, *found]
     if arch in EXTRA_FEATURE_CLASSES or known_class(arch):
         found.append(TASKS["feature-extraction"])
     return found
@@ -147,7 +157,7 @@ def default_task(found: list[Task], config: dict[str, Any]) -> Task:
 
 def graphs_of(name: str | None) -> int:
     """How many graphs the task ``name`` exports as at most (1 for a single-graph task or an unknown name)."""
-    return max((t.graphs for t in (*TASKS.values(), *ASR_SEQ2SEQ) if t.name == name), default=1)
+    return max((t.graphs for t in (*TASKS.values(), *ASR_SEQ2SEQ, *IMAGE2TEXT) if t.name == name), default=1)
 
 
 def outputs_of(task: Task, arch: str, model_type: str) -> dict[str, dict[int, str]]:
