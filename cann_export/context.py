@@ -270,7 +270,6 @@ class ExportContext:
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples
     path_reference_outputs: list[list[Any]] = field(default_factory=list)  # the stripped module's on those
-    gate_shape_sets: tuple[list, list, list] | None = None  # --no-validate: the trace gate's sets at other sizes
     # a trace kept before its gate ran (capture/trace_deferred.py): parity on the written graph decides it
     trace_rewind: bool = False  # the stages run validate after capture, so they can go back to it
     trace_deferred: dict[str, Any] | None = None  # {"exporter", "reason"?} until validate has judged it

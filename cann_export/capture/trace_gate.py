@@ -132,15 +132,13 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
 
 def _shape_sets(ctx: Any) -> tuple[list, list, list]:
     """Under --no-validate (prepare made no set at the dynamic axes' other sizes): one set at each, with its
-    reference, for the gate alone (nothing in the context: no parity runs them). Once per export (``ctx.
-    gate_shape_sets``); a size the model fails at raises PrepareError."""
+    reference, for this check alone (nothing kept in the context: no parity runs them); a size the model fails
+    at raises PrepareError."""
     if ctx.options.validate or not ctx.dynamic_axes:
         return [], [], []
-    if ctx.gate_shape_sets is None:
-        from ..inputs.dynamic_axes import other_size_sets
+    from ..inputs.dynamic_axes import other_size_sets
 
-        ctx.gate_shape_sets = other_size_sets(ctx, len(ctx.input_sets))
-    return ctx.gate_shape_sets
+    return other_size_sets(ctx, len(ctx.input_sets))
 
 
 def _chosen(labels: list[dict[str, Any]]) -> list[int]:
