@@ -61,6 +61,22 @@ def test_config_redirecting_the_weight_file_is_refused(saved, tmp_path):
     assert e.value.path.endswith("config.json")
 
 
+def test_a_nested_config_is_checked_like_the_top_level(saved, tmp_path):
+    """A composite config (vision-encoder-decoder: ``encoder`` / ``decoder`` objects) hides no remote code, weight
+    redirect or oversized field in its nested configs; a model_type with a hyphen is a name, a path is not."""
+    directory = _copy(saved, "bert", tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    for nested, match in (({"decoder": {"auto_map": {"AutoModel": "evil.Model"}}}, "auto_map"),
+                          ({"encoder": {"transformers_weights": "other.safetensors"}}, "transformers_weights"),
+                          ({"decoder": {"vocab_size": 1 << 40}}, "decoder.vocab_size"),
+                          ({"decoder": "gpt2"}, "not an object"),
+                          ({"model_type": "../bert"}, "model_type")):
+        (directory / "config.json").write_text(json.dumps({**config, **nested}))
+        with pytest.raises(LoadError, match=match) as e:
+            HfDirectoryLoader().load(directory, OPTIONS)
+        assert e.value.path.endswith("config.json")
+
+
 def test_peft_adapter_directory_is_refused(saved, tmp_path):
     directory = _copy(saved, "bert", tmp_path)
     (directory / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/elsewhere"}))

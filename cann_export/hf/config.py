@@ -101,9 +101,10 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
             if value is not None and (not _int(value) or not 0 < value <= bound):
                 raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be a positive integer up "
                                 f"to {bound}. Fix the field or {_HINT}", path=path)
-    if "auto_map" in config and not trust_remote_code:
+    mapped = next((section for _, section in sections if "auto_map" in section), None)
+    if mapped is not None and not trust_remote_code:
         raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "
-                        f"({_shown(config['auto_map'])}), which would run on load. Pass --trust-remote-code "
+                        f"({_shown(mapped['auto_map'])}), which would run on load. Pass --trust-remote-code "
                         "(trust_remote_code=True) only if you trust that code; it then runs inside the load sandbox",
                         path=path)
     return config
