@@ -169,7 +169,7 @@ def _dtype(name: str) -> str:
 def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path, fixed: bool = False) -> list[str]:
     """optimum-cli with the task only (``fixed``: at the benchmark's input shapes, its dummy-input flags)."""
     cmd = [str(cli), "export", "onnx", "--model", str(tmp / name), "--task", info["task"]]
-    if not fixed or info["task"].endswith("-with-past"):
+    if not fixed:
         return [*cmd, str(out)]
     if "input_ids" in info["inputs"]:
         batch, seq = info["inputs"]["input_ids"]
@@ -203,7 +203,7 @@ def parity_sets(log: Path) -> int:
 
 def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: argparse.Namespace,
           env: dict, opt_env: dict) -> dict:
-    fixed = args.shapes == "fixed"
+    fixed = args.shapes == "fixed" or path_kind == "pt2"  # a .pt2 is captured at the benchmark's shapes
     ours_probe = our_command(name, info, tmp, path_kind, tmp / "probe", fixed=fixed)
     sides = ("ours", "optimum", "ours-novalidate")
     runs: dict[str, list[dict]] = {side: [] for side in sides}

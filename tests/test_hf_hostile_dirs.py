@@ -70,7 +70,9 @@ def test_a_nested_config_is_checked_like_the_top_level(saved, tmp_path):
                           ({"encoder": {"transformers_weights": "other.safetensors"}}, "transformers_weights"),
                           ({"decoder": {"vocab_size": 1 << 40}}, "decoder.vocab_size"),
                           ({"decoder": "gpt2"}, "not an object"),
-                          ({"model_type": "../bert"}, "model_type")):
+                          ({"model_type": "../bert"}, "model_type"),
+                          ({"decoder": {"model_type": "../gpt2"}}, "decoder.model_type"),
+                          ({"encoder": {"encoder": {"image_size": 1 << 22}}}, "encoder.encoder.image_size")):
         (directory / "config.json").write_text(json.dumps({**config, **nested}))
         with pytest.raises(LoadError, match=match) as e:
             HfDirectoryLoader().load(directory, OPTIONS)

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from helpers import hf_dirs
 from helpers.branchy import branchy_loader as _branchy_loader
+from helpers.branchy import mask_branch_loader
 
 import cann_export
 from cann_export import LoadedModel
@@ -83,6 +84,10 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
     ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
     assert check(ctx, None) == {"passed": False, "reason": "not checked: a quantized export"}
+    component = SimpleNamespace(graph_input_names=("input_ids",))  # a multi-graph component (a static KV form too)
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(validate=False), loaded=LoadedModel(None, "module"),
+                          model=component)
+    assert "multi-graph" in check(ctx, None)["reason"]
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]
@@ -92,3 +97,18 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript", "dynamo"]
     ctx.format = SimpleNamespace(exporter_order=("dynamo",))  # a format's order comes before a loader's
     assert [e.name for e in ordered(ctx, exporters)] == ["dynamo", "torchscript"]
+
+
+def test_without_validation_the_gate_varies_integer_inputs_too(plugin, tmp_path):
+    """A trace that branched on the mask (all ones in the example) is wrong on padding: under --no-validate the gate
+    draws the realistic sets (masks with padding) itself and refuses it; with no other graph the export stops."""
+    import pytest
+
+    from cann_export.errors import CaptureError
+
+    mask_branch_loader(plugin)
+    (tmp_path / "m.maskbranch").write_text("")
+    with pytest.raises(CaptureError, match="specialised to the path"):
+        cann_export.export(str(tmp_path / "m.maskbranch"), tmp_path / "m.onnx", export_format="onnx",
+                           validate=False, sandbox="off")
+    assert not (tmp_path / "m.onnx").exists()

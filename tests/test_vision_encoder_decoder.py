@@ -95,9 +95,8 @@ def test_graph_names_axes_and_atc_ranges(ved):
     step = inputs("decoder_with_past")
     assert step["past_key_values.1.encoder.key"] == ["batch_size", 2, "encoder_sequence_length", 16]
     assert step["past_key_values.1.decoder.key"] == ["batch_size", 2, "past_decoder_sequence_length", 16]
-    script = (bundle / "components" / "decoder" / "atc" / "convert.sh")
-    if script.exists():  # an atc_ready bundle; --format onnx writes no ATC files
-        assert "encoder_hidden_states:1~64,1~17,48" in script.read_text()
+    script = (bundle / "components" / "decoder" / "atc" / "convert.sh").read_text()  # the CLI's default: atc_ready
+    assert "encoder_hidden_states:1~64,1~17,48" in script
     manifest = json.loads((bundle / "components" / "decoder" / "manifest.json").read_text())
     lengths = {s["shape"].get("encoder_sequence_length") for s in manifest["parity"]["shapes"]}
     assert max(lengths) == (IMAGE // PATCH) ** 2 + 1, lengths  # the encoder's one output length bounds it

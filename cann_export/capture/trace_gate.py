@@ -63,7 +63,8 @@ def gated(ctx: Any) -> bool:
 
 def unchecked(ctx: Any) -> str | None:
     """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
-    if not ctx.options.validate and ctx.loaded.extras.get("shape_sets"):
+    if not ctx.options.validate and (ctx.loaded.extras.get("shape_sets")
+                                     or getattr(ctx.model, "graph_input_names", None)):
         return "not checked: validation is off (--no-validate) for a graph of a multi-graph export"
     if ctx.options.quantize or ctx.quant_table:
         return "not checked: a quantized export"
@@ -83,8 +84,12 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
         return {"passed": False, "reason": why}
     try:
         sets, labels, reference = gate_sets(ctx)
-    except errors.PrepareError as e:  # --no-validate: the model fails at a size of its range (prepare did not run it)
-        return {"passed": False, "reason": f"not checked: {e.message[:300]}"}
+    except (errors.PrepareError, errors.OptionsError) as e:  # --no-validate: the model fails at a size of its range
+        why = f"not checked: the model fails at another size of its dynamic axes ({e.message[:300]})"
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), (
+            f"{why[len('not checked: '):]}; the graph keeps those axes unchecked under --no-validate: export with "
+            "validation to have parity find the sizes it takes")]
+        return {"passed": False, "reason": why}
     chosen = _chosen(labels)
     done = coverage(labels, chosen)
     try:
@@ -120,7 +125,7 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
                                                               list(ctx.input_names), ctx.path_input_sets)
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
-    shaped, shaped_labels, shaped_reference = _shape_sets(ctx)
+    shaped, shaped_labels, shaped_reference = _unvalidated_sets(ctx)
     labels += shaped_labels
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)
                for scale in PATH_SCALES[:len(ctx.path_input_sets)]]
@@ -130,15 +135,28 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
             [*ctx.reference_outputs, *shaped_reference, *ctx.path_reference_outputs])
 
 
-def _shape_sets(ctx: Any) -> tuple[list, list, list]:
-    """Under --no-validate (prepare made no set at the dynamic axes' other sizes): one set at each, with its
-    reference, for this check alone (nothing kept in the context: no parity runs them); a size the model fails
-    at raises PrepareError."""
-    if ctx.options.validate or not ctx.dynamic_axes:
+def _unvalidated_sets(ctx: Any) -> tuple[list, list, list]:
+    """Under --no-validate prepare made the example only: the sets it makes when it validates, with their
+    reference, for this check alone (nothing kept in the context: no parity runs them): the realistic random
+    draws (token ids across the vocabulary, masks with padding: what varies an integer input) and one set at each
+    dynamic axis' range ends and middle. A size the model fails at raises PrepareError."""
+    if ctx.options.validate:
         return [], [], []
     from ..inputs.dynamic_axes import other_size_sets
+    from ..inputs.reference import reference_outputs
+    from ..inputs.stage import realistic_variants
 
-    return other_size_sets(ctx, len(ctx.input_sets))
+    sets, labels = realistic_variants(ctx)
+    reference = []
+    if sets:
+        _, reference = reference_outputs(ctx, ctx.model, "the random draws", list(ctx.input_names), sets)
+    example = (ctx.input_set_labels[0].get("shape") if ctx.input_set_labels else None) or None
+    for label in labels:
+        label.update({"shape": dict(example)} if example else {})
+    if ctx.dynamic_axes:
+        shaped, shaped_labels, shaped_reference = other_size_sets(ctx, len(ctx.input_sets) + len(sets))
+        sets, labels, reference = [*sets, *shaped], [*labels, *shaped_labels], [*reference, *shaped_reference]
+    return sets, labels, reference
 
 
 def _chosen(labels: list[dict[str, Any]]) -> list[int]:
@@ -171,11 +189,14 @@ def _judged(ctx: Any, model: Any, chosen: list[int], sets: list, labels: list, r
 
     count = len(ctx.input_sets)
     noise = list(ctx.reference_noise) if len(ctx.reference_noise) == count else None
-    if noise is None and (ctx.reference_noise_deferred or not ctx.options.validate):
+    if not ctx.options.validate:  # nothing measured: the verdict rule's least floor on every verdict set
+        outputs = len(reference[0]) if reference else 0
+        noise = [[0.0] * outputs if label.get("role") == "verdict" else None for label in labels]
+    elif noise is None and ctx.reference_noise_deferred:
         from ..inputs import float_noise
 
         noise = float_noise.least_floor(ctx)
-    noise = [*noise, *[None] * (len(sets) - count)] if noise is not None else None
+    noise = [*noise, *[None] * (len(sets) - len(noise))] if noise is not None else None
     feeds = [{n: to_numpy(t) for n, t in sets[i].items()} for i in chosen]
     with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
         path = Path(tmp) / "traced.onnx"

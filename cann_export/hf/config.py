@@ -81,18 +81,18 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
                               or not all(isinstance(a, str) and IDENT.fullmatch(a) for a in archs)):
         raise LoadError(f"config.json's architectures is {_shown(archs)}, not a list of class names such as "
                         f"[\"BertForSequenceClassification\"]; {_HINT}", path=path)
-    for sub in ("", *SUB_CONFIGS):
-        section = config.get(sub) if sub else config
-        for key in REDIRECT_KEYS if isinstance(section, dict) else ():
+    sections = _sections(config, path)
+    for prefix, section in sections:
+        for key in REDIRECT_KEYS:
             if key in section:
-                raise LoadError(f"config.json's {sub + '.' if sub else ''}{key} ({_shown(section[key])}) makes "
+                raise LoadError(f"config.json's {prefix}{key} ({_shown(section[key])}) makes "
                                 "transformers load another weight file than model.safetensors, past this loader's "
                                 f"checks; refused. Remove the field and keep the weights in model.safetensors "
                                 f"({_HINT})", path=path)
-    for sub in SUB_CONFIGS:
-        if config.get(sub) is not None and not isinstance(config[sub], dict):
-            raise LoadError(f"config.json's {sub} is {_shown(config[sub])}, not an object; {_HINT}", path=path)
-    sections = [("", config)] + [(f"{sub}.", config[sub]) for sub in SUB_CONFIGS if isinstance(config.get(sub), dict)]
+        nested = section.get("model_type")
+        if prefix and nested is not None and (not isinstance(nested, str) or not MODEL_TYPE.fullmatch(nested)):
+            raise LoadError(f"config.json's {prefix}model_type is {_shown(nested)}, not a transformers model type; "
+                            f"{_HINT}", path=path)
     for prefix, section in sections:
         for name, bound in INT_BOUNDS.items():
             value = section.get(name)
@@ -108,6 +108,22 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
                         "(trust_remote_code=True) only if you trust that code; it then runs inside the load sandbox",
                         path=path)
     return config
+
+
+def _sections(config: dict[str, Any], path: Path, prefix: str = "", depth: int = 0) -> list[tuple[str, dict]]:
+    """``config`` and its nested configs (``text_config``, a composite model's ``encoder`` / ``decoder``, and
+    theirs: a vision encoder-decoder's encoder may be an encoder-decoder), each with its dotted prefix."""
+    out = [(prefix, config)]
+    for sub in SUB_CONFIGS:
+        value = config.get(sub)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise LoadError(f"config.json's {prefix}{sub} is {_shown(value)}, not an object; {_HINT}", path=path)
+        if depth >= 3:
+            raise LoadError(f"config.json nests configs past {prefix}{sub} (more than 3 levels); {_HINT}", path=path)
+        out += _sections(value, path, f"{prefix}{sub}.", depth + 1)
+    return out
 
 
 def _int(value: Any) -> bool:

@@ -88,6 +88,18 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
     return {n: feed[n] for n in accepted if n in feed} or feed, source
 
 
+def realistic_variants(ctx: ExportContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The realistic random draws a validating prepare makes beside the path variants (a trace checked first),
+    with their labels: what the trace gate checks under --no-validate, where prepare made none."""
+    from .signature import feed_embedding_rows
+
+    feed, opts, kinds = ctx.example_inputs, ctx.options, tensors.FLOAT_DISTRIBUTIONS
+    count = sum(1 for k in range(opts.num_random_inputs) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
+    variants = tensors.random_variants(feed, count, opts.seed + 1, feed_embedding_rows(ctx.model, feed),
+                                       tensors.REALISTIC_DISTRIBUTIONS)
+    return variants, tensors.variant_labels(feed, len(variants), 1, tensors.REALISTIC_DISTRIBUTIONS)
+
+
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The seeded random variants, the --parity-data samples and (a trace checked first) the path variants with
     their labels (what each set is), and their counts in the reference report."""

@@ -1,5 +1,6 @@
 """A module whose trace is wrong at another size of its dynamic axis (Python control flow on a size), served by a
-loader plugin for ``*.branch`` files: the trace gate's and the deferred trace check's test model."""
+loader plugin for ``*.branch`` files: the trace gate's and the deferred trace check's test model; and one whose
+trace is wrong on a padded mask (``*.maskbranch``: integer inputs only)."""
 import torch
 
 from cann_export import LoadedModel, hookimpl
@@ -40,3 +41,42 @@ def branchy_loader(plugin, order, size=4):
         register(Branchy())
 
     plugin({"register_loaders": register_loaders}, "shape-branch")
+
+
+class MaskBranch(torch.nn.Module):
+    """Python control flow on a mask's values: the example has no padding, so a trace keeps the unmasked mean at
+    every input; only a set with padding (the realistic random draws) shows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.emb(input_ids)
+        if bool(attention_mask.all()):
+            return self.head(h.mean(1))
+        m = attention_mask[..., None].float()
+        return self.head((h * m).sum(1) / m.sum(1).clamp(min=1))
+
+
+def mask_branch_loader(plugin):
+    @hookimpl
+    def register_loaders(register):
+        class Masked:
+            name = "mask-branch"
+            priority = 500
+
+            def matches(self, path):
+                return path.suffix == ".maskbranch"
+
+            def load(self, path, options):
+                torch.manual_seed(0)
+                feed = {"input_ids": torch.randint(0, 50, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+                axes = {n: {0: "batch_size", 1: "sequence_length"} for n in feed}
+                return LoadedModel(MaskBranch().eval(), "module", example_inputs=feed, source_sha256="0" * 64,
+                                   extras={"dynamic_axes": axes, "exporter_order": ["torchscript", "dynamo"]})
+
+        register(Masked())
+
+    plugin({"register_loaders": register_loaders}, "mask-branch")
