@@ -14,10 +14,11 @@ again on the written graph. When a checkable trace comes first (``traced_first``
 its specialisation probes, in place of the heavy-tailed random draws (laplace, wide_normal: x4 / x-4 reach further
 off the example's range), so the gate and parity judge them on the one reference and add no forward. All agree:
 kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
-(a quantized export): rejected, the next exporter runs, and the attempt names why. Under --no-validate prepare
-builds only the example: the gate makes the path variants and one set at each dynamic axis' range ends and middle
-itself (their reference one forward each, kept out of the context) and judges them at the verdict rule's least
-floor, so skipping parity keeps the trace (dynamo was slower: ViT-small 19-25 s against 16 s validated).
+(a quantized export): rejected, the next exporter runs, and the attempt names why. Under --no-validate, when a
+checkable trace comes first, prepare still builds the sets the gate checks (the example, the realistic random
+draws, the probes, one set at each dynamic axis' range ends and middle) and the gate judges every verdict set at the
+least floor (nothing measured), so skipping parity keeps a checked trace (dynamo was slower: ViT-small 19-25 s
+against 16 s validated); a multi-graph component is not traced first there (its sets come with validation).
 When the stages run validate after capture (an export's usual run) the check waits for it (trace_deferred.py):
 parity judges the same sets on the written graph, and a failure there sends the stages back to capture with the
 trace rejected, so onnxruntime runs the sets once, not twice.
@@ -45,7 +46,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
 def traced_first(ctx: Any) -> bool:
     """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
     then builds the path variants among its input sets: ``trace_check.prepared_paths``)."""
-    if not gated(ctx) or not ctx.options.validate or ctx.options.quantize:
+    if not gated(ctx) or ctx.options.quantize or (not ctx.options.validate and unchecked(ctx)):
         return False
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
     if not wanted or wanted[0] != "torchscript":
@@ -77,19 +78,10 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
-    from .. import errors
-
     why = unchecked(ctx)
     if why:
         return {"passed": False, "reason": why}
-    try:
-        sets, labels, reference = gate_sets(ctx)
-    except (errors.PrepareError, errors.OptionsError) as e:  # --no-validate: the model fails at a size of its range
-        why = f"not checked: the model fails at another size of its dynamic axes ({e.message[:300]})"
-        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), (
-            f"{why[len('not checked: '):]}; the graph keeps those axes unchecked under --no-validate: export with "
-            "validation to have parity find the sizes it takes")]
-        return {"passed": False, "reason": why}
+    sets, labels, reference = gate_sets(ctx)
     chosen = _chosen(labels)
     done = coverage(labels, chosen)
     try:
@@ -125,38 +117,11 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
                                                               list(ctx.input_names), ctx.path_input_sets)
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
-    shaped, shaped_labels, shaped_reference = _unvalidated_sets(ctx)
-    labels += shaped_labels
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)
                for scale in PATH_SCALES[:len(ctx.path_input_sets)]]
     for index, label in enumerate(labels):
         label["index"] = index
-    return ([*ctx.input_sets, *shaped, *ctx.path_input_sets], labels,
-            [*ctx.reference_outputs, *shaped_reference, *ctx.path_reference_outputs])
-
-
-def _unvalidated_sets(ctx: Any) -> tuple[list, list, list]:
-    """Under --no-validate prepare made the example only: the sets it makes when it validates, with their
-    reference, for this check alone (nothing kept in the context: no parity runs them): the realistic random
-    draws (token ids across the vocabulary, masks with padding: what varies an integer input) and one set at each
-    dynamic axis' range ends and middle. A size the model fails at raises PrepareError."""
-    if ctx.options.validate:
-        return [], [], []
-    from ..inputs.dynamic_axes import other_size_sets
-    from ..inputs.reference import reference_outputs
-    from ..inputs.stage import realistic_variants
-
-    sets, labels = realistic_variants(ctx)
-    reference = []
-    if sets:
-        _, reference = reference_outputs(ctx, ctx.model, "the random draws", list(ctx.input_names), sets)
-    example = (ctx.input_set_labels[0].get("shape") if ctx.input_set_labels else None) or None
-    for label in labels:
-        label.update({"shape": dict(example)} if example else {})
-    if ctx.dynamic_axes:
-        shaped, shaped_labels, shaped_reference = other_size_sets(ctx, len(ctx.input_sets) + len(sets))
-        sets, labels, reference = [*sets, *shaped], [*labels, *shaped_labels], [*reference, *shaped_reference]
-    return sets, labels, reference
+    return ([*ctx.input_sets, *ctx.path_input_sets], labels, [*ctx.reference_outputs, *ctx.path_reference_outputs])
 
 
 def _chosen(labels: list[dict[str, Any]]) -> list[int]:

@@ -225,8 +225,10 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
     from .reference import reference_outputs
 
+    from ..capture.trace_gate import traced_first
+
     failed: dict[str, str] = {}
-    if ctx.options.validate:
+    if ctx.options.validate or traced_first(ctx):  # without validation: the sets the trace gate checks
         feed = ctx.example_inputs
         example = example_point(ctx.dynamic_axes, feed)
         for point, sets, labels in _point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)):
@@ -257,22 +259,6 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     for label in ctx.input_set_labels:
         label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
     ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
-
-
-def other_size_sets(ctx: Any, start: int) -> tuple[list, list, list]:
-    """The first input set at each shape point, its label (indexed from ``start``) and its reference, without
-    touching the context's sets: what the trace gate checks under --no-validate, where prepare made none."""
-    from .reference import reference_outputs
-
-    sets, labels, outputs = [], [], []
-    for _, found, named in _point_sets(ctx, ctx.dynamic_axes, start):
-        with _attributes_kept(ctx.model):
-            _, ran = reference_outputs(ctx, ctx.model, "the dynamic axes' other sizes", list(ctx.input_names),
-                                       input_sets=found[:1])
-        sets.append(found[0])
-        labels.append({**named[0], "index": start + len(labels)})
-        outputs += ran
-    return sets, labels, outputs
 
 
 @contextlib.contextmanager

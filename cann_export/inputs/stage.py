@@ -88,18 +88,6 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
     return {n: feed[n] for n in accepted if n in feed} or feed, source
 
 
-def realistic_variants(ctx: ExportContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The realistic random draws a validating prepare makes beside the path variants (a trace checked first),
-    with their labels: what the trace gate checks under --no-validate, where prepare made none."""
-    from .signature import feed_embedding_rows
-
-    feed, opts, kinds = ctx.example_inputs, ctx.options, tensors.FLOAT_DISTRIBUTIONS
-    count = sum(1 for k in range(opts.num_random_inputs) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
-    variants = tensors.random_variants(feed, count, opts.seed + 1, feed_embedding_rows(ctx.model, feed),
-                                       tensors.REALISTIC_DISTRIBUTIONS)
-    return variants, tensors.variant_labels(feed, len(variants), 1, tensors.REALISTIC_DISTRIBUTIONS)
-
-
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The seeded random variants, the --parity-data samples and (a trace checked first) the path variants with
     their labels (what each set is), and their counts in the reference report."""
@@ -112,14 +100,14 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
     quantized = bool(opts.quantize or prepared_state(ctx.model))
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples, paths, count = [], [], [], opts.num_random_inputs
-    if opts.validate:
+    if opts.validate or _gate_sets_only(ctx):
         paths = [] if quantized else _path_sets(ctx, feed)
         if paths:  # the path variants are the probes: the random draws keep the realistic distributions
             count = sum(1 for k in range(count) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
             kinds = tensors.REALISTIC_DISTRIBUTIONS
         vocab = feed_embedding_rows(ctx.model, feed)
         variants = tensors.random_variants(feed, count, opts.seed + 1, vocab, kinds)
-        if opts.parity_data:
+        if opts.parity_data and opts.validate:
             from .parity_data import read_parity_data
 
             samples = read_parity_data(opts.parity_data, feed)
@@ -133,6 +121,14 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
     labels += [tensors.set_label("trace_path", f"example x {scale:g}", first + k, probe=True)
                for k, scale in enumerate(PATH_SCALES[:len(paths)])]
     return variants + samples + paths, labels
+
+
+def _gate_sets_only(ctx: ExportContext) -> bool:
+    """--no-validate with a checkable trace first: the sets the trace gate judges are still made (the random
+    draws, the probes, the dynamic axes' shape sets), for the gate alone (no parity, no noise)."""
+    from ..capture.trace_gate import traced_first
+
+    return not ctx.options.validate and traced_first(ctx)
 
 
 def _path_sets(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
