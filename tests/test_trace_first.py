@@ -112,3 +112,23 @@ def test_without_validation_the_gate_varies_integer_inputs_too(plugin, tmp_path)
         cann_export.export(str(tmp_path / "m.maskbranch"), tmp_path / "m.onnx", export_format="onnx",
                            validate=False, sandbox="off")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_without_validation_a_fallback_trace_is_not_kept_unchecked(plugin, tmp_path, monkeypatch):
+    """--no-validate builds the gate's sets only when the trace comes first; a trace tried after dynamo failed finds
+    the example alone, so it is not checked (and not kept: the export stops), never judged at one shape."""
+    import pytest
+
+    from cann_export.capture import exporters
+    from cann_export.errors import CaptureError
+
+    def fails(self, model, ctx):
+        raise RuntimeError("dynamo cannot capture this model")
+
+    monkeypatch.setattr(exporters.DynamoExporter, "export", fails)
+    _branchy_loader(plugin, None)  # no order: dynamo first by priority
+    (tmp_path / "m.branch").write_text("")
+    with pytest.raises(CaptureError, match="specialised to the path"):
+        cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx", validate=False,
+                           sandbox="off")
+    assert not (tmp_path / "m.onnx").exists()

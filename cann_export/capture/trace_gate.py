@@ -46,7 +46,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
 def traced_first(ctx: Any) -> bool:
     """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
     then builds the path variants among its input sets: ``trace_check.prepared_paths``)."""
-    if not gated(ctx) or ctx.options.quantize or (not ctx.options.validate and unchecked(ctx)):
+    if not gated(ctx) or ctx.options.quantize or (not ctx.options.validate and _component(ctx)):
         return False
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
     if not wanted or wanted[0] != "torchscript":
@@ -62,10 +62,20 @@ def gated(ctx: Any) -> bool:
     return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
 
 
+def _component(ctx: Any) -> bool:
+    """A graph of a multi-graph export (its module declares its graph; a static KV form too)."""
+    return bool(ctx.loaded.extras.get("shape_sets") or getattr(ctx.model, "graph_input_names", None))
+
+
+def _prepared(ctx: Any) -> bool:
+    """Whether prepare built sets for the gate beyond the example (under --no-validate it does only when the trace
+    comes first: ``traced_first``; a trace tried after another exporter failed finds the example alone)."""
+    return any(label.get("source") in ("random", "shape", "trace_path") for label in ctx.input_set_labels)
+
+
 def unchecked(ctx: Any) -> str | None:
     """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
-    if not ctx.options.validate and (ctx.loaded.extras.get("shape_sets")
-                                     or getattr(ctx.model, "graph_input_names", None)):
+    if not ctx.options.validate and _component(ctx):
         return "not checked: validation is off (--no-validate) for a graph of a multi-graph export"
     if ctx.options.quantize or ctx.quant_table:
         return "not checked: a quantized export"
@@ -79,6 +89,8 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
     why = unchecked(ctx)
+    if not why and not ctx.options.validate and not _prepared(ctx):
+        why = "not checked: validation is off (--no-validate) and the trace was not the first exporter tried"
     if why:
         return {"passed": False, "reason": why}
     sets, labels, reference = gate_sets(ctx)
