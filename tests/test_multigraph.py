@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import ExportError, OptionsError
-from helpers.bundle_runs import component_session, feeds_from, run_named
+from helpers.bundle_runs import component_session, feeds_from, greedy_seq2seq, run_named
 from helpers.hf_models import tiny_decoder_gpt2
 
 STEPS = 4
@@ -216,22 +216,9 @@ def test_t5_encoder_decoder_and_decoder_with_past_generate(bundles):
     assert result.ok, result.to_dict()
     manifest = result.manifest
     ids = _prompt(model, 6)
-    enc = run_named(component_session(bundle, "encoder"),
-                    {"input_ids": ids.numpy(), "attention_mask": np.ones((1, 6), np.int64)})
-    hidden = feeds_from(manifest, "encoder", "decoder", enc)
-    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[0]], np.int64),
-                                             "encoder_attention_mask": np.ones((1, 6), np.int64), **hidden})
-    with_past = component_session(bundle, "decoder_with_past")
-    first, tokens, source = out, [], "decoder"
-    for step in range(STEPS):
-        tokens.append(int(out["logits"][0, -1].argmax()))
-        if step == STEPS - 1:
-            break
-        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
-                **feeds_from(manifest, source, "decoder_with_past", out)}
-        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64),
-                               "encoder_attention_mask": np.ones((1, 6), np.int64), **past})
-        source = "decoder_with_past"
+    mask = np.ones((1, 6), np.int64)
+    tokens, _ = greedy_seq2seq(bundle, manifest, {"input_ids": ids.numpy(), "attention_mask": mask}, 0, STEPS,
+                               {"encoder_attention_mask": mask})
     assert tokens == _reference(model, ids)
 
 

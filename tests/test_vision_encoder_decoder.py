@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -16,7 +15,7 @@ import transformers
 from click.testing import CliRunner
 
 from cann_export.cli.main import cli
-from helpers.bundle_runs import component_session, feeds_from, run_named
+from helpers.bundle_runs import greedy_seq2seq
 
 STEPS = 4
 IMAGE, PATCH = 32, 8  # 16 patches + the class token: the encoder's output length is 17
@@ -61,19 +60,7 @@ def test_default_is_with_past_and_greedy_generation_equals_generate(ved):
     assert result["ok"] is True and manifest["kind"] == "encoder-decoder-with-past"
     assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder", "decoder_with_past"]
     pixels, start = _pixels(), model.config.decoder_start_token_id
-    enc = run_named(component_session(bundle, "encoder"), {"pixel_values": pixels.numpy()})
-    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64),
-                                                           **feeds_from(manifest, "encoder", "decoder", enc)})
-    with_past = component_session(bundle, "decoder_with_past")
-    first, tokens, source = out, [], "decoder"
-    for step in range(STEPS):
-        tokens.append(int(out["logits"][0, -1].argmax()))
-        if step == STEPS - 1:
-            break
-        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
-                **feeds_from(manifest, source, "decoder_with_past", out)}
-        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **past})
-        source = "decoder_with_past"
+    tokens, _ = greedy_seq2seq(bundle, manifest, {"pixel_values": pixels.numpy()}, start, STEPS)
     model.generation_config.eos_token_id = None  # all 4 tokens come
     with torch.no_grad():
         want = model.generate(pixels, max_new_tokens=STEPS, do_sample=False)[0, -STEPS:].tolist()

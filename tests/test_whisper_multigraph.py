@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
-from helpers.bundle_runs import component_session, feeds_from, run_named
+from helpers.bundle_runs import component_session, feeds_from, greedy_seq2seq, run_named
 
 STEPS = 4
 MELS, SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
@@ -73,19 +73,7 @@ def test_default_is_with_past_and_greedy_generation_equals_generate(whisper):
     assert result["ok"] is True and manifest["kind"] == "encoder-decoder-with-past"
     assert [c["name"] for c in manifest["components"]] == ["encoder", "decoder", "decoder_with_past"]
     features, start = _features(), model.config.decoder_start_token_id
-    enc = run_named(component_session(bundle, "encoder"), {"input_features": features.numpy()})
-    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64),
-                                             **feeds_from(manifest, "encoder", "decoder", enc)})
-    with_past = component_session(bundle, "decoder_with_past")
-    first, tokens, source = out, [], "decoder"
-    for step in range(STEPS):
-        tokens.append(int(out["logits"][0, -1].argmax()))
-        if step == STEPS - 1:
-            break
-        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
-                **feeds_from(manifest, source, "decoder_with_past", out)}
-        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **past})
-        source = "decoder_with_past"
+    tokens, out = greedy_seq2seq(bundle, manifest, {"input_features": features.numpy()}, start, STEPS)
     assert tokens == _reference(model, features)
     assert len(set(tokens)) > 1  # the yardstick moves: a cache that is not read would show
     with torch.no_grad():  # the last step's logits, against eager on the whole prefix

@@ -20,3 +20,24 @@ def feeds_from(manifest, source, target, outputs):
     """What the bundle's connections say ``source``'s outputs give ``target``'s inputs."""
     return {c["to"]["input"]: outputs[c["from"]["output"]] for c in manifest["connections"]
             if c["from"]["component"] == source and c["to"]["component"] == target}
+
+
+def greedy_seq2seq(bundle, manifest, encoder_feed, start, steps, extra=None):
+    """Greedy tokens through an encoder-decoder bundle: encoder, then decoder on ``start``, then decoder_with_past
+    one token at a time, the caches wired by the bundle's connections (``extra``: inputs every decoder step takes,
+    such as T5's ``encoder_attention_mask``). Returns (tokens, the last step's outputs)."""
+    extra = extra or {}
+    enc = run_named(component_session(bundle, "encoder"), encoder_feed)
+    out = run_named(component_session(bundle, "decoder"), {"input_ids": np.array([[start]], np.int64), **extra,
+                                                           **feeds_from(manifest, "encoder", "decoder", enc)})
+    with_past = component_session(bundle, "decoder_with_past")
+    first, tokens, source = out, [], "decoder"
+    for step in range(steps):
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        if step == steps - 1:
+            break
+        past = {**feeds_from(manifest, "decoder", "decoder_with_past", first),
+                **feeds_from(manifest, source, "decoder_with_past", out)}
+        out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **extra, **past})
+        source = "decoder_with_past"
+    return tokens, out
