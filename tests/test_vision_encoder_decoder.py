@@ -15,7 +15,7 @@ import transformers
 from click.testing import CliRunner
 
 from cann_export.cli.main import cli
-from helpers.bundle_runs import greedy_seq2seq
+from helpers.bundle_runs import cli_export, greedy_seq2seq
 
 STEPS = 4
 IMAGE, PATCH = 32, 8  # 16 patches + the class token: the encoder's output length is 17
@@ -35,19 +35,13 @@ def _model():
     return transformers.VisionEncoderDecoderModel(cfg).eval()
 
 
-def _export(directory, output, *flags):
-    res = CliRunner().invoke(cli, [str(directory), "-o", str(output), "--json", *flags], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
 @pytest.fixture(scope="module")
 def ved(tmp_path_factory):
     root = tmp_path_factory.mktemp("ved")
     model = _model()
     model.save_pretrained(root / "ved-dir")
     return {"model": model, "dir": root / "ved-dir", "root": root,
-            "past": (root / "past", _export(root / "ved-dir", root / "past"))}
+            "past": (root / "past", cli_export(root / "ved-dir", root / "past"))}
 
 
 def _pixels():
@@ -90,7 +84,7 @@ def test_graph_names_axes_and_atc_ranges(ved):
 
 
 def test_image_to_text_without_past_and_a_text_task_refused(ved):
-    result = _export(ved["dir"], ved["root"] / "nopast", "--task", "image-to-text")
+    result = cli_export(ved["dir"], ved["root"] / "nopast", "--task", "image-to-text")
     manifest = json.loads((ved["root"] / "nopast" / "manifest.json").read_text())
     assert result["ok"] is True and [c["name"] for c in manifest["components"]] == ["encoder", "decoder"]
     res = CliRunner().invoke(cli, [str(ved["dir"]), "-o", str(ved["root"] / "bad"), "--task",

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
-from helpers.bundle_runs import component_session, feeds_from, greedy_seq2seq, run_named
+from helpers.bundle_runs import cli_export, component_session, feeds_from, greedy_seq2seq, run_named
 
 STEPS = 4
 MELS, SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
@@ -36,20 +36,14 @@ def _whisper():
     return transformers.WhisperForConditionalGeneration(cfg).eval()
 
 
-def _export(directory, output, *flags):
-    res = CliRunner().invoke(cli, [str(directory), "-o", str(output), "--json", *flags], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
     root = tmp_path_factory.mktemp("whisper")
     model = _whisper()
     model.save_pretrained(root / "whisper-dir")
     return {"model": model, "dir": root / "whisper-dir", "root": root,
-            "past": (root / "past", _export(root / "whisper-dir", root / "past")),
-            "nopast": (root / "nopast", _export(root / "whisper-dir", root / "nopast",
+            "past": (root / "past", cli_export(root / "whisper-dir", root / "past")),
+            "nopast": (root / "nopast", cli_export(root / "whisper-dir", root / "nopast",
                                                 "--task", "automatic-speech-recognition"))}
 
 

@@ -22,25 +22,33 @@ class ShapeBranch(torch.nn.Module):
         return y - 1.0
 
 
-def branchy_loader(plugin, order, size=4):
+def _loader(plugin, name, suffix, make):
+    """A loader plugin serving ``make() -> (module, example inputs, extras)`` for ``*{suffix}`` files."""
     @hookimpl
     def register_loaders(register):
-        class Branchy:
-            name = "shape-branch"
+        class Loader:
             priority = 500
 
             def matches(self, path):
-                return path.suffix == ".branch"
+                return path.suffix == suffix
 
             def load(self, path, options):
                 torch.manual_seed(0)
-                extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
-                return LoadedModel(ShapeBranch(size).eval(), "module", example_inputs={"x": torch.randn(2, 8, 3)},
-                                   source_sha256="0" * 64, extras=extras)
+                module, feed, extras = make()
+                return LoadedModel(module.eval(), "module", example_inputs=feed, source_sha256="0" * 64, extras=extras)
 
-        register(Branchy())
+        Loader.name = name
+        register(Loader())
 
-    plugin({"register_loaders": register_loaders}, "shape-branch")
+    plugin({"register_loaders": register_loaders}, name)
+
+
+def branchy_loader(plugin, order, size=4):
+    def make():
+        extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
+        return ShapeBranch(size), {"x": torch.randn(2, 8, 3)}, extras
+
+    _loader(plugin, "shape-branch", ".branch", make)
 
 
 class MaskBranch(torch.nn.Module):
@@ -61,22 +69,9 @@ class MaskBranch(torch.nn.Module):
 
 
 def mask_branch_loader(plugin):
-    @hookimpl
-    def register_loaders(register):
-        class Masked:
-            name = "mask-branch"
-            priority = 500
+    def make():
+        feed = {"input_ids": torch.randint(0, 50, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+        axes = {n: {0: "batch_size", 1: "sequence_length"} for n in feed}
+        return MaskBranch(), feed, {"dynamic_axes": axes, "exporter_order": ["torchscript", "dynamo"]}
 
-            def matches(self, path):
-                return path.suffix == ".maskbranch"
-
-            def load(self, path, options):
-                torch.manual_seed(0)
-                feed = {"input_ids": torch.randint(0, 50, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
-                axes = {n: {0: "batch_size", 1: "sequence_length"} for n in feed}
-                return LoadedModel(MaskBranch().eval(), "module", example_inputs=feed, source_sha256="0" * 64,
-                                   extras={"dynamic_axes": axes, "exporter_order": ["torchscript", "dynamo"]})
-
-        register(Masked())
-
-    plugin({"register_loaders": register_loaders}, "mask-branch")
+    _loader(plugin, "mask-branch", ".maskbranch", make)

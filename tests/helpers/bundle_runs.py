@@ -41,3 +41,16 @@ def greedy_seq2seq(bundle, manifest, encoder_feed, start, steps, extra=None):
         out = run_named(with_past, {"input_ids": np.array([[tokens[-1]]], np.int64), **extra, **past})
         source = "decoder_with_past"
     return tokens, out
+
+
+def cli_export(directory, output, *flags):
+    """``cann-export DIRECTORY -o OUTPUT --json FLAGS`` through the CLI: its JSON result (the exit must be 0)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cann_export.cli.main import cli
+
+    res = CliRunner().invoke(cli, [str(directory), "-o", str(output), "--json", *flags], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
