@@ -154,8 +154,8 @@ def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
     for label in ctx.input_set_labels:  # the fixed dimensions are no longer part of a set's shape
         if isinstance(label.get("shape"), dict):
             label["shape"] = {n: v for n, v in label["shape"].items() if n not in fixed}
-        counts = ctx.reports.reference.input_sets
-        counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
+    counts = ctx.reports.reference.input_sets
+    counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
 
 
 def _rename(model: Any, renames: dict[str, str]) -> None:
