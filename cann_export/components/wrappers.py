@@ -13,18 +13,21 @@ import torch
 from torch import nn
 
 
-def decoder_config(config: Any) -> Any:
-    """The config of the decoder: a composite encoder-decoder's own (VisionEncoderDecoder's ``config.decoder``:
-    layers, positions, vocabulary), else ``config`` itself (T5, BART, Whisper keep one config)."""
-    sub = getattr(config, "decoder", None)
+def _part(config: Any, name: str) -> Any:
+    """A composite encoder-decoder's own config of its ``name`` part (VisionEncoderDecoder's ``config.encoder`` /
+    ``config.decoder``: layers, positions, vocabulary, width), else ``config`` itself (T5, BART, Whisper keep one)."""
+    sub = getattr(config, name, None)
     return sub if sub is not None and callable(getattr(sub, "to_dict", None)) else config
+
+
+def decoder_config(config: Any) -> Any:
+    return _part(config, "decoder")
 
 
 def encoder_width(config: Any) -> int:
     """The width of the encoder's hidden states as the decoder graph takes them (before a composite model's
     projection to the decoder's width)."""
-    sub = getattr(config, "encoder", None)
-    config = sub if sub is not None and callable(getattr(sub, "to_dict", None)) else config
+    config = _part(config, "encoder")
     return getattr(config, "d_model", None) or config.hidden_size
 
 
@@ -76,9 +79,7 @@ class _Graph(nn.Module):
             self.dim_bounds[name] = (1, seq)
         # the encoder's own positions where it has a table of its own (Whisper's max_source_positions)
         encoder_keys = ("max_source_positions", "n_positions", "max_position_embeddings", "max_target_positions")
-        encoder = getattr(model.config, "encoder", None)
-        encoder = encoder if callable(getattr(encoder, "to_dict", None)) else model.config
-        self.dim_bounds["encoder_sequence_length"] = (1, max_positions(encoder, encoder_keys))
+        self.dim_bounds["encoder_sequence_length"] = (1, max_positions(_part(model.config, "encoder"), encoder_keys))
         for name in ("past_sequence_length", "past_decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq - 1)
 
