@@ -37,7 +37,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "write_atomic": (".fs.atomic", "write_text"),
     "commit_dir": (".fs.atomic", "commit_dir"),
     "write_manifest": (".bundle.manifest", "write_manifest"),
-    "write_parity_data": (".bundle.formats", "write_parity_data"),
+    "write_parity_data": (".bundle.parity_store", "write_parity_data"),
 }
 
 __all__ = ["ExportError", "__version__", "errors", "hookimpl", *_LAZY]

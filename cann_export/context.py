@@ -96,6 +96,7 @@ class ParityReport:
     trace_specialized: dict[str, Any] | None = None
     shapes: list[dict[str, Any]] | None = None  # a dynamic graph: the fp32 and device verdicts per shape
     shape_budget: dict[str, Any] | None = None  # the element budget of those shapes and what it left out
+    stored: dict[str, Any] | None = None  # the input sets the bundle's parity data holds, when not all (parity_store)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParityReport:

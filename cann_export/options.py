@@ -237,6 +237,7 @@ class ExportOptions:
     simplify: bool = True
     num_random_inputs: int = 4
     parity_data: str | None = None  # safetensors / .npz of many input samples: parity runs every one
+    stored_parity_mib: int | None = 64  # the bundle's parity data past the example's shape (None: every set)
     accept_trace_specialization: bool = False  # accept a traced graph valid only on the example's path
     seed: int = 0
     include_optimizer_state: bool = False
@@ -294,6 +295,9 @@ class ExportOptions:
             from .components.plan import parse_kv_cache
 
             parse_kv_cache(self.kv_cache)
+        mib = self.stored_parity_mib
+        if mib is not None and (type(mib) is not int or mib < 0):
+            raise OptionsError(f"stored_parity_mib must be whole MiB >= 0 or None (every set), not {mib!r}")
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):

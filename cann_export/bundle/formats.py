@@ -9,6 +9,7 @@ from ..atc.command import render as render_atc
 from ..fs import atomic
 from ..options import ATC_OPSETS
 from .manifest import build_manifest, dumps, write_manifest
+from .parity_store import write_parity_data
 from .single_file import ARCHIVE_SUFFIXES, commit_archive
 
 if TYPE_CHECKING:
@@ -29,6 +30,14 @@ def _save(ctx: ExportContext, path: Path) -> list[Path]:
     if large_graph.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
         return large_graph.save(ctx.onnx_model, path, ctx)
     return save_model(ctx.onnx_model, path, _external(ctx))
+
+
+def _finalize_parity(ctx: ExportContext, staging: Path) -> None:
+    """After validate: the parity data ``validate`` re-runs (the sets that failed among it), then parity.json."""
+    if ctx.options.validate and ctx.input_sets and not (staging / "parity").exists():
+        write_parity_data(ctx, staging / "parity")
+    if ctx.reports.parity is not None:
+        atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
 
 
 def _write_training_state(ctx: ExportContext, directory: Path, prefix: str) -> list[Path]:
@@ -104,18 +113,15 @@ class AtcReadyFormat:
 
         files += write_program(ctx, staging)
         files += write_carried(ctx, staging)
-        if ctx.options.validate and ctx.input_sets:
-            files += write_parity_data(ctx, staging / "parity")
         training = staging / "training"
         if ctx.options.include_optimizer_state:
             training.mkdir()
         return files + _write_training_state(ctx, training, "")
 
     def finalize(self, ctx: ExportContext, staging: Path) -> None:
+        _finalize_parity(ctx, staging)
         if ctx.reports.precision_fix is not None and ctx.reports.precision_fix.kept:
             render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
-        if ctx.reports.parity is not None:
-            atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
         from ..report.write import write_into
 
         write_into(ctx, staging)  # before the manifest, whose file table then lists it
@@ -154,13 +160,10 @@ class OnnxBundleFormat:
         files = _save(ctx, staging / "model.onnx")
         ctx.onnx_path = files[0]
         files += write_carried(ctx, staging)
-        if ctx.options.validate and ctx.input_sets:
-            files += write_parity_data(ctx, staging / "parity")
         return files
 
     def finalize(self, ctx: ExportContext, staging: Path) -> None:
-        if ctx.reports.parity is not None:
-            atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
+        _finalize_parity(ctx, staging)
         write_manifest(ctx, staging)
 
     def component_format(self) -> str:
@@ -202,49 +205,3 @@ def write_carried(ctx: ExportContext, staging: Path) -> list[Path]:
     return written
 
 
-def _own(arr: Any) -> Any:
-    """``arr`` as torch can share it: a writable C-contiguous array as is (no second copy of a vocabulary's logits
-    at every parity shape), else a copy (a read-only map of a spilled output)."""
-    import numpy as np
-
-    arr = np.asarray(arr)
-    return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()
-
-
-def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
-    """The export's parity inputs and reference outputs, as ``directory``/inputs.safetensors and
-    expected.safetensors, so ``cann-export validate`` can re-run parity without the model. Write them into
-    ``staging / "parity"`` during ``write``, when ``ctx.options.validate and ctx.input_sets``."""
-    import torch
-    from safetensors.torch import save_file
-
-    directory.mkdir()
-    inputs, expected = {}, {}
-    for s, feed in enumerate(ctx.input_sets):
-        for name, t in feed.items():
-            inputs[f"{s}/{name}"] = t.detach().cpu().contiguous()
-        for name, arr in zip(ctx.output_names, ctx.reference_outputs[s], strict=False):
-            expected[f"{s}/{name}"] = torch.from_numpy(_own(arr))
-        if len(ctx.float_reference_outputs) == len(ctx.input_sets):  # a Q/DQ graph's float model (int8 yardstick)
-            for name, arr in zip(ctx.output_names, ctx.float_reference_outputs[s], strict=False):
-                expected[f"float/{s}/{name}"] = torch.from_numpy(_own(arr))
-    order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names),
-             "sets": str(len(ctx.input_sets))}
-    if len(ctx.input_set_labels) == len(ctx.input_sets):  # which sets decide parity, which are probes
-        import json
-
-        order["labels"] = json.dumps(ctx.input_set_labels)
-    from ..inputs.float_noise import measured
-
-    noise = measured(ctx)  # measured now when prepare deferred it
-    if len(noise) == len(ctx.input_sets):  # the reference's own float noise (the fp32 floor)
-        import json
-
-        order["noise"] = json.dumps(noise)
-    if len(ctx.int8_noise) == len(ctx.input_sets):  # the fake-quant reference's own rounding noise (int8 floor)
-        import json
-
-        order["int8_noise"] = json.dumps(ctx.int8_noise)
-    save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
-    save_file(expected, str(directory / "expected.safetensors"), metadata=order)
-    return [directory / "inputs.safetensors", directory / "expected.safetensors"]

@@ -86,7 +86,7 @@ def summarize_parity(report: dict[str, Any] | None) -> dict[str, Any]:
                "input_sets": report.get("input_sets"), "tolerance": fp32_tol, "outputs": fp32["outputs"], "fp32": fp32,
                **{k: report[k] for k in ("input_sets_from", "reason", "precision", "first_divergence",
                                          "fixed_by_keep_dtype", "trace_specialized", "failing_sets", "shapes",
-                                         "shape_budget")
+                                         "shape_budget", "stored")
                   if report.get(k) is not None},
                **({"probes": {k: report["probes"][k] for k in ("passed", "input_sets")}}
                   if report.get("probes") else {}),

@@ -22,6 +22,7 @@ from ..errors import ExportError, ValidateError
 from ..hooks.contracts import CheckedBundle, Container, Format, optional
 from .dynamic_check import dynamic_differences
 from .dynamic_check import short as _short
+from .parity_store import left_out_shapes
 
 if TYPE_CHECKING:
     from ..options import Tolerance
@@ -257,6 +258,9 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
         raise ValidateError("--soc-version judges the device precision of an ATC bundle (atc_ready, om); this "
                             "bundle has no ATC options to emulate", path=checked.directory)
     report, mode, rerun = _rerun_parity(checked, tolerance, layers)
+    left_out = left_out_shapes(recorded, report.get("input_sets"), checked.directory)
+    if left_out is not None:
+        report["stored"] = recorded["stored"]
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
@@ -267,7 +271,7 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
         diffs += [f"parity.tolerance.{key}: the manifest records {value!r}, validate used {used[key]!r} (the tool "
                   f"policy; pass --{key.replace('_', '-')} to validate under another value)"
                   for key, value in changed.items()]
-        diffs += _verdict_differences(recorded, report)
+        diffs += _verdict_differences(recorded, report, left_out or [])
     claimed_mode = (recorded.get("precision") or {}).get("mode")
     if mode is not None and claimed_mode is not None and claimed_mode != mode:
         diffs.append(f"parity.precision.mode: the manifest says {claimed_mode!r}, the validated ATC options "
@@ -356,9 +360,10 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
     return report, mode, rerun
 
 
-def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> list[str]:
+def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any], left_out: list[Any]) -> list[str]:
     """The recorded verdicts (overall, fp32 graph, per output, per device output) against the re-derived
-    ones, like with like: the manifest stores the summary (fp32 outputs on top, device apart)."""
+    ones, like with like: the manifest stores the summary (fp32 outputs on top, device apart). A shape whose sets
+    the parity data left out (``left_out``) has no re-derived verdict to compare."""
     from .manifest import summarize_parity
 
     diffs = []
@@ -382,7 +387,10 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any]) -> li
     derived_shapes = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} for r in report.get("shapes") or []]
     if claimed_shapes is not None or derived_shapes:
         claimed = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} if isinstance(r, dict) else r
-                   for r in (claimed_shapes if isinstance(claimed_shapes, list) else [claimed_shapes])]
+                   for r in (claimed_shapes if isinstance(claimed_shapes, list) else [claimed_shapes])
+                   if not (isinstance(r, dict) and r.get("shape") in left_out)]
+        if left_out and len(claimed) == 1 and not derived_shapes:  # one shape stored: the overall verdict is its
+            derived_shapes = [{**claimed[0], "passed": report["passed"]}] if isinstance(claimed[0], dict) else []
         if claimed != derived_shapes:
             diffs.append(f"parity.shapes: the manifest says {_short(claimed)}, re-derived {_short(derived_shapes)}")
     return diffs

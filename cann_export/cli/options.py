@@ -50,6 +50,17 @@ class Registered(click.Choice):
         pass
 
 
+def _mib(raw: Any) -> int | None:
+    """``--stored-parity-mib``: whole MiB >= 0, or 'all' (None: no cap)."""
+    text = str(raw).strip().lower()
+    if text == "all":
+        return None
+    if not text.isdigit():
+        raise opts_mod.OptionsError(f"--stored-parity-mib {raw!r} is not a whole number of MiB; pass e.g. 64, 0 "
+                                    "or 'all'")
+    return int(text)
+
+
 def _registered(name: str, extra: tuple[str, ...] = ()) -> Any:
     return Registered(name, extra)
 
@@ -114,6 +125,10 @@ def flags() -> dict[str, Flag]:
         "validate": Flag("Run the numeric parity checks.", decls=("--validate/--no-validate",)),
         "parity_data": Flag("safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys "
                             "N/NAME); metrics over all samples.", path=True),
+        "stored_parity_mib": Flag("MiB of parity sets the bundle keeps for `validate` beyond those at the example's "
+                                  "shape and those that failed (whole shapes, smallest first; the manifest's "
+                                  "parity.stored lists the rest); 'all' keeps every set.",
+                                  parse=_mib),
         "accept_trace_specialization": Flag("Accept a traced graph (TorchScript fallback) that tracing specialised "
                                             "to the example's path."),
         "quantize": Flag("", variants=(("--qat", "qat", "Quantization-aware training to int8 (needs "
@@ -165,6 +180,8 @@ def _option(name: str, field: dataclasses.Field, flag: Flag) -> list[Callable[[A
             kwargs["type"] = flag.choices if isinstance(flag.choices, click.ParamType) else click.Choice(flag.choices)
         elif flag.path:
             kwargs["type"] = click.Path(path_type=str)
+        elif flag.parse is not None:
+            kwargs["type"] = click.STRING
         elif default is not None:
             kwargs["type"] = type(default)
     return [click.option(*decls, name, **kwargs)]

@@ -1,0 +1,131 @@
+"""The parity data a bundle stores for `validate` is capped (--stored-parity-mib): every set at the example's
+shape and at a failing shape is kept, other shapes whole while they fit; the manifest's parity.stored names
+the shapes left out, and validate re-derives the rest and says so. (A decoder's reference logits at its range
+ends were most of the bundle: GPT-2's prefill stored 455 MB beside 500 MB of weights.)"""
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import cann_export
+from cann_export.bundle.parity_store import chosen_sets
+from cann_export.cli.main import cli
+from cann_export.errors import ValidateError
+
+
+class Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    """A .pt2 with a dynamic batch (1..16): parity runs at batch 2 (the example) and at 1, 8 and 16."""
+    work = tmp_path_factory.mktemp("stored")
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    prog = torch.export.export(Conv().eval(), (torch.randn(2, 3, 8, 8),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(prog, str(work / "conv.pt2"))
+    return work
+
+
+@pytest.fixture(scope="module")
+def capped(program):
+    """Exported with --stored-parity-mib 0: only the example's shape is stored."""
+    run = CliRunner().invoke(cli, [str(program / "conv.pt2"), "-o", str(program / "capped"), "--no-sandbox",
+                                   "--stored-parity-mib", "0"])
+    assert run.exit_code == 0, run.output
+    return program / "capped"
+
+
+def _manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_the_cap_keeps_the_example_shape_and_names_what_it_left_out(capped):
+    parity = _manifest(capped)["parity"]
+    stored = parity["stored"]
+    assert [g["shape"] for g in stored["left_out"]] == [{"batch": 1}, {"batch": 8}, {"batch": 16}]
+    assert stored["cap_mib"] == 0 and stored["of"] == parity["input_sets"] == 8
+    # every set at the example's shape (batch 2): its verdict sets and the specialisation probes
+    assert stored["input_sets"] == [0, 1, 2, 3, 4] and parity["shapes"][0]["input_sets"] == [0, 1, 2]
+    assert all(g["bytes"] > 0 for g in stored["left_out"])
+    assert [s["shape"] for s in parity["shapes"]] == [{"batch": 2}, {"batch": 1}, {"batch": 8}, {"batch": 16}]
+    assert json.loads((capped / "parity.json").read_text())["stored"] == stored
+
+
+def test_validate_rederives_the_stored_sets_and_says_what_it_could_not(capped):
+    report = cann_export.validate(capped)
+    assert report["passed"] and report["input_sets"] == len(report["stored"]["input_sets"]) == 5
+    run = CliRunner().invoke(cli, ["validate", str(capped)])
+    assert run.exit_code == 0, run.output
+    assert "re-derived on 5 of 8 input sets" in run.output and "batch=16" in run.output
+
+
+def test_by_default_a_small_model_stores_every_set(program):
+    result = cann_export.export(str(program / "conv.pt2"), program / "full", sandbox="off")
+    assert result.ok
+    parity = _manifest(program / "full")["parity"]
+    assert "stored" not in parity
+    assert cann_export.validate(program / "full")["input_sets"] == parity["input_sets"] == 8
+
+
+def test_a_manifest_that_hides_the_cap_is_refused(capped, tmp_path):
+    """Without parity.stored the stored data must hold every shape the manifest claims."""
+    copy = tmp_path / "hidden"
+    shutil.copytree(capped, copy)
+    manifest = _manifest(copy)
+    del manifest["parity"]["stored"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match="parity.shapes"):
+        cann_export.validate(copy)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda s: s.update(input_sets=s["input_sets"][:2]), "parity data holds 5 input sets"),
+    (lambda s: s.update(left_out="everything"), "parity.stored is malformed"),
+])
+def test_a_manifest_whose_stored_sets_disagree_is_refused(capped, tmp_path, edit, words):
+    copy = tmp_path / "edited"
+    shutil.copytree(capped, copy)
+    manifest = _manifest(copy)
+    edit(manifest["parity"]["stored"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match=words) as e:
+        cann_export.validate(copy)
+    assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("value, words", [("-3", "not a whole number of MiB"), ("lots", "not a whole number")])
+def test_a_bad_cap_is_an_options_error(program, tmp_path, value, words):
+    run = CliRunner().invoke(cli, [str(program / "conv.pt2"), "-o", str(tmp_path / "b"), "--stored-parity-mib", value])
+    assert run.exit_code == 2 and words in run.output
+    assert not (tmp_path / "b").exists()
+
+
+def _ctx(shapes, passed, nbytes):
+    """The part of an export context chosen_sets reads: one set per shape of ``nbytes[i]`` output bytes."""
+    sets = [{"x": torch.zeros(1)} for _ in shapes]
+    return SimpleNamespace(
+        input_sets=sets, reference_outputs=[[np.zeros(n // 4, np.float32)] for n in nbytes],
+        float_reference_outputs=[], input_set_labels=[{"role": "verdict", "shape": s} for s in shapes],
+        reports=SimpleNamespace(parity=SimpleNamespace(failing_sets=[], shapes=[
+            {"shape": s, "input_sets": [i], "passed": p}
+            for i, (s, p) in enumerate(zip(shapes, passed, strict=True))])))
+
+
+def test_a_failing_shape_is_always_stored_and_the_rest_fill_the_cap_smallest_first():
+    shapes = [{"b": 2}, {"b": 1}, {"b": 8}, {"b": 16}, {"b": 64}]
+    ctx = _ctx(shapes, [True, True, True, True, False], [400, 200, 1600, 3200, 12800])
+    kept, left = chosen_sets(ctx, 2000)
+    assert kept == [0, 1, 2, 4]  # the example, the failing batch 64, then batch 1 and 8 within 2000 bytes
+    assert [g["shape"] for g in left] == [{"b": 16}]
+    assert chosen_sets(ctx, None) == ([0, 1, 2, 3, 4], [])
