@@ -1,5 +1,5 @@
 """The parity data a bundle stores for `validate` is capped (--stored-parity-mib): every set at the example's
-shape and at a failing shape is kept, other shapes whole while they fit; the manifest's parity.stored names
+shape is kept, other shapes whole while they fit (a failed export keeps all); the manifest's parity.stored names
 the shapes left out, and validate re-derives the rest and says so. (A decoder's reference logits at its range
 ends were most of the bundle: GPT-2's prefill stored 455 MB beside 500 MB of weights.)"""
 import json
@@ -15,6 +15,17 @@ import cann_export
 from cann_export.bundle.parity_store import chosen_sets
 from cann_export.cli.main import cli
 from cann_export.errors import ValidateError
+
+
+class ShapeOnly(torch.nn.Module):
+    """A second output that depends only on the batch size: constant at any one shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x), torch.ones_like(x[:, :1, 0, 0]) * x.shape[0]
 
 
 class Conv(torch.nn.Module):
@@ -62,12 +73,18 @@ def test_the_cap_keeps_the_example_shape_and_names_what_it_left_out(capped):
     assert json.loads((capped / "parity.json").read_text())["stored"] == stored
 
 
-def test_validate_rederives_the_stored_sets_and_says_what_it_could_not(capped):
+def test_validate_rederives_the_stored_sets_and_says_what_it_could_not(capped, tmp_path):
     report = cann_export.validate(capped)
     assert report["passed"] and report["input_sets"] == len(report["stored"]["input_sets"]) == 5
-    run = CliRunner().invoke(cli, ["validate", str(capped)])
+    recorded = _manifest(capped)["parity"]["shapes"]
+    # every shape's row, in the export's numbering; the left-out ones are the manifest's, marked
+    assert [(r["shape"], r["input_sets"], r.get("rederived", True)) for r in report["shapes"]] == [
+        (r["shape"], r["input_sets"], r["shape"] == {"batch": 2}) for r in recorded]
+    run = CliRunner().invoke(cli, ["validate", str(capped), "--junit", str(tmp_path / "j.xml")])
     assert run.exit_code == 0, run.output
     assert "re-derived on 5 of 8 input sets" in run.output and "batch=16" in run.output
+    junit = (tmp_path / "j.xml").read_text()
+    assert 'skipped="3"' in junit and "not re-derived: the bundle did not store" in junit
 
 
 def test_by_default_a_small_model_stores_every_set(program):
@@ -89,22 +106,46 @@ def test_a_manifest_that_hides_the_cap_is_refused(capped, tmp_path):
         cann_export.validate(copy)
 
 
+def _fail_batch_16(parity):
+    parity["shapes"][3].update(fp32=False, device=False, passed=False)
+
+
+def _hostile_dim(parity):
+    parity["stored"]["left_out"][0]["shape"] = {"\x1b]0;x\x07evil\nok FAKE": 1}
+
+
 @pytest.mark.parametrize("edit, words", [
-    (lambda s: s.update(input_sets=s["input_sets"][:2]), "parity data holds 5 input sets"),
-    (lambda s: s.update(left_out="everything"), "parity.stored is malformed"),
+    (lambda p: p["stored"].update(input_sets=p["stored"]["input_sets"][:2]), "the parity data holds 5"),
+    (lambda p: p["stored"].update(left_out="everything"), "parity.stored is malformed"),
+    (lambda p: p["stored"].update(of=7), "does not account once for each of the 8"),
+    (lambda p: p["stored"]["left_out"][0].update(input_sets=[6]), "does not account once"),
+    (_fail_batch_16, "leaves out a shape that did not pass"),
+    (_hostile_dim, "malformed left-out shape"),
 ])
 def test_a_manifest_whose_stored_sets_disagree_is_refused(capped, tmp_path, edit, words):
     copy = tmp_path / "edited"
     shutil.copytree(capped, copy)
     manifest = _manifest(copy)
-    edit(manifest["parity"]["stored"])
+    edit(manifest["parity"])
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValidateError, match=words) as e:
         cann_export.validate(copy)
     assert e.value.exit_code == 2
 
 
-@pytest.mark.parametrize("value, words", [("-3", "not a whole number of MiB"), ("lots", "not a whole number")])
+def test_an_output_constant_at_the_example_shape_keeps_every_set(tmp_path):
+    """Left out, the other shapes would make parity's reference check see a constant output on validate."""
+    batch = torch.export.Dim("batch", min=1, max=16)
+    prog = torch.export.export(ShapeOnly().eval(), (torch.randn(2, 3, 8, 8),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(prog, str(tmp_path / "m.pt2"))
+    result = cann_export.export(str(tmp_path / "m.pt2"), tmp_path / "b", sandbox="off", stored_parity_mib=0)
+    assert result.ok
+    assert "stored" not in _manifest(tmp_path / "b")["parity"]
+    assert cann_export.validate(tmp_path / "b")["passed"]
+
+
+@pytest.mark.parametrize("value, words", [("-3", "not a whole number of MiB"), ("lots", "not a whole number"),
+                                          ("\u00b2", "not a whole number")])
 def test_a_bad_cap_is_an_options_error(program, tmp_path, value, words):
     run = CliRunner().invoke(cli, [str(program / "conv.pt2"), "-o", str(tmp_path / "b"), "--stored-parity-mib", value])
     assert run.exit_code == 2 and words in run.output
@@ -115,17 +156,16 @@ def _ctx(shapes, passed, nbytes):
     """The part of an export context chosen_sets reads: one set per shape of ``nbytes[i]`` output bytes."""
     sets = [{"x": torch.zeros(1)} for _ in shapes]
     return SimpleNamespace(
-        input_sets=sets, reference_outputs=[[np.zeros(n // 4, np.float32)] for n in nbytes],
+        input_sets=sets, reference_outputs=[[np.arange(n // 4, dtype=np.float32)] for n in nbytes],
         float_reference_outputs=[], input_set_labels=[{"role": "verdict", "shape": s} for s in shapes],
-        reports=SimpleNamespace(parity=SimpleNamespace(failing_sets=[], shapes=[
-            {"shape": s, "input_sets": [i], "passed": p}
-            for i, (s, p) in enumerate(zip(shapes, passed, strict=True))])))
+        reports=SimpleNamespace(parity=SimpleNamespace(passed=passed)))
 
 
-def test_a_failing_shape_is_always_stored_and_the_rest_fill_the_cap_smallest_first():
+def test_other_shapes_fill_the_cap_smallest_first_and_a_failed_export_keeps_all():
     shapes = [{"b": 2}, {"b": 1}, {"b": 8}, {"b": 16}, {"b": 64}]
-    ctx = _ctx(shapes, [True, True, True, True, False], [400, 200, 1600, 3200, 12800])
-    kept, left = chosen_sets(ctx, 2000)
-    assert kept == [0, 1, 2, 4]  # the example, the failing batch 64, then batch 1 and 8 within 2000 bytes
-    assert [g["shape"] for g in left] == [{"b": 16}]
-    assert chosen_sets(ctx, None) == ([0, 1, 2, 3, 4], [])
+    nbytes = [400, 200, 1600, 3200, 12800]
+    kept, left = chosen_sets(_ctx(shapes, True, nbytes), 2000)
+    assert kept == [0, 1, 2]  # the example (beyond the cap), then batch 1 and 8 within 2000 bytes
+    assert [(g["shape"], g["input_sets"]) for g in left] == [({"b": 16}, [3]), ({"b": 64}, [4])]
+    assert chosen_sets(_ctx(shapes, True, nbytes), None) == ([0, 1, 2, 3, 4], [])
+    assert chosen_sets(_ctx(shapes, False, nbytes), 2000) == ([0, 1, 2, 3, 4], [])

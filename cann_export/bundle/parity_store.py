@@ -3,12 +3,14 @@ and their reference outputs (parity/inputs.safetensors, parity/expected.safetens
 
 A decoder's reference logits at its range ends are most of a bundle (GPT-2's prefill: 455 MB of logits beside
 500 MB of weights), so what is stored is capped (``ExportOptions.stored_parity_mib``): every set at the example's
-shape (the device verdict's sets) and at every shape that failed is kept; the other shapes are kept whole, the
-smallest first, while they fit. The manifest's ``parity.stored`` names the shapes left out, so ``validate``
-re-derives the rest and says what it could not re-run."""
+shape (the device verdict's sets, the probes) is kept; the other shapes are kept whole, the smallest first, while
+they fit. A failed export, or one whose reference check would judge the kept sets otherwise, stores every set.
+The manifest's ``parity.stored`` names the shapes left out, so ``validate`` re-derives the rest and says what it
+could not re-run."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,8 @@ from .. import errors
 
 if TYPE_CHECKING:
     from ..context import ExportContext
+
+_DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a dimension name (cann_export.dynamic)
 
 
 def _own(arr: Any) -> Any:
@@ -40,23 +44,37 @@ def chosen_sets(ctx: ExportContext, cap_bytes: int | None) -> tuple[list[int], l
     Sets are kept per shape (all of a shape or none), so a stored shape's verdict re-derives as recorded."""
     labels, count = ctx.input_set_labels, len(ctx.input_sets)
     parity = ctx.reports.parity
-    if cap_bytes is None or parity is None or len(labels) != count or not count or "shape" not in labels[0]:
-        return list(range(count)), []
+    every = list(range(count)), []
+    if (cap_bytes is None or parity is None or not parity.passed or len(labels) != count or not count
+            or "shape" not in labels[0]):
+        return every  # a failed verdict keeps all its evidence
     groups: dict[str, list[int]] = {}
     for s, label in enumerate(labels):
         groups.setdefault(json.dumps(label.get("shape"), sort_keys=True), []).append(s)
-    failed = {f.get("set") for f in parity.failing_sets or []}
-    failed |= {s for r in parity.shapes or [] if not r.get("passed", True) for s in r.get("input_sets") or []}
     size = {key: sum(_set_bytes(ctx, s) for s in sets) for key, sets in groups.items()}
-    must = {key for key, sets in groups.items() if 0 in sets or failed & set(sets)}
-    kept, total, left_out = set(must), 0, []  # the cap is for the shapes beyond those that must be kept
+    must = {key for key, sets in groups.items() if 0 in sets}  # the example's shape: the device verdict's sets
+    kept, total, left_out = set(must), 0, []  # the cap is for the other shapes
     for key in sorted(set(groups) - must, key=lambda k: (size[k], k)):
         if total + size[key] <= cap_bytes:
             kept.add(key)
             total += size[key]
         else:
             left_out.append({"shape": json.loads(key), "input_sets": groups[key], "bytes": size[key]})
-    return sorted(s for key in kept for s in groups[key]), sorted(left_out, key=lambda g: g["input_sets"][0])
+    sets = sorted(s for key in kept for s in groups[key])
+    if left_out and _reference_judged_otherwise(ctx, sets):
+        return every
+    return sets, sorted(left_out, key=lambda g: g["input_sets"][0])
+
+
+def _reference_judged_otherwise(ctx: ExportContext, sets: list[int]) -> bool:
+    """Whether parity's reference check (an output constant or non-finite over all the sets) would judge the
+    stored ``sets`` otherwise than all of them (a shape-only output is constant at the example's shape alone)."""
+    from ..validators.metrics import reference_problem
+
+    outputs = range(len(ctx.reference_outputs[0])) if ctx.reference_outputs else ()
+    return any(bool(reference_problem(ctx.reference_outputs[s][k] for s in sets))
+               != bool(reference_problem(ctx.reference_outputs[s][k] for s in range(len(ctx.input_sets))))
+               for k in outputs)
 
 
 def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
@@ -98,17 +116,87 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
 
 def left_out_shapes(recorded: dict[str, Any], sets_read: Any, path: Any) -> list[Any] | None:
     """The shapes manifest.json's ``parity.stored`` says the parity data leaves out, or None when it stores
-    every set. ``sets_read``: how many sets the parity data holds (as many as the manifest says)."""
+    every set. It must account for every set once, leave out only shapes the manifest records as passed (a
+    failed export stores everything), and name as many stored sets as the data holds (``sets_read``)."""
     stored = recorded.get("stored")
     if stored is None:
         return None
-    sets = stored.get("input_sets") if isinstance(stored, dict) else None
-    left = stored.get("left_out") if isinstance(stored, dict) else None
-    if not (isinstance(sets, list) and isinstance(left, list) and len(left) <= 4096
-            and all(isinstance(g, dict) and isinstance(g.get("shape"), dict) for g in left)):
-        raise errors.ValidateError("manifest.json's parity.stored is malformed (it lists the input sets the parity "
-                                   "data holds and the shapes it leaves out); export the bundle again", path=path)
-    if len(sets) != sets_read:
-        raise errors.ValidateError(f"the parity data holds {sets_read} input sets, manifest.json's "
-                                   f"parity.stored lists {len(sets)}; the bundle was changed after export", path=path)
+
+    def bad(why: str) -> errors.ValidateError:
+        return errors.ValidateError(f"manifest.json's parity.stored {why}; the bundle was changed after export, "
+                                    "export it again", path=path)
+
+    if not isinstance(stored, dict) or not _indices(stored.get("input_sets")) or type(stored.get("of")) is not int:
+        raise bad("is malformed (it lists the input sets the parity data holds and the shapes it leaves out)")
+    left, cap = stored.get("left_out"), stored.get("cap_mib")
+    if not isinstance(left, list) or not 0 < len(left) <= 4096 or not (cap is None or type(cap) is int and cap >= 0):
+        raise bad("is malformed (it lists the input sets the parity data holds and the shapes it leaves out)")
+    if not all(isinstance(g, dict) and _dims(g.get("shape")) and _indices(g.get("input_sets")) for g in left):
+        raise bad("lists a malformed left-out shape (dimension names and sizes, and its input sets)")
+    if len(stored["input_sets"]) != sets_read:
+        raise bad(f"lists {len(stored['input_sets'])} stored input sets; the parity data holds {sets_read}")
+    every = sorted([*stored["input_sets"], *(s for g in left for s in g["input_sets"])])
+    if stored["of"] != recorded.get("input_sets") or every != list(range(stored["of"])):
+        raise bad(f"does not account once for each of the {recorded.get('input_sets')} input sets parity ran on")
+    claimed = {json.dumps(r.get("shape"), sort_keys=True): r for r in recorded.get("shapes") or []
+               if isinstance(r, dict)}
+    if recorded.get("passed") is not True or any(
+            (claimed.get(json.dumps(g["shape"], sort_keys=True)) or {}).get("passed") is not True for g in left):
+        raise bad("leaves out a shape that did not pass (a failed export stores every input set)")
     return [g["shape"] for g in left]
+
+
+def _indices(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) <= 1 << 16 and all(type(i) is int and i >= 0 for i in value)
+            and len(set(value)) == len(value))
+
+
+def _dims(shape: Any) -> bool:
+    return (isinstance(shape, dict) and 0 < len(shape) <= 64
+            and all(isinstance(k, str) and _DIM.fullmatch(k) and type(v) is int and v > 0 for k, v in shape.items()))
+
+
+def example_row(report: dict[str, Any]) -> None:
+    """A re-derived report over the example's shape alone (every other shape left out) gets that shape's row,
+    as the export's report has it, so the rows compare like with like."""
+    labels = report.get("sets") or []
+    if report.get("shapes") or "outputs" not in report or not labels or not isinstance(labels[0].get("shape"), dict):
+        return
+    graph = report.get("graph_fp32") or report
+    row: dict[str, Any] = {"shape": dict(labels[0]["shape"]), "fp32": bool(graph.get("passed", report.get("passed"))),
+                           "input_sets": [s for s, label in enumerate(labels) if label.get("role") != "probe"]}
+    if isinstance(report.get("device"), dict):
+        row["device"] = bool(report["device"].get("passed"))
+    row["passed"] = row["fp32"] and row.get("device", True)
+    report["shapes"] = [row]
+
+
+def as_recorded(report: dict[str, Any], recorded: dict[str, Any]) -> None:
+    """The re-derived report in the export's numbering of the input sets, with the manifest's rows for the shapes
+    left out (``rederived: false``) in the manifest's order: what --json, JUnit and report.html show."""
+    stored = recorded["stored"]
+    sets = stored["input_sets"]
+
+    def back(i: Any) -> Any:
+        return sets[i] if type(i) is int and 0 <= i < len(sets) else i
+
+    for row in report.get("shapes") or []:
+        row["input_sets"] = [back(i) for i in row.get("input_sets") or []]
+    for failing in report.get("failing_sets") or []:
+        failing["set"] = back(failing.get("set"))
+    for label in report.get("sets") or []:
+        label["index"] = back(label.get("index"))
+    if isinstance(report.get("probes"), dict) and isinstance(report["probes"].get("input_sets"), list):
+        report["probes"]["input_sets"] = [back(i) for i in report["probes"]["input_sets"]]
+    left = {json.dumps(g["shape"], sort_keys=True) for g in stored["left_out"]}
+    derived = {json.dumps(r["shape"], sort_keys=True): r for r in report.get("shapes") or []}
+    merged = []
+    for row in recorded.get("shapes") or []:
+        key = json.dumps(row.get("shape"), sort_keys=True) if isinstance(row, dict) else None
+        if key in left:
+            merged.append({k: row.get(k) for k in ("shape", "input_sets", "fp32", "device", "passed")
+                           if k in row} | {"rederived": False})
+        elif key in derived:
+            merged.append(derived.pop(key))
+    report["shapes"] = merged + list(derived.values())
+    report["stored"] = stored

@@ -22,7 +22,7 @@ from ..errors import ExportError, ValidateError
 from ..hooks.contracts import CheckedBundle, Container, Format, optional
 from .dynamic_check import dynamic_differences
 from .dynamic_check import short as _short
-from .parity_store import left_out_shapes
+from .parity_store import as_recorded, example_row, left_out_shapes
 
 if TYPE_CHECKING:
     from ..options import Tolerance
@@ -260,7 +260,7 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     report, mode, rerun = _rerun_parity(checked, tolerance, layers)
     left_out = left_out_shapes(recorded, report.get("input_sets"), checked.directory)
     if left_out is not None:
-        report["stored"] = recorded["stored"]
+        example_row(report)
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
@@ -279,6 +279,8 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     if soc_versions:
         report["socs"] = [_soc_verdict(report, rerun, soc) for soc in dict.fromkeys(soc_versions)]
         report["passed"] = all(v["passed"] for v in report["socs"])
+    if left_out is not None:
+        as_recorded(report, recorded)
     return report, diffs
 
 
@@ -389,8 +391,6 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any], left_
         claimed = [{k: r.get(k) for k in ("shape", "fp32", "device", "passed")} if isinstance(r, dict) else r
                    for r in (claimed_shapes if isinstance(claimed_shapes, list) else [claimed_shapes])
                    if not (isinstance(r, dict) and r.get("shape") in left_out)]
-        if left_out and len(claimed) == 1 and not derived_shapes:  # one shape stored: the overall verdict is its
-            derived_shapes = [{**claimed[0], "passed": report["passed"]}] if isinstance(claimed[0], dict) else []
         if claimed != derived_shapes:
             diffs.append(f"parity.shapes: the manifest says {_short(claimed)}, re-derived {_short(derived_shapes)}")
     return diffs

@@ -26,6 +26,7 @@ class Case:
     device_label: str = ""  # "force_fp16 on Ascend310P3"
     problems: list[str] = field(default_factory=list)
     source: str | None = None  # "file.py:LINE" of the first divergence, where a device failure has one
+    skip_reason: str = "not validated (--no-validate)"
 
     @property
     def skipped(self) -> bool:
@@ -68,6 +69,12 @@ def _graph_cases(graph: str | None, manifest: dict[str, Any]) -> list[Case]:
     for i, shape in enumerate(shapes):
         for row in fp32_rows:
             case = Case(graph, row["name"], (shape or {}).get("shape"), device_label=label)
+            if shape is not None and shape.get("rederived") is False:  # validate: its sets were not stored
+                case.skip_reason = (f"not re-derived: the bundle did not store this shape's parity sets "
+                                    f"(--stored-parity-mib); the export's verdict: "
+                                    f"{'passed' if shape.get('passed') else 'FAILED'}")
+                result.append(case)
+                continue
             if shape is None:
                 case.fp32 = bool(row.get("passed"))
             else:  # the verdicts at this shape (fp32 per output where a failing set says so)
@@ -241,7 +248,7 @@ def _xml(suite_name: str, path: str, found: list[Case], seconds: float, props: d
             failure = ET.SubElement(case, "failure", {"message": c.problems[0], "type": kind})
             failure.text = "\n".join(c.problems)
         elif c.skipped:
-            ET.SubElement(case, "skipped", {"message": "not validated (--no-validate)"})
+            ET.SubElement(case, "skipped", {"message": c.skip_reason})
         metrics = _metrics_text(c)
         if metrics:
             ET.SubElement(case, "system-out").text = metrics

@@ -267,7 +267,9 @@ def _stored_note(parity: dict[str, Any]) -> str:
     stored = parity.get("stored")
     if not stored:
         return ""
-    shapes = ", ".join(" ".join(f"{k}={v}" for k, v in g["shape"].items()) for g in stored["left_out"][:6])
+    left = stored["left_out"]
+    shapes = ", ".join(" ".join(f"{k}={v}" for k, v in g["shape"].items()) for g in left[:6]) + (
+        f" and {len(left) - 6} more" if len(left) > 6 else "")
     return (f"; re-derived on {len(stored['input_sets'])} of {stored.get('of')} input sets (not stored, past "
             f"--stored-parity-mib {stored.get('cap_mib')}: {shapes}; their export verdicts are in manifest.json)")
 

@@ -5,6 +5,7 @@ for formats, exporters and backends, from the plugin registries at run time."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ def _mib(raw: Any) -> int | None:
     text = str(raw).strip().lower()
     if text == "all":
         return None
-    if not text.isdigit():
+    if not re.fullmatch(r"[0-9]{1,9}", text):
         raise opts_mod.OptionsError(f"--stored-parity-mib {raw!r} is not a whole number of MiB; pass e.g. 64, 0 "
                                     "or 'all'")
     return int(text)
@@ -82,8 +83,23 @@ def _model_flags() -> dict[str, Flag]:
     }
 
 
+def _parity_flags() -> dict[str, Flag]:
+    """Parity: whether it runs, on what, what the bundle keeps of it, a trace accepted unchecked."""
+    return {
+        "validate": Flag("Run the numeric parity checks.", decls=("--validate/--no-validate",)),
+        "parity_data": Flag("safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys "
+                            "N/NAME); metrics over all samples.", path=True),
+        "stored_parity_mib": Flag("MiB of parity sets the bundle keeps for `validate` beyond those at the example's "
+                                  "shape (whole shapes, smallest first; the manifest's parity.stored lists the "
+                                  "rest; a failed export keeps every set); 'all' keeps every set.",
+                                  parse=_mib),
+        "accept_trace_specialization": Flag("Accept a traced graph (TorchScript fallback) that tracing specialised "
+                                            "to the example's path."),
+    }
+
+
 def flags() -> dict[str, Flag]:
-    return {**_model_flags(),
+    return {**_model_flags(), **_parity_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
@@ -122,15 +138,6 @@ def flags() -> dict[str, Flag]:
         "external_data": Flag("Weights in a .data file beside the graph (auto: past 1 GB of weights).",
                               choices=opts_mod.EXTERNAL_DATA),
         "simplify": Flag("Run onnxsim (kept only when outputs are unchanged).", decls=("--simplify/--no-simplify",)),
-        "validate": Flag("Run the numeric parity checks.", decls=("--validate/--no-validate",)),
-        "parity_data": Flag("safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys "
-                            "N/NAME); metrics over all samples.", path=True),
-        "stored_parity_mib": Flag("MiB of parity sets the bundle keeps for `validate` beyond those at the example's "
-                                  "shape and those that failed (whole shapes, smallest first; the manifest's "
-                                  "parity.stored lists the rest); 'all' keeps every set.",
-                                  parse=_mib),
-        "accept_trace_specialization": Flag("Accept a traced graph (TorchScript fallback) that tracing specialised "
-                                            "to the example's path."),
         "quantize": Flag("", variants=(("--qat", "qat", "Quantization-aware training to int8 (needs "
                                                         "--calibration-data)."),
                                        ("--ptq", "ptq", "Post-training int8 quantization: calibration only."))),
