@@ -84,10 +84,6 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
     ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
     assert check(ctx, None) == {"passed": False, "reason": "not checked: a quantized export"}
-    component = SimpleNamespace(graph_input_names=("input_ids",))  # a multi-graph component (a static KV form too)
-    ctx = SimpleNamespace(options=cann_export.ExportOptions(validate=False), loaded=LoadedModel(None, "module"),
-                          model=component)
-    assert "multi-graph" in check(ctx, None)["reason"]
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]

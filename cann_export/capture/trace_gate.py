@@ -3,8 +3,8 @@
 Order: ``--exporter NAME`` tries that one only. ``auto`` follows the format's declared ``exporter_order``, else the
 loader's (``LoadedModel.extras["exporter_order"]``; the Hugging Face loader asks for TorchScript first, as Optimum
 traces), each named exporter first and the rest by priority; where the gate below could not check a trace (a graph
-past the large-graph threshold, a quantized export, a multi-graph component under --no-validate) the priority order
-stays, so no trace is run only to be thrown away.
+past the large-graph threshold, a quantized export) the priority order stays, so no trace is run only to be thrown
+away.
 
 Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
 kept: onnxruntime runs it on the input sets the prepare stage built (at the example's shape all of them: the example,
@@ -16,9 +16,9 @@ off the example's range), so the gate and parity judge them on the one reference
 kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
 (a quantized export): rejected, the next exporter runs, and the attempt names why. Under --no-validate, when a
 checkable trace comes first, prepare still builds the sets the gate checks (the example, the realistic random
-draws, the probes, one set at each dynamic axis' range ends and middle) and the gate judges every verdict set at the
-least floor (nothing measured), so skipping parity keeps a checked trace (dynamo was slower: ViT-small 19-25 s
-against 16 s validated); a multi-graph component is not traced first there (its sets come with validation).
+draws, the probes, one set at each dynamic axis' range ends and middle; a multi-graph component's shape sets) and
+the gate judges every verdict set at the least floor (nothing measured), so skipping parity keeps a checked trace
+(dynamo was slower: ViT-small 19-25 s against 16 s validated; GPT-2 small's two graphs 62 s against 55 s).
 When the stages run validate after capture (an export's usual run) the check waits for it (trace_deferred.py):
 parity judges the same sets on the written graph, and a failure there sends the stages back to capture with the
 trace rejected, so onnxruntime runs the sets once, not twice.
@@ -46,7 +46,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
 def traced_first(ctx: Any) -> bool:
     """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
     then builds the path variants among its input sets: ``trace_check.prepared_paths``)."""
-    if not gated(ctx) or ctx.options.quantize or (not ctx.options.validate and _component(ctx)):
+    if not gated(ctx) or ctx.options.quantize:
         return False
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
     if not wanted or wanted[0] != "torchscript":
@@ -62,11 +62,6 @@ def gated(ctx: Any) -> bool:
     return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
 
 
-def _component(ctx: Any) -> bool:
-    """A graph of a multi-graph export (its module declares its graph; a static KV form too)."""
-    return bool(ctx.loaded.extras.get("shape_sets") or getattr(ctx.model, "graph_input_names", None))
-
-
 def _prepared(ctx: Any) -> bool:
     """Whether prepare built sets for the gate beyond the example (under --no-validate it does only when the trace
     comes first: ``traced_first``; a trace tried after another exporter failed finds the example alone)."""
@@ -75,8 +70,6 @@ def _prepared(ctx: Any) -> bool:
 
 def unchecked(ctx: Any) -> str | None:
     """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
-    if not ctx.options.validate and _component(ctx):
-        return "not checked: validation is off (--no-validate) for a graph of a multi-graph export"
     if ctx.options.quantize or ctx.quant_table:
         return "not checked: a quantized export"
     if large_graph.state(ctx) is not None:

@@ -15,8 +15,10 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from .reference import reference_outputs
     from .tensors import set_label
 
+    from ..capture.trace_gate import traced_first
+
     make = ctx.loaded.extras.get("shape_sets")
-    if not callable(make) or not ctx.options.validate:
+    if not callable(make) or not (ctx.options.validate or traced_first(ctx)):  # without parity: for the trace gate
         return
     example, found, notes, budget = make(ctx.options.seed)
     ctx.reports.reference.shape_budget = budget
