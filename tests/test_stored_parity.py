@@ -114,6 +114,11 @@ def _hostile_dim(parity):
     parity["stored"]["left_out"][0]["shape"] = {"\x1b]0;x\x07evil\nok FAKE": 1}
 
 
+def _swap_left_sets(parity):
+    left = parity["stored"]["left_out"]
+    left[0]["input_sets"], left[1]["input_sets"] = left[1]["input_sets"], left[0]["input_sets"]
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda p: p["stored"].update(input_sets=p["stored"]["input_sets"][:2]), "the parity data holds 5"),
     (lambda p: p["stored"].update(left_out="everything"), "parity.stored is malformed"),
@@ -121,6 +126,10 @@ def _hostile_dim(parity):
     (lambda p: p["stored"]["left_out"][0].update(input_sets=[6]), "does not account once"),
     (_fail_batch_16, "leaves out a shape that did not pass"),
     (_hostile_dim, "malformed left-out shape"),
+    (lambda p: p["stored"].update(input_sets=p["stored"]["input_sets"][::-1]), "parity.stored is malformed"),
+    (lambda p: p["stored"].update(cap_mib=None), "parity.stored is malformed"),
+    (_swap_left_sets, "other input sets than"),
+    (lambda p: p["shapes"][3].update(device=False), "leaves out a shape that did not pass"),
 ])
 def test_a_manifest_whose_stored_sets_disagree_is_refused(capped, tmp_path, edit, words):
     copy = tmp_path / "edited"
@@ -142,6 +151,27 @@ def test_an_output_constant_at_the_example_shape_keeps_every_set(tmp_path):
     assert result.ok
     assert "stored" not in _manifest(tmp_path / "b")["parity"]
     assert cann_export.validate(tmp_path / "b")["passed"]
+
+
+def test_a_quantized_graph_rederives_on_the_example_shape_alone(tmp_path):
+    """A Q/DQ graph's shape rows are fp32 only: the re-derived example row is too."""
+    import torchao.quantization.pt2e.quantize_pt2e as pt2e  # a declared test dependency: never skipped
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    exported = torch.export.export(Conv().eval(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", max=16)}})
+    prepared = pt2e.prepare_pt2e(exported.module(), X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config()))
+    for _ in range(4):
+        prepared(torch.randn(4, 3, 8, 8))
+    result = cann_export.export(pt2e.convert_pt2e(prepared), tmp_path / "q", example_inputs=(x,),
+                                dynamic="x:0=batch:1..16", stored_parity_mib=0, sandbox="off", lint="warn")
+    assert result.ok and "quantization" in result.manifest
+    assert [g["shape"] for g in _manifest(tmp_path / "q")["parity"]["stored"]["left_out"]] == [
+        {"batch": 1}, {"batch": 8}, {"batch": 16}]
+    assert cann_export.validate(tmp_path / "q")["passed"]
 
 
 @pytest.mark.parametrize("value, words", [("-3", "not a whole number of MiB"), ("lots", "not a whole number"),

@@ -128,7 +128,8 @@ def left_out_shapes(recorded: dict[str, Any], sets_read: Any, path: Any) -> list
     if not isinstance(stored, dict) or not _indices(stored.get("input_sets")) or type(stored.get("of")) is not int:
         raise bad("is malformed (it lists the input sets the parity data holds and the shapes it leaves out)")
     left, cap = stored.get("left_out"), stored.get("cap_mib")
-    if not isinstance(left, list) or not 0 < len(left) <= 4096 or not (cap is None or type(cap) is int and cap >= 0):
+    if (not isinstance(left, list) or not 0 < len(left) <= 4096 or type(cap) is not int or cap < 0
+            or stored["input_sets"] != sorted(stored["input_sets"])):
         raise bad("is malformed (it lists the input sets the parity data holds and the shapes it leaves out)")
     if not all(isinstance(g, dict) and _dims(g.get("shape")) and _indices(g.get("input_sets")) for g in left):
         raise bad("lists a malformed left-out shape (dimension names and sizes, and its input sets)")
@@ -139,9 +140,13 @@ def left_out_shapes(recorded: dict[str, Any], sets_read: Any, path: Any) -> list
         raise bad(f"does not account once for each of the {recorded.get('input_sets')} input sets parity ran on")
     claimed = {json.dumps(r.get("shape"), sort_keys=True): r for r in recorded.get("shapes") or []
                if isinstance(r, dict)}
+    rows = [claimed.get(json.dumps(g["shape"], sort_keys=True)) or {} for g in left]
     if recorded.get("passed") is not True or any(
-            (claimed.get(json.dumps(g["shape"], sort_keys=True)) or {}).get("passed") is not True for g in left):
+            row.get("passed") is not True or row.get("fp32") is not True or row.get("device", True) is not True
+            for row in rows):
         raise bad("leaves out a shape that did not pass (a failed export stores every input set)")
+    if any(row.get("input_sets") != g["input_sets"] for row, g in zip(rows, left, strict=True)):
+        raise bad("gives a left-out shape other input sets than manifest.json's parity.shapes")
     return [g["shape"] for g in left]
 
 
@@ -155,16 +160,16 @@ def _dims(shape: Any) -> bool:
             and all(isinstance(k, str) and _DIM.fullmatch(k) and type(v) is int and v > 0 for k, v in shape.items()))
 
 
-def example_row(report: dict[str, Any]) -> None:
+def example_row(report: dict[str, Any], quantized: bool) -> None:
     """A re-derived report over the example's shape alone (every other shape left out) gets that shape's row,
-    as the export's report has it, so the rows compare like with like."""
+    as the export's report has it (a Q/DQ graph's rows: fp32 only), so the rows compare like with like."""
     labels = report.get("sets") or []
     if report.get("shapes") or "outputs" not in report or not labels or not isinstance(labels[0].get("shape"), dict):
         return
     graph = report.get("graph_fp32") or report
     row: dict[str, Any] = {"shape": dict(labels[0]["shape"]), "fp32": bool(graph.get("passed", report.get("passed"))),
                            "input_sets": [s for s, label in enumerate(labels) if label.get("role") != "probe"]}
-    if isinstance(report.get("device"), dict):
+    if isinstance(report.get("device"), dict) and not quantized:
         row["device"] = bool(report["device"].get("passed"))
     row["passed"] = row["fp32"] and row.get("device", True)
     report["shapes"] = [row]

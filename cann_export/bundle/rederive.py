@@ -260,7 +260,7 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     report, mode, rerun = _rerun_parity(checked, tolerance, layers)
     left_out = left_out_shapes(recorded, report.get("input_sets"), checked.directory)
     if left_out is not None:
-        example_row(report)
+        example_row(report, "quantization" in checked.manifest)
     used = tolerance.to_dict()
     claimed = recorded.get("tolerance") or {}
     changed = {k: v for k, v in claimed.items() if k in used and float(v) != float(used[k])}
