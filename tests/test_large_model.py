@@ -39,8 +39,10 @@ def test_large_model_path_writes_external_data_and_passes_parity(tmp_path, expor
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     assert "skipped" in result.manifest["optimize"]["onnxsim"]
-    if fmt == "atc_ready":
+    if fmt == "atc_ready":  # validate re-derives fp32 parity and, as the export, skips the emulation
         assert result.manifest["parity"]["precision"]["emulated"] is False
+        report = cann_export.validate(out)
+        assert report["passed"] and report["precision"]["emulated"] is False
     # the capture work directory is gone, the caller's module is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({out.name, data.name} if fmt == "onnx" else {"m"})
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -184,9 +184,10 @@ def _parity_problems(parity: Any) -> list[str]:
             problems.append("parity.tolerance: not an object of numbers")
         if not isinstance(parity.get("outputs", []), list):
             problems.append("parity.outputs: not a list")
-        if "precision" in parity and not (isinstance(parity["precision"], dict)
-                                          and isinstance(parity["precision"].get("mode"), str)):
-            problems.append("parity.precision: not an object with a mode")
+        precision = parity.get("precision")
+        if precision is not None and not (isinstance(precision, dict) and (isinstance(precision.get("mode"), str) or (
+                precision.get("emulated") is False and isinstance(precision.get("reason"), str)))):
+            problems.append("parity.precision: not an object with a mode (or why the emulation did not run)")
     return problems
 
 

@@ -254,9 +254,10 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
     if not recorded["validated"]:
         raise ValidateError("the bundle holds no parity data (it was exported with --no-validate); "
                             "export again with validation to get re-runnable parity", path=checked.directory)
-    if soc_versions and checked.options is None:
+    if soc_versions and (checked.options is None or (recorded.get("precision") or {}).get("emulated") is False):
         raise ValidateError("--soc-version judges the device precision of an ATC bundle (atc_ready, om); this "
-                            "bundle has no ATC options to emulate", path=checked.directory)
+                            "bundle has no ATC options to emulate, or a graph too large to emulate (its export "
+                            "skipped the emulation too)", path=checked.directory)
     report, mode, rerun = _rerun_parity(checked, tolerance, layers)
     left_out = left_out_shapes(recorded, report.get("input_sets"), checked.directory)
     if left_out is not None:
@@ -334,11 +335,14 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
                            quantized="quantization" in manifest, labels=labels,
                            noise=read_bundle_noise(directory, len(feeds)),
                            quant_noise=read_bundle_int8_noise(directory, len(feeds)))
-    if checked.options is None or not report.get("outputs"):  # no device run (an onnx bundle): fp32 per shape
+    skipped = (manifest["parity"].get("precision") or {}).get("emulated") is False  # a large graph's (large_graph.py)
+    if checked.options is None or not report.get("outputs") or skipped:  # no device run: fp32 per shape
         from ..validators.shape_parity import add_shape_verdicts
 
         if report.get("outputs"):
             add_shape_verdicts(report, labels, None, None)
+        if skipped:
+            report["precision"] = dict(manifest["parity"]["precision"])
         return report, None, {}
     from ..atc.hints import effective_precision
     from ..validators.precision import INF_NAN
