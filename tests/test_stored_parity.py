@@ -71,6 +71,8 @@ def test_the_cap_keeps_the_example_shape_and_names_what_it_left_out(capped):
     assert all(g["bytes"] > 0 for g in stored["left_out"])
     assert [s["shape"] for s in parity["shapes"]] == [{"batch": 2}, {"batch": 1}, {"batch": 8}, {"batch": 16}]
     assert json.loads((capped / "parity.json").read_text())["stored"] == stored
+    shown = CliRunner().invoke(cli, ["inspect", str(capped)])
+    assert "the bundle stores 5 of them (--stored-parity-mib 0)" in " ".join(shown.output.split()), shown.output
 
 
 def test_validate_rederives_the_stored_sets_and_says_what_it_could_not(capped, tmp_path):

@@ -127,7 +127,7 @@ def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None
 def summary(result: dict[str, Any]) -> str:
     """The manifest's warning for a trace the trace gate (trace_gate.py) checked and kept."""
     shapes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in result.get("shapes") or [])
-    return (f"the graph comes from tracing, which warned (trace_specialized in the parity report names where); it "
+    return (f"the graph comes from tracing, which warned (capture.specialized names where); it "
             f"agrees with the model on the {result['input_sets']} input sets it was checked on"
             + (f" (shapes {shapes})" if shapes else "")
             + ", so inputs beyond those may still take a path the trace did not record")
