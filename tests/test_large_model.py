@@ -43,9 +43,44 @@ def test_large_model_path_writes_external_data_and_passes_parity(tmp_path, expor
         assert result.manifest["parity"]["precision"]["emulated"] is False
         report = cann_export.validate(out)
         assert report["passed"] and report["precision"]["emulated"] is False
+        from click.testing import CliRunner
+
+        from cann_export.cli.main import _print_result
+
+        shown = CliRunner().invoke(click_command(lambda: _print_result(result)), [])
+        assert shown.exit_code == 0 and "device precision: skipped: " in shown.output, shown.output
     # the capture work directory is gone, the caller's module is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({out.name, data.name} if fmt == "onnx" else {"m"})
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def click_command(body):
+    import click
+
+    return click.command()(body)
+
+
+def test_a_small_bundle_claiming_a_skipped_emulation_is_refused(tmp_path):
+    """emulated: false is what a large graph's export writes; a small bundle edited to say it would skip its
+    device verdict on validate."""
+    import json
+
+    from cann_export.errors import ValidateError
+
+    out = tmp_path / "small"
+    assert cann_export.export(linear_stack(n=2, width=8), out, example_inputs=torch.randn(2, 8), sandbox="off").ok
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["parity"]["precision"] = {"emulated": False, "reason": "x"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match="the bundle has a device verdict"):
+        cann_export.validate(out)
+    del manifest["parity"]["device"]
+    manifest["parity"].pop("graph_fp32_passed", None)
+    for row in manifest["parity"].get("shapes") or []:
+        row.pop("device", None)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match="no external-data weights"):
+        cann_export.validate(out)
 
 
 def test_small_models_keep_the_in_memory_path(tmp_path):

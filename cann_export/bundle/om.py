@@ -292,7 +292,7 @@ def _default_output(path: Path) -> Path:
 def _stage_inputs(bundle: Path, checked: CheckedBundle, work: Path) -> None:
     """The graph and its external data (validated paths, listed in the file table) as symlinks in ``work``:
     ATC only reads them. Nothing else of the bundle reaches ATC; atc/ is rendered into ``work``."""
-    from .rederive import external_data_files
+    from .read import external_data_files
 
     model_file = checked.manifest["model"]["file"]
     for rel in [model_file, *external_data_files(checked.model)]:

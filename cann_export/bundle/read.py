@@ -191,6 +191,33 @@ def _parity_problems(parity: Any) -> list[str]:
     return problems
 
 
+def external_data_files(model: Any) -> list[str]:
+    """The files the graph's external-data initializers name (each ``location`` as written)."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    found = []
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            found.append(location)
+    return list(dict.fromkeys(found))
+
+
+def emulation_skipped(parity: dict[str, Any], model: Any, path: Any) -> bool:
+    """Whether the export skipped the device emulation for a large graph (capture/large_graph.py: its weights in
+    an external-data file, no device verdict anywhere); a manifest that says so otherwise was edited."""
+    if (parity.get("precision") or {}).get("emulated") is not False:
+        return False
+    device = parity.get("device") is not None or "graph_fp32_passed" in parity or any(
+        isinstance(row, dict) and "device" in row for row in parity.get("shapes") or [])
+    if device or not (model is not None and external_data_files(model)):
+        raise ValidateError("manifest.json's parity.precision says the device emulation was skipped (as for a "
+                            "graph past external_data_threshold), but the bundle has "
+                            + ("a device verdict" if device else "no external-data weights")
+                            + "; the bundle was changed after export, export it again", path=path)
+    return True
+
+
 def atc_problems(atc: Any) -> list[str]:
     """The shape of a manifest's ``atc`` section (the ATC options an export rendered)."""
     if not isinstance(atc, dict):

@@ -1,11 +1,10 @@
 """Re-deriving what a bundle's manifest claims, instead of reading it back.
 
-``check_bundle`` re-checks the file table and the torch program (``program_check``), compares the graph
-(inputs, outputs, op histogram, the metadata and provenance stamped into its ``metadata_props``) with the
-manifest, and re-renders the ATC command and
-cfg files from the manifest's ATC options *after validating them* (hint normalisers, an allowed SoC
-pattern, the file names fixed by this tool), then asks the Format the manifest names (and the one that
-unpacked its container) what else its artifact holds (``check_artifact``); ``rederive_parity`` re-runs parity
+``check_bundle`` re-checks the file table and the torch program (``program_check``), compares the graph (inputs,
+outputs, op histogram, the metadata and provenance stamped into its ``metadata_props``) with the manifest, and
+re-renders the ATC command and cfg files from the manifest's ATC options *after validating them* (hint normalisers,
+an allowed SoC pattern, the file names fixed by this tool), then asks the Format the manifest names (and the one
+that unpacked its container) what else its artifact holds (``check_artifact``); ``rederive_parity`` re-runs parity
 under the tool's policy. Every difference is collected; any difference is a refusal (``BundleMismatchError``, exit 2).
 """
 from __future__ import annotations
@@ -23,6 +22,7 @@ from ..hooks.contracts import CheckedBundle, Container, Format, optional
 from .dynamic_check import dynamic_differences
 from .dynamic_check import short as _short
 from .parity_store import as_recorded, example_row, left_out_shapes
+from .read import external_data_files
 
 if TYPE_CHECKING:
     from ..options import Tolerance
@@ -104,18 +104,6 @@ def _load_graph(directory: Path, model_file: str, diffs: list[str]) -> Any:
     except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
         diffs.append(f"{model_file}: not a readable ONNX model ({type(e).__name__})")
         return None
-
-
-def external_data_files(model: Any) -> list[str]:
-    """The files the graph's external-data initializers name (each ``location`` as written)."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    found = []
-    for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            found.append(location)
-    return list(dict.fromkeys(found))
 
 
 def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
@@ -323,6 +311,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
     from ..inputs.parity_data import (read_bundle_float_outputs, read_bundle_int8_noise, read_bundle_labels,
                                       read_bundle_noise, read_bundle_parity)
     from ..validators.parity import example_shape, parity_report, verdict_sets, with_device_parity
+    from .read import emulation_skipped
 
     manifest, directory = checked.manifest, checked.directory
     feeds, expected, _ = read_bundle_parity(directory, manifest)
@@ -335,7 +324,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
                            quantized="quantization" in manifest, labels=labels,
                            noise=read_bundle_noise(directory, len(feeds)),
                            quant_noise=read_bundle_int8_noise(directory, len(feeds)))
-    skipped = (manifest["parity"].get("precision") or {}).get("emulated") is False  # a large graph's (large_graph.py)
+    skipped = emulation_skipped(manifest["parity"], checked.model, directory)  # a large graph's (large_graph.py)
     if checked.options is None or not report.get("outputs") or skipped:  # no device run: fp32 per shape
         from ..validators.shape_parity import add_shape_verdicts
 

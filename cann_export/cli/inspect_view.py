@@ -99,7 +99,8 @@ def _parity(p: dict[str, Any] | None, pad: str, bundle: bool) -> list[str]:
     if not p or not p.get("validated", "outputs" in p):
         return ["", f"{pad}parity: not validated at export"]
     verdict = "passed" if p.get("passed") else "FAILED"
-    stored = p.get("stored") if isinstance(p.get("stored"), dict) else None
+    stored = p.get("stored") if isinstance(p.get("stored"), dict) and isinstance(p["stored"].get("input_sets"), list) \
+        else None
     kept = (f"; the bundle stores {len(stored.get('input_sets') or [])} of them (--stored-parity-mib "
             f"{stored.get('cap_mib')!r}), which `cann-export validate` re-derives" if stored else
             "; `cann-export validate` re-derives it")

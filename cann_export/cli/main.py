@@ -139,11 +139,11 @@ def _print_result(result: Any) -> None:
         return
     click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
                f"reference: {parity['reference']})")
-    if parity.get("precision"):
-        precision = parity["precision"]
+    if precision := parity.get("precision"):
         device = precision.get("device_model") or {}
         on = f" on {device['soc_version']} ({device['overflow_mode']} overflow)" if device.get("soc_version") else ""
-        click.echo(f"device precision: {precision['mode']}{on} (emulated: {precision['emulated']})")
+        click.echo(f"device precision: {precision.get('mode') or precision.get('reason')}{on} (emulated: "
+                   f"{precision.get('emulated')})")
     sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
     if parity.get("device"):
         sections.append((f"device ({parity['device'].get('mode')})", parity["device"]))
