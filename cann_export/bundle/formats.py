@@ -33,7 +33,7 @@ def _save(ctx: ExportContext, path: Path) -> list[Path]:
 
 
 def _finalize_parity(ctx: ExportContext, staging: Path) -> None:
-    """After validate: the parity data ``validate`` re-runs (the sets that failed among it), then parity.json."""
+    """After validate (whose verdict decides what is stored: parity_store.py): the parity data, then parity.json."""
     if ctx.options.validate and ctx.input_sets and not (staging / "parity").exists():
         write_parity_data(ctx, staging / "parity")
     if ctx.reports.parity is not None:

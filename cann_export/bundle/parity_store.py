@@ -61,12 +61,12 @@ def chosen_sets(ctx: ExportContext, cap_bytes: int | None) -> tuple[list[int], l
         else:
             left_out.append({"shape": json.loads(key), "input_sets": groups[key], "bytes": size[key]})
     sets = sorted(s for key in kept for s in groups[key])
-    if left_out and _reference_judged_otherwise(ctx, sets):
+    if left_out and _kept_reference_problem(ctx, sets):
         return every
     return sets, sorted(left_out, key=lambda g: g["input_sets"][0])
 
 
-def _reference_judged_otherwise(ctx: ExportContext, sets: list[int]) -> bool:
+def _kept_reference_problem(ctx: ExportContext, sets: list[int]) -> bool:
     """Whether parity's reference check (an output constant or non-finite over all the sets) finds a problem on
     the stored ``sets`` (a shape-only output is constant at the example's shape alone); over all of them it found
     none, as the export passed."""

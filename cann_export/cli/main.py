@@ -245,7 +245,7 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
             click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
                        f"{'ok' if o['passed'] else 'FAIL'}")
         if "stored" in summary:
-            click.echo("  " + _stored_note(summary)[2:])
+            click.echo(f"  {_stored_note(summary)}")
         for v in report.get("socs", []):
             where = (v.get("first_divergence") or {}).get("message")
             tail = (f"; {where}" if where and not v["passed"] else "") + (f" [{v['note']}]" if "note" in v else "")
@@ -263,14 +263,12 @@ def _validated(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, An
 
 
 def _stored_note(parity: dict[str, Any]) -> str:
-    """What validate could not re-run: the shapes whose parity sets the bundle did not store."""
-    stored = parity.get("stored")
-    if not stored:
-        return ""
+    """What validate could not re-run: the shapes whose parity sets the bundle did not store (``stored``)."""
+    stored = parity["stored"]
     left = stored["left_out"]
     shapes = ", ".join(" ".join(f"{k}={v}" for k, v in g["shape"].items()) for g in left[:6]) + (
         f" and {len(left) - 6} more" if len(left) > 6 else "")
-    return (f"; re-derived on {len(stored['input_sets'])} of {stored.get('of')} input sets (not stored, past "
+    return (f"re-derived on {len(stored['input_sets'])} of {stored.get('of')} input sets (not stored, past "
             f"--stored-parity-mib {stored.get('cap_mib')}: {shapes}; their export verdicts are in manifest.json)")
 
 
@@ -289,7 +287,8 @@ def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) ->
             device = (part["parity"].get("device") or {}).get("passed")
             click.echo(f"  {name}: {'passed' if part['passed'] else 'FAILED'} (fp32 "
                        f"{'ok' if part['parity'].get('fp32', {}).get('passed') else 'FAIL'}, device "
-                       f"{'ok' if device else 'FAIL' if device is False else 'n/a'}){_stored_note(part['parity'])}")
+                       f"{'ok' if device else 'FAIL' if device is False else 'n/a'})"
+                       + (f"; {_stored_note(part['parity'])}" if part["parity"].get("stored") else ""))
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 
