@@ -201,3 +201,24 @@ def test_other_shapes_fill_the_cap_smallest_first_and_a_failed_export_keeps_all(
     assert [(g["shape"], g["input_sets"]) for g in left] == [({"b": 16}, [3]), ({"b": 64}, [4])]
     assert chosen_sets(_ctx(shapes, True, nbytes), None) == ([0, 1, 2, 3, 4], [])
     assert chosen_sets(_ctx(shapes, False, nbytes), 2000) == ([0, 1, 2, 3, 4], [])
+
+
+def _shape_cells(page: str) -> dict[str, str]:
+    """report.html's per-shape table: the shape's JSON -> its 'input sets in the bundle' cell."""
+    import html
+    import re
+
+    table = page.split('<table id="shapes">', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td>(?:<td>.*?</td>){2}<td>(.*?)</td></tr>", table)
+    return {html.unescape(shape): re.sub("<[^>]+>", "", cell) for shape, cell in rows}
+
+
+def test_report_html_marks_the_shapes_it_did_not_store(capped, tmp_path):
+    exported = _shape_cells((capped / "report.html").read_text())
+    from cann_export.report.write import regenerate  # what `cann-export report` runs
+
+    assert regenerate(capped, tmp_path / "again.html")["passed"]
+    for cells in (exported, _shape_cells((tmp_path / "again.html").read_text())):
+        assert cells['{"batch": 2}'] == "stored"
+        for batch in (1, 8, 16):
+            assert cells[f'{{"batch": {batch}}}'].startswith("not stored (past --stored-parity-mib)"), cells

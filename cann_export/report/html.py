@@ -114,9 +114,14 @@ def _shapes(view: dict[str, Any]) -> str:
     if not view["shapes"]:
         return ""
     rows = "".join(f"<tr><td><code>{escape(json.dumps(r['shape']))}</code></td><td>{_flag(r['fp32'])}</td>"
-                   f"<td>{_flag(r['device'])}</td></tr>" for r in view["shapes"])
+                   f"<td>{_flag(r['device'])}</td><td>{'stored' if r.get('stored', True) else _NOT_STORED}</td></tr>"
+                   for r in view["shapes"])
     return f'<h2>Per shape (gears, range points)</h2><table id="shapes"><tr><th>shape</th><th>fp32</th>' \
-           f'<th>device</th></tr>{rows}</table>'
+           f'<th>device</th><th>input sets in the bundle</th></tr>{rows}</table>'
+
+
+_NOT_STORED = ("<i>not stored</i> (past <code>--stored-parity-mib</code>): the export's verdict, which "
+               "<code>validate</code> and <code>cann-export report</code> do not re-derive")
 
 
 def _flag(ok: Any) -> str:

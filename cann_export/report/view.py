@@ -2,6 +2,7 @@
 per-layer curve and the graph (for the source line of every node a finding names)."""
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
@@ -45,8 +46,7 @@ def build(manifest: dict[str, Any], layers: dict[str, Any] | None, places: dict[
                     "fp32": fp32.get("passed"), "device": device.get("passed") if device else None,
                     "reason": parity.get("reason")},
         "outputs": outputs,
-        "shapes": [{"shape": r.get("shape"), "fp32": r.get("fp32"), "device": r.get("device"),
-                    "passed": r.get("passed")} for r in parity.get("shapes") or []],
+        "shapes": _shape_rows(parity),
         "precision": {"mode": precision.get("mode"), "keep_dtype": precision.get("keep_dtype") or [],
                       "device_model": precision.get("device_model") or {}, "emulated": precision.get("emulated")},
         "first_divergence": first,
@@ -57,6 +57,16 @@ def build(manifest: dict[str, Any], layers: dict[str, Any] | None, places: dict[
         "warnings": manifest.get("warnings") or {},
         "model": {k: (manifest.get("model") or {}).get(k) for k in ("inputs", "outputs", "opset", "exporter")},
     }
+
+
+def _shape_rows(parity: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each judged shape, and whether the bundle stores its input sets (``--stored-parity-mib`` leaves the
+    largest out: their row is the export's verdict, which validate and ``cann-export report`` cannot re-derive)."""
+    stored = parity.get("stored") if isinstance(parity.get("stored"), dict) else {}
+    left = {json.dumps(g.get("shape"), sort_keys=True) for g in stored.get("left_out") or [] if isinstance(g, dict)}
+    return [{"shape": r.get("shape"), "fp32": r.get("fp32"), "device": r.get("device"), "passed": r.get("passed"),
+             "stored": json.dumps(r.get("shape"), sort_keys=True) not in left}
+            for r in parity.get("shapes") or [] if isinstance(r, dict)]
 
 
 def _metrics(row: dict[str, Any] | None) -> dict[str, Any] | None:
