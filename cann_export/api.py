@@ -116,9 +116,10 @@ def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, o
     """A file output (``-o model.onnx``) for a model whose *default* task exports several graphs (a causal LM's
     text-generation-with-past, Optimum's rule): refused naming the default and the --task that gives one file,
     since the same command wrote one graph before the default changed."""
-    from .components.bundle import component_format
+    from .components.bundle import component_format, one_file
 
     if options.get("task") is not None or not task.endswith("-with-past") or not Path(output_path).suffix \
+            or one_file(output_path) \
             or component_format(fmt) is None:  # a format of no multi-graph bundle: check_request names them
         return
     base = task[: -len("-with-past")]
@@ -281,10 +282,11 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity, and
     what the bundle's Format adds (``describe``)."""
     from .bundle.inspect import describe
-    from .components.check import describe_multi, is_multi
+    from .components.check import describe_multi, opened_multi
 
-    if is_multi(Path(path)):
-        return {**describe_multi(Path(path), inspect), "path": str(path)}
+    with opened_multi(Path(path)) as directory:
+        if directory is not None:
+            return {**describe_multi(directory, inspect, Path(path)), "path": str(path)}
     return describe(Path(path))
 
 

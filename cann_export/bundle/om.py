@@ -306,12 +306,12 @@ def _stage_inputs(bundle: Path, checked: CheckedBundle, work: Path) -> None:
 
 def convert(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
             overwrite: bool = False) -> dict[str, Any]:
-    """Compile a bundle (see ``convert_one``); a multi-graph bundle gets one ATC run per graph, every ``.om``
-    in one output directory (``components.check.convert_multi``)."""
-    from ..components.check import convert_multi, is_multi
-
-    if is_multi(Path(artifact)):
-        return convert_multi(Path(artifact), output, soc_version, overwrite, convert_one)
+    """Compile a bundle (see ``convert_one``); a multi-graph bundle (a directory or a zip) gets one ATC run per
+    graph, every ``.om`` in one output directory (``components.check.convert_multi``)."""
+    from ..components.check import convert_multi, opened_multi
+    with opened_multi(Path(artifact)) as directory:
+        if directory is not None:
+            return convert_multi(directory, output, soc_version, overwrite, convert_one, Path(artifact))
     return convert_one(artifact, output, soc_version, overwrite)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atc.lint import DYNAMIC_HINTS
+from ..bundle.single_file import ARCHIVE_SUFFIXES
 from ..errors import ExportError, OptionsError
 from .plan import Plan
 
@@ -94,7 +95,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
             manifest["sandbox"] = dict(sandbox_record)
         atomic.write_text(staging / "manifest.json", dumps(manifest))
         digest = digests.sha256_file(staging / "manifest.json")
-        atomic.commit_dir(staging, output, overwrite)
+        place(staging, output, overwrite)
         staging = None
     finally:
         plan.kept.clear()  # the references later components took their inputs from (components/reuse.py)
@@ -148,10 +149,26 @@ def check_request(what: str, fmt: str, output: Path, options: dict[str, Any]) ->
     if options.get("publish"):
         raise OptionsError("--publish is not supported for a multi-graph export yet; export, then "
                            "`cann-export zoo publish BUNDLE NAME`")
-    if Path(output).suffix:
-        raise OptionsError(f"a multi-graph bundle is a directory; pass an output without a suffix, not "
-                           f"{Path(output).name}", path=output)
+    if Path(output).suffix and not one_file(output):
+        raise OptionsError(f"a multi-graph bundle is a directory, or one file named {' / '.join(ARCHIVE_SUFFIXES)}"
+                           f"; pass an output without a suffix (or out.zip), not {Path(output).name}", path=output)
     return component
+
+
+def one_file(output: str | Path) -> bool:
+    """Whether ``output`` names a single-file bundle (``x.zip``): the bundle directory zipped (bundle/single_file)."""
+    return Path(output).suffix.lower() in ARCHIVE_SUFFIXES
+
+
+def place(staging: Path, output: Path, overwrite: bool) -> None:
+    """The finished bundle directory ``staging`` renamed into place at ``output``, or zipped into it (one file)."""
+    from ..bundle.single_file import commit_archive
+    from ..fs import atomic
+
+    if one_file(output):
+        commit_archive(staging, output, overwrite)
+    else:
+        atomic.commit_dir(staging, output, overwrite)
 
 
 def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, progress: Any,

@@ -4,6 +4,8 @@ real input and output names, and the top-level ATC script re-rendered; then ever
 (re-derived) by the single-graph ``validate``. Any difference is a refusal (exit 2) naming the file."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,37 @@ from .plan import KINDS, NAME, run_notes, wiring
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
 MAX_ENTRIES = 10_000  # files and directories walked under the components
+
+
+def archive_is_multi(path: Path) -> bool:
+    """Whether ``path`` is a single-file bundle (``x.zip``) whose root manifest.json names the multi-graph schema
+    (its first 4 KiB read; nothing unpacked)."""
+    import zipfile
+
+    from ..bundle import single_file
+    from ..load.archives import ZIP_READ_ERRORS
+
+    if not single_file.is_bundle_archive(Path(path)):
+        return False
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open("manifest.json") as f:
+            return SCHEMA.encode() in f.read(4096)
+    except ZIP_READ_ERRORS:
+        return False
+
+
+@contextlib.contextmanager
+def opened_multi(path: Path) -> Iterator[Path | None]:
+    """The multi-graph bundle directory of ``path``: a directory as is, a single-file bundle unpacked with bounded
+    reads (``bundle.read.open_bundle``, removed afterwards); None when ``path`` holds no multi-graph bundle."""
+    from ..bundle.read import open_bundle
+
+    path = Path(path)
+    if not archive_is_multi(path):
+        yield path if is_multi(path) else None
+        return
+    with open_bundle(path) as (directory, _):
+        yield directory if is_multi(directory) else None
 
 
 def is_multi(directory: Path) -> bool:
@@ -286,18 +319,20 @@ def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_op
             "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory)}
 
 
-def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
+def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None) -> dict[str, Any]:
     """What ``inspect`` shows: the components (each as ``inspect_one``, api.inspect, shows a bundle),
-    connections and verdict."""
+    connections and verdict. ``shown``: the path the user gave (a single-file bundle unpacked into ``directory``)."""
     from ..bundle.rederive import BundleMismatchError
     from ..bundle.read import manifest_sha256
 
+    shown = Path(shown or directory)
     manifest, diffs = check_multi(directory)
     if diffs:
-        raise BundleMismatchError(diffs, path=directory, stage="inspect")
+        raise BundleMismatchError(diffs, path=shown, stage="inspect")
     return {"kind": "multi-graph", "schema": SCHEMA, "format": manifest.get("format"),
             "bundle_kind": manifest.get("kind"),
-            "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"])}
+            "components": {c["name"]: {"role": c.get("role"), **inspect_one(directory / c["path"]),
+                                       "path": str(shown / c["path"])}
                            for c in manifest["components"]},
             "connections": manifest["connections"], "run": manifest.get("run", {}), "parity": manifest["parity"],
             "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"]),
@@ -307,25 +342,27 @@ def describe_multi(directory: Path, inspect_one: Any) -> dict[str, Any]:
 
 
 def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,
-                  convert_one: Any) -> dict[str, Any]:
+                  convert_one: Any, shown: Path | None = None) -> dict[str, Any]:
     """``cann-export convert`` of a multi-graph bundle: one ATC run per graph (each the single-graph
     ``convert`` of its component, which re-derives the command from the validated options), every ``.om``
     (``<component>.om`` and its ``.atc.log``) in one output directory committed at once. ``convert_one``:
-    bundle.om's single-graph convert."""
+    bundle.om's single-graph convert; ``shown``: the path the user gave (a single-file bundle unpacked into
+    ``path``), which names the default output (``<bundle>_om`` beside it)."""
     from ..bundle.rederive import BundleMismatchError
     from ..fs import atomic
 
     from ..errors import OptionsError
 
     path = Path(path)
+    shown = Path(shown or path)
     manifest, diffs = check_multi(path)
     if diffs:
-        raise BundleMismatchError(diffs, path=path, stage="convert")
+        raise BundleMismatchError(diffs, path=shown, stage="convert")
     if not atc_headed(component_format(manifest.get("format"))):
-        raise OptionsError(f"{path} is a --format {manifest.get('format')} multi-graph bundle: its graphs carry no ATC "
-                           "options to convert with; export the model again with --format atc_ready, then convert "
-                           "that bundle", path=path)
-    out = Path(output) if output else path.with_name(f"{path.name}_om")
+        raise OptionsError(f"{shown} is a --format {manifest.get('format')} multi-graph bundle: its graphs carry no "
+                           "ATC options to convert with; export the model again with --format atc_ready, then "
+                           "convert that bundle", path=shown)
+    out = Path(output) if output else shown.with_name(f"{shown.stem if shown.is_file() else shown.name}_om")
     atomic.check_target(out, overwrite)
     staging = atomic.staging_dir(out)
     results = {}
@@ -340,5 +377,5 @@ def convert_multi(path: Path, output: str | Path | None, soc_version: str | None
     for name, r in results.items():  # the paths where they now are
         r["output"], r["log"] = str(out / f"{name}.om"), str(out / f"{name}.atc.log")
     first = next(iter(results.values()))
-    return {"ok": True, "input": str(path), "output": str(out), "soc_version": first["soc_version"],
+    return {"ok": True, "input": str(shown), "output": str(out), "soc_version": first["soc_version"],
             "log": ", ".join(r["log"] for r in results.values()), "components": results}

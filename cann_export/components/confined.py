@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError, OptionsError
-from .bundle import MultiResult
+from .bundle import MultiResult, place
 
 DENIES = ["writes outside the export's staging directory", "execve", "sockets", "signals to other processes"]
 
@@ -75,7 +75,7 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
                               "written. A crafted file, or a load that needs more memory than is free",
                               path=str(path), stage="load") from e
         result = _checked(box / "bundle", path, output)
-        atomic.commit_dir(box / "bundle", output, overwrite)
+        place(box / "bundle", output, overwrite)
     finally:
         atomic.discard(box)
     return result

@@ -26,21 +26,12 @@ def stage_artifact(staged: Any, path: Path) -> None:
     from ..errors import ValidateError
 
     if path.suffix == ".onnx" and path.is_file():
-        key = "onnx"
-        rels = [path.name] + ([path.name + ".data"] if path.with_name(path.name + ".data").is_file() else [])
-        entry = {"format": "onnx", "soc_version": None, "precision_mode": None, "path": f"artifacts/{key}",
-                 "model_file": path.name}
-        if key in staged.artifacts:
-            raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
-        for rel in rels:
-            staged.copy(path.parent / rel, f"artifacts/{key}/{rel}")
-        staged.artifacts[key] = entry
-        staged.lineage.append({"target": key, "onnx_sha256": staged.known[f"artifacts/{key}/{path.name}"]["sha256"]})
-        return
-    from ..components.check import is_multi
+        return _stage_onnx(staged, path)
+    from ..components.check import opened_multi
 
-    if path.is_dir() and is_multi(path):
-        return _stage_multi(staged, path)
+    with opened_multi(path) as directory:  # a directory, or one file (x.zip): the zoo keeps the directory form
+        if directory is not None:
+            return _stage_multi(staged, directory, path)
     try:
         with open_artifact(path) as bundle:
             manifest = read_bundle(bundle)
@@ -95,9 +86,24 @@ def _stage_bundle_program(staged: Any, program: Path, key: str) -> None:
     staged.architecture = {"kind": "torch.export", "file": PROGRAM, "from_artifact": key}
 
 
-def _stage_multi(staged: Any, path: Path) -> None:
-    """A multi-graph bundle (components/<name>/ sub-bundles): the top-level manifest, every component's
-    manifest digest and files, and every component's graph and ATC options checked before anything is copied."""
+def _stage_onnx(staged: Any, path: Path) -> None:
+    """A plain .onnx file (and its external-data file beside it) under the target ``onnx``."""
+    key = "onnx"
+    rels = [path.name] + ([path.name + ".data"] if path.with_name(path.name + ".data").is_file() else [])
+    entry = {"format": "onnx", "soc_version": None, "precision_mode": None, "path": f"artifacts/{key}",
+             "model_file": path.name}
+    if key in staged.artifacts:
+        raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+    for rel in rels:
+        staged.copy(path.parent / rel, f"artifacts/{key}/{rel}")
+    staged.artifacts[key] = entry
+    staged.lineage.append({"target": key, "onnx_sha256": staged.known[f"artifacts/{key}/{path.name}"]["sha256"]})
+
+
+def _stage_multi(staged: Any, path: Path, shown: Path) -> None:
+    """A multi-graph bundle (components/<name>/ sub-bundles) in ``path`` (``shown``: the bundle the user named):
+    the top-level manifest, every component's manifest digest and files, and every component's graph and ATC
+    options checked before anything is copied."""
     from ..bundle.rederive import check_bundle
     from ..components.check import check_multi
     from ..errors import ValidateError
@@ -108,9 +114,9 @@ def _stage_multi(staged: Any, path: Path) -> None:
             checked = check_bundle(path / c["path"], raise_on_difference=False)
             diffs += [f"{c['path']}: {d}" for d in checked.differences]
     except ValidateError as e:
-        raise ZooError(f"refused to publish a damaged multi-graph bundle: {e.message}", path=path) from e
+        raise ZooError(f"refused to publish a damaged multi-graph bundle: {e.message}", path=shown) from e
     if diffs:
-        raise ZooError("refused to publish a damaged multi-graph bundle: " + "; ".join(diffs[:10]), path=path)
+        raise ZooError("refused to publish a damaged multi-graph bundle: " + "; ".join(diffs[:10]), path=shown)
     first = (manifest["components"][0]["path"]) + "/manifest.json"
     from ..bundle.read import load_manifest_file
 
@@ -118,7 +124,7 @@ def _stage_multi(staged: Any, path: Path) -> None:
     fmt = str(manifest.get("format") or "atc_ready")  # checked by check_multi: a format of multi-graph bundles
     key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
     if key in staged.artifacts:
-        raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=path)
+        raise ZooError(f"two artifacts for target {key}; publish them as separate versions", path=shown)
     base = f"artifacts/{key}"
     for rel in sorted(manifest["files"]) + ["manifest.json"]:
         staged.copy(path / rel, f"{base}/{rel}")

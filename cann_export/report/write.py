@@ -34,14 +34,15 @@ def regenerate(bundle: Path, output: Path | None = None) -> dict[str, Any]:
 
     from ..bundle import rederive
     from ..bundle.read import open_bundle
-    from ..components.check import is_multi
+    from ..components.check import archive_is_multi, is_multi
     from ..errors import OptionsError, ValidateError
     from ..options import Tolerance
 
     bundle = Path(bundle)
-    if is_multi(bundle):
+    if is_multi(bundle) or archive_is_multi(bundle):
+        where = f"{bundle}/components/NAME" if bundle.is_dir() else "components/NAME of the unzipped bundle"
         raise OptionsError("a multi-graph bundle has one report per graph: pass a component directory, "
-                           f"{bundle}/components/NAME (each holds its own report.html)", path=bundle)
+                           f"{where} (each holds its own report.html)", path=bundle)
     target = Path(output) if output is not None else bundle.with_name(bundle.name.split(".")[0] + ".report.html")
     with open_bundle(bundle) as (directory, container):
         checked = rederive.check_bundle(directory, container=container)
