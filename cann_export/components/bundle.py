@@ -62,11 +62,13 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
+    from .gear_hints import with_gears
     from .ranges import component_hints, narrow, parse_ranges
 
     fmt, component = _check(plan, Path(output), options)
-    narrow(plan, parse_ranges(options.pop("dynamic", None)))  # the user's ranges, before anything is written
-    hints = component_hints(plan, options.pop("atc_hints", None))
+    ranges = parse_ranges(options.pop("dynamic", None))
+    narrow(plan, ranges)  # the user's ranges and gears, before anything is written
+    hints = with_gears(plan, ranges, component_hints(plan, options.pop("atc_hints", None)))
     full = bool(options.pop("parity_full_ranges", False))  # parity past the element budget (components/budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)

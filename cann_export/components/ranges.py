@@ -5,8 +5,9 @@
 (``decode:past_sequence_length=1..1024``) in that component only. A dimension is named, not an input, since one
 dimension spans several inputs and graphs. The range replaces the component's ``dim_bounds``, which drive the
 torch.export Dims, the ATC ranges of its convert.sh and its parity shapes (validate re-derives those from the
-recorded ranges). ``--atc-hint COMPONENT:KEY=VALUE`` gives one component an ATC option (the unprefixed form
-gives it to every component)."""
+recorded ranges). ``DIM=G1,G2,...`` gives the dimension ATC gears instead (components/gear_hints.py renders them as
+the component's ``dynamic_batch_size`` / ``dynamic_dims`` options). ``--atc-hint COMPONENT:KEY=VALUE`` gives one
+component an ATC option (the unprefixed form gives it to every component)."""
 from __future__ import annotations
 
 import re
@@ -20,9 +21,10 @@ DIMENSIONS = ("batch_size", "sequence_length", "past_sequence_length", "decoder_
               "past_decoder_sequence_length", "encoder_sequence_length")
 COMPONENTS = tuple(dict.fromkeys(n for names in KINDS.values() for n in names))
 _FORM = re.compile(r"(?:(?P<comp>[a-z][a-z0-9_]{0,63}):)?(?P<dim>[A-Za-z_][A-Za-z0-9_]*)=(?P<spec>[^=]*)")
-SYNTAX = ("a multi-graph bundle takes --dynamic DIM=LO..HI (every graph with that dimension) or "
-          "COMPONENT:DIM=LO..HI (one graph), e.g. --dynamic batch_size=1..8 --dynamic sequence_length=1..512 "
-          "--dynamic decode:past_sequence_length=1..1024; dimensions: " + ", ".join(DIMENSIONS))
+SYNTAX = ("a multi-graph bundle takes --dynamic DIM=LO..HI or DIM=G1,G2,... (ATC gears; every graph with that "
+          "dimension) or COMPONENT:DIM=... (one graph), e.g. --dynamic batch_size=1..8 --dynamic "
+          "sequence_length=1..512 --dynamic decode:past_sequence_length=1..1024 --dynamic batch_size=1,2,4,8; "
+          "dimensions: " + ", ".join(DIMENSIONS))
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,12 @@ class DimRange:
     dim: str
     low: int
     high: int
+    gears: tuple[int, ...] = ()  # DIM=G1,G2,...: what ATC builds (low, high: the first and last)
 
     @property
     def text(self) -> str:
-        return f"{self.component + ':' if self.component else ''}{self.dim}={self.low}..{self.high}"
+        spec = ",".join(map(str, self.gears)) if self.gears else f"{self.low}..{self.high}"
+        return f"{self.component + ':' if self.component else ''}{self.dim}={spec}"
 
 
 def parse_ranges(values: Any) -> list[DimRange]:
@@ -57,19 +61,34 @@ def parse_ranges(values: Any) -> list[DimRange]:
                                f"{', '.join(COMPONENTS)}")
         if dim not in DIMENSIONS:
             raise OptionsError(f"--dynamic {value!r}: {dim!r} is not a dimension of a multi-graph bundle; {SYNTAX}")
-        lo, dots, hi = spec.partition("..")
-        if not dots or not lo.isdigit() or not hi.isdigit():
-            raise OptionsError(f"--dynamic {value!r}: {spec!r} is not a range LO..HI (gears go to ATC as "
-                               f"--atc-hint [COMPONENT:]dynamic_dims=...); {SYNTAX}")
-        low, high = int(lo), int(hi)
-        if not 1 <= low <= high:
-            raise OptionsError(f"--dynamic {value!r}: the range {low}..{high} is empty or inverted; write LO..HI "
-                               "with 1 <= LO <= HI, e.g. batch_size=1..8")
-        found = DimRange(comp, dim, low, high)
+        found = _spec(value, comp, dim, spec)
         if any((r.component, r.dim) == (comp, dim) for r in out):
             raise OptionsError(f"--dynamic names {found.text.split('=')[0]} twice; give each dimension once")
         out.append(found)
     return out
+
+
+def _spec(value: str, comp: str | None, dim: str, spec: str) -> DimRange:
+    """``LO..HI`` or ``G1,G2,...`` (2..100 distinct gears, as ATC takes) of one ``--dynamic`` value."""
+    from ..dynamic import MAX_GEARS, MIN_GEARS
+
+    if "," in spec:
+        if not all(g.isdigit() for g in spec.split(",")):
+            raise OptionsError(f"--dynamic {value!r}: {spec!r} is not a list of gears G1,G2,... (positive sizes); "
+                               f"{SYNTAX}")
+        gears = tuple(sorted({int(g) for g in spec.split(",")}))
+        if not MIN_GEARS <= len(gears) <= MAX_GEARS or gears[0] < 1:
+            raise OptionsError(f"--dynamic {value!r}: {len(gears)} distinct gear(s); ATC takes {MIN_GEARS}.."
+                               f"{MAX_GEARS} gears of sizes >= 1 (E10001), e.g. batch_size=1,2,4,8")
+        return DimRange(comp, dim, gears[0], gears[-1], gears)
+    lo, dots, hi = spec.partition("..")
+    if not dots or not lo.isdigit() or not hi.isdigit():
+        raise OptionsError(f"--dynamic {value!r}: {spec!r} is neither a range LO..HI nor gears G1,G2,...; {SYNTAX}")
+    low, high = int(lo), int(hi)
+    if not 1 <= low <= high:
+        raise OptionsError(f"--dynamic {value!r}: the range {low}..{high} is empty or inverted; write LO..HI "
+                           "with 1 <= LO <= HI, e.g. batch_size=1..8")
+    return DimRange(comp, dim, low, high)
 
 
 def narrow(plan: Plan, ranges: list[DimRange]) -> None:
@@ -96,9 +115,10 @@ def narrow(plan: Plan, ranges: list[DimRange]) -> None:
             if not low <= r.low <= r.high <= high:
                 raise OptionsError(f"--dynamic {r.text}: {comp.name}'s {r.dim} ranges over {low}..{high} at most "
                                    "(batch: 64; a length: the model's position table); give a range inside it")
-            if not r.low <= example <= r.high:
+            if not r.low <= example <= r.high or (r.gears and example not in r.gears):
+                fix = f"add the gear {example}" if r.gears else f"give LO <= {example} <= HI"
                 raise OptionsError(f"--dynamic {r.text}: {comp.name} is captured at {r.dim} {example} (its example "
-                                   f"input), which the range must hold; give LO <= {example} <= HI")
+                                   f"input), which the {'gears' if r.gears else 'range'} must hold; {fix}")
     for r in sorted(ranges, key=lambda r: r.component is not None):  # a component's own range wins
         for comp in plan.components:
             if r.component in (None, comp.name) and r.dim in comp.module.dim_bounds:
