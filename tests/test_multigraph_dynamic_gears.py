@@ -91,3 +91,23 @@ def test_decode_masks_are_one_longer_than_the_past(bundle):
     mask = slots.index(("attention_mask", 1))
     past = next(i for i, (n, k) in enumerate(slots) if re.fullmatch(r"past_key_values\.0\.key", n) and k == 2)
     assert all(row[mask] == row[past] + 1 for row in profiles)
+
+
+def test_lint_checks_every_graph_with_its_own_options(bundle, tmp_path):
+    import shutil
+
+    from cann_export.hooks.manager import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(cli=cli)  # what main() does before running the group
+    run = CliRunner().invoke(cli, ["lint", str(bundle), "--json"])
+    assert run.exit_code == 0, run.output
+    report = json.loads(run.stdout)
+    assert report["ok"] and set(report["components"]) == {"prefill", "decode"}
+    assert all(not [f for f in r["findings"] if f["severity"] == "error"] for r in report["components"].values())
+    text = CliRunner().invoke(cli, ["lint", str(bundle)]).output
+    assert f"{bundle} [decode]: ATC lint passed" in text and f"{bundle} [prefill]: ATC lint passed" in text
+    changed = tmp_path / "changed"
+    shutil.copytree(bundle, changed)
+    (changed / "components" / "decode" / "atc" / "convert.sh").write_text("atc --model=x\n")
+    run = CliRunner().invoke(cli, ["lint", str(changed)])
+    assert run.exit_code == 2 and "components/decode/atc/convert.sh" in run.output, run.output

@@ -63,6 +63,21 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
     return model, hints, hints.get("precision_mode") or precision
 
 
+def lint_components(directory: Path, shown: Path, cann_version: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The lint of every graph of a multi-graph bundle (checked against its top-level manifest first), by name."""
+    from ..bundle.rederive import BundleMismatchError
+    from ..components.check import check_multi
+
+    manifest, diffs = check_multi(directory)
+    if diffs:
+        raise BundleMismatchError(diffs, path=shown, stage="lint")
+    reports = {}
+    for c in manifest["components"]:
+        model, hints, precision = load_for_lint(directory / c["path"], extra)
+        reports[c["name"]] = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
+    return reports
+
+
 def _print_report(path: str, report: dict[str, Any]) -> None:
     import click
 
@@ -97,17 +112,27 @@ def register_commands(cli):
         if parse_cann_version(cann_version) is None:
             raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
         from ..bundle.read import open_artifact
+        from ..components.check import opened_multi
         from ..errors import ValidateError
+        from ..fs.jsonio import dumps
 
+        extra = parse_key_values(atc_hints, "--atc-hint")
         try:
+            with opened_multi(Path(path)) as multi:
+                if multi is not None:  # several graphs: each component linted with its own ATC options
+                    reports = lint_components(multi, Path(path), cann_version, extra)
+                    ok = all(r["passed"] for r in reports.values())
+                    if as_json:
+                        click.echo(dumps({"ok": ok, "path": path, "components": reports}))
+                    for name, report in reports.items() if not as_json else ():
+                        _print_report(f"{path} [{name}]", report)
+                    return 0 if ok else 1
             with open_artifact(Path(path)) as artifact:  # a stub or single-file bundle is unpacked (bounded) first
-                model, hints, precision = load_for_lint(artifact, parse_key_values(atc_hints, "--atc-hint"))
+                model, hints, precision = load_for_lint(artifact, extra)
         except ValidateError as e:
             raise LintError(e.message, path=e.path) from e
         report = lint_model(model, cann_version, hints, precision, module_paths.collect(model))
         if as_json:
-            from ..fs.jsonio import dumps
-
             click.echo(dumps({"ok": report["passed"], "path": path, **report}))
         else:
             _print_report(path, report)
