@@ -219,7 +219,7 @@ BAD = {
     "remote_code": (_edit_config(auto_map={"AutoModel": "modeling_evil.EvilModel"}), [], "--trust-remote-code"),
     "huge_config": (_huge, [], "larger than 1048576 bytes"),
     "deep_config": (_deep, [], "nests"),
-    "wrong_type": (_edit_config(vocab_size="100"), [], "vocab_size is \"100\"; it must be a positive integer"),
+    "wrong_type": (_edit_config(vocab_size="100"), [], "vocab_size is \"100\"; it must be an integer from 1"),
     "sub_config_type": (_edit_config(text_config=[1]), [], "text_config is [1], not an object"),
     "sub_config_field": (_edit_config(vision_config={"image_size": -3}), [], "vision_config.image_size is -3"),
     "archs_not_list": (_edit_config(architectures="BertModel"), [], "not a list of class names"),
@@ -229,8 +229,8 @@ BAD = {
     "multi_graph": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),  # with past by default
                     ["--format", "om"], "exports several graphs, as a bundle directory of components in --format"),
     "multi_graph_suffix": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
-                           ["--task", "text-generation-with-past"], "a multi-graph bundle is a directory; pass an "
-                                                                     "output without a suffix, not out.onnx"),
+                           ["--task", "text-generation-with-past"], "a multi-graph bundle is a directory, or one "
+                                                                     "file named .zip"),
     # the command that wrote one out.onnx before the with-past default: the refusal names the --task for one file
     "multi_graph_default_to_file": (_edit_config(architectures=["GPT2LMHeadModel"], model_type="gpt2"), [],
                                     "with no --task, DIR exports as text-generation-with-past (the -with-past form, "

@@ -20,6 +20,7 @@ INT_BOUNDS = {
     "patch_size": 1 << 14, "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20,
     "sampling_rate": 1 << 22,
 }
+ZERO_OK = ("type_vocab_size",)  # DeBERTa-v2/v3: 0, no token type embeddings
 _HINT = "re-save it with transformers' save_pretrained"
 # config.json keys that make from_pretrained load another weight file than the one checked (transformers 5's
 # modeling_utils reads ``transformers_weights`` as the file to load, following links, past these checks)
@@ -98,9 +99,10 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
             value = section.get(name)
             if name in ("image_size", "patch_size") and isinstance(value, list) and 1 <= len(value) <= 3:
                 value = max(value) if all(_int(v) and v > 0 for v in value) else value
-            if value is not None and (not _int(value) or not 0 < value <= bound):
-                raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be a positive integer up "
-                                f"to {bound}. Fix the field or {_HINT}", path=path)
+            low = 0 if name in ZERO_OK else 1
+            if value is not None and (not _int(value) or not low <= value <= bound):
+                raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be an integer from {low} "
+                                f"up to {bound}. Fix the field or {_HINT}", path=path)
     mapped = next((section for _, section in sections if "auto_map" in section), None)
     if mapped is not None and not trust_remote_code:
         raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "

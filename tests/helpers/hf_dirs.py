@@ -34,6 +34,9 @@ CASES = {
     "distilbert": HfCase("DistilBertForQuestionAnswering", "DistilBertConfig",
                          dict(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37, max_position_embeddings=64),
                          "question-answering", ["input_ids", "attention_mask"], ["start_logits", "end_logits"]),
+    "deberta_v2": HfCase("DebertaV2ForSequenceClassification", "DebertaV2Config",  # v3's: no token types
+                         {**TEXT, "type_vocab_size": 0, "num_labels": 2}, "text-classification",
+                         ["input_ids", "attention_mask"], ["logits"]),
     "gpt2": HfCase("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=100, n_embd=32, n_layer=1, n_head=2,
                                                          n_positions=64),
                    "text-generation", ["input_ids", "attention_mask", "position_ids"], ["logits"], flag=True),
