@@ -32,9 +32,29 @@ def _emit_error(err: Exception, as_json: bool) -> int:
     return code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, ``kill``): unwound like Ctrl-C, so staging directories are removed."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _catch_sigterm() -> None:
+    """SIGTERM raises Terminated in the main thread, unless the process already chose what SIGTERM does."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
     """Run a command body and exit with its code (None is 0); an error becomes one message and an exit code
-    (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first)."""
+    (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first). SIGTERM and
+    Ctrl-C unwind the command (its staging is removed) and exit 143 / 130."""
+    _catch_sigterm()
     try:
         code = fn() or 0
     except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -48,10 +68,10 @@ def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
 
             click.echo("".join(traceback.format_exception(e)), err=True, nl=False)
         code = _emit_error(e, as_json)
-    except KeyboardInterrupt:
-        click.echo("interrupted (an artifact is only ever renamed into place whole: nothing partial is left)",
-                   err=True)
-        code = 130
+    except KeyboardInterrupt as e:
+        click.echo(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'} (an artifact is only ever "
+                   "renamed into place whole: nothing partial is left)", err=True)
+        code = 143 if isinstance(e, Terminated) else 130
     sys.exit(code)
 
 

@@ -219,6 +219,7 @@ def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
 
     from .wrappers import StaticDecoderStep, StaticPrefill
 
+    _check_static_size(model.config, length, batch)
     model = model.eval()
     prefill, step = StaticPrefill(model), StaticDecoderStep(model)
     prompts = [max(1, length // 2 - row % max(1, length // 2)) for row in range(batch)]
@@ -234,6 +235,32 @@ def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
     kind = "decoder-with-static-cache"
     return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
                 wiring(kind, list(present)), run_notes(kind, length, batch))
+
+
+MAX_STATIC_VALUES = 1 << 28  # a static cache's values at the example (1 GiB in fp32): past it, refused up front
+
+
+def _check_static_size(config: Any, length: int, batch: int) -> None:
+    """``--kv-cache static:N,batch=B`` within the model: N slots within its position table, and a cache the
+    example can hold (the graphs are captured and judged at that size)."""
+    from .wrappers import max_positions
+
+    limit = max_positions(config)
+    if length > limit:
+        raise OptionsError(f"--kv-cache static:{length}: the model's position table holds {limit} positions, so at "
+                           f"most {limit} cache slots; give static:N with N <= {limit}")
+    heads = getattr(config, "num_attention_heads", None)
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    if not all(isinstance(v, int) and v > 0 for v in (heads, hidden, layers)):
+        return
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    values = batch * layers * 2 * kv_heads * length * head_dim
+    if values > MAX_STATIC_VALUES:
+        raise OptionsError(f"--kv-cache static:{length},batch={batch}: the cache holds {values:,} values "
+                           f"({values * 4 / 2**30:.1f} GiB in fp32) at the example the graphs are captured and judged "
+                           f"at, past the {MAX_STATIC_VALUES * 4 >> 30} GiB this export allows; give fewer slots or a "
+                           "smaller batch")
 
 
 def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:

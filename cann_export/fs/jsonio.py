@@ -83,10 +83,19 @@ def dump_file_text(data: Any) -> str:
     return dumps(data, indent=2) + "\n"
 
 
-def loads_strict(text: str) -> Any:
-    """Parse JSON the way strict parsers (Node's JSON.parse) do: NaN / Infinity are errors."""
+def loads_strict(text: str | bytes) -> Any:
+    """Parse JSON the way strict parsers (Node's JSON.parse) do: NaN / Infinity are errors, and so is an object
+    that names a key twice (readers disagree on which value wins)."""
 
     def refuse(name: str) -> Any:
         raise ValueError(f"not RFC 8259 JSON: {name}")
 
-    return json.loads(text, parse_constant=refuse)
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ValueError(f"the key {twice[:80]!r} appears twice in one object")
+        return out
+
+    return json.loads(text, parse_constant=refuse, object_pairs_hook=unique)

@@ -17,9 +17,14 @@ MODEL_TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")  # transformers' own ha
 INT_BOUNDS = {
     "vocab_size": 1 << 24, "max_position_embeddings": 1 << 22, "n_positions": 1 << 22, "type_vocab_size": 1 << 12,
     "image_size": 1 << 14, "num_channels": 1 << 10, "num_mel_bins": 1 << 12, "max_source_positions": 1 << 20,
-    "patch_size": 1 << 14, "hidden_size": 1 << 20, "num_hidden_layers": 1 << 12, "num_labels": 1 << 20,
-    "sampling_rate": 1 << 22,
+    "patch_size": 1 << 14, "hidden_size": 1 << 20, "num_labels": 1 << 20, "sampling_rate": 1 << 22,
+    # layer counts under every name a config uses (GPT-2's n_layer, T5's num_layers, ...): the size check builds
+    # the model on the meta device, whose cost grows with the layers (20,000 of them: 110 s, 1.1 GB) before it
+    # can refuse; the deepest real models have a few hundred
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"), 1 << 10),
 }
+LAYER_LISTS = ("depths", "layer_types")  # Swin's per-stage depths; a hybrid model's per-layer kinds
 ZERO_OK = ("type_vocab_size",)  # DeBERTa-v2/v3: 0, no token type embeddings
 _HINT = "re-save it with transformers' save_pretrained"
 # config.json keys that make from_pretrained load another weight file than the one checked (transformers 5's
@@ -48,8 +53,10 @@ def read_json(path: Path, what: str, limit: int = MAX_CONFIG_BYTES) -> dict[str,
     if len(data) > limit:
         raise LoadError(f"{path.name} is larger than {limit} bytes, far past any real {what}; refused unread. "
                         f"Check the directory holds the model's own {path.name} ({_HINT})", path=path)
+    from ..fs.jsonio import loads_strict
+
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = loads_strict(data.decode("utf-8"))
     except RecursionError as e:
         raise LoadError(f"{path.name} nests too deeply to be a {what}; {_HINT}", path=path) from e
     except (UnicodeDecodeError, ValueError) as e:
@@ -103,6 +110,14 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
             if value is not None and (not _int(value) or not low <= value <= bound):
                 raise LoadError(f"config.json's {prefix}{name} is {_shown(value)}; it must be an integer from {low} "
                                 f"up to {bound}. Fix the field or {_HINT}", path=path)
+    for prefix, section in sections:
+        for name in LAYER_LISTS:
+            value = section.get(name)
+            count = sum(value) if name == "depths" and isinstance(value, list) and all(
+                _int(v) and v >= 0 for v in value) else len(value) if isinstance(value, list) else 0
+            if count > 1 << 10:
+                raise LoadError(f"config.json's {prefix}{name} describes {count} layers, past the {1 << 10} this "
+                                f"loader builds; fix the field or {_HINT}", path=path)
     mapped = next((section for _, section in sections if "auto_map" in section), None)
     if mapped is not None and not trust_remote_code:
         raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "

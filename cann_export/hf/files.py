@@ -52,6 +52,10 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
                         "model file (.pt2, .pt, .pth, .safetensors)", path=directory)
     roots = [directory.resolve()]
     if directory.parent.name == "snapshots":  # hub cache: models--org--name/snapshots/<hash>/ links to ../../blobs
+        if directory.is_symlink() or roots[0].parent != directory.parent.resolve():
+            raise LoadError(f"the hub-cache snapshot {directory.name} is a link (to {str(roots[0])[:200]}), which a "
+                            "hub cache never makes: its files could lie anywhere; refused unread. Pass the real "
+                            "model directory", path=directory)
         blobs = _blobs(directory.parent.parent)
         if blobs is not None:
             roots.append(blobs)
@@ -114,12 +118,27 @@ def companions(directory: Path, roots: list[Path]) -> dict[str, bytes]:
         if len(data) > MAX_COMPANION:
             raise LoadError(f"{name} is larger than {MAX_COMPANION >> 20} MB, far past any real {name}; refused. "
                             "Remove it from the directory or replace it with the model's own file", path=path)
+        if name.endswith(".json"):
+            _check_json(path, data)
         total += len(data)
         if total > MAX_COMPANIONS_TOTAL:
             raise LoadError(f"the tokenizer/processor files add up to more than {MAX_COMPANIONS_TOTAL >> 20} MB; "
                             f"refused at {name}. Keep only the model's own files in the directory", path=path)
         out[f"{BUNDLE_FOLDER}/{name}"] = data
     return out
+
+
+def _check_json(path: Path, data: bytes) -> None:
+    """A companion .json file carried into the bundle is strict JSON (no NaN / Infinity, no key twice), as every
+    JSON file in a bundle is."""
+    from ..fs.jsonio import loads_strict
+
+    try:
+        loads_strict(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        why = "nests too deeply" if isinstance(e, RecursionError) else str(e)[:160]
+        raise LoadError(f"{path.name} is not strict JSON ({why}); a bundle carries only RFC 8259 JSON. Restore the "
+                        "model's own file or re-save it with save_pretrained", path=path) from e
 
 
 def directory_digest(files: list[Path], carried: dict[str, bytes]) -> str:

@@ -106,15 +106,29 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
             stored = stored_elements(weight_files(directory, bool(getattr(options, "trust_pickle", False)))[1])
         _check_size(cls, directory, stored)
     try:
-        model = cls.from_pretrained(str(directory), local_files_only=True, trust_remote_code=bool(remote),
-                                    use_safetensors=safetensors, dtype=torch.float32)
+        model, info = cls.from_pretrained(str(directory), local_files_only=True, trust_remote_code=bool(remote),
+                                          use_safetensors=safetensors, dtype=torch.float32, output_loading_info=True)
     except LoadError:
         raise
     except Exception as e:  # transformers' own refusal: name it with the directory
         raise LoadError(f"transformers could not load the directory as {name} ({type(e).__name__}: "
                         f"{_gist(e)}); check config.json matches the weights, or re-save with save_pretrained",
                         path=directory) from e
+    _check_missing(info, name, directory)
     return for_task(model.eval(), task, arch)
+
+
+def _check_missing(info: Any, name: str, directory: Path) -> None:
+    """Refuse a model some of whose weights are not in the files (renamed tensors, a shard the index leaves out, a
+    head the checkpoint never had): transformers initialises those at random and only warns, and the graph would
+    compute with them."""
+    missing = sorted(info.get("missing_keys") or []) if isinstance(info, dict) else []
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise LoadError(f"{len(missing)} weight(s) of {name} are not in the directory's weight files ({shown}): "
+                        "transformers would fill them with random values, and the exported graph would compute with "
+                        "them. Pass the --task the checkpoint was trained for (its head), or re-save the model with "
+                        "save_pretrained", path=directory)
 
 
 SIZE_SLACK = 1_000_000  # parameters a model may have beyond its files (e.g. a re-initialised buffer-like table)

@@ -8,7 +8,10 @@ import re
 import struct
 from pathlib import Path
 
+from typing import Any
+
 from ..errors import LoadError
+from ..fs.jsonio import loads_strict as strict_json
 from .config import read_json
 
 SAFE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -34,20 +37,25 @@ def checked_weights(directory: Path, roots: list[Path], trust_pickle: bool) -> t
     for name in WEIGHT_NAMES:  # the index files are read too: none may link out
         if (directory / name).exists() or (directory / name).is_symlink():
             check_inside(directory / name, roots)
-    safetensors, weights = weight_files(directory, trust_pickle)
-    for weight in weights:
-        check_inside(weight, roots)
-    return safetensors, weights
+    return weight_files(directory, trust_pickle, roots)
 
 
-def weight_files(directory: Path, trust_pickle: bool) -> tuple[bool, list[Path]]:
+def weight_files(directory: Path, trust_pickle: bool, roots: list[Path] | None = None) -> tuple[bool, list[Path]]:
     """(safetensors?, the weight files) in transformers' own order (the file checked is the file it loads):
     model.safetensors, its index, then pytorch_model.bin, its index; pickled files refused unless
-    ``trust_pickle``."""
+    ``trust_pickle``. ``roots``: where every file must lie, checked before it is opened."""
+    from .files import check_inside
+
+    def inside(path: Path) -> Path:
+        return check_inside(path, roots) if roots is not None else path
+
     if (directory / SAFE).exists():
-        return True, [check_safetensors(directory / SAFE)]
+        return True, [check_safetensors(inside(directory / SAFE))]
     if (directory / SAFE_INDEX).exists():
-        return True, [check_safetensors(p) for p in _shards(directory, SAFE_INDEX, ".safetensors")]
+        shards, weight_map = _shards(directory, SAFE_INDEX, ".safetensors", inside)
+        for shard in shards:
+            _check_weight_map(directory / SAFE_INDEX, weight_map, shard.name, tensor_names(check_safetensors(shard)))
+        return True, shards
     pickled = [directory / n for n in (PICKLED, PICKLED_INDEX) if (directory / n).exists()]
     if pickled:
         if not trust_pickle:
@@ -56,8 +64,8 @@ def weight_files(directory: Path, trust_pickle: bool) -> tuple[bool, list[Path]]
                             "if you trust it (transformers still loads it with weights_only=True), or re-save the "
                             "model with save_pretrained(..., safe_serialization=True)", path=pickled[0])
         if pickled[0].name == PICKLED_INDEX:
-            return False, _shards(directory, PICKLED_INDEX, ".bin")
-        return False, [_regular(pickled[0])]
+            return False, _shards(directory, PICKLED_INDEX, ".bin", inside)[0]
+        return False, [_regular(inside(pickled[0]))]
     raise LoadError(f"no weights: the directory has config.json but neither {SAFE}, {SAFE_INDEX} nor {PICKLED}. "
                     "Copy the weight files next to config.json (save_pretrained writes them), or pass the "
                     "snapshot directory that holds them", path=directory)
@@ -70,13 +78,18 @@ def _regular(path: Path) -> Path:
     return path
 
 
-def _shards(directory: Path, index_name: str, suffix: str) -> list[Path]:
-    index = read_json(directory / index_name, index_name, MAX_INDEX)
+def _shards(directory: Path, index_name: str, suffix: str, inside: Any) -> tuple[list[Path], dict[str, str]]:
+    """The shard files an index names (each a plain name in the directory, inside it, present) and its map."""
+    index = read_json(inside(directory / index_name), index_name, MAX_INDEX)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise LoadError(f"{index_name} has no weight_map object (tensor name -> shard file); re-save the model with "
                         "save_pretrained", path=directory / index_name)
-    names = sorted(set(weight_map.values()), key=str)
+    odd = next((k for k, v in weight_map.items() if not isinstance(v, str)), None)
+    if odd is not None:
+        raise LoadError(f"{index_name}'s weight_map maps {odd[:80]!r} to {json.dumps(weight_map[odd])[:80]}, not a "
+                        "shard file name; re-save the model with save_pretrained", path=directory / index_name)
+    names = sorted(set(weight_map.values()))
     for name in names:
         if not isinstance(name, str) or not SHARD.fullmatch(name) or not name.endswith(suffix) or ".." in name:
             raise LoadError(f"{index_name} names the shard {json.dumps(name)[:80]}, not a plain *{suffix} file name "
@@ -87,7 +100,20 @@ def _shards(directory: Path, index_name: str, suffix: str) -> list[Path]:
         raise LoadError(f"{index_name} lists {len(names)} shards but {', '.join(missing[:4])} "
                         f"{'is' if len(missing) == 1 else 'are'} missing; copy every shard next to the index "
                         "(an interrupted download or copy)", path=directory / missing[0])
-    return [_regular(directory / n) for n in names]
+    return [_regular(inside(directory / n)) for n in names], weight_map
+
+
+def _check_weight_map(index: Path, weight_map: dict[str, str], shard: str, held: set[str]) -> None:
+    """A shard holds exactly the tensors the index maps to it: a tensor in two shards, or one the index does not
+    map there, would load from a file other than the one the index names."""
+    mapped = {k for k, v in weight_map.items() if v == shard}
+    if held != mapped:
+        extra, lacking = sorted(held - mapped), sorted(mapped - held)
+        what = (f"holds {extra[0][:80]!r}, which the index maps elsewhere" if extra
+                else f"lacks {lacking[0][:80]!r}, which the index maps to it")
+        raise LoadError(f"{shard} {what} ({len(extra)} extra, {len(lacking)} missing); the shards do not match "
+                        f"{index.name}, so a weight could load from the wrong file. Re-save the model with "
+                        "save_pretrained", path=index)
 
 
 def stored_elements(paths: list[Path]) -> int:
@@ -108,10 +134,12 @@ def stored_elements(paths: list[Path]) -> int:
     return total
 
 
-def check_safetensors(path: Path) -> Path:
-    """``path`` when its safetensors header is readable and its tensors end exactly at the end of the file
-    (a truncated copy is refused here, naming the file, before transformers maps it)."""
-    _regular(path)
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "U16": 2,
+               "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _header(path: Path) -> tuple[int, dict[str, Any]]:
+    """(header length, header) of a safetensors file, bounded and strict JSON (no NaN, no duplicate names)."""
     size = path.stat().st_size
     hint = "the file is truncated or not safetensors; copy or download it again"
     with path.open("rb") as f:
@@ -122,19 +150,66 @@ def check_safetensors(path: Path) -> Path:
         if length > MAX_HEADER or 8 + length > size:
             raise LoadError(f"{path.name}'s header claims {length} bytes but the file has {size}; {hint}", path=path)
         try:
-            header = json.loads(f.read(length).decode("utf-8"))
+            header = strict_json(f.read(length).decode("utf-8"))
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise LoadError(f"{path.name}'s safetensors header is not valid JSON; {hint}", path=path) from e
+            raise LoadError(f"{path.name}'s safetensors header is not valid JSON ({e}); {hint}", path=path) from e
     if not isinstance(header, dict):
         raise LoadError(f"{path.name}'s safetensors header is not an object; {hint}", path=path)
-    end = 0
+    return length, header
+
+
+def check_safetensors(path: Path) -> Path:
+    """``path`` when its safetensors header is well formed (a known dtype, a shape of sizes, offsets that cover the
+    data once: no overlap, no gap, each tensor's bytes its shape times its dtype) and its tensors end exactly at
+    the end of the file (a truncated or crafted copy is refused here, naming the file, before transformers maps
+    it)."""
+    _regular(path)
+    size = path.stat().st_size
+    length, header = _header(path)
+    spans = []
     for name, entry in header.items():
         if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise LoadError(f"{path.name}: its __metadata__ is not a map of strings; {_CRAFTED}", path=path)
             continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            raise LoadError(f"{path.name}: tensor {name[:80]!r} has no valid data_offsets; {hint}", path=path)
-        end = max(end, offsets[1])
+        problem = _entry_problem(entry)
+        if problem:
+            raise LoadError(f"{path.name}: tensor {name[:80]!r} {problem}; {_CRAFTED}", path=path)
+        spans.append((entry["data_offsets"][0], entry["data_offsets"][1], name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise LoadError(f"{path.name}: tensor {name[:80]!r} starts at byte {begin}, not {end} where the one "
+                            f"before it ends (an overlap or a gap); {_CRAFTED}", path=path)
+        end = stop
     if 8 + length + end != size:
-        raise LoadError(f"{path.name} holds {size} bytes but its tensors need {8 + length + end}: {hint}", path=path)
+        raise LoadError(f"{path.name} holds {size} bytes but its tensors need {8 + length + end}: the file is "
+                        "truncated or not safetensors; copy or download it again", path=path)
     return path
+
+
+_CRAFTED = "the file is damaged or crafted; copy or download it again, or re-save the model with save_pretrained"
+
+
+def _entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return "is not an object"
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+        return f"has dtype {json.dumps(dtype)[:40]}, not a safetensors dtype"
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return "has no shape of non-negative sizes"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        return "has no valid data_offsets [begin, end]"
+    count = 1
+    for d in shape:
+        count *= d
+    if offsets[1] - offsets[0] != count * DTYPE_BYTES[dtype]:
+        return f"spans {offsets[1] - offsets[0]} bytes, not the {count * DTYPE_BYTES[dtype]} its shape and dtype need"
+    return None
+
+
+def tensor_names(path: Path) -> set[str]:
+    """The tensor names of a checked safetensors file."""
+    return {name for name in _header(path)[1] if name != "__metadata__"}

@@ -1,0 +1,194 @@
+"""Hostile model directories found by a second probe: weights that do not cover the model (renamed tensors, a
+shard the index leaves out: transformers would fill them at random and only warn), shards that disagree with their
+index, crafted safetensors headers, a hub-cache snapshot that is itself a link out, layer counts under other names
+than num_hidden_layers (built on the meta device before the size check could refuse), non-strict JSON carried into
+the bundle, and a static KV cache past the position table. Each refused before any export, naming the file."""
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers import hf_dirs
+
+from cann_export.errors import LoadError, OptionsError
+from cann_export.hf import files as hf_files
+from cann_export.hf.loader import HfDirectoryLoader
+from cann_export.hf.weights import checked_weights
+
+OPTIONS = SimpleNamespace(trust_remote_code=False, trust_pickle=False, task=None)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile2")
+    return {"bert": hf_dirs.save("bert", root / "bert"),
+            "bert_sharded": hf_dirs.save("bert", root / "bert_sharded", max_shard_size="40KB"),
+            "gpt2": hf_dirs.save("gpt2", root / "gpt2")}
+
+
+def _copy(saved, name, tmp_path):
+    return Path(shutil.copytree(saved[name], tmp_path / name))
+
+
+def _rewrite_header(path, edit):
+    """``path``'s safetensors header edited by ``edit`` (the data bytes unchanged, the header re-padded)."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+
+
+def _first_tensor(header):
+    return next(k for k in sorted(header) if k != "__metadata__")
+
+
+def test_renamed_tensors_are_refused_not_filled_at_random(saved, tmp_path):
+    directory = _copy(saved, "bert", tmp_path)
+    _rewrite_header(directory / "model.safetensors",
+                    lambda h: h.update({("junk." + k if k != "__metadata__" else k): h.pop(k) for k in list(h)}))
+    with pytest.raises(LoadError, match=r"weight\(s\) of BertForSequenceClassification are not in the") as e:
+        HfDirectoryLoader().load(directory, OPTIONS)
+    assert e.value.path == str(directory)
+
+
+def test_an_index_that_leaves_a_shard_out_is_refused(saved, tmp_path):
+    directory = _copy(saved, "bert_sharded", tmp_path)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != last}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    (directory / last).unlink()
+    with pytest.raises(LoadError, match="are not in the directory's weight files"):
+        HfDirectoryLoader().load(directory, OPTIONS)
+
+
+def test_a_tensor_in_a_shard_the_index_does_not_name_is_refused(saved, tmp_path):
+    directory = _copy(saved, "bert_sharded", tmp_path)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    first, second = sorted(set(index["weight_map"].values()))[:2]
+    moved = next(k for k, v in index["weight_map"].items() if v == first)
+    index["weight_map"][moved] = second  # the index now says the other shard holds it
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(LoadError, match="the shards do not match model.safetensors.index.json") as e:
+        checked_weights(directory, [directory.resolve()], False)
+    assert e.value.path == str(directory / "model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda h: h[_first_tensor(h)].update(dtype="X99"), 'has dtype "X99"'),
+    (lambda h: h[_first_tensor(h)].update(shape=[1.5]), "no shape of non-negative sizes"),
+    (lambda h: h[_first_tensor(h)].update(data_offsets=[8, 4]), "no valid data_offsets"),
+    (lambda h: h[_first_tensor(h)].update(data_offsets=[True, 4]), "no valid data_offsets"),
+    (lambda h: h[_first_tensor(h)].update(shape=[1, 1]), "not the 4 its shape and dtype need"),
+    (lambda h: h.update(__metadata__={"format": ["pt"]}), "__metadata__ is not a map of strings"),
+    (lambda h: [e.update(data_offsets=[0, e["data_offsets"][1] - e["data_offsets"][0]])
+                for k, e in h.items() if k != "__metadata__"], "an overlap or a gap"),
+])
+def test_a_crafted_safetensors_header_is_refused_naming_the_file(saved, tmp_path, edit, words):
+    directory = _copy(saved, "bert", tmp_path)
+    _rewrite_header(directory / "model.safetensors", edit)
+    with pytest.raises(LoadError, match="model.safetensors") as e:
+        checked_weights(directory, [directory.resolve()], False)
+    assert words in e.value.message and e.value.path == str(directory / "model.safetensors")
+
+
+@pytest.mark.parametrize("value", [[["model-00001-of-00002.safetensors"]], [{"file": "x.safetensors"}]])
+def test_an_index_mapping_to_a_non_name_is_refused(saved, tmp_path, value):
+    directory = _copy(saved, "bert_sharded", tmp_path)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = value[0]
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(LoadError, match="not a shard file name"):
+        checked_weights(directory, [directory.resolve()], False)
+
+
+def test_a_shard_linking_out_is_refused_before_it_is_read(saved, tmp_path):
+    directory = _copy(saved, "bert_sharded", tmp_path)
+    shard = sorted(directory.glob("*.safetensors"))[-1]
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"\xff" * 64)  # not safetensors: reading it would say so
+    shard.unlink()
+    os.symlink(outside, shard)
+    with pytest.raises(LoadError, match="links outside the model directory"):
+        checked_weights(directory, [directory.resolve()], False)
+
+
+def test_a_hub_cache_snapshot_that_is_a_link_out_is_refused(saved, tmp_path):
+    repo = tmp_path / "models--evil--m"
+    (repo / "snapshots").mkdir(parents=True)
+    elsewhere = _copy(saved, "bert", tmp_path)
+    (elsewhere / "vocab.txt").write_text("SECRET\n")
+    os.symlink(elsewhere, repo / "snapshots" / ("0" * 40))
+    for path in (repo, repo / "snapshots" / ("0" * 40)):
+        with pytest.raises(LoadError, match="is a link"):
+            hf_files.resolve(path)
+
+
+@pytest.mark.parametrize("name, edit, words", [
+    ("gpt2", {"n_layer": 20000}, "n_layer is 20000"),
+    ("bert", {"num_hidden_layers": 5000}, "num_hidden_layers is 5000"),
+    ("bert", {"layer_norm_eps": float("nan")}, "not RFC 8259 JSON: NaN"),
+])
+def test_config_fields_are_checked_under_every_name(saved, tmp_path, name, edit, words):
+    directory = _copy(saved, name, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **edit}))
+    with pytest.raises(LoadError, match="config.json") as e:
+        HfDirectoryLoader().load(directory, OPTIONS)
+    assert words in e.value.message
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"max_length": NaN}', "not RFC 8259 JSON: NaN"),
+    ('{"a": 1, "a": 2}', "appears twice"),
+    ("[" * 100000 + "]" * 100000, "nests too deeply"),
+])
+def test_a_companion_file_carried_into_the_bundle_must_be_strict_json(saved, tmp_path, text, words):
+    directory = _copy(saved, "bert", tmp_path)
+    (directory / "generation_config.json").write_text(text)
+    with pytest.raises(LoadError, match="generation_config.json is not strict JSON") as e:
+        hf_files.companions(*hf_files.resolve(directory))
+    assert words in e.value.message
+
+
+def test_a_static_cache_past_the_position_table_is_refused(tmp_path):
+    from helpers.hf_models import tiny_decoder_gpt2
+
+    from cann_export import api
+
+    with pytest.raises(OptionsError, match="position table holds 16 positions"):
+        api.export_multi(tiny_decoder_gpt2(n_positions=16), tmp_path / "x", kv_cache="static:64")
+    with pytest.raises(OptionsError, match="GiB in fp32"):
+        api.export_multi(tiny_decoder_gpt2(n_positions=4096), tmp_path / "x", kv_cache="static:4096,batch=2048")
+    assert not (tmp_path / "x").exists()
+
+
+def test_sigterm_unwinds_the_export_and_leaves_nothing(saved, tmp_path):
+    """A CI job's timeout sends SIGTERM: the export stops like Ctrl-C (exit 143), its staging removed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cann_export", str(saved["bert"]), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:  # the load has started: a staging directory exists from here on
+        lines.append(line)
+        if "[1/12] load" in line:
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, "".join(lines) + rest
+    assert "terminated" in rest and "Traceback" not in rest
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
