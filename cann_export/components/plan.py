@@ -193,10 +193,14 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     """``prefill`` (the prompt) then ``decode`` (one token on a growing cache); batch and lengths dynamic."""
     import torch
 
-    from .wrappers import DecoderPrefill, DecoderStep
+    from .wrappers import DecoderPrefill, DecoderStep, sliding_window
 
     model = model.eval()
     prefill, step = DecoderPrefill(model), DecoderStep(model)
+    if step.dim_bounds["past_sequence_length"][1] < prompt:
+        raise OptionsError(f"the model's sliding window ({sliding_window(model.config)} tokens: its cache keeps only "
+                           f"the last window - 1) is too short for the {prompt}-token prompt its graphs are captured "
+                           "at; export one graph with --task text-generation (no cache)")
     batch = EXAMPLE_BATCH
     ids = _ids(model.config, (batch, prompt), 0)
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
@@ -243,9 +247,12 @@ MAX_STATIC_VALUES = 1 << 28  # a static cache's values at the example (1 GiB in 
 def _check_static_size(config: Any, length: int, batch: int) -> None:
     """``--kv-cache static:N,batch=B`` within the model: N slots within its position table, and a cache the
     example can hold (the graphs are captured and judged at that size)."""
-    from .wrappers import max_positions
+    from .wrappers import max_positions, sliding_window
 
-    limit = max_positions(config)
+    limit, window = max_positions(config), sliding_window(config)
+    if window is not None and length > window - 1:
+        raise OptionsError(f"--kv-cache static:{length}: the model's sliding window ({window} tokens) keeps only the "
+                           f"last {window - 1} in its cache; give static:N with N <= {window - 1}")
     if length > limit:
         raise OptionsError(f"--kv-cache static:{length}: the model's position table holds {limit} positions, so at "
                            f"most {limit} cache slots; give static:N with N <= {limit}")

@@ -74,14 +74,15 @@ class _Graph(nn.Module):
         self.model = model
         self.graph_dynamic_axes: dict[str, dict[int, str]] = {}
         seq = max_positions(decoder_config(model.config))
+        window = sliding_window(model.config)
         self.dim_bounds: dict[str, tuple[int, int]] = {"batch_size": (1, MAX_BATCH)}
         for name in ("sequence_length", "decoder_sequence_length"):
-            self.dim_bounds[name] = (1, seq)
+            self.dim_bounds[name] = (1, seq if window is None else min(seq, window - 1))
         # the encoder's own positions where it has a table of its own (Whisper's max_source_positions)
         encoder_keys = ("max_source_positions", "n_positions", "max_position_embeddings", "max_target_positions")
         self.dim_bounds["encoder_sequence_length"] = (1, max_positions(_part(model.config, "encoder"), encoder_keys))
         for name in ("past_sequence_length", "past_decoder_sequence_length"):
-            self.dim_bounds[name] = (1, seq - 1)
+            self.dim_bounds[name] = (1, seq - 1 if window is None else min(seq - 1, window - 2))
 
     def graph_dynamic_shapes(self) -> tuple[dict[int, Any], ...]:
         """``graph_dynamic_axes`` as torch.export Dims, one dict per input in order (for torch.onnx.export)."""
@@ -127,6 +128,22 @@ class _Graph(nn.Module):
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The graph's outputs by name from its inputs by name: each graph class (prefill, decode, ...) defines it."""
         raise NotImplementedError(f"{type(self).__name__} defines no compute(): every graph class must")
+
+
+def sliding_window(config: Any) -> int | None:
+    """The smallest sliding window of the decoder's cache layers (transformers' DynamicSlidingWindowLayer keeps only
+    the last ``window - 1`` tokens: Mistral, Gemma2/3, Phi-3, ...), or None. Past that length the cache, the
+    attention mask and the path the graph was captured on all change, so a graph covers contexts up to it: the
+    prompt ``window - 1`` tokens, the past ``window - 2`` (checked on Mistral and Gemma2 with a window of 8: past
+    it the decode graph was wrong on left-padded rows, or failed in onnxruntime)."""
+    from transformers import DynamicCache
+
+    try:
+        layers = DynamicCache(config=cache_config(config)).layers
+    except Exception:  # noqa: BLE001 - a config the cache cannot read has no window we can know
+        return None
+    windows = [w for layer in layers if isinstance(w := getattr(layer, "sliding_window", None), int) and w > 0]
+    return min(windows) if windows else None
 
 
 def _dynamic_cache(flat: list[torch.Tensor], config: Any) -> Any:
