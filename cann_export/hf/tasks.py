@@ -49,6 +49,8 @@ TASKS: dict[str, Task] = {t.name: t for t in (
        {"logits": {0: BATCH, 1: SEQ}}),
     _t("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification",
        {"logits": {0: BATCH}}),
+    _t("image-segmentation", "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "AutoModelForSemanticSegmentation",
+       {"logits": {0: BATCH}}),  # Optimum's name for Segformer / DPT-style per-pixel class logits
     _t("object-detection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection",
        {"logits": {0: BATCH, 1: "num_queries"}, "pred_boxes": {0: BATCH, 1: "num_queries"}}),
     _t("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification",
