@@ -134,6 +134,9 @@ def test_a_hub_cache_snapshot_that_is_a_link_out_is_refused(saved, tmp_path):
     ("gpt2", {"n_layer": 20000}, "n_layer is 20000"),
     ("bert", {"num_hidden_layers": 5000}, "num_hidden_layers is 5000"),
     ("bert", {"layer_norm_eps": float("nan")}, "not RFC 8259 JSON: NaN"),
+    ("bert", {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+     'quantization_config ("bitsandbytes") makes this a quantized checkpoint'),
+    ("bert", {"attn_implementation": "kernels-community/flash-attn"}, "a kernel from the Hugging Face Hub"),
 ])
 def test_config_fields_are_checked_under_every_name(saved, tmp_path, name, edit, words):
     directory = _copy(saved, name, tmp_path)

@@ -118,6 +118,7 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
             if count > 1 << 10:
                 raise LoadError(f"config.json's {prefix}{name} describes {count} layers, past the {1 << 10} this "
                                 f"loader builds; fix the field or {_HINT}", path=path)
+    _refuse_quantized_or_kernels(sections, path)
     mapped = next((section for _, section in sections if "auto_map" in section), None)
     if mapped is not None and not trust_remote_code:
         raise LoadError("config.json has an auto_map: the model's classes are Python files in the directory "
@@ -125,6 +126,25 @@ def read_config(directory: Path, trust_remote_code: bool) -> dict[str, Any]:
                         "(trust_remote_code=True) only if you trust that code; it then runs inside the load sandbox",
                         path=path)
     return config
+
+
+def _refuse_quantized_or_kernels(sections: list[tuple[str, dict]], path: Path) -> None:
+    """A quantized checkpoint (``quantization_config``: bitsandbytes, GPTQ, AWQ, fp8, torchao) needs its
+    quantizer's packages and kernels to load, and exports no float graph; a hub kernel (``attn_implementation``
+    naming a repository) would be downloaded and run. Both refused, naming the field."""
+    for prefix, section in sections:
+        quant = section.get("quantization_config")
+        if quant is not None:
+            method = quant.get("quant_method") if isinstance(quant, dict) else None
+            raise LoadError(f"config.json's {prefix}quantization_config ({_shown(method or quant)}) makes this a "
+                            "quantized checkpoint, which cann-export does not load: export the float model (for int8 "
+                            "on the NPU: --qat or --ptq with --calibration-data)", path=path)
+        for key in ("attn_implementation", "_attn_implementation"):
+            value = section.get(key)
+            if isinstance(value, str) and "/" in value:
+                raise LoadError(f"config.json's {prefix}{key} is {_shown(value)}, a kernel from the Hugging Face Hub, "
+                                "which would be downloaded and run; refused. Remove the field (PyTorch's own "
+                                "attention is used)", path=path)
 
 
 def _sections(config: dict[str, Any], path: Path, prefix: str = "", depth: int = 0) -> list[tuple[str, dict]]:
