@@ -103,7 +103,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     several = graphs(model, options)
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         _check_defaulted(model, several, output_path, export_format, options)
-        return export_multi(model, output_path, export_format=export_format, progress=progress, **options)
+        return export_multi(model, output_path, export_format=export_format, progress=progress,
+                            known_task=several, **options)
     ctx = _context(model, Path(output_path), _options(export_format, dict(options)), example_inputs)
     pipeline.run(ctx, progress)
     if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes
@@ -166,10 +167,12 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     carried: dict[str, bytes] = {}
     fmt = options.get("export_format", "atc_ready")
     check_request(task or "a decoder with past / encoder-decoder", fmt, Path(output_path), options)  # before loads
-    from .components.ranges import parse_ranges, split_hints
+    from .components.ranges import check_known_components, parse_ranges, split_hints
 
     parse_ranges(options.get("dynamic"))  # --dynamic DIM=LO..HI, [COMPONENT:]KEY=VALUE hints: refused before loads
     split_hints(options.get("atc_hints"))
+    check_known_components(task or options.get("known_task"), options.get("dynamic"), options.get("atc_hints"))
+    options.pop("known_task", None)
     if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
         from .components.confined import export_directory
 

@@ -111,3 +111,18 @@ def test_lint_checks_every_graph_with_its_own_options(bundle, tmp_path):
     (changed / "components" / "decode" / "atc" / "convert.sh").write_text("atc --model=x\n")
     run = CliRunner().invoke(cli, ["lint", str(changed)])
     assert run.exit_code == 2 and "components/decode/atc/convert.sh" in run.output, run.output
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--atc-hint", "encoder:log=error"], "--atc-hint encoder:log: a text-generation-with-past export has no "
+                                          "component 'encoder'"),
+    (["--dynamic", "decoder_with_past:batch_size=1..4"], "has no component 'decoder_with_past'"),
+])
+def test_a_component_the_task_does_not_export_is_refused_before_the_load(tmp_path, flags, words):
+    """The directory's task (from config.json) names the components: a prefix naming another is refused before
+    transformers loads the model (its weights here are unreadable, so a load would fail differently)."""
+    tiny_decoder_gpt2().save_pretrained(tmp_path / "gpt2-dir")
+    (tmp_path / "gpt2-dir" / "model.safetensors").write_bytes(b"\0" * 64)
+    run = CliRunner().invoke(cli, [str(tmp_path / "gpt2-dir"), "-o", str(tmp_path / "out"), *flags])
+    assert run.exit_code == 2 and words in run.output, run.output
+    assert not (tmp_path / "out").exists()

@@ -149,6 +149,26 @@ def split_hints(hints: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str,
     return common, own
 
 
+def check_known_components(task: str | None, dynamic: Any, hints: dict[str, Any] | None) -> None:
+    """Before the load: ``COMPONENT:`` prefixes of --dynamic / --atc-hint name components of the bundle ``task``
+    exports (a decoder's prefill and decode, an encoder-decoder's encoder, decoder and, with past, decoder_with_past);
+    with no task known, ``narrow`` / ``component_hints`` check them against the plan."""
+    from .plan import DECODER_TASKS, SEQ2SEQ_TASKS
+
+    if task in DECODER_TASKS:
+        names = KINDS["decoder-with-past"]
+    elif task in SEQ2SEQ_TASKS:
+        names = KINDS["encoder-decoder-with-past" if task.endswith("-with-past") else "encoder-decoder"]
+    else:
+        return
+    asked = [(f"--dynamic {r.text}", r.component) for r in parse_ranges(dynamic) if r.component]
+    asked += [(f"--atc-hint {k}", str(k).partition(":")[0]) for k in (hints or {}) if ":" in str(k)]
+    for flag, comp in asked:
+        if comp not in names:
+            raise OptionsError(f"{flag}: a {task} export has no component {comp!r}; its components are "
+                               f"{', '.join(names)}")
+
+
 def component_hints(plan: Plan, hints: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Each component's ATC hints: the common ones, then its own (which win)."""
     common, own = split_hints(hints)
