@@ -195,3 +195,16 @@ def test_sigterm_unwinds_the_export_and_leaves_nothing(saved, tmp_path):
     assert proc.returncode == 143, "".join(lines) + rest
     assert "terminated" in rest and "Traceback" not in rest
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_link_loop_is_refused_naming_the_file(saved, tmp_path, name):
+    directory = _copy(saved, "bert", tmp_path)
+    (directory / name).unlink()
+    os.symlink(directory / "loop_b", directory / "loop_a")
+    os.symlink(directory / "loop_a", directory / "loop_b")
+    os.symlink(directory / "loop_a", directory / name)
+    with pytest.raises(LoadError, match="is a link that leads nowhere") as e:
+        directory_, roots = hf_files.resolve(directory)
+        checked_weights(directory_, roots, False)
+    assert e.value.path == str(directory / name)

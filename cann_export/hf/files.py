@@ -46,6 +46,9 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
                         "supported yet. Export one component's directory that has a config.json (e.g. unet/ or "
                         "text_encoder/), or build the module in Python and pass it to cann_export.export",
                         path=directory / DIFFUSERS)
+    if (directory / CONFIG).is_symlink() and not (directory / CONFIG).exists():
+        raise LoadError("config.json is a link that leads nowhere (dangling, or a loop); copy the model's real "
+                        "config.json into the directory", path=directory / CONFIG)
     if not (directory / CONFIG).exists():
         raise LoadError("is a directory but not a transformers model: there is no config.json. Pass a directory "
                         "written by save_pretrained (config.json + model.safetensors), a hub-cache snapshot, or a "
@@ -94,7 +97,11 @@ def _snapshot(repo: Path) -> Path:
 def check_inside(path: Path, roots: list[Path]) -> Path:
     """``path`` when it (after links) lies inside one of ``roots``; a link out of the model directory is refused,
     so no file elsewhere on the machine is read or carried into a bundle."""
-    real = path.resolve()
+    try:
+        real = path.resolve(strict=path.is_symlink())
+    except (OSError, RuntimeError) as e:  # a link loop, or a link to nothing
+        raise LoadError(f"{path.name} is a link that leads nowhere (dangling, or a loop); copy the real file into "
+                        "the directory", path=path) from e
     if not any(real == r or r in real.parents for r in roots):
         raise LoadError(f"{path.name} links outside the model directory (to {str(real)[:200]}); refused unread. "
                         "Copy the real file into the directory", path=path)
