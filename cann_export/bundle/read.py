@@ -4,7 +4,6 @@ its shape here (the common sections, then the format's own), its claims in ``red
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import tempfile
 from collections.abc import Iterator
@@ -62,11 +61,13 @@ def load_manifest_file(manifest_path: Path) -> Any:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ValidateError(f"manifest.json is larger than {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB (an export writes "
                             "a few KiB); the bundle is damaged or was edited, export it again", path=manifest_path)
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
+    from ..fs.jsonio import loads_strict
+
+    try:  # strict: NaN / Infinity or a key twice (which Python's parser takes, keeping the last) an export never writes
+        manifest = loads_strict(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, and an int past Python's digit limit
-        raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged, export it again",
-                            path=manifest_path) from e
+        raise ValidateError(f"manifest.json is not valid JSON ({e}); the bundle is damaged or was edited, export "
+                            "it again", path=manifest_path) from e
     except RecursionError as e:
         manifest = e
     if isinstance(manifest, RecursionError) or json_depth(manifest) > MAX_JSON_DEPTH:

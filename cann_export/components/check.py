@@ -1,7 +1,8 @@
-"""Reading a multi-graph bundle back: its top-level manifest's shape (bounded, allow-listed names), the file
-table, each component's manifest against the sha256 recorded for it, every connection against the graphs'
-real input and output names, and the top-level ATC script re-rendered; then every component is validated
-(re-derived) by the single-graph ``validate``. Any difference is a refusal (exit 2) naming the file."""
+"""Reading a multi-graph bundle back: its top-level manifest's shape (bounded, strict JSON, allow-listed names
+and types, every re-derivable field re-derived: ``manifest_fields``), the file table, each component's manifest
+against the sha256 recorded for it, every connection against the graphs' real input and output names, and the
+top-level ATC script re-rendered; then every component is validated (re-derived) by the single-graph
+``validate``. Any difference is a refusal (exit 2) naming the file."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..errors import ValidateError
 from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
+from .manifest_fields import field_problems, key_problems, load_strict
 from .plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
@@ -26,13 +28,16 @@ def archive_is_multi(path: Path) -> bool:
     from ..bundle import single_file
     from ..load.archives import ZIP_READ_ERRORS
 
-    if not single_file.is_bundle_archive(Path(path)):
-        return False
+    path = Path(path)
+    if path.suffix.lower() not in single_file.ARCHIVE_SUFFIXES or not single_file.is_bundle_archive(path):
+        return False  # a multi-graph bundle is never an om-stub
     try:
-        with zipfile.ZipFile(path) as zf, zf.open("manifest.json") as f:
-            return SCHEMA.encode() in f.read(4096)
-    except ZIP_READ_ERRORS:
-        return False
+        with zipfile.ZipFile(path) as zf:
+            single_file.check_members(zf, path.stat().st_size, path, "the bundle archive")  # before any read
+            with zf.open("manifest.json") as f:
+                return SCHEMA.encode() in f.read(4096)
+    except (*ZIP_READ_ERRORS, ValidateError):
+        return False  # the single-file reader names what is wrong with it
 
 
 @contextlib.contextmanager
@@ -64,20 +69,16 @@ def is_multi(directory: Path) -> bool:
     if SCHEMA.encode() not in head:
         return False
     try:
-        from ..bundle.read import load_manifest_file
-
-        data = load_manifest_file(f)
+        data = load_strict(f)
     except (ValidateError, json.JSONDecodeError):
         return True  # claims the schema: read_multi names why it cannot be read
     return isinstance(data, dict) and data.get("schema") == SCHEMA
 
 
 def read_multi(directory: Path) -> dict[str, Any]:
-    """The top-level manifest after its shape is checked (every problem named)."""
-    from ..bundle.read import load_manifest_file
-
+    """The top-level manifest (strict JSON) after its shape is checked (every problem named)."""
     path = Path(directory) / "manifest.json"
-    manifest = load_manifest_file(path)
+    manifest = load_strict(path)
     problems = shape_problems(manifest)
     if problems:
         raise ValidateError("manifest.json of the multi-graph bundle is malformed: " + "; ".join(problems[:20])
@@ -128,7 +129,8 @@ def shape_problems(manifest: Any) -> list[str]:
     for key in ("kind", "format"):
         if not isinstance(manifest.get(key), str):
             problems.append(f"{key}: missing or not a name")
-    return problems + _file_table_problems(manifest.get("files"))
+    problems += _file_table_problems(manifest.get("files"))
+    return problems + key_problems(manifest)
 
 
 def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
@@ -187,7 +189,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
-    diffs += format_problems(manifest, owns)
+    diffs += format_problems(manifest, owns) + field_problems(manifest, owns)
     diffs += script_problems(directory, manifest)
     return manifest, diffs
 
