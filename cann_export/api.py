@@ -120,12 +120,13 @@ def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, o
     from .components.bundle import component_format, one_file
 
     if options.get("task") is not None or not task.endswith("-with-past") or not Path(output_path).suffix \
-            or one_file(output_path) \
             or component_format(fmt) is None:  # a format of no multi-graph bundle: check_request names them
         return
     base = task[: -len("-with-past")]
     one = (f"; pass --task {base} for one graph (no cache) in {Path(output_path).name}"
            if graphs(model, {**options, "task": base}) is None else "")
+    if one_file(output_path):  # a single-file bundle held one graph before the default: the several need asking
+        one += f", or --task {task} for its graphs in that one file"
     raise errors.OptionsError(f"with no --task, {model} exports as {task} (the -with-past form, as Optimum does, "
                               f"since config.json's use_cache is not false): several graphs, written as a bundle "
                               f"directory, not the file {Path(output_path).name}. Pass an output without a suffix "

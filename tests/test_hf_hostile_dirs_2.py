@@ -87,6 +87,7 @@ def test_a_tensor_in_a_shard_the_index_does_not_name_is_refused(saved, tmp_path)
     (lambda h: h[_first_tensor(h)].update(data_offsets=[True, 4]), "no valid data_offsets"),
     (lambda h: h[_first_tensor(h)].update(shape=[1, 1]), "not the 4 its shape and dtype need"),
     (lambda h: h.update(__metadata__={"format": ["pt"]}), "__metadata__ is not a map of strings"),
+    (lambda h: h[_first_tensor(h)].update(dtype="F4"), "packed dtype F4 of a quantized checkpoint"),
     (lambda h: [e.update(data_offsets=[0, e["data_offsets"][1] - e["data_offsets"][0]])
                 for k, e in h.items() if k != "__metadata__"], "an overlap or a gap"),
 ])
@@ -137,6 +138,7 @@ def test_a_hub_cache_snapshot_that_is_a_link_out_is_refused(saved, tmp_path):
     ("bert", {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
      'quantization_config ("bitsandbytes") makes this a quantized checkpoint'),
     ("bert", {"attn_implementation": "kernels-community/flash-attn"}, "a kernel from the Hugging Face Hub"),
+    ("bert", {"attn_implementation": {"": "org/kernel"}}, "a kernel from the Hugging Face Hub"),
 ])
 def test_config_fields_are_checked_under_every_name(saved, tmp_path, name, edit, words):
     directory = _copy(saved, name, tmp_path)
@@ -167,7 +169,7 @@ def test_a_static_cache_past_the_position_table_is_refused(tmp_path):
 
     with pytest.raises(OptionsError, match="position table holds 16 positions"):
         api.export_multi(tiny_decoder_gpt2(n_positions=16), tmp_path / "x", kv_cache="static:64")
-    with pytest.raises(OptionsError, match="GiB in fp32"):
+    with pytest.raises(OptionsError, match="more than the model's weights or 1 GiB"):
         api.export_multi(tiny_decoder_gpt2(n_positions=4096), tmp_path / "x", kv_cache="static:4096,batch=2048")
     assert not (tmp_path / "x").exists()
 
@@ -208,3 +210,35 @@ def test_a_link_loop_is_refused_naming_the_file(saved, tmp_path, name):
         directory_, roots = hf_files.resolve(directory)
         checked_weights(directory_, roots, False)
     assert e.value.path == str(directory / name)
+
+
+def test_feature_extraction_of_a_head_checkpoint_loads_without_its_untrained_pooler(tmp_path):
+    """RoBERTa's fill-mask and ViT's classifier checkpoints have no pooler weights: feature-extraction exports
+    last_hidden_state only, so the missing pooler is not a refusal (a missing weight anywhere else is)."""
+    import transformers
+
+    import cann_export
+
+    cfg = transformers.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=37, max_position_embeddings=64)
+    transformers.RobertaForMaskedLM(cfg).save_pretrained(tmp_path / "roberta")
+    result = cann_export.export(str(tmp_path / "roberta"), tmp_path / "r.onnx", export_format="onnx",
+                                task="feature-extraction", sandbox="off")
+    assert result.ok and result.manifest["model"]["outputs"][0]["name"] == "last_hidden_state"
+
+
+def test_safetensors_dtypes_beyond_the_float_ones_are_read(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, dtype=torch.float8_e8m0fnu), "b": torch.zeros(2, dtype=torch.complex64),
+               "c": torch.zeros(0)}, str(tmp_path / "model.safetensors"))
+    assert checked_weights(tmp_path, [tmp_path.resolve()], False)[1] == [tmp_path / "model.safetensors"]
+
+
+def test_a_user_folder_called_snapshots_may_hold_a_link(saved, tmp_path):
+    (tmp_path / "runs" / "snapshots").mkdir(parents=True)
+    target = _copy(saved, "bert", tmp_path / "runs")
+    os.symlink(target, tmp_path / "runs" / "snapshots" / "latest")
+    directory, roots = hf_files.resolve(tmp_path / "runs" / "snapshots" / "latest")
+    assert roots == [target.resolve()]

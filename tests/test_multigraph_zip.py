@@ -13,15 +13,17 @@ from helpers.hf_models import tiny_decoder_gpt2
 import cann_export
 from cann_export.cli.main import cli
 
+TASK = ["--task", "text-generation-with-past"]  # a defaulted task into one file is refused (it held one graph)
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A tiny GPT-2 directory exported with no --task (its default: text-generation-with-past, atc_ready) into
-    gpt2.zip, and the same into a directory (the zip must hold exactly that bundle)."""
+    """A tiny GPT-2 directory exported as text-generation-with-past (atc_ready) into gpt2.zip, and the same into a
+    directory (the zip must hold exactly that bundle)."""
     root = tmp_path_factory.mktemp("multizip")
     tiny_decoder_gpt2(n_positions=32).save_pretrained(root / "gpt2-dir")
     for out in ("gpt2.zip", "gpt2-bundle"):
-        run = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "-o", str(root / out), "--json"],
+        run = CliRunner().invoke(cli, [str(root / "gpt2-dir"), "-o", str(root / out), "--json", *TASK],
                                  catch_exceptions=False)
         assert run.exit_code == 0, run.output
     return root
@@ -118,11 +120,22 @@ def test_rerun_needs_overwrite_and_replaces_only_the_zip(exported, tmp_path):
     target = tmp_path / "gpt2.zip"
     shutil.copy(exported / "gpt2.zip", target)
     before = target.read_bytes()
-    run = CliRunner().invoke(cli, [str(exported / "gpt2-dir"), "-o", str(target)])
+    run = CliRunner().invoke(cli, [str(exported / "gpt2-dir"), "-o", str(target), *TASK])
     assert run.exit_code == 2 and "--overwrite" in run.output and target.read_bytes() == before, run.output
-    run = CliRunner().invoke(cli, [str(exported / "gpt2-dir"), "-o", str(target), "--overwrite"])
+    run = CliRunner().invoke(cli, [str(exported / "gpt2-dir"), "-o", str(target), "--overwrite", *TASK,
+                                   "--junit", str(tmp_path / "junit.xml")])  # CI reports read the zip's manifests
     assert run.exit_code == 0, run.output
-    assert cann_export.validate(target)["passed"] and sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.zip"]
+    assert cann_export.validate(target)["passed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.zip", "junit.xml"]
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'classname="cann-export.gpt2_zip.prefill"' in junit and 'classname="cann-export.gpt2_zip.decode"' in junit
+
+
+def test_a_defaulted_task_into_one_file_asks_for_the_task(exported, tmp_path):
+    """gpt2.zip held one graph before the with-past default: the several graphs need --task."""
+    run = CliRunner().invoke(cli, [str(exported / "gpt2-dir"), "-o", str(tmp_path / "gpt2.zip")])
+    assert run.exit_code == 2 and "--task text-generation-with-past for its graphs in that one file" in run.output
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_graph_suffix_is_still_refused_for_several_graphs(exported, tmp_path):

@@ -119,9 +119,13 @@ def bundle_manifest(bundle: str) -> dict[str, Any]:
 
 
 def component_manifests(bundle: str | Path) -> dict[str, dict[str, Any]]:
-    """``{component: its manifest}`` of a written multi-graph bundle, in the bundle's order."""
+    """``{component: its manifest}`` of a written multi-graph bundle (a directory or a zip), in the bundle's
+    order."""
+    from ..components.check import opened_multi
     from ..fs.jsonio import loads_strict
 
-    top = loads_strict((Path(bundle) / "manifest.json").read_text(encoding="utf-8"))
-    return {c["name"]: loads_strict((Path(bundle) / c["path"] / "manifest.json").read_text(encoding="utf-8"))
-            for c in top["components"]}
+    with opened_multi(Path(bundle)) as directory:
+        root = Path(directory if directory is not None else bundle)
+        top = loads_strict((root / "manifest.json").read_text(encoding="utf-8"))
+        return {c["name"]: loads_strict((root / c["path"] / "manifest.json").read_text(encoding="utf-8"))
+                for c in top["components"]}

@@ -40,21 +40,24 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def _catch_sigterm() -> None:
-    """SIGTERM raises Terminated in the main thread, unless the process already chose what SIGTERM does."""
+def _catch_sigterm() -> Any:
+    """SIGTERM raises Terminated in the main thread while a command runs, unless the process already chose what
+    SIGTERM does; returns what restores the previous handler."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return lambda: None
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
     """Run a command body and exit with its code (None is 0); an error becomes one message and an exit code
     (with CANN_EXPORT_DEBUG=1 the whole chain of causes, with tracebacks, goes to stderr first). SIGTERM and
     Ctrl-C unwind the command (its staging is removed) and exit 143 / 130."""
-    _catch_sigterm()
+    restore = _catch_sigterm()
     try:
         code = fn() or 0
     except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -72,6 +75,8 @@ def run_guarded(as_json: bool, fn: Callable[[], int | None]) -> None:
         click.echo(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'} (an artifact is only ever "
                    "renamed into place whole: nothing partial is left)", err=True)
         code = 143 if isinstance(e, Terminated) else 130
+    finally:
+        restore()
     sys.exit(code)
 
 

@@ -198,8 +198,10 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     model = model.eval()
     prefill, step = DecoderPrefill(model), DecoderStep(model)
     if step.dim_bounds["past_sequence_length"][1] < prompt:
-        raise OptionsError(f"the model's sliding window ({sliding_window(model.config)} tokens: its cache keeps only "
-                           f"the last window - 1) is too short for the {prompt}-token prompt its graphs are captured "
+        window = sliding_window(model.config)
+        what = (f"sliding window ({window} tokens: its cache keeps only the last window - 1)" if window else
+                f"position table ({step.dim_bounds['sequence_length'][1]} tokens)")
+        raise OptionsError(f"the model's {what} is too short for the {prompt}-token prompt its graphs are captured "
                            "at; export one graph with --task text-generation (no cache)")
     batch = EXAMPLE_BATCH
     ids = _ids(model.config, (batch, prompt), 0)
@@ -223,7 +225,7 @@ def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
 
     from .wrappers import StaticDecoderStep, StaticPrefill
 
-    _check_static_size(model.config, length, batch)
+    _check_static_size(model.config, length, batch, sum(p.numel() for p in model.parameters()))
     model = model.eval()
     prefill, step = StaticPrefill(model), StaticDecoderStep(model)
     prompts = [max(1, length // 2 - row % max(1, length // 2)) for row in range(batch)]
@@ -241,12 +243,13 @@ def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
                 wiring(kind, list(present)), run_notes(kind, length, batch))
 
 
-MAX_STATIC_VALUES = 1 << 28  # a static cache's values at the example (1 GiB in fp32): past it, refused up front
+MAX_STATIC_VALUES = 1 << 28  # a static cache's values at the example (1 GiB in fp32), or the weights' if more
 
 
-def _check_static_size(config: Any, length: int, batch: int) -> None:
+def _check_static_size(config: Any, length: int, batch: int, weights: int = 0) -> None:
     """``--kv-cache static:N,batch=B`` within the model: N slots within its position table, and a cache the
-    example can hold (the graphs are captured and judged at that size)."""
+    example can hold (the graphs are captured and judged at that size): at most 1 GiB or the weights' own size
+    (Llama-2-7B's native static:4096 is 2.1e9 values beside 6.7e9 weights)."""
     from .wrappers import max_positions, sliding_window
 
     limit, window = max_positions(config), sliding_window(config)
@@ -262,12 +265,11 @@ def _check_static_size(config: Any, length: int, batch: int) -> None:
         return
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    values = batch * layers * 2 * kv_heads * length * head_dim
-    if values > MAX_STATIC_VALUES:
+    values, cap = batch * layers * 2 * kv_heads * length * head_dim, max(MAX_STATIC_VALUES, weights)
+    if values > cap:
         raise OptionsError(f"--kv-cache static:{length},batch={batch}: the cache holds {values:,} values "
                            f"({values * 4 / 2**30:.1f} GiB in fp32) at the example the graphs are captured and judged "
-                           f"at, past the {MAX_STATIC_VALUES * 4 >> 30} GiB this export allows; give fewer slots or a "
-                           "smaller batch")
+                           f"at, more than the model's weights or 1 GiB; give fewer slots or a smaller batch")
 
 
 def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:

@@ -140,8 +140,10 @@ def _refuse_quantized_or_kernels(sections: list[tuple[str, dict]], path: Path) -
                             "quantized checkpoint, which cann-export does not load: export the float model (for int8 "
                             "on the NPU: --qat or --ptq with --calibration-data)", path=path)
         for key in ("attn_implementation", "_attn_implementation"):
-            value = section.get(key)
-            if isinstance(value, str) and "/" in value:
+            value = section.get(key)  # a name, or {sub-config: name} (transformers reads both)
+            named = list(value.values()) if isinstance(value, dict) else [value]
+            value = next((v for v in named if isinstance(v, str) and "/" in v), None)
+            if value is not None:
                 raise LoadError(f"config.json's {prefix}{key} is {_shown(value)}, a kernel from the Hugging Face Hub, "
                                 "which would be downloaded and run; refused. Remove the field (PyTorch's own "
                                 "attention is used)", path=path)

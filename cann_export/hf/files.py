@@ -54,7 +54,8 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
                         "written by save_pretrained (config.json + model.safetensors), a hub-cache snapshot, or a "
                         "model file (.pt2, .pt, .pth, .safetensors)", path=directory)
     roots = [directory.resolve()]
-    if directory.parent.name == "snapshots":  # hub cache: models--org--name/snapshots/<hash>/ links to ../../blobs
+    hub = directory.parent.name == "snapshots" and directory.parent.parent.name.startswith("models--")
+    if hub:  # hub cache: models--org--name/snapshots/<hash>/ links to ../../blobs
         if directory.is_symlink() or roots[0].parent != directory.parent.resolve():
             raise LoadError(f"the hub-cache snapshot {directory.name} is a link (to {str(roots[0])[:200]}), which a "
                             "hub cache never makes: its files could lie anywhere; refused unread. Pass the real "

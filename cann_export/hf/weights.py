@@ -135,7 +135,9 @@ def stored_elements(paths: list[Path]) -> int:
 
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "U16": 2,
-               "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+               "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+               "F8_E5M2FNUZ": 1, "C64": 8, "C128": 16}
+PACKED = ("F4", "F6_E2M3", "F6_E3M2", "I4", "U4")  # sub-byte: a packed (quantized) checkpoint
 
 
 def _header(path: Path) -> tuple[int, dict[str, Any]]:
@@ -195,8 +197,11 @@ def _entry_problem(entry: Any) -> str | None:
     if not isinstance(entry, dict):
         return "is not an object"
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype in PACKED:
+        return (f"has the packed dtype {dtype} of a quantized checkpoint, which cann-export does not load (export "
+                "the float model)")
     if dtype not in DTYPE_BYTES:
-        return f"has dtype {json.dumps(dtype)[:40]}, not a safetensors dtype"
+        return f"has dtype {json.dumps(dtype)[:40]}, not a safetensors dtype cann-export reads"
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         return "has no shape of non-negative sizes"
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)

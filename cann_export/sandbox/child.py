@@ -76,6 +76,7 @@ def _child(fd: int, writable: list[Path], support: confine.Support, body: Callab
     send = _writer(fd)
     code = 0
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the CLI's handler unwinds the parent; the child just dies
         if not os.environ.get("CANN_EXPORT_DEBUG"):
             import faulthandler
 
