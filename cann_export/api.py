@@ -119,8 +119,8 @@ def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, o
     since the same command wrote one graph before the default changed."""
     from .components.bundle import component_format, one_file
 
-    if options.get("task") is not None or not task.endswith("-with-past") or not Path(output_path).suffix \
-            or component_format(fmt) is None:  # a format of no multi-graph bundle: check_request names them
+    if options.get("task") is not None or options.get("kv_cache") or not task.endswith("-with-past") \
+            or not Path(output_path).suffix or component_format(fmt) is None:  # check_request names other formats
         return
     base = task[: -len("-with-past")]
     one = (f"; pass --task {base} for one graph (no cache) in {Path(output_path).name}"

@@ -242,3 +242,36 @@ def test_a_user_folder_called_snapshots_may_hold_a_link(saved, tmp_path):
     os.symlink(target, tmp_path / "runs" / "snapshots" / "latest")
     directory, roots = hf_files.resolve(tmp_path / "runs" / "snapshots" / "latest")
     assert roots == [target.resolve()]
+
+
+def test_a_classifier_checkpoint_without_its_pooler_is_refused(saved, tmp_path):
+    """BERT's sequence classifier reads the pooler: missing pooler weights are a refusal for that task."""
+    from safetensors.torch import load_file, save_file
+
+    directory = _copy(saved, "bert", tmp_path)
+    weights = {k: v for k, v in load_file(str(directory / "model.safetensors")).items() if ".pooler." not in k}
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(LoadError, match="pooler"):
+        HfDirectoryLoader().load(directory, OPTIONS)
+
+
+def test_a_hub_snapshot_named_relatively_reads_its_blobs(saved, tmp_path, monkeypatch):
+    store = _copy(saved, "bert", tmp_path)
+    repo = tmp_path / "models--org--m"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for f in store.iterdir():
+        shutil.copy(f, repo / "blobs" / f.name)
+        os.symlink(f"../../blobs/{f.name}", repo / "snapshots" / commit / f.name)
+    monkeypatch.chdir(repo)
+    directory, roots = hf_files.resolve(Path("snapshots") / commit)
+    assert (repo / "blobs").resolve() in roots
+    assert checked_weights(directory, roots, False)[0] is True
+
+
+def test_a_static_cache_into_one_file_needs_no_task():
+    """--kv-cache asks for the graphs itself: the defaulted-task guard for one-file outputs does not apply."""
+    from cann_export import api
+
+    api._check_defaulted("gpt2-dir", "text-generation-with-past", "gpt2.zip", "atc_ready", {"kv_cache": "static:16"})

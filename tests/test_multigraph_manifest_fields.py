@@ -85,6 +85,7 @@ EDITS = {
     "sandbox a list": ("directory", _json(lambda m: m.update(sandbox=[])), "sandbox"),
     "sandbox removed": ("directory", _json(lambda m: m.pop("sandbox")), "manifest.json sandbox: missing"),
     "sandbox other kind": ("directory", _json(lambda m: m.update(sandbox={"kind": "seatbelt"})), "sandbox"),
+    "sandbox kind a list": ("directory", _json(lambda m: m.update(sandbox={"kind": []})), "sandbox"),  # was exit 3
     "sandbox abi a bool": ("directory", _json(lambda m: m.update(sandbox={
         "kind": "landlock+seccomp", "landlock_abi": True, "denies": _denies()})), "sandbox.landlock_abi"),
     "sandbox denies less": ("directory", _json(lambda m: m.update(sandbox={

@@ -125,7 +125,9 @@ def component_manifests(bundle: str | Path) -> dict[str, dict[str, Any]]:
     from ..fs.jsonio import loads_strict
 
     with opened_multi(Path(bundle)) as directory:
-        root = Path(directory if directory is not None else bundle)
+        if directory is None:  # not readable as a multi-graph bundle: validate says why; no per-graph report
+            return {}
+        root = Path(directory)
         top = loads_strict((root / "manifest.json").read_text(encoding="utf-8"))
         return {c["name"]: loads_strict((root / c["path"] / "manifest.json").read_text(encoding="utf-8"))
                 for c in top["components"]}

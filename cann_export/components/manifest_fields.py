@@ -95,7 +95,7 @@ def sandbox_problems(record: Any) -> list[str]:
     """``sandbox``: one of the records ``components/confined.py`` writes: ``{kind: "none", reason}`` (why the
     load was not confined) or ``{kind: "landlock+seccomp", landlock_abi, denies}`` (the kernel's Landlock ABI,
     the writer's own list of what the load was denied)."""
-    if not isinstance(record, dict) or record.get("kind") not in SANDBOX_KEYS:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str) or record["kind"] not in SANDBOX_KEYS:
         shown = record.get("kind") if isinstance(record, dict) else type(record).__name__
         return [f"sandbox: {str(shown)[:80]!r} is not a sandbox record this tool writes (its kind one of "
                 f"{', '.join(SANDBOX_KEYS)})"]

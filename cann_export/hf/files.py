@@ -4,6 +4,8 @@ the cache's ``blobs/``, nothing else), and the tokenizer / processor / generatio
 bundle (an allow-list, bounded sizes, read once into memory)."""
 from __future__ import annotations
 
+import os
+
 import re
 from pathlib import Path
 
@@ -54,13 +56,14 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
                         "written by save_pretrained (config.json + model.safetensors), a hub-cache snapshot, or a "
                         "model file (.pt2, .pt, .pth, .safetensors)", path=directory)
     roots = [directory.resolve()]
-    hub = directory.parent.name == "snapshots" and directory.parent.parent.name.startswith("models--")
+    lexical = Path(os.path.abspath(directory))  # a relative path (run inside the repo folder) has no parents
+    hub = lexical.parent.name == "snapshots" and lexical.parent.parent.resolve().name.startswith("models--")
     if hub:  # hub cache: models--org--name/snapshots/<hash>/ links to ../../blobs
         if directory.is_symlink() or roots[0].parent != directory.parent.resolve():
             raise LoadError(f"the hub-cache snapshot {directory.name} is a link (to {str(roots[0])[:200]}), which a "
                             "hub cache never makes: its files could lie anywhere; refused unread. Pass the real "
                             "model directory", path=directory)
-        blobs = _blobs(directory.parent.parent)
+        blobs = _blobs(lexical.parent.parent)
         if blobs is not None:
             roots.append(blobs)
     return directory, roots
