@@ -287,6 +287,10 @@ def test_more_than_100_dynamic_dims_profiles_are_refused_not_cut(tmp_path):
     with pytest.raises(OptionsError, match=r"156 profiles, past ATC's 100.*--cann-version"):
         atc_form(graph, axes, "7.0", {})
     assert atc_form(graph, axes, "8.0", {})["input_shape"] == "x:1~2048,1~4096"
+    geared = parse_dynamic("x:0=batch:1,2,4,8,16,32,64,128,256,512,1024,2048,1=seq:1..4096")  # CANN 8: no hint of it
+    with pytest.raises(OptionsError, match=r"gears were asked on one axis.*give every axis a range") as e:
+        atc_form(graph, geared, "8.0", {})
+    assert "--cann-version" not in str(e.value)
     out = tmp_path / "out"
     torch.save(Tokens().state_dict(), str(tmp_path / "tok.pt"))
     run = CliRunner().invoke(cli, [str(tmp_path / "tok.pt"), "--model-class", f"{__name__}:Tokens", "--input-shape",

@@ -57,10 +57,13 @@ def check_profiles(axes: list[DynamicAxis], cann_version: str, hints: dict[str, 
         count *= len(gears_of(a))
     if count > MAX_GEARS:
         shown = " x ".join(f"{n} {len(gears_of(a))} ({a.min}..{a.max})" for n, a in names.items())
-        raise OptionsError(f"--dynamic: on CANN {cann_version} the axes render as --dynamic_dims profiles, one per "
-                           f"combination of gears: {shown} = {count} profiles, past ATC's {MAX_GEARS} (E10001); "
-                           "give fewer gears (narrower ranges or explicit gear lists, e.g. batch:1,8,32) or target "
-                           "CANN >= 8.0 (--cann-version 8.0), which takes ranges")
+        why = ("gears were asked on one axis, so every axis renders as gears" if range_cann(cann_version)
+               else f"CANN {cann_version} takes no ranges")
+        fix = ("give every axis a range instead (CANN >= 8 takes ranges in --input_shape)" if range_cann(cann_version)
+               else "or target CANN >= 8.0 (--cann-version 8.0), which takes ranges")
+        raise OptionsError(f"--dynamic: the axes render as --dynamic_dims profiles ({why}), one per combination of "
+                           f"gears: {shown} = {count} profiles, past ATC's {MAX_GEARS} (E10001); give fewer gears "
+                           f"(narrower ranges or explicit gear lists, e.g. batch:1,8,32), {fix}")
 
 
 def dims_of(model: Any) -> list[tuple[str, list[int | str]]]:
