@@ -47,7 +47,7 @@ class DynamicAxis:
             return list(self.gears)
         lo, hi = int(self.min or 1), int(self.max or self.min or 1)
         if gear_form:
-            return sorted({lo, *(1 << k for k in range(1, 12) if lo < (1 << k) < hi), hi})
+            return range_gears(lo, hi)
         return sorted({lo, (lo + hi) // 2, hi})
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +58,11 @@ class DynamicAxis:
         if self.note:
             out["note"] = self.note
         return out
+
+
+def range_gears(low: int, high: int) -> list[int]:
+    """A range as ATC gears: its ends and the powers of two between."""
+    return sorted({low, *(1 << k for k in range(1, 12) if low < (1 << k) < high), high})
 
 
 def parse_dynamic(text: str, flag: str = FLAG) -> list[DynamicAxis]:

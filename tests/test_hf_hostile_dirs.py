@@ -5,7 +5,6 @@ and config fields whose dummy inputs multiply past any real size. Each is refuse
 import json
 import os
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,8 +27,7 @@ def saved(tmp_path_factory):
             "bert_sharded": hf_dirs.save("bert", root / "bert_sharded", max_shard_size="40KB")}
 
 
-def _copy(saved, name, tmp_path):
-    return Path(shutil.copytree(saved[name], tmp_path / name))
+_copy = hf_dirs.copy_saved
 
 
 def test_hub_cache_whose_blobs_links_to_root_is_refused(saved, tmp_path):

@@ -29,8 +29,7 @@ def saved(tmp_path_factory):
             "gpt2": hf_dirs.save("gpt2", root / "gpt2")}
 
 
-def _copy(saved, name, tmp_path):
-    return Path(shutil.copytree(saved[name], tmp_path / name))
+_copy = hf_dirs.copy_saved
 
 
 def _rewrite_header(path, edit):

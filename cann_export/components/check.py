@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..bundle.read import load_manifest_file
 from ..errors import ValidateError
 from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
-from .manifest_fields import field_problems, key_problems, load_strict
+from .manifest_fields import field_problems, key_problems
 from .plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
@@ -69,7 +70,7 @@ def is_multi(directory: Path) -> bool:
     if SCHEMA.encode() not in head:
         return False
     try:
-        data = load_strict(f)
+        data = load_manifest_file(f)
     except (ValidateError, json.JSONDecodeError):
         return True  # claims the schema: read_multi names why it cannot be read
     return isinstance(data, dict) and data.get("schema") == SCHEMA
@@ -78,7 +79,7 @@ def is_multi(directory: Path) -> bool:
 def read_multi(directory: Path) -> dict[str, Any]:
     """The top-level manifest (strict JSON) after its shape is checked (every problem named)."""
     path = Path(directory) / "manifest.json"
-    manifest = load_strict(path)
+    manifest = load_manifest_file(path)
     problems = shape_problems(manifest)
     if problems:
         raise ValidateError("manifest.json of the multi-graph bundle is malformed: " + "; ".join(problems[:20])

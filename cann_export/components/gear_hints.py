@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 
 from ..atc.lint import DYNAMIC_HINTS
-from ..dynamic import MAX_GEARS
+from ..dynamic import MAX_GEARS, range_gears
 from ..errors import OptionsError
 from .gears import dims, slots
 from .plan import Plan
@@ -31,7 +31,8 @@ def with_gears(plan: Plan, ranges: list[Any], hints: dict[str, dict[str, Any]]) 
         if clash:
             raise OptionsError(f"--dynamic {next(iter(asked.values()))[1]} and --atc-hint {clash[0]} both give "
                                f"component {comp.name!r} its ATC dynamic form; give one of them")
-        sizes = {name: list(asked[name][0]) if name in asked else _gear_form(example, low, high)
+        # a range as gears, with the example's size (the graphs are captured and judged there: ATC builds it too)
+        sizes = {name: list(asked[name][0]) if name in asked else sorted({*range_gears(low, high), example})
                  for name, (example, low, high) in found.items()}
         if list(found) == ["batch_size"]:
             out[comp.name] = {**own, "dynamic_batch_size": ",".join(map(str, sizes["batch_size"]))}
@@ -49,8 +50,3 @@ def with_gears(plan: Plan, ranges: list[Any], hints: dict[str, dict[str, Any]]) 
         out[comp.name] = {**own, "input_format": "ND", "dynamic_dims": ";".join(rows)}
     return out
 
-
-def _gear_form(example: int, low: int, high: int) -> list[int]:
-    """A range as ATC gears: its ends and the powers of two between (dynamic.DynamicAxis.points' gear form), and
-    the example's size (the graphs are captured and judged there, so ATC builds it too)."""
-    return sorted({low, *(1 << k for k in range(1, 12) if low < (1 << k) < high), example, high})

@@ -9,7 +9,6 @@ carried ``hf/`` files), and ``sandbox`` in one of the shapes ``components/confin
 when the bundle carries a model directory's files. Each difference is a string naming the field."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from .bundle import COMPONENTS_DIR, CONVERT, atc_headed, component_format
@@ -26,14 +25,6 @@ CARRIED_DIR = "hf"  # a model directory's config and tokenizer files (hf.files.c
 MAX_REASON = 4096
 MAX_LANDLOCK_ABI = 255
 SHOWN = 10  # problems of one kind named, at most
-
-
-def load_strict(path: Path) -> Any:
-    """``manifest.json`` within ``bundle.read``'s bounds, as strict JSON: NaN, Infinity and a key given twice in one
-    object are refusals naming the file."""
-    from ..bundle.read import load_manifest_file
-
-    return load_manifest_file(path)
 
 
 def _names(value: dict[str, Any], allowed: tuple[str, ...], where: str) -> list[str]:

@@ -116,18 +116,20 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
                         path=directory) from e
     from .tasks import outputs_of
 
-    outputs = outputs_of(task, arch, str(config.get("model_type"))) if task.name == "feature-extraction" else {}
-    _check_missing(info, name, directory, outputs, task.name == "feature-extraction")
+    # a base model's pooler is untrained in a head checkpoint; only feature-extraction without pooler_output skips it
+    pooler_unused = task.name == "feature-extraction" and \
+        "pooler_output" not in outputs_of(task, arch, str(config.get("model_type")))
+    _check_missing(info, name, directory, pooler_unused)
     return for_task(model.eval(), task, arch)
 
 
-def _check_missing(info: Any, name: str, directory: Path, outputs: dict[str, Any], features: bool) -> None:
+def _check_missing(info: Any, name: str, directory: Path, pooler_unused: bool) -> None:
     """Refuse a model some of whose weights are not in the files (renamed tensors, a shard the index leaves out, a
     head the checkpoint never had): transformers initialises those at random and only warns, and the graph would
     compute with them. A base model's pooler is the exception when the task does not export ``pooler_output``
     (feature-extraction of a fill-mask or classifier checkpoint: RoBERTa's, ViT's have no trained pooler)."""
     missing = sorted(info.get("missing_keys") or []) if isinstance(info, dict) else []
-    if features and "pooler_output" not in outputs:  # a classifier head reads the pooler: never skipped there
+    if pooler_unused:  # a classifier head reads the pooler: never skipped there
         missing = [k for k in missing if not (k.startswith("pooler.") or ".pooler." in k)]
     if missing:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")

@@ -135,3 +135,10 @@ def feeds_like(shapes: dict[str, tuple[list[int], str]], vocab: int, seed: int =
         else:
             out[name] = torch.randn(shape, generator=g)
     return out
+
+
+def copy_saved(saved: dict[str, Path], name: str, tmp_path: Path) -> Path:
+    """A test's own copy of the saved directory ``saved[name]`` (module fixtures save once; tests edit copies)."""
+    import shutil
+
+    return Path(shutil.copytree(saved[name], tmp_path / name))
