@@ -40,8 +40,11 @@ def read_bundle(path: Path) -> dict[str, Any]:
     manifest = load_manifest_file(manifest_path)
     problems = manifest_problems(manifest)
     if not problems:
-        own = optional(format_of(manifest, manifest_path), Format, "manifest_problems")
+        fmt = format_of(manifest, manifest_path)
+        own = optional(fmt, Format, "manifest_problems")
         problems = own(manifest) if own else []
+        if not fmt.is_directory:
+            problems.append(f"format: {manifest['format']!r} writes a single file, not a bundle directory")
     if problems:
         shown = problems[:20] + ([f"... {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise ValidateError("manifest.json is malformed: " + "; ".join(shown)
@@ -136,6 +139,10 @@ def manifest_problems(manifest: Any) -> list[str]:
     problems += _parity_problems(manifest.get("parity"))
     if has_atc(manifest) or manifest.get("atc") is not None and not isinstance(manifest.get("atc"), dict):
         problems += atc_problems(manifest["atc"])
+    if not problems:  # the common shape holds: the sections' names, types and agreement (bundle/manifest_keys.py)
+        from .manifest_keys import section_problems
+
+        problems = section_problems(manifest)
     return problems
 
 

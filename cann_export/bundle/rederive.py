@@ -123,6 +123,14 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
         claimed = manifest["model"].get(key)
         if json.loads(json.dumps(actual, default=str)) != claimed:
             diffs.append(f"model.{key}: the manifest says {_short(claimed)}, the graph has {_short(actual)}")
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if manifest["model"].get("opset", opset) != opset:
+        diffs.append(f"model.opset: the manifest says {_short(manifest['model'].get('opset'))}, the graph imports "
+                     f"opset {opset}")
+    stamped_by = (manifest.get("provenance") or {}).get("exporter")  # stamped in the graph: checked below
+    if stamped_by is not None and manifest["model"].get("exporter", stamped_by) != stamped_by:
+        diffs.append(f"model.exporter: the manifest says {_short(manifest['model'].get('exporter'))}, the graph's "
+                     f"provenance {stamped_by!r}")
     props = {str(p.key): str(p.value) for p in model.metadata_props}  # protobuf hands non-UTF-8 back as bytes
     metadata = manifest.get("metadata") or {}
     for key, value in metadata.items():

@@ -304,14 +304,14 @@ class TorchScriptExporter:
                 do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
             )
             graph = large_graph.load_captured(path, ctx)
-            if large_graph.state(ctx) is None:  # checked on the file it wrote: capture's check need not write it
-                import onnx  # again (GPT-2 small: 0.7 s and 500 MB of writes per graph); only our module stamps
-                # change it after this (an output dim fix_declared_outputs changes: capture checks it again)
+            # an output dim fix_declared_outputs changes (decode's one-token logits): capture checks the graph
+            # as changed, once, rather than this file and then the graph again
+            if not fix_declared_outputs(graph, ctx) and large_graph.state(ctx) is None:
+                import onnx  # checked on the file it wrote: capture's check need not write it again (GPT-2 small:
+                # 0.7 s and 500 MB of writes per graph); only our module stamps change it after this
 
                 onnx.checker.check_model(str(path), full_check=True)
                 ctx.capture_checked = graph
-        if fix_declared_outputs(graph, ctx):
-            ctx.capture_checked = None
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from .trace_check import tracer_findings
 

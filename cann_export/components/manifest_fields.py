@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bundle.manifest_keys import SHOWN, sandbox_problems, unknown_names
 from .bundle import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")
@@ -20,93 +21,54 @@ CONNECTION_ENDS = {"from": ("component", "output"), "to": ("component", "input")
 PARITY_KEYS = ("passed", "components")
 ATC_KEYS = ("script", "soc_version")
 FILE_KEYS = ("sha256", "size")
-SANDBOX_KEYS = {"none": ("kind", "reason"), "landlock+seccomp": ("kind", "landlock_abi", "denies")}
 CARRIED_DIR = "hf"  # a model directory's config and tokenizer files (hf.files.companions)
-MAX_REASON = 4096
-MAX_LANDLOCK_ABI = 255
-SHOWN = 10  # problems of one kind named, at most
-
-
-def _names(value: dict[str, Any], allowed: tuple[str, ...], where: str) -> list[str]:
-    """The keys of ``value`` the writer does not write at ``where``."""
-    unknown = [k for k in value if k not in allowed]
-    return [f"{where or 'the top level'}: field {k[:80]!r} is not one this tool writes there (refused)"
-            for k in unknown[:SHOWN]]
 
 
 def key_problems(manifest: dict[str, Any]) -> list[str]:
     """The names and types of the top-level manifest (``components``, ``connections``, ``parity`` and ``files``
     already have their types checked by ``check.shape_problems``): an allow-list at every level the writer fills."""
-    problems = _names(manifest, TOP_REQUIRED + TOP_OPTIONAL, "")
+    problems = unknown_names(manifest, TOP_REQUIRED + TOP_OPTIONAL, "")
     problems += [f"{k}: missing" for k in ("run", "provenance") if k not in manifest]
     for k, c in enumerate(manifest["components"]):
         if isinstance(c, dict):
-            problems += _names(c, COMPONENT_KEYS, f"components[{k}]")
+            problems += unknown_names(c, COMPONENT_KEYS, f"components[{k}]")
             if not isinstance(c.get("role"), str):
                 problems.append(f"components[{k}].role: missing or not a name")
     wired: list[str] = []
     for k, conn in enumerate(manifest["connections"] if isinstance(manifest.get("connections"), list) else []):
         if isinstance(conn, dict):
-            wired += _names(conn, tuple(CONNECTION_ENDS), f"connections[{k}]")
+            wired += unknown_names(conn, tuple(CONNECTION_ENDS), f"connections[{k}]")
             wired += [p for end, keys in CONNECTION_ENDS.items() if isinstance(conn.get(end), dict)
-                      for p in _names(conn[end], keys, f"connections[{k}].{end}")]
+                      for p in unknown_names(conn[end], keys, f"connections[{k}].{end}")]
     problems += wired[:SHOWN]
     parity = manifest.get("parity")
     if isinstance(parity, dict):
-        problems += _names(parity, PARITY_KEYS, "parity")
+        problems += unknown_names(parity, PARITY_KEYS, "parity")
         verdicts = parity.get("components")
         if not isinstance(verdicts, dict) or not all(v is True or v is False or v is None for v in verdicts.values()):
             problems.append("parity.components: missing or not a map of component name to true / false / null")
     files = manifest.get("files")
     if isinstance(files, dict):
         problems += [p for rel, entry in files.items() if isinstance(entry, dict)
-                     for p in _names(entry, FILE_KEYS, f"files[{rel[:200]!r}]")][:SHOWN]
+                     for p in unknown_names(entry, FILE_KEYS, f"files[{rel[:200]!r}]")][:SHOWN]
     for key in ("run", "provenance"):
         if key in manifest and not isinstance(manifest[key], dict):
             problems.append(f"{key}: not an object")
     if "atc" in manifest:
         problems += _atc_shape(manifest["atc"])
-    if "sandbox" in manifest:
-        problems += sandbox_problems(manifest["sandbox"])
+    if "sandbox" in manifest:  # components/confined.py's record: no torch_threads (each component has its own)
+        problems += sandbox_problems(manifest["sandbox"], optional={})
     return problems
 
 
 def _atc_shape(atc: Any) -> list[str]:
     if not isinstance(atc, dict):
         return [f"atc: a {type(atc).__name__}, not an object with {' and '.join(ATC_KEYS)}"]
-    problems = _names(atc, ATC_KEYS, "atc")
+    problems = unknown_names(atc, ATC_KEYS, "atc")
     if not isinstance(atc.get("script"), str):
         problems.append("atc.script: missing or not a path")
     if "soc_version" not in atc or not isinstance(atc["soc_version"], (str, type(None))):
         problems.append("atc.soc_version: missing or not a name")
-    return problems
-
-
-def sandbox_problems(record: Any) -> list[str]:
-    """``sandbox``: one of the records ``components/confined.py`` writes: ``{kind: "none", reason}`` (why the
-    load was not confined) or ``{kind: "landlock+seccomp", landlock_abi, denies}`` (the kernel's Landlock ABI,
-    the writer's own list of what the load was denied)."""
-    if not isinstance(record, dict) or not isinstance(record.get("kind"), str) or record["kind"] not in SANDBOX_KEYS:
-        shown = record.get("kind") if isinstance(record, dict) else type(record).__name__
-        return [f"sandbox: {str(shown)[:80]!r} is not a sandbox record this tool writes (its kind one of "
-                f"{', '.join(SANDBOX_KEYS)})"]
-    kind = record["kind"]
-    problems = _names(record, SANDBOX_KEYS[kind], "sandbox")
-    problems += [f"sandbox.{k}: missing (a {kind!r} record has {', '.join(SANDBOX_KEYS[kind])})"
-                 for k in SANDBOX_KEYS[kind] if k not in record]
-    if kind == "none":
-        reason = record.get("reason")
-        if "reason" in record and not (isinstance(reason, str) and 0 < len(reason) <= MAX_REASON):
-            problems.append(f"sandbox.reason: not a text of 1..{MAX_REASON} characters")
-        return problems
-    from ..pipeline.confined import DENIES  # the list components/confined.py records too (a test holds them equal)
-
-    abi = record.get("landlock_abi")
-    if "landlock_abi" in record and not (type(abi) is int and 1 <= abi <= MAX_LANDLOCK_ABI):
-        problems.append(f"sandbox.landlock_abi: {str(abi)[:40]} is not a Landlock ABI (1..{MAX_LANDLOCK_ABI}) of a "
-                        "confined load")
-    if "denies" in record and record["denies"] != DENIES:
-        problems.append("sandbox.denies: not the list of what this tool's load sandbox denies")
     return problems
 
 
