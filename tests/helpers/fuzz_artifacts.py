@@ -137,7 +137,7 @@ BUNDLE_SEEDS = {
     "bundle: deep nesting": [("manifest_raw", 3)],
     "bundle: not JSON": [("manifest_raw", 2)],
     "bundle: NaN": [("manifest_raw", 4)],
-    "bundle: unknown keys, tolerated": [("manifest", [("add_key", 0, 0, 25), ("add_key", 0, 2, 19)])],
+    "bundle: unknown keys, refused": [("manifest", [("add_key", 0, 0, 25), ("add_key", 0, 2, 19)])],
     "bundle: a swapped file, rehashed": [("file_replace", 0, "pickle-protocol2"), ("rehash",)],
     "bundle: a link to /dev/zero": [("symlink", 0, 1)],
     "bundle: a link out of the bundle": [("symlink", 0, 2)],
