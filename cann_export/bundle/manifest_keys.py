@@ -6,7 +6,6 @@ its findings' severities). ``rederive`` checks what the files can tell (the grap
 Each problem is a string naming the field; ``read.read_bundle`` refuses a manifest with any."""
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from typing import Any
 
@@ -44,10 +43,11 @@ def section_problems(manifest: dict[str, Any]) -> list[str]:
     model = manifest["model"]
     problems += unknown_names(model, MODEL_KEYS, "model")
     for key in ("opset", "opset_requested"):
-        if key in model and not (_is_int(model[key]) and 1 <= model[key] <= 1000):
-            problems.append(f"model.{key}: not an opset number")
-    if "exporter" in model and not isinstance(model["exporter"], str):
-        problems.append("model.exporter: not a name")
+        value = model.get(key, None if key == "opset" else 1)  # the opset asked for is optional
+        if not (_is_int(value) and 1 <= value <= 1000):
+            problems.append(f"model.{key}: missing or not an opset number")
+    if not isinstance(model.get("exporter"), str):
+        problems.append("model.exporter: missing or not a name")
     problems += _capture_problems(manifest.get("capture"), model)
     for key in ("optimize", "lint", "warnings", "stage_seconds", "quantization"):
         if key in manifest and not isinstance(manifest[key], dict):
@@ -71,7 +71,7 @@ def section_problems(manifest: dict[str, Any]) -> list[str]:
 
 
 def _is_seconds(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and 0 <= value <= MAX_SECONDS
+    return type(value) in (int, float) and 0 <= value <= MAX_SECONDS  # an int compared, never converted: no overflow
 
 
 def _capture_problems(capture: Any, model: dict[str, Any]) -> list[str]:
@@ -79,9 +79,7 @@ def _capture_problems(capture: Any, model: dict[str, Any]) -> list[str]:
     (the graph's opset and the provenance stamped in the graph are checked against ``model`` by rederive)."""
     from ..context import CaptureAttempt, CaptureReport
 
-    if capture is None:
-        return []
-    if not isinstance(capture, dict):
+    if not isinstance(capture, dict):  # the writer always records its capture
         return [f"capture: a {type(capture).__name__}, not an object"]
     problems = unknown_names(capture, _dataclass_names(CaptureReport), "capture")
     for key in ("exporter", "opset", "opset_requested"):

@@ -192,7 +192,7 @@ def markdown(command: str, path: str, graphs: Graphs) -> str:
                     for f in report.get("findings") or []]
         if findings:
             lines += ["", f"{prefix}ATC lint: {len(findings)} finding(s)", ""]
-            lines += [f"- {f['severity']}: [{f['rule']}] {f['message']}" for f in findings[:10]]
+            lines += [f"- {f.get('severity')}: [{f.get('rule')}] {f.get('message')}" for f in findings[:10]]
         command = atc_command(manifest)
         if command:
             lines += ["", f"{prefix}ATC command (`atc/convert.sh`):", "", "```bash", command, "```"]
