@@ -14,12 +14,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from helpers.deadline import deadline
-from helpers.fake_atc import path_without_atc
+from helpers.fake_atc import two_inputs_bundle
 from helpers.files import evil_bytes, rewrite
-from helpers.toy_models import TwoInputs
 
 import cann_export
 from cann_export.bundle import om_stub, rederive, single_file
@@ -45,13 +43,7 @@ def invoke(args):
 def exported(tmp_path_factory):
     """Two inputs sharing a free batch dimension (torch.export records a guard between them) and a dict of
     two outputs."""
-    root = tmp_path_factory.mktemp("checks")
-    torch.manual_seed(0)
-    inputs = {"input_ids": torch.randint(0, 50, (2, 9)), "features": torch.randn(2, 9, 16)}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", path_without_atc())
-        assert cann_export.export(TwoInputs().eval(), root / "good", "atc_ready", example_inputs=inputs).ok
-    return root / "good"
+    return two_inputs_bundle(tmp_path_factory.mktemp("checks"))
 
 
 @pytest.fixture

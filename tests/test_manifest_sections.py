@@ -8,12 +8,9 @@ import json
 import shutil
 
 import pytest
-import torch
 from click.testing import CliRunner
-from helpers.fake_atc import path_without_atc
-from helpers.toy_models import TwoInputs
+from helpers.fake_atc import two_inputs_bundle
 
-import cann_export
 from cann_export.bundle.manifest_keys import TOP, sandbox_problems
 from cann_export.cli.main import cli
 from cann_export.pipeline.confined import DENIES
@@ -21,13 +18,7 @@ from cann_export.pipeline.confined import DENIES
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sections")
-    torch.manual_seed(0)
-    inputs = {"input_ids": torch.randint(0, 50, (2, 9)), "features": torch.randn(2, 9, 16)}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", path_without_atc())
-        assert cann_export.export(TwoInputs().eval(), root / "good", "atc_ready", example_inputs=inputs).ok
-    return root / "good"
+    return two_inputs_bundle(tmp_path_factory.mktemp("sections"))
 
 
 def _validate(path):

@@ -38,3 +38,20 @@ def fake_atc(directory: Path, argv_file: Path, fail: bool = False) -> Path:
     script.write_text("\n".join(body) + "\n")
     script.chmod(0o755)
     return directory
+
+
+def two_inputs_bundle(root):
+    """An atc_ready bundle of toy_models.TwoInputs (two inputs sharing a free batch dimension, a dict of two
+    outputs) at ``root / "good"``, exported where no ``atc`` is on PATH."""
+    import pytest
+    import torch
+    from helpers.toy_models import TwoInputs
+
+    import cann_export
+
+    torch.manual_seed(0)
+    inputs = {"input_ids": torch.randint(0, 50, (2, 9)), "features": torch.randn(2, 9, 16)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", path_without_atc())
+        assert cann_export.export(TwoInputs().eval(), root / "good", "atc_ready", example_inputs=inputs).ok
+    return root / "good"
