@@ -1,8 +1,8 @@
 """The names and types of a single-graph manifest.json against what ``bundle.manifest.build_manifest`` writes:
 an allow-list of the top-level sections and of the names inside those the writer's dataclasses fix (``model``,
 ``capture`` and its attempts, ``warnings``, ``quantization``, ``sandbox``), each value's type, and the claims
-that must agree with one another (``capture``'s exporter and opset are ``model``'s; a lint verdict follows from
-its findings' severities). ``rederive`` checks what the files can tell (the graph's opset, its metadata).
+that must agree with one another (``capture``'s exporter and opset are ``model``'s; no lint passes beside a
+finding of severity error). ``rederive`` checks what the files can tell (the graph's opset, its metadata).
 Each problem is a string naming the field; ``read.read_bundle`` refuses a manifest with any."""
 from __future__ import annotations
 
