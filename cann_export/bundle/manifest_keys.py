@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from ..context import CaptureAttempt, CaptureReport, QuantizationReport, Warnings
+
 TOP = ("schema", "format", "model", "metadata", "provenance", "atc", "capture", "optimize", "parity", "quantization",
        "lint", "sandbox", "warnings", "stage_seconds", "files")
 MODEL_KEYS = ("file", "opset", "opset_requested", "exporter", "inputs", "outputs", "ops")
@@ -37,8 +39,6 @@ def _is_int(value: Any) -> bool:
 def section_problems(manifest: dict[str, Any]) -> list[str]:
     """The top-level names and the sections ``read.manifest_problems`` leaves to this module (its common shape,
     ``model``'s values and the file table, already passed)."""
-    from ..context import Warnings
-
     problems = unknown_names(manifest, TOP, "")
     model = manifest["model"]
     problems += unknown_names(model, MODEL_KEYS, "model")
@@ -57,8 +57,6 @@ def section_problems(manifest: dict[str, Any]) -> list[str]:
         problems += [f"warnings.{k}: not a text or a list of texts" for k, v in manifest["warnings"].items()
                      if not (isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v))]
     if isinstance(manifest.get("quantization"), dict):
-        from ..context import QuantizationReport
-
         problems += unknown_names(manifest["quantization"], _dataclass_names(QuantizationReport), "quantization")
     if isinstance(manifest.get("stage_seconds"), dict):
         problems += [f"stage_seconds.{str(k)[:40]}: not a number of seconds" for k, v in
@@ -77,8 +75,6 @@ def _is_seconds(value: Any) -> bool:
 def _capture_problems(capture: Any, model: dict[str, Any]) -> list[str]:
     """``capture``: the CaptureReport's names; the exporter and opset it reports are the ones ``model`` names
     (the graph's opset and the provenance stamped in the graph are checked against ``model`` by rederive)."""
-    from ..context import CaptureAttempt, CaptureReport
-
     if not isinstance(capture, dict):  # the writer always records its capture
         return [f"capture: a {type(capture).__name__}, not an object"]
     problems = unknown_names(capture, _dataclass_names(CaptureReport), "capture")

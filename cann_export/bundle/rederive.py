@@ -108,7 +108,7 @@ def _load_graph(directory: Path, model_file: str, diffs: list[str]) -> Any:
 
 def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     """What the manifest says about the graph against the graph itself."""
-    from ..capture.onnx_utils import describe_values, op_histogram
+    from ..capture.onnx_utils import describe_values, op_histogram, opset_of
     from ..fs.atomic import is_safe_relpath
 
     diffs = []
@@ -123,7 +123,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
         claimed = manifest["model"].get(key)
         if json.loads(json.dumps(actual, default=str)) != claimed:
             diffs.append(f"model.{key}: the manifest says {_short(claimed)}, the graph has {_short(actual)}")
-    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = opset_of(model)
     if manifest["model"].get("opset", opset) != opset:
         diffs.append(f"model.opset: the manifest says {_short(manifest['model'].get('opset'))}, the graph imports "
                      f"opset {opset}")
