@@ -228,8 +228,8 @@ class ExportContext:
     input_set_labels: list[dict[str, Any]] = field(default_factory=list)
     # per input set, per output: max |fp32 reference - float64 run| (inputs.float_noise), None where not run
     reference_noise: list[list[float] | None] = field(default_factory=list)
-    # True while that noise is left unmeasured (inputs.float_noise.defer): measured when a bundle stores it, or
-    # when the parity verdict could depend on it
+    # True while that noise is left unmeasured (inputs.float_noise.defer): measured when the parity verdict could
+    # depend on it, or when a bundle stores it before validate ran (after, it stores the least floor it passed)
     reference_noise_deferred: bool = False
     # per input set, per output: the fake-quant reference's own rounding noise, in steps (inputs.quant_noise)
     int8_noise: list[list[dict[str, float]] | None] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """The float64 reference noise is measured only where it can matter (inputs/float_noise.defer): a graph that
 passes parity at the verdict rule's least floor never runs the model in float64; one that fails there is judged
-again with the noise measured (the same verdict as measuring it up front); a bundle that stores the noise
-still gets it."""
+again with the noise measured (the same verdict as measuring it up front); a bundle stores the noise its verdict
+used (the least floor, or the measured noise)."""
+import json
 import types
 
 import numpy as np
@@ -74,8 +75,25 @@ def test_a_failing_graph_measures_the_noise_and_keeps_the_verdict(tmp_path, runs
     assert deferred.parity["passed"] is False and deferred.parity == eager.parity
 
 
-def test_a_bundle_still_stores_the_noise(tmp_path, runs):
+def _stored(bundle):
+    with safe_open(str(bundle / "parity" / "inputs.safetensors"), "pt") as f:
+        meta = f.metadata()
+    return json.loads(meta["noise"]), json.loads(meta["labels"])
+
+
+def test_a_bundle_stores_the_floor_its_verdict_used(tmp_path, runs):
+    """Passed at the least floor: the bundle stores that floor (0.0 per verdict set's output, none for a probe),
+    with no float64 run only to store it, and validate judges the stored sets by it."""
     result = _export(tmp_path, "b", fmt="atc_ready")
-    assert result.ok and len(runs) == 1
-    with safe_open(str(tmp_path / "b" / "parity" / "inputs.safetensors"), "pt") as f:
-        assert "noise" in f.metadata()
+    assert result.ok and runs == []
+    noise, labels = _stored(tmp_path / "b")
+    assert noise == [[0.0] if label["role"] == "verdict" else None for label in labels]
+    assert cann_export.validate(tmp_path / "b")["passed"] is True
+
+
+def test_a_bundle_stores_the_noise_its_verdict_measured(tmp_path, runs, wrong_graph):
+    _export(tmp_path, "w", fmt="atc_ready")
+    assert len(runs) == 1
+    noise, labels = _stored(tmp_path / "w")
+    verdict = [row for row, label in zip(noise, labels, strict=True) if label["role"] == "verdict"]
+    assert verdict and all(row and row[0] > 0 for row in verdict)  # measured: float64 differs from fp32

@@ -84,7 +84,7 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     import torch
     from safetensors.torch import save_file
 
-    from ..inputs.float_noise import measured
+    from ..inputs.float_noise import stored
 
     mib = ctx.options.stored_parity_mib
     sets, left_out = chosen_sets(ctx, None if mib is None else mib << 20)
@@ -100,7 +100,7 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
                 expected[f"float/{new}/{name}"] = torch.from_numpy(_own(arr))
     order = {"inputs": ",".join(ctx.input_names), "outputs": ",".join(ctx.output_names), "sets": str(len(sets))}
     per_set = {"labels": ctx.input_set_labels,  # which sets decide parity, which are probes
-               "noise": measured(ctx),  # the reference's own float noise (the fp32 floor), measured now if deferred
+               "noise": stored(ctx),  # the reference's own float noise (the fp32 floor) as the verdict used it
                "int8_noise": ctx.int8_noise}  # the fake-quant reference's own rounding noise (int8 floor)
     for key, values in per_set.items():
         if len(values) == len(ctx.input_sets):
