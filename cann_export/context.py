@@ -231,6 +231,9 @@ class ExportContext:
     # True while that noise is left unmeasured (inputs.float_noise.defer): measured when the parity verdict could
     # depend on it, or when a bundle stores it before validate ran (after, it stores the least floor it passed)
     reference_noise_deferred: bool = False
+    # the floor parity's fp32 verdict passed at while that noise stayed deferred (the least floor): what a bundle
+    # stores in its place (inputs.float_noise.stored); None when the verdict measured it or never judged so
+    verdict_noise: list[list[float] | None] | None = None
     # per input set, per output: the fake-quant reference's own rounding noise, in steps (inputs.quant_noise)
     int8_noise: list[list[dict[str, float]] | None] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)  # the reference's outputs, flattened

@@ -64,12 +64,13 @@ def defer(ctx: Any) -> bool:
 
 
 def stored(ctx: Any) -> list[list[float] | None]:
-    """The noise a bundle stores for its parity data: the one this export's verdict used, so ``validate`` judges
-    the stored sets by the export's rule. Deferred through validate (every verdict set passed at the least floor):
-    the least floor, not a float64 run only to store it (GPT-2 small's prefill: 2.3 s at commit); else measured
-    (now, when still deferred before validate ran)."""
-    if ctx.reference_noise_deferred and ctx.reports.parity is not None:
-        return least_floor(ctx)
+    """The noise a bundle stores for its parity data: the one parity's fp32 verdict used, so ``validate`` judges
+    the stored sets by the export's rule. Left deferred through the verdict (every verdict set passed at the least
+    floor): that floor (``ctx.verdict_noise``), not a float64 run only to store it (GPT-2 small's prefill: 2.3 s at
+    commit); else measured (now, when still deferred: stored before validate ran)."""
+    if ctx.reference_noise_deferred and ctx.verdict_noise is not None \
+            and len(ctx.verdict_noise) == len(ctx.input_sets):
+        return ctx.verdict_noise
     return measured(ctx)
 
 

@@ -173,11 +173,13 @@ def _fp32_report(ctx: Any, feeds: list, reference: str, quantized: bool, labels:
     from ..inputs import float_noise
 
     deferred = ctx.reference_noise_deferred and not quantized
+    ctx.verdict_noise = None
     if deferred:
         noise = float_noise.least_floor(ctx) if labels is not None else None
     report = parity_report(ctx.onnx_path, feeds, ctx.reference_outputs, ctx.options.tolerance, reference,
                            quantized=quantized, labels=labels, noise=noise, quant_noise=quant_noise)
     if not deferred or not any(f["role"] != "probe" for f in report.get("failing_sets", [])):
+        ctx.verdict_noise = noise if deferred else None  # passed at the least floor: what a bundle stores
         return report
     if ctx.trace_deferred is not None:  # as the trace gate judged: a trace off at the least floor is not kept
         return report
