@@ -126,6 +126,48 @@ def test_export_with_an_op_atc_lacks_fails_naming_the_module(tmp_path):
     assert result.ok and (out / "model.onnx").is_file()
 
 
+def _validate(path):
+    return CliRunner().invoke(cli, ["validate", str(path)], catch_exceptions=False)
+
+
+def _tamper_lint(path, change):
+    """Edit the manifest's lint record as an attacker would: the file table re-hashed to hide the edit."""
+    from cann_export.fs import digests
+
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest["lint"]["atc-lint"])
+    manifest["files"] = digests.file_table(path)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_validate_re_derives_the_recorded_lint(tmp_path):
+    """The lint a bundle records is run again on its graph: hiding an error, inventing a finding or dropping a
+    warning is a difference (exit 2, named); an untouched bundle, failed lint included (--lint warn), validates."""
+    import shutil
+
+    failing = tmp_path / "mish"
+    assert cann_export.export(MishHead(), failing, example_inputs=(torch.randn(2, 8),), lint="warn", opset=18).ok
+    assert _validate(failing).exit_code == 0
+    hidden = tmp_path / "hidden"
+    shutil.copytree(failing, hidden)
+    _tamper_lint(hidden, lambda r: r.update(passed=True, findings=[]))
+    result = _validate(hidden)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "lint.atc-lint.passed: the manifest says true, the lint re-run on the graph fails" in result.stderr
+    assert "the manifest lacks [\"error unsupported-op at" in result.stderr
+
+    feeds = {"input_ids": torch.randint(0, 50, (2, 7)), "features": torch.randn(2, 7, 16)}
+    clean = tmp_path / "two"
+    assert cann_export.export(TwoInputs(), clean, example_inputs=feeds).ok
+    _tamper_lint(clean, lambda r: r["findings"].append({**r["findings"][0], "node": "made_up"}))
+    result = _validate(clean)
+    assert result.exit_code == 2 and "which the lint re-run on the graph does not find" in result.stderr
+
+    unlinted = tmp_path / "off"  # --lint off records no lint: nothing claimed, nothing to contradict
+    assert cann_export.export(MishHead(), unlinted, example_inputs=(torch.randn(2, 8),), lint="off", opset=18).ok
+    assert _validate(unlinted).exit_code == 0
+
+
 def test_onnx_format_is_not_linted(tmp_path):
     result = cann_export.export(MishHead(), tmp_path / "m.onnx", "onnx", example_inputs=(torch.randn(2, 8),))
     assert result.ok

@@ -21,6 +21,7 @@ from ..errors import ExportError, ValidateError
 from ..hooks.contracts import CheckedBundle, Container, Format, optional
 from .dynamic_check import dynamic_differences
 from .dynamic_check import short as _short
+from .lint_check import lint_differences
 from .parity_store import as_recorded, example_row, left_out_shapes
 from .read import external_data_files
 
@@ -73,6 +74,7 @@ def check_bundle(directory: Path, *, container: Container | None = None, raise_o
         diffs.extend(graph_differences(checked.model, manifest))
         if has_atc(manifest):
             _check_atc(checked)
+            diffs.extend(lint_differences(checked))  # the recorded ATC lint, re-run on the graph
     for fmt in artifact_formats(checked):
         check = optional(fmt, Format, "check_artifact")
         diffs.extend(check(checked) if check else [])
