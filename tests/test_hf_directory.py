@@ -115,6 +115,18 @@ def test_hub_cache_snapshot_exports_an_atc_ready_bundle_carrying_config_and_toke
     assert invoke(["validate", out]).exit_code == 2
 
 
+def test_a_two_tower_model_writes_and_validates_an_atc_ready_bundle(tmp_path):
+    """CLIP's logits_per_text is the transpose of logits_per_image: at batch 1 the two outputs are one [1, 1]
+    buffer, which the bundle's parity store must still save (safetensors refuses shared memory)."""
+    directory = hf_dirs.save("clip", tmp_path / "clip")
+    result = invoke([directory, "-o", tmp_path / "out"])  # the default format: atc_ready, parity data stored
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert any(s["shape"].get("batch_size") == 1 for s in manifest["parity"]["shapes"])
+    check = invoke(["validate", tmp_path / "out"])
+    assert check.exit_code == 0, check.output
+
+
 def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_path):
     """cann.torch.export(model=<PreTrainedModel>) without inputs: the same task, names and dummy inputs."""
     import transformers

@@ -31,6 +31,19 @@ def _own(arr: Any) -> Any:
     return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()
 
 
+def _unshared(tensors: dict[str, Any]) -> dict[str, Any]:
+    """``tensors`` with each one whose storage an earlier one already uses copied: safetensors refuses tensors
+    that share memory, which outputs of one model can (CLIP's ``logits_per_text`` is the transpose of
+    ``logits_per_image``: at batch 1 both are the same [1, 1] buffer)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    return out
+
+
 def _set_bytes(ctx: ExportContext, s: int) -> int:
     import numpy as np
 
@@ -105,8 +118,8 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     for key, values in per_set.items():
         if len(values) == len(ctx.input_sets):
             order[key] = json.dumps([values[s] for s in sets])
-    save_file(inputs, str(directory / "inputs.safetensors"), metadata=order)
-    save_file(expected, str(directory / "expected.safetensors"), metadata=order)
+    save_file(_unshared(inputs), str(directory / "inputs.safetensors"), metadata=order)
+    save_file(_unshared(expected), str(directory / "expected.safetensors"), metadata=order)
     if ctx.reports.parity is not None and left_out:
         ctx.reports.parity.stored = {"input_sets": sets, "of": len(ctx.input_sets), "cap_mib": mib,
                                      "left_out": left_out}
