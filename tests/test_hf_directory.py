@@ -406,6 +406,9 @@ def test_default_output_name_of_a_directory_keeps_its_whole_name(tmp_path):
     ("LlamaForCausalLM", {"use_cache": True}, "text-generation-with-past"),
     ("Qwen2ForCausalLM", {"use_cache": False}, "text-generation"),  # no cache: the single graph, as Optimum
     ("T5ForConditionalGeneration", {}, "text2text-generation-with-past"),
+    # BART is in transformers' masked-LM table too (its denoising objective): a seq2seq model all the same
+    ("BartForConditionalGeneration", {}, "text2text-generation-with-past"),
+    ("BertForMaskedLM", {}, "fill-mask"),
     ("BertForSequenceClassification", {"use_cache": True}, "text-classification"),  # no -with-past form
 ])
 def test_default_task_is_with_past_when_the_model_keeps_a_cache(arch, config, task):
