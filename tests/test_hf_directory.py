@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from helpers import hf_dirs
 
@@ -125,6 +126,20 @@ def test_a_two_tower_model_writes_and_validates_an_atc_ready_bundle(tmp_path):
     assert any(s["shape"].get("batch_size") == 1 for s in manifest["parity"]["shapes"])
     check = invoke(["validate", tmp_path / "out"])
     assert check.exit_code == 0, check.output
+
+
+def test_a_state_space_decoder_is_refused_with_past_naming_its_cache(tmp_path):
+    """Mamba's cache is a recurrent state, not keys and values: no prefill + decode graphs, a clean refusal."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=1,
+                                   expand=2, conv_kernel=4)
+    transformers.MambaForCausalLM(cfg).eval().save_pretrained(tmp_path / "mamba")
+    result = invoke([tmp_path / "mamba", "-o", tmp_path / "out"])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "[internal]" not in result.output
+    assert "not attention keys and values" in result.stderr and "--task text-generation" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_path):

@@ -112,6 +112,24 @@ def test_decoder_greedy_generation_through_prefill_and_decode_equals_generate(bu
     np.testing.assert_allclose(logits[-1], eager, atol=1e-4)
 
 
+def test_a_mixture_of_experts_directory_exports_graphs_that_generate(tmp_path):
+    """Mixtral's default experts path (grouped_mm: a custom op, histc) exports nowhere, and its eager loop runs only
+    the experts the example routes to: the directory's model is exported on batched_mm, whose graph routes any
+    input (a 4-token greedy generation through prefill + decode equals transformers' generate)."""
+    torch.manual_seed(3)
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64, eos_token_id=None)
+    model = transformers.MixtralForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "moe")
+    res = CliRunner().invoke(cli, [str(tmp_path / "moe"), "--format", "onnx", "-o", str(tmp_path / "out")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    ids = _prompt(model)
+    tokens, _ = _decoder_generate(tmp_path / "out", ids)
+    assert tokens == _reference(model, ids)
+
+
 def test_onnx_format_writes_validated_onnx_components_that_generate(bundles, tmp_path):
     """`cann-export DIR --format onnx` of a causal LM: prefill + decode as onnx_bundle components (each with its
     own fp32 parity, no ATC files), the top-level manifest and connections; generation through them equals

@@ -207,14 +207,31 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     ids = _ids(model.config, (batch, prompt), 0)
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
             "position_ids": torch.arange(prompt)[None].repeat(batch, 1)}
-    with torch.no_grad():
-        present = {k: v for k, v in prefill(**feed).items() if k != "logits"}
+    present = {k: v for k, v in _run_prompt(prefill, feed).items() if k != "logits"}
     nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
            "attention_mask": torch.ones(batch, prompt + 1, dtype=torch.long),
            "position_ids": torch.full((batch, 1), prompt), **_past(present)}
     kind = "decoder-with-past"
     return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
                 wiring(kind, list(present)), run_notes(kind))
+
+
+def _run_prompt(prefill: Any, feed: dict[str, Any]) -> dict[str, Any]:
+    """The prefill graph's outputs on the example prompt; the model's own failure is the user's model's, named."""
+    import torch
+
+    from .. import errors
+
+    try:
+        with torch.no_grad():
+            return prefill(**feed)
+    except errors.ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's model's forward
+        raise errors.PrepareError(f"the model's forward failed on a {tuple(feed['input_ids'].shape)} prompt with an "
+                                  f"empty cache: {type(e).__name__}: {errors.gist(e)}. Check that the model runs "
+                                  "in eval mode on its config's inputs, or export one graph with --task "
+                                  "text-generation") from e
 
 
 def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:

@@ -156,6 +156,15 @@ def _dynamic_cache(flat: list[torch.Tensor], config: Any) -> Any:
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    other = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [None])
+                    if not (isinstance(getattr(layer, "keys", None), torch.Tensor)
+                            and isinstance(getattr(layer, "values", None), torch.Tensor))})
+    if other:  # a state-space / linear-attention model (Mamba): its cache is a recurrent state, not keys and values
+        from ..errors import OptionsError
+
+        raise OptionsError(f"the model's cache holds {', '.join(other)} layers, not attention keys and values, so it "
+                           "has no prefill + decode graphs with past_key_values; export one graph with --task "
+                           "text-generation (no cache)")
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 

@@ -120,7 +120,18 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
     pooler_unused = task.name == "feature-extraction" and \
         "pooler_output" not in outputs_of(task, arch, str(config.get("model_type")))
     _check_missing(info, name, directory, pooler_unused)
-    return for_task(model.eval(), task, arch)
+    return for_task(_eager_experts(model).eval(), task, arch)
+
+
+def _eager_experts(model: Any) -> Any:
+    """A mixture-of-experts model (Mixtral, Qwen-MoE, ...) on transformers' ``batched_mm`` experts: each routed
+    token gathers its experts' weights, a graph with no data-dependent control flow. The default ``grouped_mm``
+    runs a custom op and ``histc``, which no ONNX exporter converts; the ``eager`` loop runs only the experts the
+    example routed to, so a trace of it is wrong on other inputs."""
+    can = getattr(type(model), "_can_set_experts_implementation", None)
+    if callable(can) and can() and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("batched_mm")
+    return model
 
 
 def _check_missing(info: Any, name: str, directory: Path, pooler_unused: bool) -> None:
