@@ -14,6 +14,7 @@ from .fs import atomic
 from .hooks import manager
 from .hooks.contracts import Format, ResultInfo, optional
 from .options import ExportOptions, Tolerance
+from .pipeline.blas_threads import one_blas_thread
 from .pipeline.stage import ProgressFn
 from .progress import ProgressEvent
 
@@ -77,6 +78,7 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
 
 
+@one_blas_thread
 def export(model: Any, output_path: str | Path, export_format: str = "atc_ready", example_inputs: Any = None,
            *, progress: ProgressFn | None = None, trace: str | Path | None = None,
            on_progress: Callable[[ProgressEvent], None] | None = None, **options: Any) -> ExportResult:
@@ -222,6 +224,7 @@ def _result(ctx: ExportContext) -> ExportResult:
     )
 
 
+@one_blas_thread
 def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_sha256: str | None = None,
              soc_versions: list[str] | tuple[str, ...] | None = None, **tolerance_values: float) -> dict[str, Any]:
     """Re-derive a bundle's verdicts (a directory, a single-file bundle, or a file its format unpacks such as

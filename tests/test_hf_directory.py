@@ -142,6 +142,32 @@ def test_a_state_space_decoder_is_refused_with_past_naming_its_cache(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_encoder_decoder_classifier_gets_one_eos_per_row_in_every_set(tmp_path, run_ort):
+    """BartForSequenceClassification pools at the eos token and refuses rows with different counts of it: every
+    drawn set (example, variants, shape sets) holds one per row, so the directory exports with no flags."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37,
+                                  decoder_ffn_dim=37, max_position_embeddings=64, num_labels=3)
+    model = transformers.BartForSequenceClassification(cfg).eval()
+    model.save_pretrained(tmp_path / "bart")
+    result = invoke([tmp_path / "bart", "-o", tmp_path / "out"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["provenance"]["task"] == "text-classification" and manifest["parity"]["passed"] is True
+    assert manifest["parity"]["input_sets"] > 3 and len(manifest["parity"]["shapes"]) > 1
+    assert invoke(["validate", tmp_path / "out"]).exit_code == 0
+    ids = torch.randint(3, 99, (3, 9), generator=torch.Generator().manual_seed(5))
+    ids[:, -1] = cfg.eos_token_id  # as a tokenizer writes it
+    mask = torch.ones_like(ids)
+    _, got = run_ort(tmp_path / "out" / "model.onnx", {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits.numpy()
+    np.testing.assert_allclose(got[0], want, atol=2e-4, rtol=1e-3)
+
+
 def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_path):
     """cann.torch.export(model=<PreTrainedModel>) without inputs: the same task, names and dummy inputs."""
     import transformers

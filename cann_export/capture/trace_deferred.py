@@ -56,7 +56,10 @@ def judged(ctx: Any, run: Callable[[], str | None]) -> str | None:
             ctx.trace_deferred = None
             return status
         pending["reason"] = f"the traced graph differs from the model: {why}"
-    return f"traced graph not kept ({pending['reason'][:160]}); capture runs the next exporter"
+    import textwrap
+
+    return f"traced graph not kept ({textwrap.shorten(pending['reason'], 200, placeholder=' ...')}); capture runs " \
+        "the next exporter"
 
 
 def rejected(ctx: Any) -> tuple[str, str] | None:

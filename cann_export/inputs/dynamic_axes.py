@@ -223,6 +223,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
     names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
     in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
+    from . import eos_rows
     from .reference import reference_outputs
 
     from ..capture.trace_gate import traced_first
@@ -235,6 +236,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             varied = next(n for n in point if point[n] != example[n])
             if varied in failed:
                 continue
+            eos_rows.place(ctx, sets)
             try:
                 with _attributes_kept(ctx.model):
                     _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)

@@ -7,7 +7,7 @@ from typing import Any
 from .. import errors
 from ..context import ExportContext
 from ..hooks import manager
-from . import tensors
+from . import eos_rows, tensors
 from .providers import accepted_names
 from .reference import reference_outputs
 
@@ -27,6 +27,8 @@ def prepare(ctx: ExportContext) -> str | None:
     variants, labels = _variants(ctx, feed)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
+    eos_rows.place(ctx, [s for s, label in zip(ctx.input_sets, ctx.input_set_labels, strict=True)
+                         if label["source"] != "parity_data"])  # the user's samples as given
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
