@@ -23,9 +23,11 @@ def invoke(args):
 
 
 def _sizes(value):
-    """A graph input's sizes: a symbolic (dynamic) axis gets 3 (batch) or 8, other than the export's example."""
+    """A graph input's sizes: a symbolic (dynamic) axis gets 3 (batch) or 8 (raw audio: 1000 samples), other than
+    the export's example."""
     dims = value.type.tensor_type.shape.dim
-    return [d.dim_value if d.dim_value > 0 else (3 if k == 0 else 8) for k, d in enumerate(dims)]
+    longer = 1000 if value.name == "input_values" else 8
+    return [d.dim_value if d.dim_value > 0 else (3 if k == 0 else longer) for k, d in enumerate(dims)]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,18 @@ def test_directory_exports_with_optimum_names_and_matches_transformers(name, exp
     want = hf_dirs.eager(name, directory, feeds)
     for n, value in zip(names, got, strict=True):
         np.testing.assert_allclose(value, want[n], atol=2e-4, rtol=1e-3, err_msg=f"{name}: {n}")
+
+
+def test_raw_audio_length_is_dynamic_from_the_feature_encoders_receptive_field(exported):
+    """Wav2Vec2's input_values: batch and length symbolic (Optimum's axes), the length's range starting at the conv
+    feature encoder's receptive field (10 + 3 x 5 samples for this config's kernels 10, 4 and strides 5, 4)."""
+    from cann_export.hf.inputs import receptive_field
+
+    _, out = exported("wav2vec2")
+    dims = onnx.load(str(out), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
+    assert receptive_field({"conv_kernel": [10, 4], "conv_stride": [5, 4]}) == 25
+    assert receptive_field({"conv_kernel": [10, 3, 3, 3, 3, 2, 2], "conv_stride": [5, 2, 2, 2, 2, 2, 2]}) == 400
 
 
 def _tokenizer_files(directory):

@@ -26,7 +26,7 @@ AXES = {
 # Whisper's fixed 30 s window pin them, and raw audio shorter than the feature encoder's receptive field fails:
 # they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
 DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
-                   "pixel_values": (0,), "input_features": (0,), "input_values": (0,)}
+                   "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,21 @@ def dynamic_ranges(specs: list[InputSpec], config: Any) -> dict[str, dict[int, l
     """The sizes each default dynamic axis takes: ``{input: {axis: [min, max]}}`` (sequence axes up to
     ``max_sequence``; batch unbounded here, ``None``)."""
     longest = max_sequence(config)
-    return {s.name: {a: [1, longest if a == 1 else None] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+    out = {s.name: {a: [1, longest if a == 1 else None] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+    if "input_values" in out:  # raw audio: from the feature encoder's receptive field up (no position table)
+        out["input_values"][1] = [receptive_field(config), None]
+    return out
+
+
+def receptive_field(config: Any) -> int:
+    """The fewest raw-audio samples a conv feature encoder (Wav2Vec2-style ``conv_kernel`` / ``conv_stride``) turns
+    into one frame: 400 at 16 kHz for Wav2Vec2's (10,3,3,3,3,2,2) / (5,2,2,2,2,2,2)."""
+    kernels, strides = _get(config, "conv_kernel") or (), _get(config, "conv_stride") or ()
+    field, jump = 1, 1
+    for k, s in zip(kernels, strides, strict=False):
+        if type(k) is int and type(s) is int and k > 0 and s > 0:
+            field, jump = field + (k - 1) * jump, jump * s
+    return field
 
 
 def _audio_samples(sampling_rate: int | None) -> int:

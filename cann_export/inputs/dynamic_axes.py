@@ -26,9 +26,13 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
             label = symbols.setdefault(dim["symbol"], "batch" if axis == 0 else f"{name}_dim{axis}")
             found[(name, axis)] = DynamicAxis(name, axis, label, dim["min"] or 1, dim["max"], source="program")
     shaped = {spec.name for spec in ctx.options.input_shapes}  # the user's --input-shape wins over a loader's axes
+    least = extras.get("dynamic_ranges") or {}  # a loader's smallest size of an axis (raw audio's receptive field)
     for name, axes in (extras.get("dynamic_axes") or {}).items():
         for axis, label in dict(axes).items() if name not in shaped else ():
-            found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label), source="loader"))
+            low = ((least.get(name) or {}).get(axis) or (least.get(name) or {}).get(str(axis)) or [None])[0]
+            found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label),
+                                                                  low if type(low) is int and low > 1 else None,
+                                                                  source="loader"))
     batch_name = next((a.name for a in found.values() if a.axis == 0 and a.name), "batch")
     for name, (_, high) in (extras.get("recorded_batch") or {}).items():  # the calls of the model varied it
         if name not in shaped:
