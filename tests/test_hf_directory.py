@@ -137,7 +137,14 @@ def test_a_two_tower_model_writes_and_validates_an_atc_ready_bundle(tmp_path):
     result = invoke([directory, "-o", tmp_path / "out"])  # the default format: atc_ready, parity data stored
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert any(s["shape"].get("batch_size") == 1 for s in manifest["parity"]["shapes"])
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    batches = {i.name: i.type.tensor_type.shape.dim[0].dim_param for i in graph.graph.input}
+    # any number of texts against any number of images: Optimum's two batch axes, judged where they differ
+    assert batches == {"input_ids": "text_batch_size", "attention_mask": "text_batch_size",
+                       "pixel_values": "image_batch_size"}
+    shapes = [s["shape"] for s in manifest["parity"]["shapes"]]
+    assert {"text_batch_size": 1, "image_batch_size": 2} in [{k: s[k] for k in batches.values()} for s in shapes]
+    assert any(s["image_batch_size"] == 16 and s["text_batch_size"] == 2 for s in shapes)
     check = invoke(["validate", tmp_path / "out"])
     assert check.exit_code == 0, check.output
 

@@ -165,14 +165,29 @@ def tensors(specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
     return out
 
 
-def dynamic_axes(specs: list[InputSpec]) -> dict[str, dict[int, str]]:
+# A task whose inputs' batches are independent: CLIP / SigLIP's zero-shot scores any number of texts against any
+# number of images (Optimum's CLIPOnnxConfig names them text_batch_size and image_batch_size, as its outputs are)
+SEPARATE_BATCHES = {"zero-shot-image-classification": {"pixel_values": "image_batch_size"}}
+TEXT_BATCH = "text_batch_size"
+
+
+def _axes_of(name: str, task: str | None) -> dict[int, str]:
+    axes = dict(AXES[name])
+    separate = SEPARATE_BATCHES.get(task or "")
+    if separate is not None:
+        axes[0] = separate.get(name, TEXT_BATCH)
+    return axes
+
+
+def dynamic_axes(specs: list[InputSpec], task: str | None = None) -> dict[str, dict[int, str]]:
     """The inputs' default dynamic axes, by Optimum's names: ``{input: {axis: axis name}}`` (DEFAULT_DYNAMIC)."""
-    return {s.name: {a: AXES[s.name][a] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+    return {s.name: {a: _axes_of(s.name, task)[a] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
 
 
-def all_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]]) -> dict[str, dict[str, str]]:
+def all_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]],
+             task: str | None = None) -> dict[str, dict[str, str]]:
     """Optimum's name of every axis it names, inputs and outputs (JSON keys: axes as strings)."""
-    named = {**{s.name: AXES[s.name] for s in specs}, **outputs}
+    named = {**{s.name: _axes_of(s.name, task) for s in specs}, **outputs}
     return {name: {str(a): label for a, label in axes.items()} for name, axes in named.items()}
 
 

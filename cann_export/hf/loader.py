@@ -39,12 +39,12 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
     wrapped, outputs = task_module(model, task, arch, model_type)
     specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
-          "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs)}
+          "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs, task.name)}
     from ..inputs.eos_rows import KEY, eos_pooled
 
     return LoadedModel(wrapped, "module", extras={KEY: eos_pooled(config, task.name),
                                                  "task": task.name, "input_names": [s.name for s in specs],
-                                                 "dynamic_axes": dynamic_axes(specs),
+                                                 "dynamic_axes": dynamic_axes(specs, task.name),
                                                  "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
                                                  "output_axes": {n: dict(a) for n, a in outputs.items()},
                                                  "exporter_order": list(EXPORTER_ORDER)})
