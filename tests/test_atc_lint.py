@@ -317,3 +317,13 @@ def test_unreadable_input_is_one_line_exit_2(tmp_path, lint_cli):
     (tmp_path / "dir").mkdir()
     assert lint_cli(tmp_path / "dir").exit_code == 2
     assert lint_cli(bad, "--cann-version", "eight").exit_code == 2
+
+
+def test_a_lint_record_from_another_op_table_is_named_not_re_derived(tmp_path):
+    """The lint is re-derived with the op table this release packages: a record naming another is a difference
+    (edited or written by another release), never judged against the wrong table."""
+    out = tmp_path / "m"
+    assert cann_export.export(make_mlp(), out, example_inputs=(torch.randn(2, 12),)).ok
+    _tamper_lint(out, lambda r: r["table"].update(cann_version="7.0.0"))
+    result = _validate(out)
+    assert result.exit_code == 2 and "lint.atc-lint.table: the lint was recorded with op table" in result.stderr

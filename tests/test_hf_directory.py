@@ -163,6 +163,37 @@ def test_a_state_space_decoder_is_refused_with_past_naming_its_cache(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_eos_rule_leaves_what_the_user_gave_and_rows_already_right():
+    """One eos per row goes only into sets the tool drew whose rows disagree: an MNLI pair's three per row, the
+    user's own example and --parity-data are left as they are."""
+    from types import SimpleNamespace
+
+    from cann_export.inputs import eos_rows
+
+    ctx = SimpleNamespace(loaded=SimpleNamespace(extras={eos_rows.KEY: 2, "hf": {"dummy_inputs": [
+        {"name": "input_ids", "high": 50}]}}))
+    pair = torch.tensor([[0, 7, 2, 2, 9, 2], [0, 8, 2, 2, 5, 2]])
+    drawn = torch.tensor([[2, 7, 2, 4, 9, 1], [3, 8, 6, 4, 5, 1]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    sets = [{"input_ids": pair}, {"input_ids": drawn, "attention_mask": mask}, {"input_ids": drawn.clone()}]
+    labels = [{"source": "example"}, {"source": "random"}, {"source": "parity_data"}]
+    eos_rows.place(ctx, eos_rows.drawn(sets, labels, example_drawn=False))
+    assert sets[0]["input_ids"] is pair and torch.equal(sets[2]["input_ids"], drawn)
+    fixed = sets[1]["input_ids"]
+    assert fixed.tolist() == [[3, 7, 3, 4, 9, 2], [3, 8, 6, 2, 5, 1]] and drawn[0, 0] == 2  # a new tensor
+    assert eos_rows.eos_pooled({"is_encoder_decoder": True, "eos_token_id": 99, "vocab_size": 99},
+                               "text-classification") is None  # outside the vocabulary: no rule
+
+
+def test_zero_shot_batches_stay_one_axis_for_a_cann_7_target(tmp_path):
+    """Under CANN < 8 every combination of gears is an ATC profile: CLIP keeps one batch_size there."""
+    directory = hf_dirs.save("clip", tmp_path / "clip")
+    result = invoke([directory, "-o", tmp_path / "out", "--cann-version", "7.0"])
+    assert result.exit_code == 0, result.output
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    assert {i.type.tensor_type.shape.dim[0].dim_param for i in graph.graph.input} == {"batch_size"}
+
+
 def test_an_encoder_decoder_classifier_gets_one_eos_per_row_in_every_set(tmp_path, run_ort):
     """BartForSequenceClassification pools at the eos token and refuses rows with different counts of it: every
     drawn set (example, variants, shape sets) holds one per row, so the directory exports with no flags."""

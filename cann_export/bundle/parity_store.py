@@ -39,7 +39,7 @@ def _unshared(tensors: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, t in tensors.items():
         ptr = t.untyped_storage().data_ptr()
-        out[name] = t.clone() if ptr in seen and t.numel() else t
+        out[name] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
 

@@ -56,10 +56,11 @@ def judged(ctx: Any, run: Callable[[], str | None]) -> str | None:
             ctx.trace_deferred = None
             return status
         pending["reason"] = f"the traced graph differs from the model: {why}"
-    import textwrap
-
-    return f"traced graph not kept ({textwrap.shorten(pending['reason'], 200, placeholder=' ...')}); capture runs " \
-        "the next exporter"
+    reason = pending["reason"]
+    if len(reason) > 200:  # at a word when one ends in the last 60 characters, else at 200
+        cut = reason.rfind(" ", 140, 200)
+        reason = reason[:cut if cut > 0 else 200] + " ..."
+    return f"traced graph not kept ({reason}); capture runs the next exporter"
 
 
 def rejected(ctx: Any) -> tuple[str, str] | None:

@@ -156,7 +156,13 @@ def _dynamic_cache(flat: list[torch.Tensor], config: Any) -> Any:
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    other = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [None])
+    if cache is None or not hasattr(cache, "layers"):
+        from ..errors import OptionsError
+
+        raise OptionsError(f"the model returned {type(cache).__name__ if cache is not None else 'no'} cache where a "
+                           "decoder returns its keys and values, so it has no prefill + decode graphs; export one "
+                           "graph with --task text-generation (no cache)")
+    other = sorted({type(layer).__name__ for layer in cache.layers
                     if not (isinstance(getattr(layer, "keys", None), torch.Tensor)
                             and isinstance(getattr(layer, "values", None), torch.Tensor))})
     if other:  # a state-space / linear-attention model (Mamba): its cache is a recurrent state, not keys and values

@@ -21,10 +21,10 @@ AXES = {
     "input_features": {0: BATCH, 1: "feature_size", 2: "encoder_sequence_length"},
     "input_values": {0: BATCH, 1: SEQ},
 }
-# The axes an export makes dynamic by default (``dynamic_axes``): those the model computes at any size. Optimum
-# also names height/width/num_channels and Whisper's feature axes, but position embeddings, conv weights and
-# Whisper's fixed 30 s window pin them, and raw audio shorter than the feature encoder's receptive field fails:
-# they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
+# The axes an export makes dynamic by default (``dynamic_axes``): those the model computes at any size (raw audio's
+# length from the feature encoder's receptive field: ``dynamic_ranges``). Optimum also names height/width/
+# num_channels and Whisper's feature axes, but position embeddings, conv weights and Whisper's fixed 30 s window
+# pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
 DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
                    "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
 
@@ -43,6 +43,7 @@ class InputSpec:
         return {"name": self.name, "shape": list(self.shape), "kind": self.kind, "high": self.high}
 
 
+from ..inputs.eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
 from .config import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
 
 
@@ -123,19 +124,24 @@ def dynamic_ranges(specs: list[InputSpec], config: Any) -> dict[str, dict[int, l
     ``max_sequence``; batch unbounded here, ``None``)."""
     longest = max_sequence(config)
     out = {s.name: {a: [1, longest if a == 1 else None] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
-    if "input_values" in out:  # raw audio: from the feature encoder's receptive field up (no position table)
-        out["input_values"][1] = [receptive_field(config), None]
+    for s in specs:  # raw audio: from the feature encoder's receptive field (at most the dummy's length) up
+        if s.name == "input_values":
+            out[s.name][1] = [receptive_field(config, s.shape[1]), None]
     return out
 
 
-def receptive_field(config: Any) -> int:
+def receptive_field(config: Any, cap: int = 1 << 20) -> int:
     """The fewest raw-audio samples a conv feature encoder (Wav2Vec2-style ``conv_kernel`` / ``conv_stride``) turns
-    into one frame: 400 at 16 kHz for Wav2Vec2's (10,3,3,3,3,2,2) / (5,2,2,2,2,2,2)."""
-    kernels, strides = _get(config, "conv_kernel") or (), _get(config, "conv_stride") or ()
+    into one frame, at most ``cap``: 400 at 16 kHz for Wav2Vec2's (10,3,3,3,3,2,2) / (5,2,2,2,2,2,2)."""
+    kernels, strides = _get(config, "conv_kernel"), _get(config, "conv_stride")
+    if not isinstance(kernels, (list, tuple)) or not isinstance(strides, (list, tuple)):
+        return 1
     field, jump = 1, 1
     for k, s in zip(kernels, strides, strict=False):
         if type(k) is int and type(s) is int and k > 0 and s > 0:
             field, jump = field + (k - 1) * jump, jump * s
+        if field >= cap:
+            return cap
     return field
 
 
@@ -172,6 +178,8 @@ TEXT_BATCH = "text_batch_size"
 
 
 def _axes_of(name: str, task: str | None) -> dict[int, str]:
+    """``task``: None for one shared batch (ATC < 8 renders every combination of gears as a profile: CLIP's
+    separate batches and sequence make 175 at the default ranges, past ATC's 100)."""
     axes = dict(AXES[name])
     separate = SEPARATE_BATCHES.get(task or "")
     if separate is not None:
@@ -202,4 +210,4 @@ class TaskDummyInputs:
         hf = ctx.loaded.extras.get("hf") if ctx.loaded is not None else None
         if not isinstance(hf, dict) or "dummy_inputs" not in hf:
             return None
-        return tensors(hf["dummy_inputs"], ctx.options.seed), f"the {hf['task']} task's dummy inputs (config.json)"
+        return tensors(hf["dummy_inputs"], ctx.options.seed), f"the {hf['task']} task's {DUMMY}"

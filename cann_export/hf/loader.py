@@ -31,7 +31,8 @@ from . import files as hf_files
 EXPORTER_ORDER = ("torchscript", "dynamo")
 
 
-def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None) -> LoadedModel:
+def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None,
+            options: Any = None) -> LoadedModel:
     from .inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
     from .model import forward_parameters, task_module
 
@@ -39,15 +40,27 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
     wrapped, outputs = task_module(model, task, arch, model_type)
     specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
-          "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs, task.name)}
+          "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs, _batches_of(task, options))}
     from ..inputs.eos_rows import KEY, eos_pooled
 
     return LoadedModel(wrapped, "module", extras={KEY: eos_pooled(config, task.name),
                                                  "task": task.name, "input_names": [s.name for s in specs],
-                                                 "dynamic_axes": dynamic_axes(specs, task.name),
+                                                 "dynamic_axes": dynamic_axes(specs, _batches_of(task, options)),
                                                  "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
                                                  "output_axes": {n: dict(a) for n, a in outputs.items()},
                                                  "exporter_order": list(EXPORTER_ORDER)})
+
+
+def _batches_of(task: Any, options: Any) -> str | None:
+    """The task whose separate batch axes the graph gets: not for a CANN < 8 target, where each combination of
+    gears is a profile (hf/inputs._axes_of)."""
+    from ..atc.versions import parse_cann_version
+
+    version = getattr(options, "cann_version", None)
+    try:
+        return task.name if version is None or parse_cann_version(str(version))[0] >= 8 else None
+    except (ValueError, TypeError):
+        return task.name
 
 
 def _single_graph(task: Any, path: Any) -> None:
@@ -103,7 +116,7 @@ class HfDirectoryLoader:
             sampling_rate = rate if isinstance(rate, int) and 0 < rate <= 1 << 22 else None
         stored = stored_elements(weights) if safetensors else 0
         model = load_pretrained(directory, arch, task, config, safetensors, options, stored)
-        loaded = _loaded(model, config, arch, task, sampling_rate)
+        loaded = _loaded(model, config, arch, task, sampling_rate, options)
         loaded.extras["bundle_files"] = carried
         loaded.extras["hf"]["directory"] = str(directory)
         loaded.source_sha256 = hf_files.directory_digest(weights, carried)
@@ -127,7 +140,7 @@ class HfDirectoryLoader:
                 raise
             return None  # a class of no task (the user's own subclass): exported as called, with its inputs
         _single_graph(task, None)
-        return _loaded(for_task(module, task, arch), config, arch, task, None)
+        return _loaded(for_task(module, task, arch), config, arch, task, None, options)
 
     def graphs(self, source: Any, options: dict[str, Any]) -> str | None:
         """The multi-graph task of exporting ``source``: a model directory's (``--task`` or detected: a causal LM

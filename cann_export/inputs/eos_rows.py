@@ -2,20 +2,29 @@
 LED, MVP, T5 ...ForSequenceClassification) refuse a batch whose rows hold different counts of it ("All examples
 must have the same number of <eos> tokens"). Every input set drawn for such a model (the example, the random and
 path variants, the shape sets) gets exactly one per row, where a tokenizer writes it: after the row's last
-attended token. Any other drawn in a row becomes the next id. A user's --parity-data is left as given."""
+attended token. Any other drawn in a row becomes the next id. What the user gave (an example, --parity-data) and
+a set whose rows already hold the same number of eos tokens are left as they are."""
 from __future__ import annotations
 
 from typing import Any
 
 KEY = "eos_rows"  # LoadedModel.extras: the eos token id when the loader's model pools at it
+DUMMY = "dummy inputs (config.json)"  # how the task's dummy inputs name their source (hf/inputs.TaskDummyInputs)
 
 
 def eos_pooled(config: dict[str, Any], task: str) -> int | None:
-    """The eos id of an encoder-decoder text classifier (config.json), else None."""
-    eos = config.get("eos_token_id")
-    if task == "text-classification" and config.get("is_encoder_decoder") and type(eos) is int and eos >= 0:
+    """The eos id of an encoder-decoder text classifier (config.json: an id inside its vocabulary), else None."""
+    eos, vocab = config.get("eos_token_id"), config.get("vocab_size")
+    if (task == "text-classification" and config.get("is_encoder_decoder") is True and type(eos) is int
+            and type(vocab) is int and 0 <= eos < vocab):
         return eos
     return None
+
+
+def drawn(sets: list[dict[str, Any]], labels: list[dict[str, Any]], example_drawn: bool) -> list[dict[str, Any]]:
+    """The sets this tool drew: not the user's --parity-data, and the example only when it is the task's dummy."""
+    return [s for s, label in zip(sets, labels, strict=True)
+            if label["source"] != "parity_data" and (label["source"] != "example" or example_drawn)]
 
 
 def place(ctx: Any, sets: list[dict[str, Any]]) -> None:
@@ -30,6 +39,9 @@ def place(ctx: Any, sets: list[dict[str, Any]]) -> None:
         ids = feed.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
             continue
+        counts = (ids == eos).sum(dim=1)
+        if bool((counts == counts[0]).all()) and int(counts[0]) > 0:
+            continue  # already as the model takes it (an MNLI pair's three per row): left as drawn
         fixed = ids.masked_fill(ids == eos, eos + 1 if eos + 1 < _vocab(ctx, eos) else max(eos - 1, 0))
         mask = feed.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:

@@ -27,8 +27,7 @@ def prepare(ctx: ExportContext) -> str | None:
     variants, labels = _variants(ctx, feed)
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
-    eos_rows.place(ctx, [s for s, label in zip(ctx.input_sets, ctx.input_set_labels, strict=True)
-                         if label["source"] != "parity_data"])  # the user's samples as given
+    eos_rows.place(ctx, eos_rows.drawn(ctx.input_sets, ctx.input_set_labels, source.endswith(eos_rows.DUMMY)))
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
         from ..qat.stage import prepare_quantization
 
