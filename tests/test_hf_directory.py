@@ -220,6 +220,23 @@ def test_an_encoder_decoder_classifier_gets_one_eos_per_row_in_every_set(tmp_pat
     np.testing.assert_allclose(got[0], want, atol=2e-4, rtol=1e-3)
 
 
+def test_a_seq2seq_model_the_task_dummies_do_not_fit_is_refused_not_an_internal_error(tmp_path):
+    """Speech2Text takes frames-first features, not Whisper's mel-first dummies: the plan's forward failure is the
+    model's, named with the inputs it got (exit 2, nothing written), never an internal error."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Speech2TextConfig(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1,
+                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37,
+                                         decoder_ffn_dim=37, max_source_positions=64, max_target_positions=32,
+                                         input_feat_per_channel=16, conv_channels=16)
+    transformers.Speech2TextForConditionalGeneration(cfg).eval().save_pretrained(tmp_path / "s2t")
+    result = invoke([tmp_path / "s2t", "-o", tmp_path / "out"])
+    assert result.exit_code == 2 and "[internal]" not in result.output and "Traceback" not in result.output
+    assert "the model's encoder failed on the task's example inputs (input_features" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_path):
     """cann.torch.export(model=<PreTrainedModel>) without inputs: the same task, names and dummy inputs."""
     import transformers

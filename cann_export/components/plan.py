@@ -216,22 +216,24 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
                 wiring(kind, list(present)), run_notes(kind))
 
 
-def _run_prompt(prefill: Any, feed: dict[str, Any]) -> dict[str, Any]:
-    """The prefill graph's outputs on the example prompt; the model's own failure is the user's model's, named."""
+def _run_prompt(graph: Any, feed: dict[str, Any], part: str = "decoder") -> dict[str, Any]:
+    """A graph's outputs on the plan's example inputs; the model's own failure there is the user's model's, named
+    (a model whose inputs the task's dummies do not fit: Speech2Text's frames-first features)."""
     import torch
 
     from .. import errors
 
     try:
         with torch.no_grad():
-            return prefill(**feed)
+            return graph(**feed)
     except errors.ExportError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the user's model's forward
-        raise errors.PrepareError(f"the model's forward failed on a {tuple(feed['input_ids'].shape)} prompt with an "
-                                  f"empty cache: {type(e).__name__}: {errors.gist(e)}. Check that the model runs "
-                                  "in eval mode on its config's inputs, or export one graph with --task "
-                                  "text-generation") from e
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in feed.items() if hasattr(t, "shape"))
+        raise errors.PrepareError(f"the model's {part} failed on the task's example inputs ({shapes}): "
+                                  f"{type(e).__name__}: {errors.gist(e)}. The architecture may take other inputs "
+                                  "than the task's dummies; export one graph (--task feature-extraction or a "
+                                  "single-graph task) or from Python with your own inputs") from e
 
 
 def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
@@ -309,10 +311,9 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
     # torch.export does not specialize decoder_sequence_length to the size 1
     first = torch.cat([torch.full((batch, 1), start if isinstance(start, int) and start >= 0 else 0),
                        _ids(model.config, (batch, 1), 2)], 1)
-    with torch.no_grad():
-        hidden = encoder(**enc_feed)["last_hidden_state"]
-        dec_feed = {"input_ids": first, **mask, "encoder_hidden_states": hidden}
-        present = {k: v for k, v in decoder(**dec_feed).items() if k != "logits"}
+    hidden = _run_prompt(encoder, enc_feed, "encoder")["last_hidden_state"]
+    dec_feed = {"input_ids": first, **mask, "encoder_hidden_states": hidden}
+    present = {k: v for k, v in _run_prompt(decoder, dec_feed, "decoder").items() if k != "logits"}
     if not any("encoder_sequence_length" in axes.values() for axes in enc_axes.values()):
         for graph in (decoder, stepper):  # a pixel / feature encoder of one input size: one output length
             graph.dim_bounds["encoder_sequence_length"] = (1, int(hidden.shape[1]))

@@ -325,9 +325,17 @@ class Seq2SeqDecoder(_Graph):
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _seq2seq_cache([], [], self.cache_config)
         mask = {"attention_mask": feed["encoder_attention_mask"]} if self.masked else {}
-        out = self.model(encoder_outputs=(feed["encoder_hidden_states"],), decoder_input_ids=feed["input_ids"],
+        out = self.model(encoder_outputs=_encoded(feed["encoder_hidden_states"]), decoder_input_ids=feed["input_ids"],
                          past_key_values=cache, use_cache=True, **mask)
         return {"logits": out.logits, **_seq2seq_present(_cache_of(out))}
+
+
+def _encoded(hidden: torch.Tensor) -> Any:
+    """The encoder's output as transformers' own output class: some seq2seq models (SwitchTransformers, ProphetNet)
+    read ``encoder_outputs.last_hidden_state`` without wrapping a plain tuple as BART and T5 do."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    return BaseModelOutput(last_hidden_state=hidden)
 
 
 def _seq2seq_present(cache: Any, encoder: bool = True) -> dict[str, torch.Tensor]:
@@ -365,6 +373,6 @@ class Seq2SeqDecoderWithPast(_Graph):
         # the hidden states are read only for their shape once the cross-attention cache is filled
         width = encoder_width(self.model.config)
         hidden = cross[0].new_zeros((cross[0].shape[0], cross[0].shape[2], width))
-        out = self.model(encoder_outputs=(hidden,), decoder_input_ids=feed["input_ids"], past_key_values=cache,
+        out = self.model(encoder_outputs=_encoded(hidden), decoder_input_ids=feed["input_ids"], past_key_values=cache,
                          use_cache=True, **mask)
         return {"logits": out.logits, **_seq2seq_present(_cache_of(out), encoder=False)}
