@@ -237,7 +237,9 @@ class ExportOptions:
     simplify: bool = True
     num_random_inputs: int = 4
     parity_data: str | None = None  # safetensors / .npz of many input samples: parity runs every one
-    stored_parity_mib: int | None = 64  # the bundle's parity data past the example's shape (None: every set)
+    # the bundle's parity data for validate: "auto" sizes it to the graph (2..64 MiB, the example always kept), an
+    # int caps the shapes past the example's (whose sets are all kept), None keeps every set
+    stored_parity_mib: int | str | None = "auto"
     accept_trace_specialization: bool = False  # accept a traced graph valid only on the example's path
     seed: int = 0
     include_optimizer_state: bool = False
@@ -296,8 +298,8 @@ class ExportOptions:
 
             parse_kv_cache(self.kv_cache)
         mib = self.stored_parity_mib
-        if mib is not None and (type(mib) is not int or mib < 0):
-            raise OptionsError(f"stored_parity_mib must be whole MiB >= 0 or None (every set), not {mib!r}")
+        if mib is not None and mib != "auto" and (type(mib) is not int or mib < 0):
+            raise OptionsError(f"stored_parity_mib must be 'auto', whole MiB >= 0 or None (every set), not {mib!r}")
         if self.lint not in LINT_MODES:
             raise OptionsError(f"--lint must be one of {', '.join(LINT_MODES)}")
         if not _is_version(self.cann_version):

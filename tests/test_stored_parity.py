@@ -222,3 +222,62 @@ def test_report_html_marks_the_shapes_it_did_not_store(capped, tmp_path):
         assert cells['{"batch": 2}'] == "stored"
         for batch in (1, 8, 16):
             assert cells[f'{{"batch": {batch}}}'].startswith("not stored (past --stored-parity-mib)"), cells
+
+
+class Wide(torch.nn.Module):
+    """A tiny model (one 3x3 conv, a few hundred bytes of weights) on large inputs: 3 x 224 x 224 images."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x).mean(dim=(2, 3))
+
+
+def test_by_default_a_tiny_models_bundle_stays_a_few_mib_and_validates(tmp_path):
+    """The default cap ("auto") follows the graph's size (within 2..64 MiB), the example's own shape included: set
+    0 is always stored, its other sets and the other shapes while they fit. Before, every set at the example's
+    shape and 64 MiB of the others were stored: ~38 MiB of images beside a 1 KB graph."""
+    batch = torch.export.Dim("batch", min=1, max=16)
+    prog = torch.export.export(Wide().eval(), (torch.randn(2, 3, 224, 224),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(prog, str(tmp_path / "w.pt2"))
+    run = CliRunner().invoke(cli, [str(tmp_path / "w.pt2"), "-o", str(tmp_path / "b"), "--no-sandbox"])
+    assert run.exit_code == 0, run.output
+    parity_bytes = sum(p.stat().st_size for p in (tmp_path / "b" / "parity").iterdir())
+    assert parity_bytes < 3 << 20, parity_bytes
+    stored = _manifest(tmp_path / "b")["parity"]["stored"]
+    assert 0 in stored["input_sets"] and stored["cap_mib"] == 2
+    partial = [g for g in stored["left_out"] if g.get("partial")]
+    assert len(partial) == 1 and partial[0]["shape"] == {"batch": 2}
+    run = CliRunner().invoke(cli, ["validate", str(tmp_path / "b")])
+    assert run.exit_code == 0, run.output
+    assert "its other" in run.output
+
+
+def test_an_explicit_cap_still_keeps_every_set_at_the_examples_shape():
+    shapes = [{"b": 2}, {"b": 2}, {"b": 1}, {"b": 8}]
+    nbytes = [400, 400, 200, 1600]
+    kept, left = chosen_sets(_ctx(shapes, True, nbytes), 0)
+    assert kept == [0, 1] and [g["input_sets"] for g in left] == [[2], [3]]  # each set also holds 4 input bytes
+    kept, left = chosen_sets(_ctx(shapes, True, nbytes), 300, example_counts=True)
+    assert kept == [0, 2]  # the example itself, then batch 1 fits; the example's second set does not
+    assert left[0] == {"shape": {"b": 2}, "input_sets": [1], "bytes": 404, "partial": True}
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda p: p["stored"]["left_out"].append(dict(p["stored"]["left_out"][0])), "account once"),
+    (lambda p: [g.update({"partial": True}) for g in p["stored"]["left_out"] if not g.get("partial")],
+     "more than the example"),
+    (lambda p: [g.update({"partial": "yes"}) for g in p["stored"]["left_out"]], "malformed left-out shape"),
+])
+def test_a_forged_partial_record_is_refused(tmp_path, edit, words):
+    batch = torch.export.Dim("batch", min=1, max=16)
+    prog = torch.export.export(Wide().eval(), (torch.randn(2, 3, 224, 224),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(prog, str(tmp_path / "w.pt2"))
+    assert cann_export.export(str(tmp_path / "w.pt2"), tmp_path / "b", sandbox="off").ok
+    manifest = _manifest(tmp_path / "b")
+    edit(manifest["parity"])
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValidateError, match=words):
+        cann_export.validate(tmp_path / "b")

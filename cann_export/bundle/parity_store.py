@@ -2,11 +2,13 @@
 and their reference outputs (parity/inputs.safetensors, parity/expected.safetensors).
 
 A decoder's reference logits at its range ends are most of a bundle (GPT-2's prefill: 455 MB of logits beside
-500 MB of weights), so what is stored is capped (``ExportOptions.stored_parity_mib``): every set at the example's
-shape (the device verdict's sets, the probes) is kept; the other shapes are kept whole, the smallest first, while
-they fit. A failed export, or one whose reference check would judge the kept sets otherwise, stores every set.
-The manifest's ``parity.stored`` names the shapes left out, so ``validate`` re-derives the rest and says what it
-could not re-run."""
+500 MB of weights), so what is stored is capped (``ExportOptions.stored_parity_mib``). By default (``"auto"``) the
+cap follows the graph's own size (its weights on disk, within 2..64 MiB), so a tiny model's bundle stays a few MB:
+the example itself (set 0) is always kept, then the example's other sets (random draws, probes) one by one, then
+the other shapes whole, the smallest first, while they fit. An explicit cap in MiB keeps every set at the example's
+shape and applies to the other shapes. A failed export, or one whose reference check would judge the kept sets
+otherwise, stores every set. The manifest's ``parity.stored`` names what is left out (a shape whole, or the
+example shape's sets marked ``partial``), so ``validate`` re-derives the rest and says what it could not re-run."""
 from __future__ import annotations
 
 import json
@@ -52,28 +54,69 @@ def _set_bytes(ctx: ExportContext, s: int) -> int:
             + sum(np.asarray(a).nbytes for a in [*ctx.reference_outputs[s], *floats]))
 
 
-def chosen_sets(ctx: ExportContext, cap_bytes: int | None) -> tuple[list[int], list[dict[str, Any]]]:
-    """The input sets to store (indices, in order) and, per shape left out, its shape, sets and bytes.
-    Sets are kept per shape (all of a shape or none), so a stored shape's verdict re-derives as recorded."""
+AUTO_FLOOR = 2 << 20  # "auto": the cap follows the graph's size within these bounds
+AUTO_CEILING = 64 << 20
+
+
+def cap_bytes(ctx: ExportContext) -> tuple[int | None, bool]:
+    """The stored parity data's cap in bytes (None: every set) and whether the example's shape counts against it
+    (the ``"auto"`` default, sized to the written graph, which holds the weights)."""
+    mib = ctx.options.stored_parity_mib
+    if mib is None:
+        return None, False
+    if mib != "auto":
+        return mib << 20, False
+    return min(AUTO_CEILING, max(AUTO_FLOOR, _graph_bytes(ctx))), True
+
+
+def _graph_bytes(ctx: ExportContext) -> int:
+    """Bytes of the written graph and its external data (the model's weights as the bundle holds them)."""
+    path = ctx.onnx_path
+    if path is None or not path.is_file():
+        return 0
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def chosen_sets(ctx: ExportContext, cap: int | None,
+                example_counts: bool = False) -> tuple[list[int], list[dict[str, Any]]]:
+    """The input sets to store (indices, in order) and what is left out: per shape, its shape, sets and bytes.
+    Other shapes are kept whole (all of a shape or none), so a stored shape's verdict re-derives as recorded.
+    ``example_counts``: the example's shape counts against ``cap`` too, set by set after the example itself (its
+    left-out sets are one entry marked ``partial``: that shape's verdict is re-derived on the sets kept)."""
     labels, count = ctx.input_set_labels, len(ctx.input_sets)
     parity = ctx.reports.parity
     every = list(range(count)), []
-    if (cap_bytes is None or parity is None or not parity.passed or len(labels) != count or not count
+    if (cap is None or parity is None or not parity.passed or len(labels) != count or not count
             or "shape" not in labels[0]):
         return every  # a failed verdict keeps all its evidence
     groups: dict[str, list[int]] = {}
     for s, label in enumerate(labels):
         groups.setdefault(json.dumps(label.get("shape"), sort_keys=True), []).append(s)
     size = {key: sum(_set_bytes(ctx, s) for s in sets) for key, sets in groups.items()}
-    must = {key for key, sets in groups.items() if 0 in sets}  # the example's shape: the device verdict's sets
-    kept, total, left_out = set(must), 0, []  # the cap is for the other shapes
-    for key in sorted(set(groups) - must, key=lambda k: (size[k], k)):
-        if total + size[key] <= cap_bytes:
-            kept.add(key)
+    example = next(key for key, sets in groups.items() if 0 in sets)  # the device verdict's sets
+    kept, total, left_out = {0}, 0, []
+    if example_counts:
+        dropped = []
+        for s in groups[example][1:]:
+            one = _set_bytes(ctx, s)
+            if total + one <= cap and not dropped:
+                kept.add(s)
+                total += one
+            else:
+                dropped.append(s)
+        if dropped:
+            left_out.append({"shape": json.loads(example), "input_sets": dropped,
+                             "bytes": sum(_set_bytes(ctx, s) for s in dropped), "partial": True})
+    else:
+        kept.update(groups[example])
+    for key in sorted(set(groups) - {example}, key=lambda k: (size[k], k)):
+        if total + size[key] <= cap:
+            kept.update(groups[key])
             total += size[key]
         else:
             left_out.append({"shape": json.loads(key), "input_sets": groups[key], "bytes": size[key]})
-    sets = sorted(s for key in kept for s in groups[key])
+    sets = sorted(kept)
     if left_out and _kept_reference_problem(ctx, sets):
         return every
     return sets, sorted(left_out, key=lambda g: g["input_sets"][0])
@@ -99,8 +142,8 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
 
     from ..inputs.float_noise import stored
 
-    mib = ctx.options.stored_parity_mib
-    sets, left_out = chosen_sets(ctx, None if mib is None else mib << 20)
+    cap, example_counts = cap_bytes(ctx)
+    sets, left_out = chosen_sets(ctx, cap, example_counts)
     directory.mkdir()
     inputs, expected = {}, {}
     for new, s in enumerate(sets):
@@ -121,7 +164,7 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     save_file(_unshared(inputs), str(directory / "inputs.safetensors"), metadata=order)
     save_file(_unshared(expected), str(directory / "expected.safetensors"), metadata=order)
     if ctx.reports.parity is not None and left_out:
-        ctx.reports.parity.stored = {"input_sets": sets, "of": len(ctx.input_sets), "cap_mib": mib,
+        ctx.reports.parity.stored = {"input_sets": sets, "of": len(ctx.input_sets), "cap_mib": -(-cap >> 20),
                                      "left_out": left_out}
     return [directory / "inputs.safetensors", directory / "expected.safetensors"]
 
@@ -144,23 +187,31 @@ def left_out_shapes(recorded: dict[str, Any], sets_read: Any, path: Any) -> list
     if (not isinstance(left, list) or not 0 < len(left) <= 4096 or type(cap) is not int or cap < 0
             or stored["input_sets"] != sorted(stored["input_sets"])):
         raise bad("is malformed (it lists the input sets the parity data holds and the shapes it leaves out)")
-    if not all(isinstance(g, dict) and _dims(g.get("shape")) and _indices(g.get("input_sets")) for g in left):
+    if not all(isinstance(g, dict) and _dims(g.get("shape")) and _indices(g.get("input_sets"))
+               and g.get("partial", False) in (True, False) for g in left):
         raise bad("lists a malformed left-out shape (dimension names and sizes, and its input sets)")
+    partial = [g for g in left if g.get("partial")]
     if len(stored["input_sets"]) != sets_read:
         raise bad(f"lists {len(stored['input_sets'])} stored input sets; the parity data holds {sets_read}")
     every = sorted([*stored["input_sets"], *(s for g in left for s in g["input_sets"])])
     if stored["of"] != recorded.get("input_sets") or every != list(range(stored["of"])):
         raise bad(f"does not account once for each of the {recorded.get('input_sets')} input sets parity ran on")
+    if partial and (len(partial) > 1 or 0 not in stored["input_sets"]):
+        raise bad("leaves out sets of more than the example's shape, or the example itself")
     claimed = {json.dumps(r.get("shape"), sort_keys=True): r for r in recorded.get("shapes") or []
                if isinstance(r, dict)}
+    if partial and claimed and 0 not in (claimed.get(json.dumps(partial[0]["shape"], sort_keys=True)) or {}).get(
+            "input_sets", []):
+        raise bad("marks a shape other than the example's as partly stored")
     rows = [claimed.get(json.dumps(g["shape"], sort_keys=True)) or {} for g in left]
     if recorded.get("passed") is not True or any(
             row.get("passed") is not True or row.get("fp32") is not True or row.get("device", True) is not True
             for row in rows):
         raise bad("leaves out a shape that did not pass (a failed export stores every input set)")
-    if any(row.get("input_sets") != g["input_sets"] for row, g in zip(rows, left, strict=True)):
+    if any(row.get("input_sets") != g["input_sets"] for row, g in zip(rows, left, strict=True)
+           if not g.get("partial")):
         raise bad("gives a left-out shape other input sets than manifest.json's parity.shapes")
-    return [g["shape"] for g in left]
+    return [g["shape"] for g in left if not g.get("partial")]  # the partly stored example shape is re-derived
 
 
 def _indices(value: Any) -> bool:
@@ -205,7 +256,7 @@ def as_recorded(report: dict[str, Any], recorded: dict[str, Any]) -> None:
         label["index"] = back(label.get("index"))
     if isinstance(report.get("probes"), dict) and isinstance(report["probes"].get("input_sets"), list):
         report["probes"]["input_sets"] = [back(i) for i in report["probes"]["input_sets"]]
-    left = {json.dumps(g["shape"], sort_keys=True) for g in stored["left_out"]}
+    left = {json.dumps(g["shape"], sort_keys=True) for g in stored["left_out"] if not g.get("partial")}
     derived = {json.dumps(r["shape"], sort_keys=True): r for r in report.get("shapes") or []}
     merged = []
     for row in recorded.get("shapes") or []:

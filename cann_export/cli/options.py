@@ -51,14 +51,16 @@ class Registered(click.Choice):
         pass
 
 
-def _mib(raw: Any) -> int | None:
-    """``--stored-parity-mib``: whole MiB >= 0, or 'all' (None: no cap)."""
+def _mib(raw: Any) -> int | str | None:
+    """``--stored-parity-mib``: 'auto' (sized to the graph), whole MiB >= 0, or 'all' (None: no cap)."""
     text = str(raw).strip().lower()
     if text == "all":
         return None
+    if text == "auto":
+        return "auto"
     if not re.fullmatch(r"[0-9]{1,9}", text):
-        raise opts_mod.OptionsError(f"--stored-parity-mib {raw!r} is not a whole number of MiB; pass e.g. 64, 0 "
-                                    "or 'all'")
+        raise opts_mod.OptionsError(f"--stored-parity-mib {raw!r} is not a whole number of MiB; pass e.g. "
+                                    "auto, 64, 0 or 'all'")
     return int(text)
 
 
@@ -89,9 +91,11 @@ def _parity_flags() -> dict[str, Flag]:
         "validate": Flag("Run the numeric parity checks.", decls=("--validate/--no-validate",)),
         "parity_data": Flag("safetensors or .npz of real input samples for parity (NAME of shape [N, ...] or keys "
                             "N/NAME); metrics over all samples.", path=True),
-        "stored_parity_mib": Flag("MiB of parity sets the bundle keeps for `validate` beyond those at the example's "
-                                  "shape (whole shapes, smallest first; the manifest's parity.stored lists the "
-                                  "rest; a failed export keeps every set); 'all' keeps every set.",
+        "stored_parity_mib": Flag("Parity sets the bundle keeps for `validate`: 'auto' (default) sizes them to the "
+                                  "graph (2..64 MiB; the example always kept), N keeps every set at the example's "
+                                  "shape and N MiB of the other shapes (whole shapes, smallest first); the "
+                                  "manifest's parity.stored lists the rest; a failed export keeps every set; 'all' "
+                                  "keeps every set.",
                                   parse=_mib),
         "accept_trace_specialization": Flag("Accept a traced graph (TorchScript fallback) that tracing specialised "
                                             "to the example's path."),

@@ -63,7 +63,8 @@ def _shape_rows(parity: dict[str, Any]) -> list[dict[str, Any]]:
     """Each judged shape, and whether the bundle stores its input sets (``--stored-parity-mib`` leaves the
     largest out: their row is the export's verdict, which validate and ``cann-export report`` cannot re-derive)."""
     stored = parity.get("stored") if isinstance(parity.get("stored"), dict) else {}
-    left = {json.dumps(g.get("shape"), sort_keys=True) for g in stored.get("left_out") or [] if isinstance(g, dict)}
+    left = {json.dumps(g.get("shape"), sort_keys=True) for g in stored.get("left_out") or []
+            if isinstance(g, dict) and not g.get("partial")}
     return [{"shape": r.get("shape"), "fp32": r.get("fp32"), "device": r.get("device"), "passed": r.get("passed"),
              "stored": json.dumps(r.get("shape"), sort_keys=True) not in left}
             for r in parity.get("shapes") or [] if isinstance(r, dict)]
