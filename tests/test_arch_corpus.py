@@ -29,8 +29,12 @@ SLOW = {"hf_swin", "hf_segformer", "hf_mobilevit", "timm_efficientnet_b0", "timm
         "tv_efficientnet_b0", "tv_regnet_y_400mf", "tv_deeplabv3"}
 
 
+VISION = {*ac.vision.TIMM, *ac.vision.TORCHVISION}  # timm / torchvision: the vision environment (tests/vision_env.sh)
+
+
 def _params(names):
-    return [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else []) for name in names]
+    return [pytest.param(name, marks=[*([pytest.mark.slow] if name in SLOW else []),
+                                      *([pytest.mark.vision] if name in VISION else [])]) for name in names]
 
 
 @functools.cache

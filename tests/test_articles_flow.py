@@ -240,7 +240,6 @@ print(json.dumps({"dtypes": train_dtypes, "losses": losses, "status": status,
 
 
 def run(code: str, *args: str) -> dict:
-    # tests/ on the path: its sitecustomize defines torchvision's stand-in schemas (transformers imports it)
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
     env = {**os.environ, "PYTHONPATH": path, "CANN_EXPORT_LOAD_PLUGINS": ""}
     env.pop("CANN_MODEL_ZOO", None)  # the zoo is the temporary one passed as zoo=, never the user's cache

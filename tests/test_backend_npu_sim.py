@@ -52,7 +52,6 @@ ENABLE = "import cann.torch\ncann.torch.enable()\n"
 
 
 def run(code: str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    # tests/ on the path: its sitecustomize defines torchvision's stand-in schemas (transformers imports it)
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
     full_env = {**os.environ, "PYTHONPATH": path, "CANN_EXPORT_LOAD_PLUGINS": "", **(env or {})}
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,

@@ -43,6 +43,7 @@ def _stored(bundle):
     return bundle / manifest["model"]["file"], feeds, expected, read_bundle_labels(bundle, len(feeds))
 
 
+@pytest.mark.vision
 @pytest.mark.parametrize("head", ["deeplab", "lraspp"])
 def test_segmentation_heads_pass_fp32_where_the_elementwise_rule_refused(head, request):
     bundle, result = request.getfixturevalue(head)
@@ -57,11 +58,13 @@ def test_segmentation_heads_pass_fp32_where_the_elementwise_rule_refused(head, r
     assert old["outputs"][0]["cosine"] > 0.9999999 and old["failing_sets"][0]["kind"] == "example"
 
 
+@pytest.mark.vision
 def test_efficientnet_b0_passes_the_plain_export(tmp_path_factory):
     _, result = _export(tmp_path_factory, "efficientnet_b0")
     assert result.ok and result.parity["passed"] is True, result.parity.get("reason")
 
 
+@pytest.mark.vision
 @pytest.mark.parametrize("tamper", ["weight x1.01", "dropped activation"])
 def test_graphs_that_differ_from_the_model_still_fail(tamper, deeplab, tmp_path):
     path, feeds, expected, labels = _stored(deeplab[0])

@@ -24,13 +24,16 @@ tests/helpers/qat_corpus.py. Per architecture:
   the float model's outputs, which the int8 device verdict measures against, travel in parity/).
 
 Every failed check of an architecture is reported together. One test per architecture, so xdist spreads them;
-each trains and exports twice (QAT and float) in a few seconds."""
+each trains and exports twice (QAT and float) in a few seconds. The corpus holds timm and torchvision models: it
+runs in the vision environment (tests/vision_env.sh), with the other vision corpora."""
 import pytest
 import torch
 from helpers import qat_broken, qat_policy_check
 from helpers import qat_checks as qc
 from helpers import qat_flow
 from helpers.qat_corpus import CORPUS
+
+pytestmark = pytest.mark.vision
 
 MIN_COSINE, MIN_WITHIN_1_STEP, FLOOR_FACTOR = 0.9999, 0.98, 2.0
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import calibration_models as cm
-from helpers import hf_models, torchvision_ops
+from helpers import hf_models
 from helpers import origin_models
 from helpers import overflow_models as om
 from helpers.reference_emulation import run_device
@@ -169,7 +169,6 @@ def test_masked_attention_passes_in_both_modes(tmp_path, overflow):
 
 @pytest.fixture(scope="module")
 def deberta_bundle(tmp_path_factory):
-    torchvision_ops.install()
     model, inputs = om.tiny_deberta()
     target = tmp_path_factory.mktemp("deberta") / "b"
     result = cann_export.export(model, target, example_inputs=inputs, num_random_inputs=1)  # default: 310P3

@@ -14,7 +14,7 @@ from .ci_reports import CiReports, bundle_manifest, ci_options, component_manife
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
-from .progress_view import ProgressView
+from .progress_view import ProgressView, environment_warning
 from ..usage.spellings import model_option, one_model
 
 
@@ -127,6 +127,7 @@ def _print_result(result: Any) -> None:
     info = result.info()
     click.echo(f"wrote {info.label or result.format}: {result.output} ({result.onnx['exporter']} exporter, "
                f"opset {result.onnx['opset']})")
+    environment_warning(result.manifest)
     heard = (result.manifest.get("warnings") or {}).get("third_party") or []
     if heard:
         click.echo(f"{len(heard)} message(s) from torch / onnxscript while exporting: manifest.json's "

@@ -84,6 +84,10 @@ def load_pretrained(directory: Path, arch: str, task: Task, config: dict[str, An
     first."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+
+    from ..load.torchvision_pair import hide_broken_torchvision
+
+    hide_broken_torchvision()  # before transformers reads whether torchvision is there
     import transformers
 
     from .tasks import _classes

@@ -89,6 +89,9 @@ ALL_TASK_NAMES = tuple(dict.fromkeys([*TASKS, *(t.name for t in (*ASR_SEQ2SEQ, *
 
 
 def _mapping(name: str) -> dict[str, Any]:
+    from ..load.torchvision_pair import hide_broken_torchvision
+
+    hide_broken_torchvision()  # before transformers' first import reads whether torchvision is there
     from transformers.models.auto import modeling_auto
 
     return getattr(modeling_auto, name, {})
@@ -103,6 +106,9 @@ def _classes(mapping: str) -> set[str]:
 
 def known_class(arch: str) -> bool:
     """``arch`` names a class of transformers' own auto tables (so importing it from transformers is safe)."""
+    from ..load.torchvision_pair import hide_broken_torchvision
+
+    hide_broken_torchvision()
     from transformers.models.auto import modeling_auto
 
     return arch in EXTRA_FEATURE_CLASSES or any(

@@ -32,7 +32,7 @@ def load(ctx: ExportContext) -> str | None:
         ctx.loaded = (LoadedModel(copy, "module", extras=declared) if declared else None) \
             or _adopted(copy, ctx) or LoadedModel(copy, "module")
     elif isinstance(src, (str, Path)):
-        ctx.loaded = load_path(Path(src), ctx.options, manager.registry().loaders())
+        ctx.loaded = _load_file(Path(src), ctx)
     else:
         raise errors.LoadError(f"cannot export a {type(src).__name__}; pass an nn.Module, an ExportedProgram "
                                "or the path of a model file")
@@ -42,6 +42,21 @@ def load(ctx: ExportContext) -> str | None:
                                   "no tasks. Drop --task", path=str(src) if isinstance(src, (str, Path)) else None)
     ctx.model = ctx.loaded.model
     return ctx.loaded.kind
+
+
+def _load_file(path: Path, ctx: ExportContext) -> LoadedModel:
+    """``load_path``, after a torchvision that does not import beside this torch was hidden from the model's
+    imports (transformers among them); a model that needs it is refused naming the pair to install."""
+    from . import torchvision_pair
+
+    ctx.reports.warnings.environment = torchvision_pair.hide_broken_torchvision()
+    try:
+        return load_path(path, ctx.options, manager.registry().loaders())
+    except Exception as e:
+        refusal = torchvision_pair.refusal(e, path)
+        if refusal is None:
+            raise
+        raise refusal from e
 
 
 def declared_inputs(module: Any) -> dict[str, Any]:

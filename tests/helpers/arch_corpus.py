@@ -3,8 +3,7 @@ timm, torchvision; small configs, seeded random weights, affordable but realisti
 that really break in real fp16. ``HEALTHY[name]() -> (model, inputs)``; ``BROKEN[name]() -> (model, inputs,
 module where real fp16 breaks)``. ``real_fp16`` is the ground truth: the model in half precision in torch.
 
-The vision builders live in ``arch_corpus_vision`` (timm and torchvision need ``torchvision_ops.install()``
-first, which this module calls on import)."""
+The vision builders live in ``arch_corpus_vision`` (timm and torchvision: the ``vision`` tests' environment)."""
 from __future__ import annotations
 
 import copy
@@ -14,8 +13,6 @@ from torch import nn
 
 from . import arch_corpus_vision as vision
 from . import calibration_models as cm
-
-vision.install()  # before anything imports transformers, which imports torchvision where it is installed
 
 TEXT = {"vocab_size": 500, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 128, "max_position_embeddings": 64}

@@ -1,15 +1,11 @@
 """timm and torchvision architectures of the corpus (see arch_corpus): random seeded weights, no download
-(pretrained=False / weights=None), non-trivial BatchNorm statistics, small images."""
+(pretrained=False / weights=None), non-trivial BatchNorm statistics, small images. They need timm and a
+torchvision that imports beside torch: the ``vision`` tests' environment (tests/vision_env.sh)."""
 from __future__ import annotations
 
 import torch
 
 from . import calibration_models as cm
-from . import torchvision_ops
-
-
-def install() -> None:
-    torchvision_ops.install()
 
 
 def _image(size, batch=1):
@@ -29,7 +25,6 @@ class Logits(torch.nn.Module):
 
 def _timm(name, size=64, **kwargs):
     def build():
-        install()
         import timm
 
         torch.manual_seed(0)
@@ -41,7 +36,6 @@ def _timm(name, size=64, **kwargs):
 
 def _tv(name, size=64, segmentation=False, **kwargs):
     def build():
-        install()
         import torchvision
 
         torch.manual_seed(0)
@@ -56,7 +50,6 @@ def _tv(name, size=64, segmentation=False, **kwargs):
 def _tv_class(name, size, **kwargs):
     """A torchvision architecture class built from a small config (VisionTransformer, SwinTransformer)."""
     def build():
-        install()
         import torchvision
 
         torch.manual_seed(0)

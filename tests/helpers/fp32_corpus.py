@@ -1,12 +1,10 @@
 """Healthy third-party architectures (torchvision, timm, transformers) from small configs with seeded random
 weights, at realistic input sizes, for calibrating the fp32 parity policy (validators/metrics.py); and
 graphs that really differ from their model, which the policy must still refuse. Nothing is downloaded.
-Call ``tests/helpers/torchvision_ops.install()`` first (done here before torchvision / timm)."""
+The torchvision and timm builders need the ``vision`` tests' environment (tests/vision_env.sh)."""
 from __future__ import annotations
 
 import torch
-
-from . import torchvision_ops
 
 
 def images(size: int = 224, batch: int = 1, seed: int = 1) -> dict[str, torch.Tensor]:
@@ -60,7 +58,6 @@ class _Logits(torch.nn.Module):
 
 
 def torchvision_model(name: str, size: int = 224, **kwargs):
-    torchvision_ops.install()
     import torchvision
 
     torch.manual_seed(0)
@@ -70,7 +67,6 @@ def torchvision_model(name: str, size: int = 224, **kwargs):
 
 
 def timm_model(name: str, size: int = 224, **kwargs):
-    torchvision_ops.install()
     import timm
 
     torch.manual_seed(0)

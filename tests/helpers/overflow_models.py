@@ -97,8 +97,7 @@ def masked_attention_inputs() -> dict[str, torch.Tensor]:
 
 
 def tiny_deberta() -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """transformers DebertaV2Model from a tiny config, with a padded attention mask (call torchvision_ops.install()
-    first)."""
+    """transformers DebertaV2Model from a tiny config, with a padded attention mask."""
     from transformers import DebertaV2Config, DebertaV2Model
 
     torch.manual_seed(0)

@@ -4,8 +4,8 @@ articles' QAT loop. ``CORPUS[name]() -> QatCase``: the model in train mode, a fe
 batches, the loss, the export's example inputs and ``inputs(seed)`` (fresh inputs of the example's shapes).
 
 The configs are the fp16 corpus's (arch_corpus, arch_corpus_vision, calibration_models), made smaller where
-an export took more than a few seconds. timm and torchvision need ``torchvision_ops.install()`` first, which
-this module calls on import."""
+an export took more than a few seconds. timm and torchvision: the ``vision`` tests' environment
+(tests/vision_env.sh)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,9 +16,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import calibration_models as cm
-from . import torchvision_ops
-
-torchvision_ops.install()  # before anything imports transformers, which imports torchvision where installed
 
 TRAIN_BATCH, EXPORT_BATCH, STEPS = 4, 2, 3
 

@@ -74,9 +74,6 @@ def broken_verdicts(model: Any, bundle: Path, root: Path, use_noise: bool = True
 def main() -> None:
     import tempfile
 
-    from helpers import torchvision_ops
-
-    torchvision_ops.install()
     import torch
 
     torch.set_num_threads(1)
