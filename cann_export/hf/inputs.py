@@ -69,11 +69,8 @@ def _image_size(config: Any) -> tuple[int, int]:
     return int(size), int(size)
 
 
-def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | None = None,
-                also: set[str] | None = None) -> list[InputSpec]:
-    """The inputs a model whose forward takes ``params`` gets for ``task``, in forward's order; ``also``: names the
-    config alone would leave out (token_type_ids of a single type table) that change the outputs."""
-    also = also or set()
+def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | None = None) -> list[InputSpec]:
+    """The inputs a model whose forward takes ``params`` gets for ``task``, in forward's order."""
     seq = min(DUMMY_SEQ, max(1, max_sequence(config) // SEQ_HEADROOM))
     batch = DUMMY_BATCH
     specs: list[InputSpec] = []
@@ -82,7 +79,7 @@ def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | 
             specs.append(InputSpec(name, (batch, seq), "ids", int(_get(config, "vocab_size", 2))))
         elif name == "attention_mask" and "input_ids" in params:  # audio models: input_values only (Optimum)
             specs.append(InputSpec(name, (batch, seq), "mask"))
-        elif name == "token_type_ids" and (int(_get(config, "type_vocab_size", 0)) > 1 or name in also):
+        elif name == "token_type_ids" and int(_get(config, "type_vocab_size", 0)) > 1:
             specs.append(InputSpec(name, (batch, seq), "zeros"))
         elif name == "position_ids" and task.startswith("text-generation"):
             specs.append(InputSpec(name, (batch, seq), "positions"))

@@ -33,13 +33,12 @@ EXPORTER_ORDER = ("torchscript", "dynamo")
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None,
             options: Any = None) -> LoadedModel:
-    from ..inputs.frozen import checked_specs
-    from .inputs import all_axes, dynamic_axes, dynamic_ranges
+    from .inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
     from .model import forward_parameters, task_module
 
     model_type = str(config.get("model_type", ""))
     wrapped, outputs = task_module(model, task, arch, model_type)
-    specs = checked_specs(wrapped, forward_parameters(model), config, task.name, sampling_rate)
+    specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
           "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs, _batches_of(task, options))}
     from ..inputs.eos_rows import KEY, eos_pooled

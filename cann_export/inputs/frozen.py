@@ -1,9 +1,12 @@
 """Forward arguments the inputs leave out, checked for whether they change the outputs: a parameter defaulting to
 None that takes a tensor and is not an input is traced as None, a constant of the graph (LayoutLM's ``bbox``: boxes
 of 0, logits at cosine 0.50 from eager on real boxes). Each such parameter with a known name gets a realistic dummy
-and one eager forward on the example; where the outputs change, a Hugging Face model gets it as an input (a name
-its task dummies know, ``ADDABLE``), any other model a warning naming it as frozen in the graph. Unknown names are
-skipped: no dummy for them is realistic enough to say."""
+and one eager forward on the example; where the outputs change, the manifest's warnings name it as frozen in the
+graph. Unknown names are skipped: no dummy for them is realistic enough to say.
+
+A Hugging Face directory's inputs are those its config declares (hf/inputs.dummy_specs: boxes with a 2-D position
+table, segment ids with more than one type), as Optimum's graphs have them; None there is the value the task means
+(GPT-2 without segment embeddings, audio without a padding mask), so its task models are not perturbed."""
 from __future__ import annotations
 
 import inspect
@@ -12,7 +15,6 @@ from typing import Any
 # Names with a realistic dummy, and why None is not their value on real data. position_ids, head_mask and
 # inputs_embeds are not here: None computes their usual value (positions, every head, the ids' embeddings).
 KNOWN = {"bbox": "word boxes", "token_type_ids": "segment ids", "attention_mask": "padding"}
-ADDABLE = ("bbox", "token_type_ids")  # a Hugging Face directory gets these as graph inputs (Optimum's names)
 
 
 def candidates(model: Any, feed: dict[str, Any]) -> list[str]:
@@ -100,18 +102,6 @@ def _differs(a: Any, b: Any) -> bool:
         return not torch.equal(a, b)
     scale = float(b.abs().max()) if b.numel() else 0.0
     return not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, scale))
-
-
-def checked_specs(model: Any, params: list[str], config: Any, task: str, sampling_rate: int | None = None) -> list[Any]:
-    """A Hugging Face task's dummy input specs (hf/inputs.dummy_specs), and those of the forward's other arguments
-    (``ADDABLE``) that change ``model``'s outputs on them: inputs of the graph, not frozen into it."""
-    from ..hf.inputs import dummy_specs, tensors
-
-    specs = dummy_specs(params, config, task, sampling_rate)
-    feed = tensors([s.to_dict() for s in specs], 0)
-    names = [n for n in candidates(model, feed) if n in ADDABLE]
-    found = changed_outputs(model, feed, names, 0) if feed else {}
-    return dummy_specs(params, config, task, sampling_rate, set(found)) if found else specs
 
 
 def frozen_message(names: list[str]) -> list[str]:

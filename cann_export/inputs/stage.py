@@ -62,8 +62,8 @@ def prepare(ctx: ExportContext) -> str | None:
 
 def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:
     """The forward arguments the inputs leave out that change the outputs (inputs/frozen.py), named in the
-    manifest's warnings; a Hugging Face model's were checked at load (hf/inputs.checked_specs). Not for a model
-    whose forward moves quantization observers, nor a multi-graph component (its inputs are its graph's)."""
+    manifest's warnings. Not for a Hugging Face task model (its config declares its inputs), a model whose forward
+    moves quantization observers, nor a multi-graph component (its inputs are its graph's)."""
     import torch
 
     from .frozen import candidates, changed_outputs, frozen_message
