@@ -119,6 +119,7 @@ class Warnings:
     torch_program: str | None = None  # why the bundle has no torch/program.pt2
     dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
     trace: str | None = None  # a traced graph kept after the trace gate's check (capture/trace_gate.py)
+    frozen: list[str] | None = None  # forward arguments that change the outputs but are no input (inputs/frozen.py)
     third_party: list[str] | None = None  # torch / onnxscript log warnings while the stages ran (pipeline/chatter.py)
     environment: str | None = None  # an installed torchvision that does not import, hidden (load/torchvision_pair.py)
 

@@ -99,7 +99,9 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     if size > min(ctx.options.external_data_threshold, MAX_BYTES):
         return _skip(ctx, f"{size} bytes of weights is past {min(ctx.options.external_data_threshold, MAX_BYTES)} "
                           "(a second copy of large weights is not written)")
-    inputs = ctx.example_inputs
+    from ..capture.dynamic_dims import widened
+
+    inputs = widened(ctx.example_inputs, ctx.dynamic_axes)  # a last call at batch 1 keeps the batch dynamic
     if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))
     else:

@@ -27,6 +27,21 @@ def dynamic_shapes(ctx: Any) -> dict[str, Any] | None:
     return out
 
 
+def widened(inputs: dict[str, Any], axes: list[Any] | None) -> dict[str, Any]:
+    """The example with each dynamic axis of size 1 repeated to size 2 (where its range allows): torch.export
+    specialises a size of 1 (its 0/1 rule), so a graph or program captured from a last call at batch 1 would take
+    batch 1 only, where the axis's range (recorded calls at batch 16, a task's batch) is wider."""
+    import torch
+
+    out = dict(inputs)
+    for a in axes or []:
+        t = out.get(a.input)
+        wider = a.max is None or a.max >= 2
+        if isinstance(t, torch.Tensor) and a.axis < t.dim() and t.shape[a.axis] == 1 and wider:
+            out[a.input] = torch.cat([t, t], dim=a.axis)
+    return out
+
+
 @contextlib.contextmanager
 def named_forward(model: Any, names: list[str]) -> Iterator[None]:
     """While torch.export runs: a ``forward(self, **inputs)`` (a wrapper's) shows the signature ``(name, ...)``,

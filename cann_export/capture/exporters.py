@@ -38,15 +38,16 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def call_args(ctx: Any) -> tuple[tuple, dict]:
+def call_args(ctx: Any, inputs: dict[str, Any] | None = None) -> tuple[tuple, dict]:
     """Modules take named inputs (those that declare ``graph_input_names`` in order); TorchScript graphs take
-    them in order; torch.export programs as captured (by position, and by name those captured as keywords)."""
+    them in order; torch.export programs as captured (by position, and by name those captured as keywords).
+    ``inputs``: other tensors than the example's, by the same names."""
     from ..inputs.calling import split_call
 
+    feed = ctx.example_inputs if inputs is None else inputs
     if ctx.loaded.kind == "module" and ctx.loaded.extras.get("positional"):
-        return tuple(ctx.example_inputs[n] for n in ctx.input_names), {}
-    return split_call(ctx.loaded.kind, ctx.example_inputs, ctx.input_names,
-                      ctx.loaded.extras.get("keyword_inputs", ()))
+        return tuple(feed[n] for n in ctx.input_names), {}
+    return split_call(ctx.loaded.kind, feed, ctx.input_names, ctx.loaded.extras.get("keyword_inputs", ()))
 
 
 class DynamoExporter:
@@ -81,11 +82,32 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
     shapes = dynamic_shapes(ctx)
     if shapes is None:
         return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+    from .dynamic_dims import widened
+
+    wide = widened(ctx.example_inputs, ctx.dynamic_axes)  # no 0/1 specialisation of a size-1 example
     try:
-        return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)
+        if wide is ctx.example_inputs or all(wide[n] is ctx.example_inputs[n] for n in wide):
+            return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)
+        graph = _dynamo_attempt(model, *call_args(ctx, wide), opset, ctx, shapes)
+        if not _static_where_widened(graph, ctx, wide):
+            return graph
+        return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)  # a widened axis the model fixed
     except Exception as e:  # noqa: BLE001 - torch.onnx's symbolic-shape failures: the static graph may still export
         ctx.capture_notes = [*ctx.capture_notes, f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
     return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
+
+
+def _static_where_widened(graph: Any, ctx: Any, wide: dict[str, Any]) -> bool:
+    """The graph fixed an axis the widened example doubled (at the doubled size, not the example's)."""
+    from .dynamic_dims import graph_dims
+
+    dims = graph_dims(graph) if hasattr(graph, "graph") else {}
+    for name, t in wide.items():
+        example = ctx.example_inputs[name]
+        for axis, size in enumerate(dims.get(name, [])):
+            if isinstance(size, int) and axis < example.dim() and t.shape[axis] != example.shape[axis]:
+                return True
+    return False
 
 
 def _dynamo_attempt(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any, shapes: dict | None) -> Any:

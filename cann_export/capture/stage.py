@@ -35,7 +35,9 @@ def capture(ctx: ExportContext) -> str | None:
         ctx.traces_rejected[name] = why
         return capture(ctx)
     from .dynamic_dims import name_dims
+    from .unused_inputs import restore_unused_inputs
 
+    restore_unused_inputs(ctx)  # the graph takes every task input, as its callers and the program do
     name_dims(ctx)  # the symbolic dims named after the axes; an axis the graph fixed is a warning
     if ctx.loaded.extras.get("shape_sets"):  # a component's parity sizes: those of a dimension the graph fixed go
         from ..inputs.given_shapes import drop_unfit_sets, fix_ranges_to_graph

@@ -1,7 +1,7 @@
 """Dummy inputs of a task from the model's config, named, typed and shaped as Optimum's dummy input generators
-make them (int64 ids and masks, batch 2, sequence 16 bounded by the position table; pixel_values from
-image_size / num_channels; input_features from num_mel_bins and the encoder's positions; input_values from
-the sampling rate), with Optimum's axis names for each (``dynamic_axes``)."""
+make them (int64 ids, masks and LayoutLM's word boxes, batch 2, sequence 16 bounded by the position table;
+pixel_values from image_size / num_channels; input_features from num_mel_bins and the encoder's positions;
+input_values from the sampling rate), with Optimum's axis names for each (``dynamic_axes``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ MAX_DUMMY_ELEMENTS = 1 << 28  # per dummy input (1 GiB of float32): config field
 SEQ_HEADROOM = 4
 AXES = {
     "input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}, "token_type_ids": {0: BATCH, 1: SEQ},
-    "position_ids": {0: BATCH, 1: SEQ},
+    "position_ids": {0: BATCH, 1: SEQ}, "bbox": {0: BATCH, 1: SEQ},
     "pixel_values": {0: BATCH, 1: "num_channels", 2: "height", 3: "width"},
     "input_features": {0: BATCH, 1: "feature_size", 2: "encoder_sequence_length"},
     "input_values": {0: BATCH, 1: SEQ},
@@ -26,13 +26,13 @@ AXES = {
 # num_channels and Whisper's feature axes, but position embeddings, conv weights and Whisper's fixed 30 s window
 # pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
 DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
-                   "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
+                   "bbox": (0, 1), "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One dummy input: ``kind`` "ids" (uniform in [0, high)), "mask" (ones), "zeros", "positions" (arange)
-    or "float" (standard normal)."""
+    """One dummy input: ``kind`` "ids" (uniform in [0, high)), "mask" (ones), "zeros", "positions" (arange),
+    "boxes" (valid boxes, coordinates in 0..high: ``inputs.boxes``) or "float" (standard normal)."""
 
     name: str
     shape: tuple[int, ...]
@@ -44,6 +44,7 @@ class InputSpec:
 
 
 from ..inputs.eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
+from ..inputs.boxes import box_high, random_boxes  # noqa: E402 - LayoutLM's word boxes
 from .config import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
 
 
@@ -82,6 +83,9 @@ def dummy_specs(params: list[str], config: Any, task: str, sampling_rate: int | 
             specs.append(InputSpec(name, (batch, seq), "zeros"))
         elif name == "position_ids" and task.startswith("text-generation"):
             specs.append(InputSpec(name, (batch, seq), "positions"))
+        elif name == "bbox":  # LayoutLM-style: a word box per token (Optimum's bbox)
+            high = box_high(_get(config, "max_2d_position_embeddings"))
+            specs.append(InputSpec(name, (batch, seq, 4), "boxes", high))
         elif name == "pixel_values":
             height, width = _image_size(config)
             specs.append(InputSpec(name, (batch, int(_get(config, "num_channels", 3)), height, width), "float"))
@@ -166,6 +170,8 @@ def tensors(specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
             out[spec["name"]] = torch.zeros(shape, dtype=torch.int64)
         elif kind == "positions":
             out[spec["name"]] = torch.arange(shape[-1], dtype=torch.int64).expand(shape).contiguous()
+        elif kind == "boxes":
+            out[spec["name"]] = random_boxes(shape, spec["high"], gen)
         else:
             out[spec["name"]] = torch.randn(shape, generator=gen, dtype=torch.float32)
     return out

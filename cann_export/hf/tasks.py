@@ -170,10 +170,18 @@ def graphs_of(name: str | None) -> int:
     return max((t.graphs for t in (*TASKS.values(), *ASR_SEQ2SEQ, *IMAGE2TEXT) if t.name == name), default=1)
 
 
+def two_tower(arch: str) -> bool:
+    """A text-image model of the zero-shot table (CLIP, SigLIP, ...): its base model is the two towers, which
+    return scores and embeddings, no ``last_hidden_state``; its feature-extraction exports those (as Optimum)."""
+    return arch in _classes(TASKS["zero-shot-image-classification"].mapping or "")
+
+
 def outputs_of(task: Task, arch: str, model_type: str) -> dict[str, dict[int, str]]:
     """Optimum's output names and axes for ``task`` on ``arch``."""
     if task.name == "feature-extraction" and arch in EXTRA_FEATURE_CLASSES:
         return dict(EXTRA_FEATURE_CLASSES[arch])
+    if task.name == "feature-extraction" and two_tower(arch):  # Optimum's CLIPOnnxConfig: one set of outputs
+        return dict(TASKS["zero-shot-image-classification"].outputs)
     outputs = dict(task.outputs)
     if task.name == "feature-extraction" and model_type in POOLER_TYPES:
         outputs["pooler_output"] = {0: BATCH}

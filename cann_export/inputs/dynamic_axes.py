@@ -205,16 +205,20 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
         sets, labels = [], []
         for draw in range(SHAPE_DRAWS):
             gen = torch.Generator().manual_seed(ctx.options.seed + 101 + 2 * k + draw)  # draw 0's seed as before
-            sets.append({n: _like(feed[n], shapes[n], gen) for n in feed})
+            sets.append({n: _like(feed[n], shapes[n], gen, n) for n in feed})
             label = set_label("shape", f"{_shown(point)} {'example' if draw == 0 else 'random'}", start + draw)
             label["shape"] = dict(point)
             labels.append(label)
         yield point, sets, labels
 
 
-def _like(example: Any, shape: list[int], gen: Any) -> Any:
+def _like(example: Any, shape: list[int], gen: Any, name: str = "") -> Any:
     import torch
 
+    from .boxes import is_boxes, random_boxes
+
+    if is_boxes(name, example):  # valid boxes, each coordinate within the example's
+        return random_boxes(tuple(shape), max(int(example.max()), 1), gen, example.dtype)
     if example.dtype.is_floating_point:
         return torch.randn(shape, generator=gen).to(example.dtype)
     if example.dtype == torch.bool or example.numel() == 0:

@@ -19,6 +19,7 @@ def prepare(ctx: ExportContext) -> str | None:
     to_eval(ctx.model, ctx.loaded.kind)
     accepted = accepted_names(ctx)
     feed, source = example_inputs(ctx, accepted)
+    frozen = _frozen_arguments(ctx, feed)
     ctx.input_names = list(feed)
     ctx.example_inputs = feed
     from .dynamic_axes import resolve
@@ -56,7 +57,26 @@ def prepare(ctx: ExportContext) -> str | None:
         from .quant_noise import int8_noise
 
         ctx.int8_noise = int8_noise(ctx, ctx.model)
-    return f"{len(ctx.input_sets)} input sets from {source}"
+    return f"{len(ctx.input_sets)} input sets from {source}" + (f"; frozen in the graph: {frozen}" if frozen else "")
+
+
+def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:
+    """The forward arguments the inputs leave out that change the outputs (inputs/frozen.py), named in the
+    manifest's warnings. Not for a Hugging Face task model (its config declares its inputs), a model whose forward
+    moves quantization observers, nor a multi-graph component (its inputs are its graph's)."""
+    import torch
+
+    from .frozen import candidates, changed_outputs, frozen_message
+
+    extras = ctx.loaded.extras
+    if ctx.loaded.kind != "module" or not isinstance(ctx.model, torch.nn.Module) or "hf" in extras \
+            or extras.get("positional") or extras.get("shape_sets") or ctx.options.quantize \
+            or fake_quantized(ctx.model):
+        return ""
+    found = sorted(changed_outputs(ctx.model, feed, candidates(ctx.model, feed), ctx.options.seed))
+    if found:
+        ctx.reports.warnings.frozen = frozen_message(found)
+    return ", ".join(found)
 
 
 def fake_quantized(model: Any) -> bool:

@@ -168,6 +168,8 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
     rows, with both ends hit) when known, else inside the example's range; booleans kept."""
     import torch
 
+    from .boxes import is_boxes, random_boxes
+
     gen = torch.Generator().manual_seed(seed)
     variants = []
     for k in range(count):
@@ -177,6 +179,8 @@ def random_variants(inputs: dict[str, Any], count: int, seed: int, vocab: dict[s
                 one[name] = t.clone()
             elif t.dtype.is_floating_point:
                 one[name] = _float_variant(t, distributions[k % len(distributions)], gen)
+            elif is_boxes(name, t):  # valid boxes over the example's coordinates
+                one[name] = random_boxes(tuple(t.shape), max(int(t.max()), 1), gen, t.dtype)
             elif (_is_mask(name) and name not in (vocab or {}) and t.dim() >= 1
                   and int(t.min()) >= 0 and int(t.max()) <= 1):
                 one[name] = padded_mask(tuple(t.shape), t.dtype, gen, "end" if k % 2 == 0 else "middle")

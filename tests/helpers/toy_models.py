@@ -56,3 +56,19 @@ class MLP(nn.Module):
 def make_mlp(hidden: int = 32) -> MLP:
     torch.manual_seed(0)
     return MLP(hidden=hidden)
+
+
+class SegmentedTokens(nn.Module):
+    """Token ids and optional segment ids (``token_type_ids=None``: every token in segment 0), which change the
+    outputs: exported with input_ids only, the segments are frozen into the graph."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.segments = nn.Embedding(2, dim)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return self.head((self.embed(input_ids) + self.segments(token_type_ids)).mean(dim=1))
