@@ -11,11 +11,12 @@ unpickling fallback) and weights and tensor constants marked ``use_pickle`` in t
 ``math`` and ``guards_code`` is exec()'d (load/program_graph.py).
 
 ``check_export_archive`` walks exactly those members (mirroring torch's record naming) and refuses, naming
-the member, any pickle that torch's weights-only unpickler rejects and any graph ``program_graph`` refuses.
+the member, any pickle that torch's weights-only unpickler rejects, any graph ``program_graph`` refuses and
+any name torch would write into the source it generates that is not a plain identifier (``program_names``).
 The load then runs with every ``torch.load`` forced to weights-only (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with
 torch's logging and warnings silenced, so the fallback to full unpickling can never run even if the walk
-missed a member. ``trust_pickle`` skips all of it but the bounds of the zip layout (archives.open_checked):
-torch then loads the user's file itself.
+missed a member. ``trust_pickle`` skips all of it but the bounds of the zip layout (archives.open_checked)
+and the names: torch then loads the user's file itself.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from typing import Any
 
 from ..errors import LoadError
 from .allowlist import PT2
-from .archives import ArchiveError, CheckedZip, open_checked
+from .archives import ArchiveError, CheckedZip, max_inspected_bytes, open_checked, read_member
 from .program_graph import graph_problem
+from .program_names import names_problem
 from .repack import Canonical, canonical_copy
 
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -150,10 +152,11 @@ def risky_members(archive: CheckedZip) -> Iterator[tuple[str, str]]:
 def check_export_archive(path: Path | str, trust_pickle: bool, canonical: Canonical | None = None) -> None:
     """Refuse a .pt2 that would make torch.export.load run anything beyond weights-only unpickling: its
     re-packed copy (``canonical``, or one made here) is what is checked. With ``trust_pickle`` only the
-    archive's directory is bounds-checked (archives.open_checked)."""
+    archive's directory is bounds-checked (archives.open_checked) and its program's names checked."""
     path = Path(path)
     if trust_pickle:
-        open_checked(path).close()
+        with open_checked(path) as archive:
+            check_program_names(archive, path)
         return
     if canonical is None:
         with canonical_copy(path, PT2) as canon:
@@ -167,6 +170,7 @@ def check_export_archive(path: Path | str, trust_pickle: bool, canonical: Canoni
             seen.add(member)
             data = archive.read(member)
             if use == "graph":
+                _refuse_names(data, member, path)
                 why = graph_problem(data)
             else:
                 why = _nested_zip_problem(data, member) or (_why_pickle_refused(data) if data else None)
@@ -175,6 +179,30 @@ def check_export_archive(path: Path | str, trust_pickle: bool, canonical: Canoni
                     f"refused to load: torch.export archive member {member!r} would be unpickled or evaluated "
                     f"by torch.export.load and weights-only loading cannot vouch for it: {why}. Unpickling can run "
                     "arbitrary code; pass --trust-pickle (trust_pickle=True) only for archives you trust", path=path)
+
+
+def check_program_names(archive: CheckedZip, path: Path) -> None:
+    """Refuse an archive whose program names hold anything torch would write into source as code (the
+    check runs even for a trusted file: torch.export.save never writes such a name)."""
+    from torch.export.pt2_archive import constants as c
+
+    prefix, suffix = c.MODELS_FILENAME_FORMAT.split("{}")
+    for record, member in _records(archive).items():
+        if record.startswith(prefix) and record.endswith(suffix):
+            _refuse_names(read_member(archive, member, cap=max_inspected_bytes()), member, path)
+
+
+def _refuse_names(data: bytes, member: str, path: Path) -> None:
+    try:
+        root = json.loads(data)
+    except (ValueError, RecursionError):
+        return  # torch.export.load fails on it before building anything
+    if why := names_problem(root):
+        raise LoadError(
+            f"refused to load: in torch.export archive member {member!r}, {why}. torch writes this name into the "
+            "Python source of the module it builds (torch.export.load, ExportedProgram.module()) and runs that "
+            "source, so such a name can run code; torch.export.save never writes one. Re-export the model with "
+            "torch.export and plain identifiers as input names", path=path)
 
 
 def _nested_zip_problem(data: bytes, member: str) -> str | None:
@@ -251,10 +279,11 @@ def import_output_module(error: BaseException) -> bool:
 
 def load_exported_program(path: Path | str, trust_pickle: bool) -> Any:
     """torch.export.load of the checked, re-packed copy with weights-only forced and torch quiet (trusted:
-    of the bounds-checked file itself); any failure is a LoadError naming the file."""
+    of the file itself, its layout bounds-checked and its names checked); any failure is a LoadError naming
+    the file."""
     path = Path(path)
     if trust_pickle:
-        open_checked(path).close()
+        check_export_archive(path, trust_pickle)  # the bounds of its layout, and the names torch writes as code
         return _torch_load(path, lambda: str(path), trust_pickle)
     with canonical_copy(path, PT2) as canon:
         check_export_archive(path, trust_pickle, canon)

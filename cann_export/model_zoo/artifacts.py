@@ -22,7 +22,7 @@ def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
 def stage_artifact(staged: Any, path: Path) -> None:
     """Stage an exported artifact (bundle directory, single-file bundle, om-stub or .onnx) under its target key;
     a bundle's torch.export program becomes the version's architecture."""
-    from ..bundle.read import open_artifact, read_bundle, verify_files
+    from ..bundle.read import open_bundle, read_bundle, verify_files
     from ..errors import ValidateError
 
     if path.suffix == ".onnx" and path.is_file():
@@ -33,9 +33,10 @@ def stage_artifact(staged: Any, path: Path) -> None:
         if directory is not None:
             return _stage_multi(staged, directory, path)
     try:
-        with open_artifact(path) as bundle:
+        with open_bundle(path) as (bundle, container):
             manifest = read_bundle(bundle)
             verify_files(bundle, manifest)
+            _check_as_validate(bundle, container, path)
             atc = manifest.get("atc") or {}
             fmt = manifest.get("format") or "atc_ready"
             key = target_key(fmt, atc.get("soc_version"), atc.get("precision_mode"))
@@ -70,6 +71,19 @@ def stage_artifact(staged: Any, path: Path) -> None:
         "om_kind": om.get("kind"), "atc_command": " ".join(atc.get("command") or []) or None,
     })
     staged.tools.update({f"export.{k}": v for k, v in prov.items() if k in ("tool", "torch", "onnx", "onnxruntime")})
+
+
+def _check_as_validate(directory: Path, container: Any, shown: Path) -> None:
+    """Every check ``cann-export validate`` makes of a bundle but re-running parity: the file table, the torch
+    program (checked, never loaded), the graph against the manifest, the ATC options and files, the lint and
+    what the bundle's Format checks."""
+    from ..bundle.rederive import check_bundle
+
+    diffs = check_bundle(directory, container=container, raise_on_difference=False).differences
+    if diffs:
+        shown_diffs = "; ".join(diffs[:10]) + (f"; ... {len(diffs) - 10} more" if len(diffs) > 10 else "")
+        raise ZooError(f"refused to publish a damaged artifact: the bundle does not match its manifest "
+                       f"({shown_diffs}); `cann-export validate` refuses it too", path=shown)
 
 
 def _stage_bundle_program(staged: Any, program: Path, key: str) -> None:

@@ -160,18 +160,20 @@ def _stage_weights_file(staged: Staged, path: Path, model_class: str | None, mod
 
 
 def _stage_program_file(staged: Staged, path: Path, trust_pickle: bool = False) -> None:
+    """The .pt2 becomes the version's architecture and its stored tensors its weights: the archive is checked
+    as export checks it and its weights read by torch's weights reader; the program is never loaded here."""
     from ..errors import LoadError, gist
-    from ..load.archive_safety import load_exported_program
+    from ..load.program_weights import program_state_dict
 
     _tools(staged)
     try:
-        ep = load_exported_program(path, trust_pickle)
+        state = program_state_dict(path, trust_pickle)
     except LoadError as e:
         raise ZooError(f"not a readable torch.export archive: {gist(e)}", path=path) from e
     staged.copy(path, PROGRAM)
     staged.source["sha256"] = staged.known[PROGRAM]["sha256"]
     staged.architecture = {"kind": "torch.export", "file": PROGRAM}
-    _save_state(staged, ep.module(), converted_from="torch.export")
+    _save_state(staged, state, converted_from="torch.export")
 
 
 def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwargs: dict[str, Any] | None,

@@ -83,6 +83,7 @@ def pt2_seeds(tmp: Path, marker: Path, good: Path) -> dict[str, tuple[Path, bool
         evil={"expr_str": python_code(marker)})))
     for target in ("torch.os.system", "torch.ops.aten.from_file.default", "torch.ops.aten.save.default"):
         add(f"node target {target}", _model_json(good, lambda d, t=target: _first_node(d).update(target=t)))
+    _codegen_names(add, good, marker)
     add("AOTInductor .so", extra={"{root}/data/aotinductor/model/x.so": b"\x7fELF not really"})
     add("shared object elsewhere", extra={"{root}/extra/libpayload.so.1": b"\x7fELF not really"})
     dup = add("duplicate model.json", extra={"{root}/models/model.json": _model_json(
@@ -105,6 +106,28 @@ def pt2_seeds(tmp: Path, marker: Path, good: Path) -> dict[str, tuple[Path, bool
         seeds[f"pt2: {label}"] = (path, True)
     assert dup.is_file()
     return seeds
+
+
+def _codegen_names(add, good: Path, marker: Path) -> None:
+    """Names torch writes into the source it generates (issue 41): each would run ``python_code``."""
+    code = python_code(marker)
+
+    def call(doc: dict) -> dict:
+        return doc["graph_module"]["module_call_graph"][0]["signature"]
+
+    def spec_with(doc: dict, context: str) -> None:
+        call(doc)["in_spec"] = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [
+            {"type": "builtins.tuple", "context": "null", "children_spec": []},
+            {"type": "builtins.dict", "context": context, "children_spec": [
+                {"type": None, "context": None, "children_spec": []}]}]}])
+
+    add("keyword-input name", _model_json(good, lambda d: call(d).update(forward_arg_names=[f"x=({code})):#"])))
+    add("in_spec kwargs key", _model_json(good, lambda d: spec_with(d, json.dumps([f"x=({code})"]))))
+    add("in_spec enum context", _model_json(good, lambda d: spec_with(d, json.dumps(
+        [{"__enum__": True, "fqn": "this:X", "name": "Y"}]))))
+    add("node name", _model_json(good, lambda d: _first_node(d).update(name=f"y = ({code})")))
+    add("parameter path", _model_json(good, lambda d: d["graph_module"]["signature"]["input_specs"][0][
+        "parameter"].update(parameter_name=f'a")+str({code})+getattr(self, "b')))
 
 
 def file_seeds(tmp: Path, marker: Path) -> dict[str, tuple[Path, bool]]:
