@@ -169,6 +169,13 @@ def write_parity_data(ctx: ExportContext, directory: Path) -> list[Path]:
     return [directory / "inputs.safetensors", directory / "expected.safetensors"]
 
 
+def left_out_words(left: list[dict[str, Any]], shown: int = 6) -> str:
+    """The shapes ``parity.stored`` leaves out, for a person: ``batch=16, batch=2 (its other 4 sets)``."""
+    words = [" ".join(f"{k}={v}" for k, v in g["shape"].items())
+             + (f" (its other {len(g['input_sets'])} sets)" if g.get("partial") else "") for g in left[:shown]]
+    return ", ".join(words) + (f" and {len(left) - shown} more" if len(left) > shown else "")
+
+
 def left_out_shapes(recorded: dict[str, Any], sets_read: Any, path: Any) -> list[Any] | None:
     """The shapes manifest.json's ``parity.stored`` says the parity data leaves out, or None when it stores
     every set. It must account for every set once, leave out only shapes the manifest records as passed (a

@@ -266,10 +266,9 @@ def _validated(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, An
 def _stored_note(parity: dict[str, Any]) -> str:
     """What validate could not re-run: the shapes whose parity sets the bundle did not store (``stored``)."""
     stored = parity["stored"]
-    left = stored["left_out"]
-    shapes = ", ".join(" ".join(f"{k}={v}" for k, v in g["shape"].items())
-                       + (f" (its other {len(g['input_sets'])} sets)" if g.get("partial") else "") for g in left[:6]) + (
-        f" and {len(left) - 6} more" if len(left) > 6 else "")
+    from ..bundle.parity_store import left_out_words
+
+    shapes = left_out_words(stored["left_out"])
     return (f"re-derived on {len(stored['input_sets'])} of {stored.get('of')} input sets (not stored, past "
             f"--stored-parity-mib {stored.get('cap_mib')}: {shapes}; their export verdicts are in manifest.json)")
 
