@@ -19,6 +19,7 @@ from markdown_it import MarkdownIt
 
 from cann_export import safe_text
 from cann_export.bundle import summaries
+from cann_export.sandbox import confine
 
 REPO = Path(__file__).resolve().parents[1]
 # a newline then workflow commands; OSC 0 (terminal title), a screen clear, an OSC 8 link, RTL override, SOH
@@ -284,3 +285,22 @@ def test_progress_events_from_the_sandbox_child_are_logged_and_shown_escaped(cap
             view(event)
         view.say(f"cann-export: {HOSTILE} -> out")
     _lines_are_safe(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not confine.probe().available, reason="no load sandbox: the code runs in-process")
+def test_what_code_in_the_load_sandbox_prints_never_reaches_the_ci_log(tmp_path):
+    """A trusted pickle's code runs in the load sandbox's child and writes ``::error::`` / ``::add-mask::`` and
+    terminal escapes to fds 1 and 2: the child's stdout and stderr go nowhere; the control (--no-sandbox runs
+    the same code in the exporting process) shows the payload really prints."""
+    from helpers.loud_payload import Shout
+
+    model = tmp_path / "loud.pt"
+    torch.save(Shout(), str(model))
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    args = [str(model), "--format", "onnx", "--trust-pickle", "--input-shape", "x:2,12", "--no-validate"]
+    confined = _cli(*args, "-o", str(tmp_path / "a.onnx"), env=env)
+    assert confined.returncode == 0, confined.stderr
+    assert "pwned" not in confined.stdout + confined.stderr
+    _lines_are_safe(confined.stdout + confined.stderr)
+    unconfined = _cli(*args, "-o", str(tmp_path / "b.onnx"), "--no-sandbox", env=env)
+    assert "::error::pwned-from-the-sandbox" in unconfined.stdout.splitlines()
