@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import calibration_models as cm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from cann_export import safe_text
@@ -255,6 +257,36 @@ def test_markdown_code_spans_outlast_any_backticks():
         html = _markdown().renderInline(safe_text.markdown_code(text))
         assert html.count("<code>") == 1 and html.startswith("<code>") and html.endswith("</code>")
     assert safe_text.markdown_fence("a\n````\nb", "bash")[0] == "`````bash"
+
+
+# what a hostile name is made of: the escapers' hard cases, weighted over all of Unicode
+_PIECES = st.sampled_from(["\n", "\r", "\r\n", "::", "::error::", "##[", " ", "\t", "\u3000", "`", "``", "|",
+                           "\\", "%", ":", ",", "<", "&", "]]>", "\x1b]0;", "\x07", "\x1b[2J", "\x00", "\x85",
+                           "\u202e", "\u2066", "\u200f", "\u061c", "\u2028", "\ufeff", "\ufffe", "\ud800", "*", "#"])
+HOSTILE_TEXT = st.lists(_PIECES | st.text(max_size=4), max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(text=HOSTILE_TEXT)
+def test_every_sink_holds_any_text(text):
+    """The invariants, for any text: the terminal form is one line, starts no workflow command and holds no
+    control, bidi or invisible character; the workflow forms hold no line break; the code span renders as one
+    code span and a table cell stays one cell; the XML forms parse with expat."""
+    shown = safe_text.terminal(text)
+    assert "\n" not in shown and "\r" not in shown and "##[" not in shown
+    assert not shown.lstrip().startswith("::") and safe_text.unprintable(shown) is None
+    for escaped in (safe_text.workflow_data(text), safe_text.workflow_property(text)):
+        assert "\n" not in escaped and "\r" not in escaped and safe_text.unprintable(escaped) is None
+    assert "," not in safe_text.workflow_property(text) and ":" not in safe_text.workflow_property(text)
+    html = _markdown().renderInline(safe_text.markdown_code(text))
+    assert html.count("<code>") == 1 and html.startswith("<code>") and html.endswith("</code>")
+    row = _markdown().render(f"| a | b |\n|---|---|\n| {safe_text.markdown_code(text, in_table=True)} | x |\n")
+    assert row.count("<td>") == 2
+    text_html = _markdown().renderInline(safe_text.markdown_text(text))
+    assert "<" not in text_html.replace("<br />", "")  # no tag, link, emphasis or code from the text
+    element = ET.Element("e", {"a": safe_text.xml_text(text)})
+    element.text = safe_text.xml_text(text)
+    xml.parsers.expat.ParserCreate().Parse(ET.tostring(element, encoding="unicode").encode("utf-8"), True)
 
 
 def test_workflow_escapes_follow_githubs_rules():
