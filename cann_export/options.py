@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OptionsError
+from .safe_text import check_printable
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
@@ -356,6 +357,8 @@ def check_input_names(specs: list[InputSpec]) -> None:
 
 def check_metadata(metadata: dict[str, Any]) -> None:
     """--metadata keys under ``cann_export.`` are the tool's provenance: a user value would overwrite it."""
+    for key, value in metadata.items():
+        check_printable(key, value, "--metadata")
     reserved = sorted(k for k in metadata if str(k).startswith(RESERVED_METADATA_PREFIX))
     if reserved:
         raise OptionsError(f"--metadata key {reserved[0]!r} is reserved: keys starting with "
@@ -375,6 +378,7 @@ def parse_key_values(pairs: list[str] | tuple[str, ...], flag: str) -> dict[str,
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise OptionsError(f"{flag} {pair!r} does not parse; write it as {flag} KEY=VALUE")
+        check_printable(key.strip(), value, flag)
         out[key.strip()] = value
     return out
 

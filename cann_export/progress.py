@@ -12,6 +12,8 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .safe_text import terminal
+
 LOG = logging.getLogger("cann_export.progress")
 KINDS = ("start", "advance", "end")
 
@@ -76,12 +78,13 @@ def in_stage(name: str, index: int, stages: int) -> Iterator[None]:
 
 
 def emit(event: ProgressEvent) -> None:
+    stage = terminal(event.stage)  # an event's text may come from the load sandbox's child: logged escaped
     if event.kind == "advance":
-        LOG.debug("%s: %s %d/%d", event.stage, event.what, event.done, event.total)
+        LOG.debug("%s: %s %d/%d", stage, terminal(event.what), event.done, event.total)
     elif event.kind == "start":
-        LOG.info("[%d/%d] %s ...", event.index, event.stages, event.stage)
+        LOG.info("[%d/%d] %s ...", event.index, event.stages, stage)
     else:
-        LOG.info("[%d/%d] %s ... %s (%.2fs)", event.index, event.stages, event.stage, event.status, event.seconds)
+        LOG.info("[%d/%d] %s ... %s (%.2fs)", event.index, event.stages, stage, terminal(event.status), event.seconds)
     listener = _listener.get()
     if listener is not None:
         listener(event)

@@ -181,11 +181,12 @@ def test_the_layer_check_catches_both_directions():
 
 
 def test_small_modules_and_functions():
-    """No module past 400 lines, no function past 60: past them a module is two concerns."""
+    """No module past 600 lines, no function past 60: past them a module is likely two concerns. (600 is the
+    guideline of issue 42; the old 400-line cap was met by compressing code, which this rule must not invite.)"""
     long_modules, long_functions = [], []
     for mod, path in _modules().items():
         text = path.read_text(encoding="utf-8")
-        if len(text.splitlines()) > 400:
+        if len(text.splitlines()) > 600:
             long_modules.append(f"{mod} ({len(text.splitlines())} lines)")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:

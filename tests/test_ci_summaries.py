@@ -178,6 +178,26 @@ def test_a_refused_export_writes_one_failing_case_naming_the_error(work):
     assert any(line.startswith(annotation) for line in result.stdout.splitlines())
 
 
+def test_a_hostile_name_stays_data_in_the_summary_junit_and_annotation(work):
+    """Issue 41: a model path holding a newline + workflow command, ESC and 0x01 and U+202E. The summary's
+    heading keeps it in one code span, the JUnit file is well-formed XML (expat), the one annotation is one
+    line, and no other output line starts with ``::``."""
+    import xml.parsers.expat
+
+    bad = work / "x\n::error::pwned\x1b[2J\x01\u202e`.pt2"
+    bad.write_bytes(b"not an archive")
+    result = invoke([bad, "--junit", work / "hostile.xml", "--summary", work / "hostile.md"],
+                    env={"GITHUB_ACTIONS": "true"})
+    assert result.exit_code == 2
+    xml.parsers.expat.ParserCreate().Parse((work / "hostile.xml").read_bytes(), True)
+    assert "pwned" in ET.parse(work / "hostile.xml").getroot().find("testsuite").get("name")
+    heading = (work / "hostile.md").read_text(encoding="utf-8").splitlines()[0]
+    assert heading.startswith("### cann-export export: ❌ refused — ``") and "\\n::error::pwned" in heading
+    commands = [line for line in (result.stdout + result.stderr).splitlines() if line.lstrip().startswith("::")]
+    assert len(commands) == 1 and commands[0].startswith("::error title=")
+    assert not any(c in result.stdout + result.stderr for c in "\x1b\x01\u202e")
+
+
 
 def test_a_multi_graph_bundle_gives_one_case_per_component_output(work):
     import transformers

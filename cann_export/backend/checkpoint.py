@@ -5,6 +5,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..safe_text import terminal
+
 _log = logging.getLogger("cann_export.resume")
 
 
@@ -65,6 +67,6 @@ def resume(path: str | Path, model: Any = None, optimizer: Any = None) -> dict[s
         optimizer.load_state_dict(ckpt["optimizer"])  # the optimizer casts its state to its params' device
         restored.insert(1, "optimizer")
     rest = {} if state is ckpt else {k: v for k, v in ckpt.items() if k not in ("model", "state_dict", "optimizer")}
-    _log.info("cann.torch.resume(%s): restored %s%s", path, ", ".join(restored),
+    _log.info("cann.torch.resume(%s): restored %s%s", terminal(path), ", ".join(restored),
               "".join(f", {k}={v}" for k, v in rest.items() if k in ("epoch", "step")))
     return {**rest, "restored": restored}

@@ -112,6 +112,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     """What the manifest says about the graph against the graph itself."""
     from ..capture.onnx_utils import describe_values, op_histogram, opset_of
     from ..fs.atomic import is_safe_relpath
+    from ..fs.jsonio import strip_ansi
 
     diffs = []
     listed = manifest.get("files") or {}
@@ -133,7 +134,7 @@ def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     if stamped_by is not None and manifest["model"].get("exporter", stamped_by) != stamped_by:
         diffs.append(f"model.exporter: the manifest says {_short(manifest['model'].get('exporter'))}, the graph's "
                      f"provenance {stamped_by!r}")
-    props = {str(p.key): str(p.value) for p in model.metadata_props}  # protobuf hands non-UTF-8 back as bytes
+    props = {strip_ansi(str(p.key)): strip_ansi(str(p.value)) for p in model.metadata_props}  # as in manifest.json
     metadata = manifest.get("metadata") or {}
     for key, value in metadata.items():
         if props.get(key) != value:

@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..safe_text import markdown_code, markdown_fence, markdown_text, workflow_data, workflow_property, xml_text
+
 Graphs = dict[Any, dict[str, Any]]  # {component name or None: manifest (or {"parity": ..., "atc": ...})}
 
 
@@ -167,41 +169,43 @@ def markdown(command: str, path: str, graphs: Graphs) -> str:
     ok = passed(graphs) and all(c.passed for c in found)
     validated = any(not c.skipped for c in found)
     verdict = "✅ passed" if ok else "❌ FAILED" if validated else "⚪ not validated"
-    lines = [f"### cann-export {command}: {verdict} — `{path}`", ""]
+    lines = [f"### cann-export {command}: {verdict} — {markdown_code(path)}", ""]
     head = (["graph"] if multi else []) + ["output"] + (["shape"] if shaped else []) + \
         ["fp32 parity", "device precision", "cosine (fp32 / device)", "max abs err (fp32 / device)",
          "max rel err (fp32 / device)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in found:
         f, d = c.fp32_row or {}, c.device_row or {}
-        label = f" ({c.device_label})" if c.device is not None and c.device_label else ""
-        cells = ([f"`{c.graph}`"] if multi else []) + [f"`{c.output}`"] + ([shape_text(c.shape)] if shaped else []) + [
+        label = markdown_text(f" ({c.device_label})") if c.device is not None and c.device_label else ""
+        names = [markdown_code(n, in_table=True) for n in ([c.graph] if multi else []) + [c.output]]
+        cells = names + ([markdown_text(shape_text(c.shape))] if shaped else []) + [
             _mark(c.fp32), _mark(c.device) + label,
             f"{_num(f.get('cosine'), '.6f')} / {_num(d.get('cosine'), '.6f')}" if f or d else "—",
             f"{_num(f.get('max_abs'))} / {_num(d.get('max_abs'))}" if f or d else "—",
             f"{_num(f.get('max_rel'))} / {_num(d.get('max_rel'))}" if f or d else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     for name, manifest in graphs.items():
-        prefix = f"`{name}`: " if multi else ""
+        prefix = f"{markdown_code(name)}: " if multi else ""
         parity = manifest.get("parity") or {}
         if (parity.get("first_divergence") or {}).get("message"):
-            lines += ["", f"{prefix}**{parity['first_divergence']['message']}**"]
+            lines += ["", f"{prefix}**{markdown_text(parity['first_divergence']['message'])}**"]
         for problem in [c.problems[0] for c in found if c.graph == name and c.output == "(graph verdict)"]:
-            lines += ["", f"{prefix}**{problem}**"]
+            lines += ["", f"{prefix}**{markdown_text(problem)}**"]
         findings = [f for report in (manifest.get("lint") or {}).values() if isinstance(report, dict)
                     for f in report.get("findings") or []]
         if findings:
             lines += ["", f"{prefix}ATC lint: {len(findings)} finding(s)", ""]
-            lines += [f"- {f.get('severity')}: [{f.get('rule')}] {f.get('message')}" for f in findings[:10]]
+            lines += [markdown_text(f"- {f.get('severity')}: [{f.get('rule')}] {f.get('message')}")
+                      for f in findings[:10]]
         command = atc_command(manifest)
         if command:
-            lines += ["", f"{prefix}ATC command (`atc/convert.sh`):", "", "```bash", command, "```"]
+            lines += ["", f"{prefix}ATC command (`atc/convert.sh`):", "", *markdown_fence(command, "bash")]
     return "\n".join(lines) + "\n"
 
 
 def refused_markdown(command: str, path: str, error: dict[str, Any]) -> str:
-    return (f"### cann-export {command}: ❌ refused — `{path}`\n\n"
-            f"[{error.get('stage') or 'error'}] {error.get('message', '')}\n\nNo verdict was reached.\n")
+    reason = markdown_text(f"[{error.get('stage') or 'error'}] {error.get('message', '')}")
+    return f"### cann-export {command}: ❌ refused — {markdown_code(path)}\n\n{reason}\n\nNo verdict was reached.\n"
 
 
 # ------------------------------------------------------------------------------------------------ JUnit
@@ -233,27 +237,36 @@ def _xml(suite_name: str, path: str, found: list[Case], seconds: float, props: d
     counts = {"tests": str(len(found)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
               "time": f"{seconds:.3f}"}
     root = ET.Element("testsuites", {"name": "cann-export", **counts})
-    suite = ET.SubElement(root, "testsuite", {"name": suite_name, **counts})
+    suite = _element(root, "testsuite", {"name": suite_name, **counts})
     if props:
         properties = ET.SubElement(suite, "properties")
         for key, value in props.items():
-            ET.SubElement(properties, "property", {"name": key, "value": value})
+            _element(properties, "property", {"name": key, "value": value})
     base = "cann-export." + (os.path.basename(path.rstrip("/")) or "artifact").replace(".", "_")
     for c in found:
         attrs = {"classname": base + (f".{c.graph}" if c.graph else ""), "name": c.name, "time": "0"}
-        case = ET.SubElement(suite, "testcase", {**attrs, **_location(c.source, workspace)})  # GitLab reads file
+        case = _element(suite, "testcase", {**attrs, **_location(c.source, workspace)})  # GitLab reads file
         if c.problems:
             kind = failure_type or ("device_precision" if c.device is False else "fp32_parity" if c.fp32 is False
                                     else "verdict")
-            failure = ET.SubElement(case, "failure", {"message": c.problems[0], "type": kind})
-            failure.text = "\n".join(c.problems)
+            _element(case, "failure", {"message": c.problems[0], "type": kind}, "\n".join(c.problems))
         elif c.skipped:
-            ET.SubElement(case, "skipped", {"message": c.skip_reason})
+            _element(case, "skipped", {"message": c.skip_reason})
         metrics = _metrics_text(c)
         if metrics:
-            ET.SubElement(case, "system-out").text = metrics
+            _element(case, "system-out", {}, metrics)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _element(parent: Any, tag: str, attrs: dict[str, str], text: str | None = None) -> Any:
+    """A child element whose attribute values and text hold only what XML 1.0 allows (xml_text)."""
+    import xml.etree.ElementTree as ET
+
+    element = ET.SubElement(parent, tag, {key: xml_text(value) for key, value in attrs.items()})
+    if text is not None:
+        element.text = xml_text(text)
+    return element
 
 
 def _metrics_text(c: Case) -> str:
@@ -266,14 +279,6 @@ def _metrics_text(c: Case) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ annotations
-
-
-def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def _location(source: str | None, workspace: str | None) -> dict[str, str]:
@@ -290,8 +295,8 @@ def _location(source: str | None, workspace: str | None) -> dict[str, str]:
 
 def annotation(level: str, message: str, title: str, source: str | None = None, workspace: str | None = None) -> str:
     props = {**_location(source, workspace), "title": title}
-    return f"::{level} " + ",".join(f"{k}={_escape_property(v)}" for k, v in props.items()) + \
-        f"::{_escape_data(message)}"
+    return f"::{level} " + ",".join(f"{k}={workflow_property(v)}" for k, v in props.items()) + \
+        f"::{workflow_data(message)}"
 
 
 def annotations(command: str, graphs: Graphs, workspace: str | None = None) -> list[str]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from ..safe_text import terminal
+
 SUMMARY_HELP = ("Write a Markdown summary of the verdicts (per output / component / gear) and the ATC command to "
                 "FILE; also appended to $GITHUB_STEP_SUMMARY when that is set.")
 JUNIT_HELP = ("Write JUnit XML to FILE: one test case per output (x gear, x component); a refused run writes one "
@@ -102,7 +104,8 @@ class CiReports:
             with open(self.step_summary, "a", encoding="utf-8") as f:
                 f.write(render() + "\n")
         except OSError as e:  # the runner's file; a failure here must not change the verdict's exit code
-            click.echo(f"warning: $GITHUB_STEP_SUMMARY {self.step_summary}: not written ({e.strerror or e})", err=True)
+            click.echo(f"warning: $GITHUB_STEP_SUMMARY {terminal(self.step_summary)}: not written "
+                       f"({terminal(e.strerror or e)})", err=True)
 
     def _annotate(self, lines: list[str]) -> None:
         for line in lines:  # stdout, as GitHub reads workflow commands; stderr under --json (stdout is JSON)

@@ -12,6 +12,7 @@ import click
 
 from ..errors import EXIT_STAGE_FAILED, ExportError, gist
 from ..fs.jsonio import dumps as to_json
+from ..safe_text import terminal
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
 
@@ -19,12 +20,12 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 def _emit_error(err: Exception, as_json: bool) -> int:
     if isinstance(err, ExportError):
         code, payload = err.exit_code, err.to_dict()
-        text = f"error: {err}"
+        text = f"error: {terminal(err)}"
         if payload.get("cause"):
-            text += f" (cause: {payload['cause']})"
+            text += f" (cause: {terminal(payload['cause'])})"
     else:
         code, payload = EXIT_STAGE_FAILED, {"stage": "internal", "message": f"{type(err).__name__}: {gist(err)}"}
-        text = (f"error: [internal] {type(err).__name__}: {gist(err)}. This is a bug in cann-export; "
+        text = (f"error: [internal] {type(err).__name__}: {terminal(gist(err))}. This is a bug in cann-export; "
                 "set CANN_EXPORT_DEBUG=1 for a traceback and report it")
     if as_json:
         click.echo(to_json({"ok": False, "error": payload}))

@@ -10,6 +10,7 @@ import click
 
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
+from ..safe_text import terminal
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
@@ -74,7 +75,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
         ci.emit(lambda: component_manifests(result.output))
         return _print_multi_export(result, as_json)
     if result.manifest.get("halted"):  # a DDP rank other than 0: rank 0 reports and writes
-        click.echo(result.manifest["halted"], err=True)
+        click.echo(terminal(result.manifest["halted"]), err=True)
         return 0
     ci.emit(lambda: {None: result.manifest})
     if as_json:
@@ -89,15 +90,15 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
         click.echo(to_json(result.to_dict()))
         return 0 if result.ok else EXIT_PARITY_FAILED
     atc = "atc" in result.manifest
-    click.echo(f"wrote {result.output} ({result.format}, {result.kind}: {len(result.components)} graphs"
+    click.echo(f"wrote {terminal(result.output)} ({result.format}, {result.kind}: {len(result.components)} graphs"
                + (", one ATC command each in atc/convert.sh)" if atc else ", components/NAME/model.onnx)"))
     for name, c in result.components.items():
         if c["passed"] is None:
-            click.echo(f"  {name}: parity not validated (--no-validate)")
+            click.echo(f"  {terminal(name)}: parity not validated (--no-validate)")
             continue
         device = "" if c["device_passed"] is None and not atc else \
             f", device {'ok' if c['device_passed'] else 'FAIL'}"
-        click.echo(f"  {name}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
+        click.echo(f"  {terminal(name)}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
                    f"{'ok' if c['fp32_passed'] else 'FAIL'}{device})")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
@@ -125,25 +126,25 @@ def _default_output(model: str, export_format: str, several: bool = False) -> st
 
 def _print_result(result: Any) -> None:
     info = result.info()
-    click.echo(f"wrote {info.label or result.format}: {result.output} ({result.onnx['exporter']} exporter, "
-               f"opset {result.onnx['opset']})")
+    click.echo(f"wrote {terminal(info.label or result.format)}: {terminal(result.output)} "
+               f"({terminal(result.onnx['exporter'])} exporter, opset {result.onnx['opset']})")
     environment_warning(result.manifest)
     heard = (result.manifest.get("warnings") or {}).get("third_party") or []
     if heard:
         click.echo(f"{len(heard)} message(s) from torch / onnxscript while exporting: manifest.json's "
                    "warnings.third_party (`cann-export inspect` shows them)")
     for note in info.notes:
-        click.echo(note)
+        click.echo(terminal(note))
     parity = result.parity
     if not parity:
         click.echo("parity: not validated (--no-validate)")
         return
     click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
-               f"reference: {parity['reference']})")
+               f"reference: {terminal(parity['reference'])})")
     if precision := parity.get("precision"):
         device = precision.get("device_model") or {}
         on = f" on {device['soc_version']} ({device['overflow_mode']} overflow)" if device.get("soc_version") else ""
-        click.echo(f"device precision: {precision.get('mode') or precision.get('reason')}{on} (emulated: "
+        click.echo(f"device precision: {terminal(precision.get('mode') or precision.get('reason'))}{on} (emulated: "
                    f"{precision.get('emulated')})")
     sections = [("fp32", parity.get("fp32") or {"outputs": parity["outputs"], "tolerance": parity.get("tolerance")})]
     if parity.get("device"):
@@ -154,16 +155,17 @@ def _print_result(result: Any) -> None:
         click.echo(f"  {title}" + (f" [{tol}]" if tol else ""))
         for o in section["outputs"]:
             mark = "ok  " if o["passed"] else "FAIL"
-            click.echo(f"    {mark} {o['name']}: max_abs={_num(o.get('max_abs'))} max_rel={_num(o.get('max_rel'))} "
-                       f"cosine={_num(o.get('cosine'), '.6f')}" + (f" ({o['reason']})" if o.get("reason") else ""))
+            click.echo(f"    {mark} {terminal(o['name'])}: max_abs={_num(o.get('max_abs'))} max_rel="
+                       f"{_num(o.get('max_rel'))} cosine={_num(o.get('cosine'), '.6f')}"
+                       + (f" ({terminal(o['reason'])})" if o.get("reason") else ""))
     if parity.get("probes"):
         click.echo(f"  specialisation probes ({parity['probes']['input_sets']} sets, judged relative to their own "
                    f"output): {'ok' if parity['probes']['passed'] else 'FAILED'}")
     for f in (parity.get("failing_sets") or [])[:5]:
-        click.echo(f"    FAIL {f['output']} on {f['role']} set {f['set']} ({f['kind']}): "
+        click.echo(f"    FAIL {terminal(f['output'])} on {f['role']} set {f['set']} ({f['kind']}): "
                    f"max_abs={_num(f.get('max_abs'))} cosine={_num(f.get('cosine'), '.6f')}")
     if parity.get("first_divergence"):
-        click.echo(parity["first_divergence"]["message"])
+        click.echo(terminal(parity["first_divergence"]["message"]))
     if parity.get("trace_specialized"):
         spec = parity["trace_specialized"]
         from ..capture.trace_check import where
@@ -171,11 +173,11 @@ def _print_result(result: Any) -> None:
         state = ("checked on {} input sets".format(spec["checked"]["input_sets"]) if spec.get("checked")
                  else "accepted" if spec["accepted"] else "not accepted")
         click.echo(f"traced graph, specialised to the example's path ({state}): "
-                   + "; ".join(where(f) for f in spec["warnings"][:3]))
+                   + "; ".join(terminal(where(f)) for f in spec["warnings"][:3]))
     _print_fix(parity)
     if not parity["passed"]:
         if parity.get("reason"):
-            click.echo(f"parity failed: {parity['reason']}", err=True)
+            click.echo(f"parity failed: {terminal(parity['reason'])}", err=True)
         click.echo("parity failed: the artifact was written with the failure recorded in its manifest", err=True)
 
 
@@ -184,14 +186,14 @@ def _print_fix(parity: dict[str, Any]) -> None:
     fix = (parity.get("precision") or {}).get("fix")
     kept = parity.get("fixed_by_keep_dtype") or []
     if kept and fix and "kept_ops" in fix:
-        shown = ", ".join(kept[:6]) + (f", ... ({len(kept) - 6} more)" if len(kept) > 6 else "")
-        modules = f"; whole modules: {', '.join(fix['kept_modules'])}" if fix.get("kept_modules") else ""
+        shown = ", ".join(map(terminal, kept[:6])) + (f", ... ({len(kept) - 6} more)" if len(kept) > 6 else "")
+        modules = f"; whole modules: {', '.join(map(terminal, fix['kept_modules']))}" if fix.get("kept_modules") else ""
         click.echo(f"--fix-precision kept {fix['kept_ops']} of {fix['graph_ops']} ops in fp32 "
                    f"({fix['kept_flops_share']:.1%} of the graph's FLOPs): {shown}{modules} (atc/keep_dtype.cfg)")
     elif kept:
-        click.echo(f"--fix-precision kept in fp32: {', '.join(kept)} (atc/keep_dtype.cfg)")
+        click.echo(f"--fix-precision kept in fp32: {', '.join(map(terminal, kept))} (atc/keep_dtype.cfg)")
     if fix and not fix["fixed"]:
-        click.echo(f"--fix-precision cannot fix this: {fix['reason']}")
+        click.echo(f"--fix-precision cannot fix this: {terminal(fix['reason'])}")
 
 
 def _num(value: Any, spec: str = ".3g") -> str:
@@ -240,18 +242,18 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "manifest_sha256": report["manifest_sha256"],
                             "parity": summary, **({"socs": report["socs"]} if "socs" in report else {})}))
     else:
-        click.echo(f"{bundle}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; manifest sha256 "
-                   f"{report['manifest_sha256']})")
+        click.echo(f"{terminal(bundle)}: parity {'passed' if report['passed'] else 'FAILED'} (re-derived; "
+                   f"manifest sha256 {report['manifest_sha256']})")
         for o in summary["outputs"]:
-            click.echo(f"  {o['name']}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
+            click.echo(f"  {terminal(o['name'])}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
                        f"{'ok' if o['passed'] else 'FAIL'}")
         if "stored" in summary:
             click.echo(f"  {_stored_note(summary)}")
         for v in report.get("socs", []):
             where = (v.get("first_divergence") or {}).get("message")
             tail = (f"; {where}" if where and not v["passed"] else "") + (f" [{v['note']}]" if "note" in v else "")
-            click.echo(f"  {v['soc_version']} ({v['overflow_mode']} overflow): "
-                       f"{'passed' if v['passed'] else 'FAILED'}{tail}")
+            click.echo("  " + terminal(f"{v['soc_version']} ({v['overflow_mode']} overflow): "
+                                       f"{'passed' if v['passed'] else 'FAILED'}{tail}"))
     return 0 if report["passed"] else EXIT_PARITY_FAILED
 
 
@@ -265,10 +267,10 @@ def _validated(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, An
 
 def _stored_note(parity: dict[str, Any]) -> str:
     """What validate could not re-run: the shapes whose parity sets the bundle did not store (``stored``)."""
-    stored = parity["stored"]
     from ..bundle.parity_store import left_out_words
 
-    shapes = left_out_words(stored["left_out"])
+    stored = parity["stored"]
+    shapes = terminal(left_out_words(stored["left_out"]))
     return (f"re-derived on {len(stored['input_sets'])} of {stored.get('of')} input sets (not stored, past "
             f"--stored-parity-mib {stored.get('cap_mib')}: {shapes}; their export verdicts are in manifest.json)")
 
@@ -282,11 +284,11 @@ def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) ->
         click.echo(to_json({"ok": report["passed"], "bundle": bundle, "kind": report.get("kind"),
                             "manifest_sha256": report["manifest_sha256"], "components": parts}))
     else:
-        click.echo(f"{bundle}: {len(parts)} graphs, parity {'passed' if report['passed'] else 'FAILED'} (re-derived; "
-                   f"manifest sha256 {report['manifest_sha256']})")
+        click.echo(f"{terminal(bundle)}: {len(parts)} graphs, parity {'passed' if report['passed'] else 'FAILED'} "
+                   f"(re-derived; manifest sha256 {report['manifest_sha256']})")
         for name, part in parts.items():
             device = (part["parity"].get("device") or {}).get("passed")
-            click.echo(f"  {name}: {'passed' if part['passed'] else 'FAILED'} (fp32 "
+            click.echo(f"  {terminal(name)}: {'passed' if part['passed'] else 'FAILED'} (fp32 "
                        f"{'ok' if part['parity'].get('fp32', {}).get('passed') else 'FAIL'}, device "
                        f"{'ok' if device else 'FAIL' if device is False else 'n/a'})"
                        + (f"; {_stored_note(part['parity'])}" if part["parity"].get("stored") else ""))
@@ -310,7 +312,7 @@ def inspect_cmd(path: str, as_json: bool) -> int:
         return 0
     from .inspect_view import render
 
-    click.echo("\n".join(render(info)))
+    click.echo("\n".join(map(terminal, render(info))))
     return 0
 
 
@@ -328,7 +330,7 @@ def plugins_cmd(as_json: bool) -> int:
     else:
         for row in rows:
             kind = "built-in" if row["builtin"] else "third-party"
-            click.echo(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}")
+            click.echo(terminal(f"{row['name']} {row['version']} ({kind}): {', '.join(row['hooks'])}"))
     return 0
 
 
@@ -363,7 +365,7 @@ def _leave(code: Any) -> None:
     if "torch" not in sys.modules or others:
         sys.exit(code)
     if code is not None and not isinstance(code, int):
-        click.echo(str(code), err=True)
+        click.echo(terminal(code), err=True)
         code = 1
     import atexit
 
@@ -383,7 +385,7 @@ def main() -> None:
     try:
         _register_plugin_commands()
     except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not hide the CLI
-        click.echo(f"warning: plugin commands not loaded: {e}", err=True)
+        click.echo(f"warning: plugin commands not loaded: {terminal(e)}", err=True)
     try:
         cli()
     except SystemExit as e:

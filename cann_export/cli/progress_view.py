@@ -3,10 +3,13 @@ time and a bar where the work is countable; each finished stage stays as one lin
 log) or with --quiet / --json: one line per stage as it ends. The first line is out before torch is imported."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
 import click
+
+from ..safe_text import terminal
 
 
 def environment_warning(manifest: dict[str, Any]) -> None:
@@ -35,7 +38,7 @@ class ProgressView:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                                 TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=Console(stderr=True),
                                 transient=True)
             self.bar.start()
@@ -48,12 +51,17 @@ class ProgressView:
             self.bar = None
 
     def say(self, text: str) -> None:
+        """One line on stderr; ``text`` is one line whose names are data: it passes the terminal escaper whole."""
+        text = terminal(text)
         if self.bar is not None:
             self.bar.console.print(text, highlight=False, markup=False)
         else:
             click.echo(text, err=True)
 
     def __call__(self, event: Any) -> None:
+        # the event's text may come from the load sandbox's child (a hostile model's code): escaped first
+        event = dataclasses.replace(event, stage=terminal(event.stage), status=terminal(event.status),
+                                    what=terminal(event.what))
         if event.kind == "end":
             self.say(stage_line(event))
             if self.bar is not None:

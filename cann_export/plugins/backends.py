@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..hooks.specs import hookimpl
+from ..safe_text import terminal
 
 
 @hookimpl
@@ -34,4 +35,4 @@ def register_commands(cli: Any) -> None:
             return
         for row in rows:
             mark = "yes" if row["available"] else "no "
-            click.echo(f"{row['name']:<8} {mark}  {row['device']:<5} {row['reason']}")
+            click.echo(terminal(f"{row['name']:<8} {mark}  {row['device']:<5} {row['reason']}"))

@@ -9,6 +9,7 @@ from typing import Any
 from ..atc.lint import lint_model, parse_cann_version
 from ..capture import module_paths
 from ..hooks.specs import hookimpl
+from ..safe_text import terminal
 
 
 def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
@@ -84,11 +85,11 @@ def _print_report(path: str, report: dict[str, Any]) -> None:
     errors_ = [f for f in report["findings"] if f["severity"] == "error"]
     warnings_ = [f for f in report["findings"] if f["severity"] == "warning"]
     for f in report["findings"]:
-        click.echo(f"{f['severity']}: [{f['rule']}] {f['message']}")
+        click.echo(terminal(f"{f['severity']}: [{f['rule']}] {f['message']}"))
     verdict = "passed" if report["passed"] else "FAILED"
-    click.echo(f"{path}: ATC lint {verdict} for CANN {report['cann_version']} (opset {report['opset']}; "
-               f"{len(errors_)} error(s), {len(warnings_)} warning(s); "
-               f"op table: CANN {report['table']['cann_version']})")
+    click.echo(terminal(f"{path}: ATC lint {verdict} for CANN {report['cann_version']} (opset {report['opset']}; "
+                        f"{len(errors_)} error(s), {len(warnings_)} warning(s); "
+                        f"op table: CANN {report['table']['cann_version']})"))
 
 
 @hookimpl

@@ -5,6 +5,7 @@ import json
 
 from ..bundle.om import OmFormat, convert
 from ..hooks.specs import hookimpl
+from ..safe_text import terminal
 
 
 @hookimpl
@@ -36,7 +37,7 @@ def register_commands(cli):
         through AMCT's convert_qat_model first). `convert --model b.pth --output b.om` is the articles'
         `atc convert ...` line (atc itself has no convert subcommand)."""
         artifact = one_model(artifact, model_opt, "ARTIFACT")
-        click.echo(f"converting {artifact} with atc ...", err=True)
+        click.echo(terminal(f"converting {artifact} with atc ..."), err=True)
         result = convert(artifact, output, soc_version, overwrite)
         if as_json:
             click.echo(json.dumps(result))
@@ -44,4 +45,5 @@ def register_commands(cli):
             amct = result.get("amct")
             first = (f"; AMCT {amct['version'] or '(version unknown)'} converted the Q/DQ graph first, log "
                      f"{amct['log']}" if amct else "")
-            click.echo(f"wrote {result['output']} (soc_version {result['soc_version']}; log {result['log']}{first})")
+            click.echo(terminal(f"wrote {result['output']} (soc_version {result['soc_version']}; log {result['log']}"
+                                f"{first})"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..hooks.specs import hookimpl
+from ..safe_text import terminal
 
 
 @hookimpl
@@ -31,6 +32,6 @@ def register_commands(cli):
 
             click.echo(dumps(result))
         else:
-            click.echo(f"wrote {result['report']} ({result['layers']} values on the per-layer curve; verdict "
-                       f"{'passed' if result['passed'] else 'FAILED'})")
+            click.echo(terminal(f"wrote {result['report']} ({result['layers']} values on the per-layer curve; verdict "
+                                f"{'passed' if result['passed'] else 'FAILED'})"))
         return 0

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..usage.examples import examples
 from ..hooks.specs import hookimpl
+from ..safe_text import terminal
 
 ZOO_HELP = "Model zoo: a directory or s3://bucket/prefix (default: $CANN_MODEL_ZOO or ~/.cache/cann-export/zoo)."
 
@@ -71,9 +72,9 @@ def publish_command(click: Any) -> Any:
             _echo_json({"ok": True, **record})
         else:
             state = "already published (identical contents)" if record["existed"] else "published"
-            click.echo(f"{record['name']} version {record['version']} "
-                       f"{state}{' (signed)' if record['signed'] else ''}: "
-                       f"{record['path']} (manifest sha256 {record['manifest_sha256']})")
+            click.echo(terminal(f"{record['name']} version {record['version']} "
+                                f"{state}{' (signed)' if record['signed'] else ''}: "
+                                f"{record['path']} (manifest sha256 {record['manifest_sha256']})"))
         return 0
 
     return publish_cmd
@@ -95,8 +96,8 @@ def list_command(click: Any) -> Any:
             click.echo("the model zoo is empty")
         for r in rows:
             aliases = " ".join(f"{a}->{v}" for a, v in r["aliases"].items())
-            click.echo(f"{r['name']}  latest {r['latest']}  versions {','.join(r['versions'])}"
-                       f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]")
+            click.echo(terminal(f"{r['name']}  latest {r['latest']}  versions {','.join(r['versions'])}"
+                                f"{'  ' + aliases if aliases else ''}  [{', '.join(r['kinds'] + r['targets'])}]"))
         return 0
 
     return list_cmd
@@ -104,29 +105,29 @@ def list_command(click: Any) -> Any:
 
 def _print_show(click: Any, info: dict[str, Any]) -> None:
     m = info["manifest"]
-    click.echo(f"{info['name']} version {info['version']} (digest {m['digest'][:16]}, {m['created_utc']}, "
-               f"{m.get('created_by')})")
-    click.echo(f"manifest sha256: {info['manifest_sha256']}")
+    click.echo(terminal(f"{info['name']} version {info['version']} (digest {m['digest'][:16]}, {m['created_utc']}, "
+                        f"{m.get('created_by')})"))
+    click.echo(terminal(f"manifest sha256: {info['manifest_sha256']}"))
     if isinstance(m.get("signature"), dict):
-        click.echo(f"signed: ed25519 key {m['signature'].get('key_id')}")
-    click.echo("versions: " + ", ".join(v["version"] for v in info["versions"]))
+        click.echo(terminal(f"signed: ed25519 key {m['signature'].get('key_id')}"))
+    click.echo(terminal("versions: " + ", ".join(v["version"] for v in info["versions"])))
     records = info.get("alias_records") or {}
     for a, v in info["aliases"].items():
         r = records.get(a) or {}
         how = f"signed by key {r['key_id']}" if r.get("signed") else "unsigned"
-        click.echo(f"alias {a} -> {v} ({how}, sequence {r.get('sequence') or '-'})")
+        click.echo(terminal(f"alias {a} -> {v} ({how}, sequence {r.get('sequence') or '-'})"))
     for h in info["alias_history"]:
-        click.echo(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}")
+        click.echo(terminal(f"  {h['time_utc']} {h['alias']}: {h.get('previous') or '-'} -> {h['version']}"))
     if m.get("card"):
-        click.echo("card: " + ", ".join(f"{k}={v}" for k, v in m["card"].items()))
+        click.echo(terminal("card: " + ", ".join(f"{k}={v}" for k, v in m["card"].items())))
     if m.get("architecture"):
-        click.echo(f"architecture: {m['architecture'].get('callable') or m['architecture'].get('file')}")
+        click.echo(terminal(f"architecture: {m['architecture'].get('callable') or m['architecture'].get('file')}"))
     for key in m.get("artifacts") or {}:
-        click.echo(f"artifact: {key}")
+        click.echo(terminal(f"artifact: {key}"))
     for step in m.get("lineage") or []:
-        click.echo("lineage: " + " -> ".join(f"{k} {str(step[k])[:16]}" for k in
-                                             ("source_weights_sha256", "onnx_sha256", "om_sha256") if step.get(k)))
-    click.echo(f"files: {len(m['files'])} ({sum(f['size'] for f in m['files'].values())} bytes)")
+        digests = ("source_weights_sha256", "onnx_sha256", "om_sha256")
+        click.echo(terminal("lineage: " + " -> ".join(f"{k} {str(step[k])[:16]}" for k in digests if step.get(k))))
+    click.echo(terminal(f"files: {len(m['files'])} ({sum(f['size'] for f in m['files'].values())} bytes)"))
 
 
 def show_command(click: Any) -> Any:
@@ -168,8 +169,9 @@ def pull_command(click: Any) -> Any:
         if as_json:
             _echo_json(result)
         else:
-            click.echo(f"pulled {result['name']} version {result['version']} to {result['output']} "
-                       f"({len(result['files'])} files, verified; manifest sha256 {result['manifest_sha256']})")
+            click.echo(terminal(f"pulled {result['name']} version {result['version']} to {result['output']} "
+                                f"({len(result['files'])} files, verified; manifest sha256 "
+                                f"{result['manifest_sha256']})"))
         return 0
 
     return pull_cmd
@@ -192,8 +194,8 @@ def alias_command(click: Any) -> Any:
         if as_json:
             _echo_json({"ok": True, **result})
         else:
-            click.echo(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'}; sequence "
-                       f"{result['sequence']}, {'signed' if result['signed'] else 'unsigned'})")
+            click.echo(terminal(f"{name}@{alias} -> {result['version']} (was {result['previous'] or 'unset'}; sequence "
+                                f"{result['sequence']}, {'signed' if result['signed'] else 'unsigned'})"))
         return 0
 
     return alias_cmd
@@ -217,13 +219,13 @@ def verify_command(click: Any) -> Any:
         else:
             for v in report["versions"]:
                 signed = f", signed by {v['signed_by']}" if v.get("signed_by") else ""
-                click.echo(f"{report['name']} version {v['version']}: "
-                           f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files{signed})")
+                click.echo(terminal(f"{report['name']} version {v['version']}: "
+                                    f"{'ok' if v['ok'] else 'DAMAGED'} ({v['files']} files{signed})"))
                 for p in v["problems"]:
-                    click.echo(f"  {p}")
+                    click.echo(terminal(f"  {p}"))
         if not report["ok"]:
-            click.echo(f"error: [zoo] {report['name']}: integrity check failed; restore the files or publish "
-                       "again", err=True)
+            click.echo(terminal(f"error: [zoo] {report['name']}: integrity check failed; restore the files or publish "
+                                "again"), err=True)
         return 0 if report["ok"] else EXIT_PARITY_FAILED
 
     return verify_cmd
@@ -244,8 +246,8 @@ def keygen_command(click: Any) -> Any:
         if as_json:
             _echo_json({"ok": True, **result})
         else:
-            click.echo(f"wrote {result['private_key']} (keep it secret) and {result['public_key']} "
-                       f"(key id {result['key_id']})")
+            click.echo(terminal(f"wrote {result['private_key']} (keep it secret) and {result['public_key']} "
+                                f"(key id {result['key_id']})"))
         return 0
 
     return keygen_cmd
@@ -264,9 +266,9 @@ def gc_command(click: Any) -> Any:
         if as_json:
             _echo_json(result)
         else:
-            click.echo(f"{result['zoo']}: removed {len(result['removed'])} stale entries")
+            click.echo(terminal(f"{result['zoo']}: removed {len(result['removed'])} stale entries"))
             for entry in result["removed"]:
-                click.echo(f"  {entry}")
+                click.echo(terminal(f"  {entry}"))
         return 0
 
     return gc_cmd

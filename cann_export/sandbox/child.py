@@ -71,6 +71,17 @@ def _error_message(e: BaseException) -> dict[str, Any]:
     return out
 
 
+def _mute() -> None:
+    """The child's stdout and stderr go to /dev/null: what the confined code prints (``::error::`` or
+    ``::add-mask::`` for a CI runner, terminal escapes) never reaches the user's terminal or CI log; the child
+    speaks only through its pipe, as data. (CANN_EXPORT_DEBUG keeps them, with the child's traceback.) Text the
+    parent had buffered, copied by the fork, is flushed there too: it is the parent's to write, once."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
 def _child(fd: int, writable: list[Path], support: confine.Support, body: Callable[[Send], dict[str, Any]],
            keep_threads: bool) -> None:
     send = _writer(fd)
@@ -81,6 +92,7 @@ def _child(fd: int, writable: list[Path], support: confine.Support, body: Callab
             import faulthandler
 
             faulthandler.disable()  # a crash here is reported by the parent, not as a dump of the caller's stack
+            _mute()
         if not keep_threads and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(1)  # the parent's OpenMP pool did not survive the fork
         confine.confine(writable, support)
