@@ -54,11 +54,12 @@ def convert_script(names: list[str]) -> str:
 
 def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: bool = False, progress: Any = None,
                 metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
-                sandbox_record: dict[str, Any] | None = None, **options: Any) -> MultiResult:
+                sandbox_record: dict[str, Any] | None = None, model_name: str | None = None,
+                **options: Any) -> MultiResult:
     """Export every component of ``plan`` with ``export_one`` (api.export) into one bundle at ``output`` (see
     the module docstring). ``options`` are export()'s keyword options, applied to every component;
     ``carried``: files written beside the components (a model directory's config and tokenizer files,
-    ``{"hf/NAME": bytes}``)."""
+    ``{"hf/NAME": bytes}``); ``model_name``: what the pages name the model (default: the output's name)."""
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
@@ -76,13 +77,17 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     try:
         from .. import progress as events
 
+        from ..report.naming import model_named
+
         results = {}
         for done, comp in enumerate(plan.components):
             with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
                 events.advance("components", done, len(plan.components))
-            results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
-                                                   {**options, "export_format": component.name,
-                                                    "atc_hints": hints[comp.name]}, full)
+            name = model_name or output.name.split(".")[0]
+            with model_named(name), events.for_graph(comp.name):  # its pages and progress events name both
+                results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
+                                                       {**options, "export_format": component.name,
+                                                        "atc_hints": hints[comp.name]}, full)
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
