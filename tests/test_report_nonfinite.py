@@ -138,3 +138,24 @@ def test_inspect_and_ci_summaries_render_a_bundle_with_non_finite_metrics(tmp_pa
     markdown = summaries.markdown("export", "m.pt2", {None: manifest})
     junit = summaries.junit("export", "m.pt2", {None: manifest}, 1.0, str(tmp_path))
     assert "y" in markdown and "<testcase" in junit
+
+
+def test_a_page_with_non_finite_values_in_a_real_browser(tmp_path):
+    """The page parses (strict JSON), draws, and its hover box labels a gap, in headless Chromium."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from test_report_html import _chrome
+
+    page = tmp_path / "nan.html"
+    page.write_text(html.render(_view_with_non_finite()))
+    browser = _chrome()
+    try:
+        browser.get(page.resolve().as_uri())
+        assert not [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+        gaps = browser.find_elements(By.CSS_SELECTOR, "#curve .pt.gap.cos")
+        assert len(gaps) == 2 and len(browser.find_elements(By.CSS_SELECTOR, "#curve circle.cos")) == 3
+        ActionChains(browser).move_to_element(gaps[0]).perform()
+        tip = browser.find_element(By.ID, "tip")
+        assert tip.is_displayed() and "cosine nan (not a finite number)" in tip.text, tip.text
+    finally:
+        browser.quit()
