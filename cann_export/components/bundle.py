@@ -70,7 +70,8 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     ranges = parse_ranges(options.pop("dynamic", None))
     narrow(plan, ranges)  # the user's ranges and gears, before anything is written
     hints = with_gears(plan, ranges, component_hints(plan, options.pop("atc_hints", None)))
-    full = bool(options.pop("parity_full_ranges", False))  # parity past the element budget (components/budget.py)
+    combos = options.get("parity_coverage") == "full"  # --parity full: every gear / range-end combination
+    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (components/budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
@@ -198,7 +199,8 @@ def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, pro
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
     from .gears import shape_sets
 
-    comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full)  # parity at the dynamic sizes or hint gears
+    combos = options.get("parity_coverage") == "full"
+    comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full, combos)  # parity at the dynamic sizes / gears
     try:
         return export_one(comp.module, where, example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),
