@@ -47,6 +47,7 @@ def test_progress_names_each_graph_and_stage(gpt2):
         assert len({re.match(r"\[\S+ (\d+)/", ln).group(1) for ln in mine}) >= 10, mine  # every stage, once
     assert not [ln for ln in lines if re.match(r"\[\d+/\d+\] ", ln)], lines  # no stage line without its graph
     assert any(ln.startswith("load model directory ... done") for ln in lines), lines
+    assert lines[1].startswith("read config.json (task, graphs) ... done"), lines  # the first thing after the title
 
 
 def test_a_progress_listener_hears_every_graph_and_the_load(gpt2, tmp_path):
@@ -60,7 +61,8 @@ def test_a_progress_listener_hears_every_graph_and_the_load(gpt2, tmp_path):
     cann_export.export(str(gpt2["root"] / "gpt2-dir"), tmp_path / "again", task="text-generation-with-past",
                        on_progress=lambda e: events.append((time.monotonic(), e)))
     starts = [e for _, e in events if e.kind == "start"]
-    assert [e.stage for e in starts[:2]] == ["load model directory", "plan graphs"], starts[:3]
+    assert [e.stage for e in starts[:3]] == ["read config.json (task, graphs)", "load model directory",
+                                             "plan graphs"], starts[:4]
     staged = [e for e in starts if e.index]
     assert {e.graph for e in staged} == {"prefill", "decode"} and all(e.stages == staged[0].stages for e in staged)
     assert [e.stage for e in staged if e.graph == "decode"][:2] == ["load", "prepare"]
@@ -106,8 +108,24 @@ def test_the_exported_component_pages_name_the_model(gpt2):
     assert data["model_name"] == "gpt2" and data["component"] == "prefill"
 
 
-def test_overwrite_replaces_a_bundle_that_was_reported(gpt2):
+def test_overwrite_replaces_a_bundle_that_was_reported_and_a_terminal_sees_each_graph(gpt2):
+    """--overwrite replaces a bundle `report` ran on; on a terminal (a pty) the live line names the directory's
+    config read, its load and each graph's stages."""
+    import shlex
+    import shutil
+
     root = gpt2["root"]
     assert run_cli("report", "gpt2", cwd=root).returncode == 0
-    run = run_cli("gpt2-dir", "-o", "gpt2", *TASK, "--overwrite", "--no-validate", cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
+    command = [sys.executable, "-m", "cann_export", "gpt2-dir", "-o", "gpt2", *TASK, "--overwrite", "--no-validate"]
+    if shutil.which("script") is None:  # util-linux's script gives the pty
+        run = run_cli(*command[3:], cwd=root)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return
+    log = root / "tty.txt"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}
+    run = subprocess.run(["script", "-qfec", shlex.join(command), str(log)], cwd=root, env=env, capture_output=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:]
+    text = log.read_text(errors="replace")
+    assert "\x1b[" in text and "read config.json (task, graphs)" in text and "load model directory" in text
+    assert "[prefill 5/12] capture" in text and "[decode 5/12] capture" in text, text[-3000:]
