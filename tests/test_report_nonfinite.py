@@ -144,11 +144,11 @@ def test_a_page_with_non_finite_values_in_a_real_browser(tmp_path):
     """The page parses (strict JSON), draws, and its hover box labels a gap, in headless Chromium."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
-    from test_report_html import _chrome
+    from helpers.browser import chrome
 
     page = tmp_path / "nan.html"
     page.write_text(html.render(_view_with_non_finite()))
-    browser = _chrome()
+    browser = chrome()
     try:
         browser.get(page.resolve().as_uri())
         assert not [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
