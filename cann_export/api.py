@@ -1,6 +1,7 @@
 """The Python API: export(), validate() and inspect(). The CLI and ``cann.torch`` call these."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +103,8 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         from .pipeline.timeline import StageTimeline
 
         progress = StageTimeline(trace).wrap(progress)
-    several = graphs(model, options)
+    with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
+        several = graphs(model, options)  # transformers' import: seconds the live line names
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         _check_defaulted(model, several, output_path, export_format, options)
         return export_multi(model, output_path, export_format=export_format, progress=progress,
@@ -113,6 +115,10 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
                             manifest={"halted": ctx.halted})
     return _result(ctx)
+
+
+def _directory(model: Any) -> bool:
+    return isinstance(model, (str, Path)) and Path(model).is_dir()
 
 
 def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, options: dict[str, Any]) -> None:

@@ -56,6 +56,7 @@ ONNX_OPSETS = range(7, 24)
 EXTERNAL_DATA = ("auto", "always", "never")
 LINT_MODES = ("error", "warn", "off")
 SANDBOX_MODES = ("auto", "require", "off")
+PARITY_COVERAGE = ("axes", "full")  # bundle/coverage.py
 
 
 # The shape of an ATC --soc_version: bundle.rederive checks a manifest's soc_version against the same pattern,
@@ -224,6 +225,7 @@ class ExportOptions:
     # a decoder's cache for a multi-graph export: None / "dynamic" (growing) or "static:N" (N fixed slots)
     kv_cache: str | None = None
     parity_full_ranges: bool = False  # a multi-graph component's parity at its range ends, past the element budget
+    parity_coverage: str = "axes"  # "full": also every gear (range-end) combination ATC builds (bundle/coverage.py)
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)
     # dynamic axes (cann_export.dynamic): "--dynamic" strings, DynamicAxis objects or {input: {axis: "dim:1..16"}}
@@ -292,6 +294,8 @@ class ExportOptions:
                                "batches named after the model's forward parameters)")
         if self.qat_steps < 0 or self.qat_lr <= 0:
             raise OptionsError("--qat-steps must be >= 0 and --qat-lr > 0")
+        if self.parity_coverage not in PARITY_COVERAGE:
+            raise OptionsError(f"--parity (parity_coverage) must be axes or full, not {self.parity_coverage!r}")
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
         if self.kv_cache is not None:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .safe_text import terminal
@@ -21,7 +21,8 @@ KINDS = ("start", "advance", "end")
 @dataclass(frozen=True)
 class ProgressEvent:
     """``kind``: "start" | "advance" | "end"; ``index``/``stages``: the stage's place in the pipeline (0 when
-    the event comes from outside one); ``done``/``total``/``what``: an "advance" event's count."""
+    the event comes from outside one); ``done``/``total``/``what``: an "advance" event's count; ``graph``: the
+    component of a multi-graph export the event is about ("" for a single graph)."""
 
     kind: str
     stage: str
@@ -32,6 +33,7 @@ class ProgressEvent:
     done: int = 0
     total: int = 0
     what: str = ""
+    graph: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +44,7 @@ class ProgressEvent:
         if not isinstance(data, dict) or data.get("kind") not in KINDS:
             raise ValueError("not a progress event")
         kinds = {"stage": str, "index": int, "stages": int, "status": str, "seconds": float, "done": int, "total": int,
-                 "what": str}
+                 "what": str, "graph": str}
         values = {}
         for key, kind in kinds.items():
             value = data.get(key, kind())
@@ -55,6 +57,7 @@ class ProgressEvent:
 Listener = Callable[[ProgressEvent], None]
 _listener: ContextVar[Listener | None] = ContextVar("cann_export_progress_listener", default=None)
 _stage: ContextVar[tuple[str, int, int]] = ContextVar("cann_export_progress_stage", default=("", 0, 0))
+_graph: ContextVar[str] = ContextVar("cann_export_progress_graph", default="")
 
 
 @contextlib.contextmanager
@@ -77,14 +80,45 @@ def in_stage(name: str, index: int, stages: int) -> Iterator[None]:
         _stage.reset(token)
 
 
+@contextlib.contextmanager
+def for_graph(name: str) -> Iterator[None]:
+    """Within: every event names the graph ``name`` (one component of a multi-graph export)."""
+    token = _graph.set(name)
+    try:
+        yield
+    finally:
+        _graph.reset(token)
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[None]:
+    """Work outside the pipeline's stages (loading a model directory, planning its graphs) as a start and an end
+    event (index 0), so a live view never sits silent on it."""
+    import time
+
+    emit(ProgressEvent("start", name))
+    started = time.perf_counter()
+    yield
+    emit(ProgressEvent("end", name, status="done", seconds=time.perf_counter() - started))
+
+
+def place(event: ProgressEvent) -> str:
+    """``[decoder_with_past 3/12] `` / ``[3/12] `` / ``[decoder] `` / "": where an event stands, for a line."""
+    count = f"{event.index}/{event.stages}" if event.index else ""
+    inside = " ".join(p for p in (event.graph, count) if p)
+    return f"[{inside}] " if inside else ""
+
+
 def emit(event: ProgressEvent) -> None:
-    stage = terminal(event.stage)  # an event's text may come from the load sandbox's child: logged escaped
+    if not event.graph and _graph.get():
+        event = replace(event, graph=_graph.get())
+    where, stage = terminal(place(event)), terminal(event.stage)  # text from the load sandbox's child: escaped
     if event.kind == "advance":
-        LOG.debug("%s: %s %d/%d", stage, terminal(event.what), event.done, event.total)
+        LOG.debug("%s%s: %s %d/%d", where, stage, terminal(event.what), event.done, event.total)
     elif event.kind == "start":
-        LOG.info("[%d/%d] %s ...", event.index, event.stages, stage)
+        LOG.info("%s%s ...", where, stage)
     else:
-        LOG.info("[%d/%d] %s ... %s (%.2fs)", event.index, event.stages, stage, terminal(event.status), event.seconds)
+        LOG.info("%s%s ... %s (%.2fs)", where, stage, terminal(event.status), event.seconds)
     listener = _listener.get()
     if listener is not None:
         listener(event)

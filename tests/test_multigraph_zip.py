@@ -83,13 +83,14 @@ def test_the_zoo_publishes_the_zip_as_the_bundle(exported, tmp_path):
     assert cann_export.validate(loaded)["passed"] is True
 
 
-def test_report_of_a_zipped_multi_graph_bundle_says_what_to_pass(exported, tmp_path):
-    from cann_export.errors import OptionsError
+def test_report_of_a_zipped_multi_graph_bundle_is_one_page(exported, tmp_path):
     from cann_export.report.write import regenerate
 
-    with pytest.raises(OptionsError, match="components/NAME of the unzipped bundle"):
-        regenerate(exported / "gpt2.zip", tmp_path / "r.html")
-    assert not (tmp_path / "r.html").exists()
+    result = regenerate(exported / "gpt2.zip", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert result["passed"] and result["layers"] > 0
+    assert "<h1>gpt2 &middot; component <code>prefill</code>" in page and "component <code>decode</code>" in page
+    assert [p.name for p in exported.iterdir() if p.name.endswith(".html")] == []  # nothing beside the zip either
 
 
 def _rezip(source, target, edit):

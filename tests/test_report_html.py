@@ -20,6 +20,7 @@ from torch import nn
 
 import cann_export
 from helpers import origin_models as om
+from helpers.browser import chrome
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("CANN_EXPORT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
@@ -165,32 +166,13 @@ def run_cli(*args):
                           env=env, timeout=300)
 
 
-def _chrome():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    if not (binary and driver):
-        if os.environ.get("CANN_EXPORT_NO_BROWSER") == "1":
-            pytest.skip("CANN_EXPORT_NO_BROWSER=1: no headless browser on this machine")
-        pytest.fail("the report test needs Debian's chromium and chromium-driver (apt-get install chromium "
-                    "chromium-driver; .ci/run installs them); set CANN_EXPORT_NO_BROWSER=1 to skip it")
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1200,1400"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
-
-
 def test_report_in_a_real_browser(bundles):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     out = bundles["rms"][0]
     data = page_data(out / "report.html")
-    browser = _chrome()
+    browser = chrome()
     try:
         browser.get((out / "report.html").resolve().as_uri())
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ValidateError
 from ..hooks.contracts import Container, Format, optional
-from . import rederive, single_file
+from . import coverage, rederive, single_file
 from .read import has_atc, manifest_sha256, open_bundle
 
 PLAIN_ONNX = "onnx"  # the kind of a plain .onnx file (no manifest, so no format)
@@ -81,4 +81,5 @@ def _describe(onnx_path: Path, manifest: dict[str, Any] | None) -> dict[str, Any
         "nodes": len(model.graph.node),
         "metadata": meta,
         "parity": (manifest or {}).get("parity"),
+        **({"coverage": covered} if manifest and (covered := coverage.of(manifest)) else {}),
     }

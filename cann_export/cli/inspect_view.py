@@ -18,6 +18,7 @@ def render(info: dict[str, Any]) -> list[str]:
     lines += _graph(info, "")
     lines += _target(info, "")
     lines += _parity(info.get("parity"), "", bundle=bool(info.get("manifest_sha256")))
+    lines += _coverage(info.get("coverage"), "  ")
     lines += _lint(info.get("lint"), "")
     lines += _notes(info, "")
     return lines
@@ -131,6 +132,16 @@ def _parity(p: dict[str, Any] | None, pad: str, bundle: bool) -> list[str]:
     return lines
 
 
+def _coverage(found: dict[str, Any] | None, pad: str) -> list[str]:
+    """What parity covered of what ATC builds (bundle/coverage.py)."""
+    from ..bundle import coverage
+
+    if not found:
+        return []
+    more = coverage.hint(found)
+    return [f"{pad}covers {coverage.sentence(found)}" + (f" [{more}]" if more else "")]
+
+
 def _row(o: dict[str, Any]) -> str:
     reason = f"  ({o['reason']})" if o.get("reason") else ""
     return (f"{'ok  ' if o.get('passed') else 'FAIL'}  cosine {_num(o.get('cosine'), '.6f')}  max abs "
@@ -179,6 +190,7 @@ def _multi(info: dict[str, Any]) -> list[str]:
     for name, comp in info["components"].items():
         lines += ["", f"[{name}] role {comp.get('role')}"]
         sub = _graph(comp, "  ") + _target(comp, "  ") + _parity(comp.get("parity"), "  ", bundle=True)
+        sub += _coverage(comp.get("coverage"), "    ")
         lines += [line for line in sub if line] + _lint(comp.get("lint"), "  ")[1:]
     feeds: dict[str, int] = {}
     for c in info["connections"]:

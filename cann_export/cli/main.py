@@ -11,6 +11,7 @@ import click
 from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
 from ..safe_text import terminal
+from ..bundle.coverage import on_verdict as covered
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
@@ -89,7 +90,7 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
     if as_json:
         click.echo(to_json(result.to_dict()))
         return 0 if result.ok else EXIT_PARITY_FAILED
-    atc = "atc" in result.manifest
+    atc, manifests = "atc" in result.manifest, component_manifests(result.output)
     click.echo(f"wrote {terminal(result.output)} ({result.format}, {result.kind}: {len(result.components)} graphs"
                + (", one ATC command each in atc/convert.sh)" if atc else ", components/NAME/model.onnx)"))
     for name, c in result.components.items():
@@ -98,8 +99,8 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
             continue
         device = "" if c["device_passed"] is None and not atc else \
             f", device {'ok' if c['device_passed'] else 'FAIL'}"
-        click.echo(f"  {terminal(name)}: parity {'passed' if c['passed'] else 'FAILED'} (fp32 "
-                   f"{'ok' if c['fp32_passed'] else 'FAIL'}{device})")
+        verdict = f"parity {'passed' if c['passed'] else 'FAILED'}{covered(manifests.get(name))}"
+        click.echo(f"  {terminal(name)}: {verdict} (fp32 {'ok' if c['fp32_passed'] else 'FAIL'}{device})")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
@@ -139,8 +140,8 @@ def _print_result(result: Any) -> None:
     if not parity:
         click.echo("parity: not validated (--no-validate)")
         return
-    click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'} ({parity['input_sets']} input sets, "
-               f"reference: {terminal(parity['reference'])})")
+    click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'}{covered(result.manifest)} "
+               f"({parity['input_sets']} input sets, reference: {terminal(parity['reference'])})")
     if precision := parity.get("precision"):
         device = precision.get("device_model") or {}
         on = f" on {device['soc_version']} ({device['overflow_mode']} overflow)" if device.get("soc_version") else ""

@@ -97,6 +97,11 @@ def _parity_flags() -> dict[str, Flag]:
                                   "manifest's parity.stored lists the rest; a failed export keeps every set; 'all' "
                                   "keeps every set.",
                                   parse=_mib),
+        "parity_coverage": Flag("Which dynamic shapes parity runs at: 'axes' (default: each dynamic axis at its gears, "
+                                "or its range's ends and middle, the others at the example's size) or 'full' (also "
+                                "every combination of the gears ATC builds, or of the range ends; a multi-graph "
+                                "component also past the element budget). The verdict and inspect say what parity "
+                                "covered of what ATC builds.", decls=("--parity",), choices=("axes", "full")),
         "accept_trace_specialization": Flag("Accept a traced graph (TorchScript fallback) that tracing specialised "
                                             "to the example's path."),
     }

@@ -21,7 +21,9 @@ def environment_warning(manifest: dict[str, Any]) -> None:
 
 
 def stage_line(event: Any) -> str:
-    return f"[{event.index}/{event.stages}] {event.stage} ... {event.status} ({event.seconds:.2f}s)"
+    from ..progress import place
+
+    return f"{place(event)}{event.stage} ... {event.status} ({event.seconds:.2f}s)"
 
 
 class ProgressView:
@@ -69,7 +71,9 @@ class ProgressView:
             return
         if self.bar is None:
             return
-        label = f"[{event.index}/{event.stages}] {event.stage}" if event.index else event.stage
+        from ..progress import place
+
+        label = f"{place(event)}{event.stage}"
         if event.kind == "start":
             self.bar.reset(self.task, description=label, total=None, count="")
         else:

@@ -54,11 +54,12 @@ def convert_script(names: list[str]) -> str:
 
 def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: bool = False, progress: Any = None,
                 metadata: dict[str, str] | None = None, carried: dict[str, bytes] | None = None,
-                sandbox_record: dict[str, Any] | None = None, **options: Any) -> MultiResult:
+                sandbox_record: dict[str, Any] | None = None, model_name: str | None = None,
+                **options: Any) -> MultiResult:
     """Export every component of ``plan`` with ``export_one`` (api.export) into one bundle at ``output`` (see
     the module docstring). ``options`` are export()'s keyword options, applied to every component;
     ``carried``: files written beside the components (a model directory's config and tokenizer files,
-    ``{"hf/NAME": bytes}``)."""
+    ``{"hf/NAME": bytes}``); ``model_name``: what the pages name the model (default: the output's name)."""
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
@@ -69,20 +70,25 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     ranges = parse_ranges(options.pop("dynamic", None))
     narrow(plan, ranges)  # the user's ranges and gears, before anything is written
     hints = with_gears(plan, ranges, component_hints(plan, options.pop("atc_hints", None)))
-    full = bool(options.pop("parity_full_ranges", False))  # parity past the element budget (components/budget.py)
+    combos = options.get("parity_coverage") == "full"  # --parity full: every gear / range-end combination
+    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (components/budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
     try:
         from .. import progress as events
 
+        from ..report.naming import model_named
+
         results = {}
         for done, comp in enumerate(plan.components):
             with events.in_stage(f"component {comp.name}", done + 1, len(plan.components)):
                 events.advance("components", done, len(plan.components))
-            results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
-                                                   {**options, "export_format": component.name,
-                                                    "atc_hints": hints[comp.name]}, full)
+            name = model_name or output.name.split(".")[0]
+            with model_named(name), events.for_graph(comp.name):  # its pages and progress events name both
+                results[comp.name] = _export_component(plan, comp, staging, export_one, progress, metadata,
+                                                       {**options, "export_format": component.name,
+                                                        "atc_hints": hints[comp.name]}, full)
         for rel, data in (carried or {}).items():  # names from hf.files.companions (an allow-list)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +199,8 @@ def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, pro
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
     from .gears import shape_sets
 
-    comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full)  # parity at the dynamic sizes or hint gears
+    combos = options.get("parity_coverage") == "full"
+    comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full, combos)  # parity at the dynamic sizes / gears
     try:
         return export_one(comp.module, where, example_inputs=comp.example_inputs,
                           progress=_prefixed(progress, comp.name), metadata=dict(metadata or {}),

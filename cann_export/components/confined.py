@@ -34,16 +34,20 @@ def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str 
 
 
 def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
-            record: dict[str, Any], options: dict[str, Any]) -> MultiResult:
+            record: dict[str, Any], options: dict[str, Any], model_name: str | None = None) -> MultiResult:
     from .bundle import export_plan
     from .plan import plan_for
     from .source import load_directory
 
+    from .. import progress as events
+
     task, kv_cache, length = what
-    model, found, carried = load_directory(path, task, options)
-    plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=length)
+    with events.step("load model directory"):
+        model, found, carried = load_directory(path, task, options)
+    with events.step("plan graphs"):
+        plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=length)
     return export_plan(plan, output, export_one, progress=progress, carried=carried, sandbox_record=record,
-                       **options)
+                       model_name=model_name, **options)
 
 
 def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
@@ -65,7 +69,11 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
             def forward(index: int, stage: str, status: str, seconds: float) -> None:
                 send({"progress": [index, stage, status, seconds]})
 
-            _export(path, box / "bundle", export_one, what, forward, record, options)
+            from .. import progress as events
+
+            with events.listening(lambda event: send({"event": event.to_dict()})):  # to this process's view
+                _export(path, box / "bundle", export_one, what, forward, record, options,
+                        model_name=output.name.split(".")[0])
             return {}
 
         try:
@@ -85,6 +93,14 @@ def _events(progress: Any) -> Any:
     from ..sandbox import child
 
     def on_event(message: dict[str, Any]) -> None:
+        if "event" in message:  # a stage's start, end or countable work (naming its graph), re-emitted here
+            from .. import progress as events
+
+            try:
+                events.emit(events.ProgressEvent.from_dict(message["event"]))
+            except ValueError as e:
+                raise child.ChildFailed(f"the sandboxed child sent a malformed progress event ({e})") from e
+            return
         event = message.get("progress")
         if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
             raise child.ChildFailed("the sandboxed child sent a malformed progress event")

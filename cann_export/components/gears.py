@@ -46,19 +46,20 @@ Point = dict[str, int]
 
 
 def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None, budget: int | None = None,
-           elements: Any = None) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
+           elements: Any = None, combos: bool = False) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
     """(the example's point, the extra points parity runs at, notes on what the caps left out, the records of the
     sizes the element budget left out: components/budget.py): each dimension at its hint gears or its range's ends
     and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
-    return points_of(dims(module, feed), slots(module), hints, budget, elements)
+    return points_of(dims(module, feed), slots(module), hints, budget, elements, combos)
 
 
 def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int]], hints: dict[str, Any] | None,
-              budget: int | None = None, elements: Any = None) -> tuple[Point, list[Point], list[str],
-                                                                        list[dict[str, Any]]]:
+              budget: int | None = None, elements: Any = None,
+              combos: bool = False) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
     """``points`` from the dimensions (``dims``) and the -1 slots (``slots``): validate re-derives them from a
     component's graph, its ATC ranges and its recorded budget (``elements``: point -> the elements of one input
-    set there, inputs + outputs)."""
+    set there, inputs + outputs). ``combos`` (--parity full): then every combination of the gears, or of the
+    range ends, with no cap on their count."""
     from .budget import within
 
     example = {n: v[0] for n, v in found.items()}
@@ -66,8 +67,10 @@ def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int
     out: list[dict[str, int]] = []
     notes: list[str] = []
     left: list[dict[str, Any]] = []
+    ends = {}
     for name, (_, low, high) in found.items():
         sizes = gears.get(name) or sorted({low, (low + high) // 2, high})
+        ends[name] = gears.get(name) or sorted({low, min(high, MAX_LENGTH) if name != "batch_size" else high})
         if name != "batch_size" and max(sizes) > MAX_LENGTH:
             notes.append(f"{name}: parity ran up to {MAX_LENGTH}, not at {max(sizes)} (the cap on a component's "
                          "parity lengths)")
@@ -79,10 +82,23 @@ def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int
             point = {**example, name: size}
             if point != example and point not in out:
                 out.append(point)
+    if combos:
+        return example, _combined(example, out, ends), notes, left
     if len(out) > MAX_POINTS:
         notes.append(f"parity ran at {MAX_POINTS} of the {len(out)} shapes (the ranges' ends first, then spread over "
                      "the rest: the cap on a component's parity shapes)")
     return example, _capped(out), notes, left
+
+
+def _combined(example: Point, out: list[Point], ends: dict[str, list[int]]) -> list[Point]:
+    """``out``, then every combination of ``ends`` (each dimension's gears or range ends) not among them."""
+    import itertools
+
+    for combo in itertools.product(*ends.values()):
+        point = {**example, **dict(zip(ends, combo, strict=True))}
+        if point != example and point not in out:
+            out.append(point)
+    return out
 
 
 def _capped(found: list[dict[str, int]]) -> list[dict[str, int]]:
@@ -94,11 +110,12 @@ def _capped(found: list[dict[str, int]]) -> list[dict[str, int]]:
 
 
 def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
-               full: bool = False) -> Callable[[int], Any] | None:
+               full: bool = False, combos: bool = False) -> Callable[[int], Any] | None:
     """What a component's export runs parity at besides its example (``graph_shape_sets`` on its module, read by
     the prepare stage): ``seed -> (example point, iterator of (point, [input sets]) made one point at a time,
     notes on what the caps left out, the manifest's parity.shape_budget record)``; None for a component with no
-    dynamic axis. ``full``: no element budget (components/budget.py), every range end runs."""
+    dynamic axis. ``full``: no element budget (components/budget.py), every range end runs; ``combos`` (--parity
+    full): also every combination of the gears or range ends."""
     if not dims(comp.module, comp.example_inputs):
         return None
 
@@ -111,7 +128,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
         budget = None if full else budget_for(weights)
         elements = None if full else set_elements(plan, plan.components.index(comp),
                                                   torch.Generator().manual_seed(seed + 97))
-        example, chosen, notes, left = points(comp.module, comp.example_inputs, hints, budget, elements)
+        example, chosen, notes, left = points(comp.module, comp.example_inputs, hints, budget, elements, combos)
 
         def sets_of() -> Any:
             for k, point in enumerate(chosen):

@@ -58,7 +58,8 @@ def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dic
     if problem:
         return [f"components/{name}/manifest.json {problem}"]
     elements = graph_elements(name, {**(owns or {}), name: own}, connections or []) if budget is not None else None
-    _, points, _, left = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements)
+    _, points, _, left = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements,
+                                   parity.get("coverage") == "full")
     if shapes != [example, *points]:
         return [f"{where}: parity ran at {short(shapes)}, but the graph's ATC ranges build "
                 f"{short([example, *points])}; a range changed after parity ran: export again"]
@@ -68,6 +69,24 @@ def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dic
                 f"the graph's ATC ranges leave out {short(_sizes(left))}; a range changed after parity ran: "
                 "export again"]
     return []
+
+
+def range_bounds(own: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """``{dimension: (min, max)}`` of a component's ATC ranges (None when its command passes none, or they do not
+    read: validate names why)."""
+    parity = own.get("parity") if isinstance(own.get("parity"), dict) else {}
+    rows = parity.get("shapes")
+    ranges = _ranges(((own.get("atc") or {}).get("hints") or {}) if isinstance(own.get("atc"), dict) else {})
+    model = own.get("model") if isinstance(own.get("model"), dict) else {}
+    if ranges is None or not isinstance(rows, list) or not rows or not isinstance(rows[0], dict) \
+            or not isinstance(model.get("inputs"), list):
+        return None
+    example = rows[0].get("shape") if isinstance(rows[0].get("shape"), dict) else {}
+    found: dict[str, tuple[int, int, int]] = {}
+    for value in model["inputs"]:
+        if not isinstance(value, dict) or _input_dims("", value, ranges, example, found, []):
+            return None
+    return {name: (low, high) for name, (_, low, high) in found.items()}
 
 
 def _sizes(left: Any) -> list[tuple[Any, Any]]:

@@ -159,23 +159,35 @@ def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
 
 
 def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False,
-                 hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
+                 hints: dict[str, Any] | None = None, full: bool = False) -> list[dict[str, int]]:
     """The sizes parity runs at besides the example's: each dimension at each of its points (the sizes ATC
     builds: the gears of a user's gear hint, ``hints``; every gear when the gear form is rendered,
-    ``gear_form``; else the range's ends and middle) with the others at the example's size."""
-    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints)
+    ``gear_form``; else the range's ends and middle) with the others at the example's size; ``full`` (--parity
+    full): then every combination of the gears (of the range ends) not among them."""
+    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints, full)
 
 
 def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool,
-                hints: dict[str, Any] | None = None) -> list[dict[str, int]]:
+                hints: dict[str, Any] | None = None, full: bool = False) -> list[dict[str, int]]:
     """shape_points from the example's size per dimension name (validate re-derives them from a bundle)."""
+    import itertools
+
     from ..atc.hint_gears import axes_hint_sizes
 
     gears = axes_hint_sizes(axes, hints or {})
+    named = symbols(axes)
     points: list[dict[str, int]] = []
-    for name, a in symbols(axes).items():
+    for name, a in named.items():
         for size in gears.get(name) or a.points(gear_form):
             point = {**example, name: size}
+            if point != example and point not in points:
+                points.append(point)
+    if full:  # every profile ATC builds (gears), or every combination of the range ends
+        built = [gears.get(n) or (a.points(True) if gear_form or a.gears else sorted({int(a.min or 1),
+                                                                                     int(a.max or a.min or 1)}))
+                 for n, a in named.items()]
+        for combo in itertools.product(*built):
+            point = {**example, **dict(zip(named, combo, strict=True))}
             if point != example and point not in points:
                 points.append(point)
     return points
@@ -198,7 +210,8 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
     feed, opts = ctx.example_inputs, ctx.options
     check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
     gear_form = renders_gears(axes, opts.cann_version, opts.atc_hints)
-    for k, point in enumerate(shape_points(axes, feed, gear_form, opts.atc_hints)):
+    full = opts.parity_coverage == "full"
+    for k, point in enumerate(shape_points(axes, feed, gear_form, opts.atc_hints, full)):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]

@@ -15,15 +15,19 @@ def register_commands(cli):
     from ..usage.examples import examples
 
     @cli.command("report", epilog=examples("cann-export report out/resnet_atc_ready -o resnet.html",
+                                           "# a multi-graph bundle: one page, every graph",
+                                           "cann-export report whisper_atc_ready",
                                            "cann-export report model.pth --json"))
     @click.argument("bundle", type=click.Path(path_type=str))
     @click.option("-o", "--output", type=click.Path(path_type=str), default=None,
-                  help="Where to write the page (default: BUNDLE.report.html beside the bundle; the bundle's own "
-                       "report.html is covered by its manifest's digests and stays as exported).")
+                  help="Where to write the page, outside the bundle (default: BUNDLE.report.html beside the bundle; "
+                       "for BUNDLE/components/NAME, BUNDLE.NAME.report.html beside BUNDLE). The bundle's own "
+                       "report.html is covered by its manifest's digests and stays as exported.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
     def report_cmd(bundle: str, output: str | None, as_json: bool) -> int:
         """Write report.html for an atc_ready / om bundle: the verdict, metrics per output and shape, the
-        per-layer precision curve (re-derived), lint findings, the ATC command and the capture attempts."""
+        per-layer precision curve (re-derived), lint findings, the ATC command and the capture attempts. A
+        multi-graph bundle gives one page, a section per component."""
         from ..report.write import regenerate
 
         result = regenerate(Path(bundle), Path(output) if output else None)

@@ -3,9 +3,11 @@ forbids any), the data embedded as JSON (``#report-data``) so a test or a script
 from __future__ import annotations
 
 import json
+import math
 from html import escape
 from typing import Any
 
+from ..fs.jsonio import sanitize
 from . import plot
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -21,7 +23,8 @@ code,pre{font:12px/1.4 ui-monospace,monospace;background:#f4f5f9}pre{padding:8px
 svg .panel{fill:#fbfbfd;stroke:#ccd}svg .grid{stroke:#e6e6ee}svg .tick,svg .label{font-size:11px;fill:#556}
 svg .trace{fill:none;stroke:#8aa2c8;stroke-width:1}svg .pt{fill:#2962ff;cursor:pointer}
 svg .pt.fail{fill:#c62828}svg .pt.kept{fill:#fff;stroke:#ef6c00;stroke-width:2}
-svg .first{stroke:#c62828;stroke-dasharray:4 3;stroke-width:1.5}
+svg .first{stroke:#c62828;stroke-dasharray:4 3;stroke-width:1.5}svg .gap{font-size:10px;fill:#ef6c00;cursor:pointer}
+.nonfinite{color:#ef6c00;font-weight:600}section.component{border-top:3px solid #dde;margin-top:32px}
 #tip{position:fixed;display:none;background:#1d2330;color:#fff;padding:6px 9px;border-radius:4px;font-size:12px;
 pointer-events:none;max-width:460px;white-space:pre-line}
 """
@@ -29,36 +32,73 @@ pointer-events:none;max-width:460px;white-space:pre-line}
 SCRIPT = """
 (function () {
   var data = JSON.parse(document.getElementById('report-data').textContent);
-  var points = (data.layers && data.layers.points) || [];
+  var views = data.components || [data];
   var tip = document.getElementById('tip');
-  function fmt(v) { return typeof v === 'number' ? v.toPrecision(6) : String(v); }
-  document.querySelectorAll('#curve .pt').forEach(function (el) {
-    el.addEventListener('mouseenter', function (ev) {
-      var p = points[Number(el.getAttribute('data-i'))];
-      if (!p) { return; }
-      tip.textContent = 'node ' + p.node + ' (' + p.op_type + ')\\nmodule ' + (p.module || 'unknown') +
-        (p.source ? '\\nsource ' + p.source : '') + '\\ncosine ' + fmt(p.cosine) + '  max rel ' + fmt(p.max_rel) +
-        (p.kept ? '\\nkept in fp32 (keep_dtype)' : '') + (p.passed ? '' : '\\nFAILS the device rule');
-      tip.style.display = 'block';
-      tip.style.left = (ev.clientX + 14) + 'px';
-      tip.style.top = (ev.clientY + 14) + 'px';
+  function fmt(p, k) {
+    var v = p[k];
+    if (typeof v === 'number') { return v.toPrecision(6); }
+    return ((p.non_finite && p.non_finite[k]) || 'n/a') + ' (not a finite number)';
+  }
+  document.querySelectorAll('svg.curve').forEach(function (svg) {
+    var view = views[Number(svg.getAttribute('data-view'))] || {};
+    var points = (view.layers && view.layers.points) || [];
+    svg.querySelectorAll('.pt').forEach(function (el) {
+      el.addEventListener('mouseenter', function (ev) {
+        var p = points[Number(el.getAttribute('data-i'))];
+        if (!p) { return; }
+        tip.textContent = 'node ' + p.node + ' (' + p.op_type + ')\\nmodule ' + (p.module || 'unknown') +
+          (p.source ? '\\nsource ' + p.source : '') + '\\ncosine ' + fmt(p, 'cosine') + '  max rel ' +
+          fmt(p, 'max_rel') + (p.kept ? '\\nkept in fp32 (keep_dtype)' : '') +
+          (p.passed ? '' : '\\nFAILS the device rule');
+        tip.style.display = 'block';
+        tip.style.left = (ev.clientX + 14) + 'px';
+        tip.style.top = (ev.clientY + 14) + 'px';
+      });
+      el.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
     });
-    el.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
   });
 })();
 """
 
 
 def render(view: dict[str, Any]) -> str:
-    blob = json.dumps(view, allow_nan=False, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
-    body = [f"<h1>{escape(view['title'])} <small>({escape(str(view.get('format')))})</small></h1>",
-            _verdict(view), _outputs(view), _shapes(view), _curve(view), _lint(view), _atc(view), _capture(view),
-            _warnings(view)]
+    """The page of one graph (a single-graph bundle, or one component of a multi-graph bundle)."""
+    name = f"{view.get('model_name') or view['title']}" + (f" / {view['component']}" if view.get("component") else "")
+    return _page(name, "\n".join([_heading(view), *_sections(view, "curve", 0)]), view)
+
+
+def render_multi(model: str, fmt: Any, views: list[dict[str, Any]]) -> str:
+    """One page for a multi-graph bundle: a section per component (each naming the model and the component),
+    in the bundle's order; the embedded JSON is ``{"model_name", "format", "components": [view, ...]}``."""
+    index = "".join(f'<li><a href="#component-{escape(v["component"])}">{escape(v["component"])}</a> '
+                    f'{_badge(v["verdict"]["passed"]) if v["verdict"]["validated"] else ""}</li>' for v in views)
+    parts = [f"<h1>{escape(model)} <small>({escape(str(fmt))}, {len(views)} components)</small></h1>",
+             f'<ul id="components">{index}</ul>']
+    for k, v in enumerate(views):
+        parts.append(f'<section class="component" id="component-{escape(v["component"])}">{_heading(v)}')
+        parts += _sections(v, f"curve-{k}", k)
+        parts.append("</section>")
+    return _page(model, "\n".join(parts), {"model_name": model, "format": fmt, "components": views})
+
+
+def _heading(view: dict[str, Any]) -> str:
+    model = view.get("model_name") or view["title"]
+    component = f" &middot; component <code>{escape(view['component'])}</code>" if view.get("component") else ""
+    return f"<h1>{escape(str(model))}{component} <small>({escape(str(view.get('format')))})</small></h1>"
+
+
+def _sections(view: dict[str, Any], curve_id: str, index: int) -> list[str]:
+    body = [_verdict(view), _outputs(view), _shapes(view), _curve(view, curve_id, index), _lint(view), _atc(view),
+            _capture(view), _warnings(view)]
+    return [b for b in body if b]
+
+
+def _page(name: str, body: str, data: dict[str, Any]) -> str:
+    blob = json.dumps(sanitize(data), allow_nan=False, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
-            f"<title>{escape(view['title'])}: cann-export report</title><style>{STYLE}</style></head><body>\n"
-            + "\n".join(b for b in body if b)
-            + f"\n<div id=\"tip\"></div>\n<script type=\"application/json\" id=\"report-data\">{blob}</script>\n"
+            f"<title>{escape(name)}: cann-export report</title><style>{STYLE}</style></head><body>\n{body}"
+            f"\n<div id=\"tip\"></div>\n<script type=\"application/json\" id=\"report-data\">{blob}</script>\n"
             f"<script>{SCRIPT}</script>\n</body></html>\n")
 
 
@@ -90,6 +130,8 @@ def _verdict(view: dict[str, Any]) -> str:
 
 
 def _num(x: Any) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return f'<span class="nonfinite">{x}</span>'  # nan, inf, -inf: a label, never a number
     return f"{x:.4g}" if isinstance(x, float) else escape(str(x)) if x is not None else ""
 
 
@@ -113,7 +155,7 @@ def _outputs(view: dict[str, Any]) -> str:
 def _shapes(view: dict[str, Any]) -> str:
     if not view["shapes"]:
         return ""
-    rows = "".join(f"<tr><td><code>{escape(json.dumps(r['shape']))}</code></td><td>{_flag(r['fp32'])}</td>"
+    rows = "".join(f"<tr><td><code>{escape(shape_text(r['shape']))}</code></td><td>{_flag(r['fp32'])}</td>"
                    f"<td>{_flag(r['device'])}</td><td>{'stored' if r.get('stored', True) else _NOT_STORED}</td></tr>"
                    for r in view["shapes"])
     return f'<h2>Per shape (gears, range points)</h2><table id="shapes"><tr><th>shape</th><th>fp32</th>' \
@@ -128,7 +170,16 @@ def _flag(ok: Any) -> str:
     return "" if ok is None else "ok" if ok else '<b style="color:#c62828">FAIL</b>'
 
 
-def _curve(view: dict[str, Any]) -> str:
+def shape_text(shape: Any) -> str:
+    """``[1, 3, 224, 224]`` for one input's dims, ``input_ids [1, 128], attention_mask [1, 128]`` for several."""
+    if isinstance(shape, dict):
+        return ", ".join(f"{k} {shape_text(v)}" for k, v in shape.items())
+    if isinstance(shape, (list, tuple)):
+        return "[" + ", ".join(str(d) for d in shape) + "]"
+    return str(shape)
+
+
+def _curve(view: dict[str, Any], ident: str = "curve", index: int = 0) -> str:
     layers = view.get("layers")
     if not layers or not layers.get("points"):
         return "<h2>Per-layer precision</h2><p>No per-layer curve: the precision mode computes in fp32, or the " \
@@ -139,7 +190,7 @@ def _curve(view: dict[str, Any]) -> str:
     return (f"<h2>Per-layer precision</h2><p>Every float value the graph makes, in graph order, as the device "
             f"computes it ({escape(str(layers['mode']))}) against fp32, on input set {layers['input_set']}: {note}. "
             "Red: fails the device rule; hollow: kept in fp32 (keep_dtype); dashed line: the first divergence. "
-            "Hover a point for its node and module.</p>" + plot.svg(layers, first))
+            "Hover a point for its node and module.</p>" + plot.svg(layers, first, ident, index))
 
 
 def _lint(view: dict[str, Any]) -> str:
@@ -169,6 +220,16 @@ def _capture(view: dict[str, Any]) -> str:
 
 
 def _warnings(view: dict[str, Any]) -> str:
-    items = [f"<li><b>{escape(str(k))}</b>: {escape(json.dumps(v) if not isinstance(v, str) else v)}</li>"
-             for k, v in sorted(view["warnings"].items())]
-    return f"<h2>Warnings</h2><ul>{''.join(items)}</ul>" if items else ""
+    items = [f"<li><b>{escape(str(k))}</b>: {_warning(v)}</li>" for k, v in sorted(view["warnings"].items())]
+    return f'<h2>Warnings</h2><ul id="warnings">{"".join(items)}</ul>' if items else ""
+
+
+def _warning(value: Any) -> str:
+    """A warning's text; a list of them as a list; numbers (non-finite ones labelled) as text."""
+    if isinstance(value, (list, tuple)):
+        return "<ul>" + "".join(f"<li>{_warning(v)}</li>" for v in value) + "</ul>"
+    if isinstance(value, dict):
+        return "<ul>" + "".join(f"<li><b>{escape(str(k))}</b>: {_warning(v)}</li>" for k, v in value.items()) + "</ul>"
+    if isinstance(value, float):
+        return _num(value)
+    return escape(str(value))

@@ -12,7 +12,13 @@ WIDTH, PANEL, GAP, LEFT, RIGHT, TOP = 960, 200, 40, 64, 16, 16
 REL_FLOOR = 1e-7
 
 
-def svg(layers: dict[str, Any], first_tensor: str | None) -> str:
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def svg(layers: dict[str, Any], first_tensor: str | None, ident: str = "curve", view: int = 0) -> str:
+    """The curve; a value whose cosine or max rel error is not a finite number (None, NaN, inf) leaves a gap in
+    its trace and a "n/a" label at the panel's foot instead of a point."""
     points = layers["points"]
     n = len(points)
     inner = WIDTH - LEFT - RIGHT
@@ -20,16 +26,16 @@ def svg(layers: dict[str, Any], first_tensor: str | None) -> str:
     def x(i: float) -> float:
         return LEFT + inner * (i / (n - 1) if n > 1 else 0.5)
 
-    cos_values = [p["cosine"] for p in points]
-    low = min([*cos_values, 0.99])
+    cos_values = [p["cosine"] if finite(p.get("cosine")) else None for p in points]
+    low = min([*(c for c in cos_values if c is not None), 0.99])
     low = max(-1.0, low - (1.0 - low) * 0.05)
 
     def y_cos(c: float) -> float:
         return TOP + PANEL * (1.0 - (c - low) / ((1.0 - low) or 1.0))
 
-    top_rel = max([*(p["max_rel"] for p in points), 1e-3])
-    rels = [10.0 ** math.ceil(math.log10(top_rel)) if p["overflow"] else max(p["max_rel"], REL_FLOOR)
-            for p in points]  # inf/nan (or saturated) on the device: drawn at the top
+    top_rel = max([*(p["max_rel"] for p in points if finite(p.get("max_rel"))), 1e-3])
+    rels = [10.0 ** math.ceil(math.log10(top_rel)) if p.get("overflow") else max(p["max_rel"], REL_FLOOR)
+            if finite(p.get("max_rel")) else None for p in points]  # inf/nan (or saturated) on the device: at the top
     lo_exp, hi_exp = math.log10(REL_FLOOR), math.ceil(math.log10(top_rel))
     base2 = TOP + PANEL + GAP
 
@@ -37,7 +43,8 @@ def svg(layers: dict[str, Any], first_tensor: str | None) -> str:
         return base2 + PANEL * (1.0 - (math.log10(max(r, REL_FLOOR)) - lo_exp) / ((hi_exp - lo_exp) or 1))
 
     height = base2 + PANEL + 36
-    parts = [f'<svg id="curve" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
+    parts = [f'<svg id="{ident}" class="curve" data-view="{view}" xmlns="http://www.w3.org/2000/svg" '
+             f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
              f'height="{height}" role="img" aria-label="per-layer cosine and max relative error">']
     parts += _axes(LEFT, TOP, inner, [(y_cos(v), f"{v:.4g}") for v in _ticks(low, 1.0)], "cosine")
     parts += _axes(LEFT, base2, inner, [(y_rel(10.0 ** e), f"1e{e}") for e in range(int(lo_exp), int(hi_exp) + 1)],
@@ -47,22 +54,37 @@ def svg(layers: dict[str, Any], first_tensor: str | None) -> str:
     if first_tensor is not None:
         at = next((p["index"] for p in points if p["tensor"] == first_tensor), None)
         if at is not None:
-            parts.append(f'<line id="first-divergence" x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{TOP}" '
+            mark = "first-divergence" if ident == "curve" else f"{ident}-first-divergence"
+            parts.append(f'<line id="{mark}" x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{TOP}" '
                          f'y2="{base2 + PANEL}" class="first"/>')
-    for series, ys, cls in ((cos_values, y_cos, "cos"), (rels, y_rel, "rel")):
-        line = " ".join(f"{x(i):.1f},{ys(v):.1f}" for i, v in enumerate(series))
-        parts.append(f'<polyline class="trace" points="{line}"/>')
+    for series, ys, cls, foot in ((cos_values, y_cos, "cos", TOP + PANEL), (rels, y_rel, "rel", base2 + PANEL)):
+        parts += [f'<polyline class="trace" points="{line}"/>' for line in _segments(series, x, ys)]
         for i, (p, v) in enumerate(zip(points, series, strict=True)):
-            kind = "fail" if not p["passed"] else "ok"
-            kept = " kept" if p["kept"] else ""
+            kind = "fail" if not p.get("passed") else "ok"
+            kept = " kept" if p.get("kept") else ""
+            if v is None:  # not a finite number: a gap in the trace, labelled at the panel's foot
+                parts.append(f'<text class="pt gap {cls}" data-i="{i}" x="{x(i):.1f}" y="{foot - 4}" '
+                             f'text-anchor="middle">n/a<title>{escape(_title(p))}: not a finite number</title></text>')
+                continue
             parts.append(f'<circle class="pt {cls} {kind}{kept}" data-i="{i}" cx="{x(i):.1f}" cy="{ys(v):.1f}" '
                          f'r="3.5"><title>{escape(_title(p))}</title></circle>')
     parts.append("</svg>")
     return "\n".join(parts)
 
 
+def _segments(series: list[float | None], x: Any, y: Any) -> list[str]:
+    """The trace's runs of finite values (a None breaks it)."""
+    runs: list[list[str]] = [[]]
+    for i, v in enumerate(series):
+        if v is None:
+            runs.append([])
+        else:
+            runs[-1].append(f"{x(i):.1f},{y(v):.1f}")
+    return [" ".join(run) for run in runs if run]
+
+
 def _title(p: dict[str, Any]) -> str:
-    return f"{p['node']} ({p['op_type']}) {p.get('module') or ''}"
+    return f"{p.get('node')} ({p.get('op_type')}) {p.get('module') or ''}"
 
 
 def _ticks(low: float, high: float) -> list[float]:

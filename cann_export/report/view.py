@@ -20,7 +20,9 @@ def node_places(model: Any) -> dict[str, dict[str, str | None]]:
 
 
 def build(manifest: dict[str, Any], layers: dict[str, Any] | None, places: dict[str, dict[str, str | None]],
-          title: str) -> dict[str, Any]:
+          title: str, model_name: str | None = None, component: str | None = None) -> dict[str, Any]:
+    """The view; ``model_name``: the model the page names (default ``title``), ``component``: the graph of a
+    multi-graph bundle it shows (None for a single graph)."""
     parity = manifest.get("parity") or {}
     device = parity.get("device") or {}
     fp32 = parity.get("fp32") or {}
@@ -41,6 +43,8 @@ def build(manifest: dict[str, Any], layers: dict[str, Any] | None, places: dict[
     precision = parity.get("precision") or {}
     return {
         "title": title,
+        "model_name": model_name or title,
+        "component": component,
         "format": manifest.get("format"),
         "verdict": {"validated": bool(parity.get("validated")), "passed": bool(parity.get("passed")),
                     "fp32": fp32.get("passed"), "device": device.get("passed") if device else None,

@@ -46,13 +46,18 @@ def metrics(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsi
                 "overflow": bool(v["non_finite"] or v["saturated"]), "passed": bool(v["passed"])}
     a = actual.astype(np.float32, copy=False).ravel()
     b = expected.astype(np.float32, copy=False).ravel()
-    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))  # finite sums of squares: every element is finite
+    with np.errstate(over="ignore"):  # an overflowing float32 sum is redone in float64 below
+        aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
     non_finite = False
     if not (np.isfinite(aa) and np.isfinite(bb)):
         fin_a, fin_b = np.isfinite(a), np.isfinite(b)
         non_finite = bool(np.any(~fin_a & fin_b))
         both = fin_a & fin_b
         a, b = a[both], b[both]
+        with np.errstate(over="ignore"):
+            aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
+    if not (np.isfinite(aa) and np.isfinite(bb)):  # finite values past 1.8e19 (a -3.4e38 mask fill): squares
+        a, b = a.astype(np.float64), b.astype(np.float64)  # overflow float32's sums, never float64's
         aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
     na, nb = np.sqrt(aa), np.sqrt(bb)
     err = a - b
