@@ -13,7 +13,7 @@ from .context import ExportContext
 from .fs import atomic
 from .hooks import manager
 from .hooks.contracts import Format, ResultInfo, optional
-from .options import ExportOptions, Tolerance
+from .options import ExportOptions, Tolerance, check_known_soc
 from .pipeline.blas_threads import one_blas_thread
 from .pipeline.stage import ProgressFn
 from .progress import ProgressEvent
@@ -102,6 +102,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         from .pipeline.timeline import StageTimeline
 
         progress = StageTimeline(trace).wrap(progress)
+    check_options(export_format, options)
     several = graphs(model, options)
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         _check_defaulted(model, several, output_path, export_format, options)
@@ -113,6 +114,17 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
                             manifest={"halted": ctx.halted})
     return _result(ctx)
+
+
+def check_options(export_format: str, options: dict[str, Any]) -> None:
+    """Refuse a bad option value before anything heavy: ``graphs`` may import transformers (and torch) to ask a
+    model directory's loader, seconds that a mistyped flag should not cost. Every ExportOptions check but
+    ``dynamic``'s (a multi-graph bundle's --dynamic has its own form, checked by export_multi before any load);
+    keywords that are not ExportOptions fields are left to the path that takes them."""
+    known = {key: value for key, value in options.items()
+             if key in _OPTION_FIELDS | {"tolerance", "atol", "rtol", "min_cosine"} and key != "dynamic"}
+    opts = _options(export_format, known)
+    opts.check(manager.registry().formats(), [e.name for e in manager.registry().exporters()])
 
 
 def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, options: dict[str, Any]) -> None:
@@ -200,6 +212,7 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
     ctx = ExportContext(options=opts, source=model, output_path=output, explicit_inputs=example_inputs)
     ctx.format = formats[opts.export_format]
     ctx.reports.warnings.atc_hints = hint_warnings or None
+    ctx.reports.warnings.soc = check_known_soc(opts.soc_version, opts.allow_unknown_soc)
     return ctx
 
 

@@ -120,6 +120,7 @@ class Warnings:
     dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
     trace: str | None = None  # a traced graph kept after the trace gate's check (capture/trace_gate.py)
     third_party: list[str] | None = None  # torch / onnxscript log warnings while the stages ran (pipeline/chatter.py)
+    soc: str | None = None  # a --soc-version outside options.KNOWN_SOCS, let through by --allow-unknown-soc
 
     def to_dict(self) -> dict[str, Any]:
         return compact(self)

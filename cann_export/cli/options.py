@@ -129,6 +129,8 @@ def flags() -> dict[str, Flag]:
                               "parity passes; says so when it cannot."),
         "soc_version": Flag("ATC --soc_version, e.g. Ascend310P3 or Ascend910B1; its float overflow mode (saturation, "
                             "or Inf/NaN on 910B*/910_93*) is the one device-precision parity emulates."),
+        "allow_unknown_soc": Flag("Export for a --soc-version outside the tool's list of ATC's SoC names (one newer "
+                                  "than this release): a warning, recorded in the manifest, instead of a refusal."),
         "precision_mode": Flag("ATC --precision_mode (its values are checked, with the list, before any work)."),
         "metadata": Flag("KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.", multiple=True,
                          parse=_key_values("--metadata")),
