@@ -15,6 +15,7 @@ from ..usage.examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
 from .progress_view import ProgressView
+from .warnings_view import print_warnings, quiet_progress_bars
 from ..usage.spellings import model_option, one_model
 
 
@@ -52,11 +53,14 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("-q", "--quiet", is_flag=True,
               help="No live progress line: one line per stage on stderr, as in a pipe or a CI log.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the third-party warnings (torch, transformers, ...) and "
+              "progress bars that are otherwise counted in one line.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 @ci_options
 def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_json: bool, quiet: bool,
-               trace: str | None, summary_file: str | None, junit_file: str | None, **values: Any) -> int:
+               verbose: bool, trace: str | None, summary_file: str | None, junit_file: str | None,
+               **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
 
     from .. import api
@@ -66,6 +70,8 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
         model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
+        api.check_options(export_format, kwargs)  # before graphs(), which may import torch for a directory
+        quiet_progress_bars(verbose)
         out = ci.path = output or _default_output(model, export_format, api.graphs(model, kwargs) is not None)
         with ProgressView(live=not (as_json or quiet)) as view:  # closed however the export ends
             view.say(f"cann-export: {model} -> {out} ({export_format})")
@@ -80,7 +86,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
     if as_json:
         click.echo(to_json(result.to_dict()))
     else:
-        _print_result(result)
+        _print_result(result, verbose)
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
@@ -123,14 +129,11 @@ def _default_output(model: str, export_format: str, several: bool = False) -> st
     return str(targets(Path(stem))[0]) if targets else stem
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any, verbose: bool = False) -> None:
     info = result.info()
     click.echo(f"wrote {info.label or result.format}: {result.output} ({result.onnx['exporter']} exporter, "
                f"opset {result.onnx['opset']})")
-    heard = (result.manifest.get("warnings") or {}).get("third_party") or []
-    if heard:
-        click.echo(f"{len(heard)} message(s) from torch / onnxscript while exporting: manifest.json's "
-                   "warnings.third_party (`cann-export inspect` shows them)")
+    print_warnings(result.manifest, verbose)
     for note in info.notes:
         click.echo(note)
     parity = result.parity
@@ -164,13 +167,9 @@ def _print_result(result: Any) -> None:
     if parity.get("first_divergence"):
         click.echo(parity["first_divergence"]["message"])
     if parity.get("trace_specialized"):
-        spec = parity["trace_specialized"]
-        from ..capture.trace_check import where
+        from ..capture.trace_check import short_line
 
-        state = ("checked on {} input sets".format(spec["checked"]["input_sets"]) if spec.get("checked")
-                 else "accepted" if spec["accepted"] else "not accepted")
-        click.echo(f"traced graph, specialised to the example's path ({state}): "
-                   + "; ".join(where(f) for f in spec["warnings"][:3]))
+        click.echo(short_line(parity["trace_specialized"]))
     _print_fix(parity)
     if not parity["passed"]:
         if parity.get("reason"):
