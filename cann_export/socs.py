@@ -88,11 +88,12 @@ def check_known_soc(soc: str, allow_unknown: bool, flag: str = "--soc-version") 
     if soc in KNOWN_SOCS:
         return None
     names = {known.lower(): known for known in KNOWN_SOCS}
-    close = [names[c] for c in difflib.get_close_matches(soc.lower(), names, n=3, cutoff=0.6)]
+    longer = [known for low, known in names.items() if low.startswith(soc.lower())]  # Ascend310P: which one?
+    close = longer or [names[c] for c in difflib.get_close_matches(soc.lower(), names, n=3, cutoff=0.6)]
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     if allow_unknown:
         return (f"{flag} {soc} is not a SoC this tool knows ({hint}let through by --allow-unknown-soc): ATC decides "
                 "whether it has that target")
     raise OptionsError(f"{flag} {soc!r} is not a SoC ATC knows; {hint}pass the soc_version of the target chip "
                        f"(Ascend + the Name `npu-smi info` shows; known: {', '.join(KNOWN_SOCS)}), or "
-                       "--allow-unknown-soc (Python: allow_unknown_soc=True) for a SoC newer than this list")
+                       "--allow-unknown-soc for a SoC newer than this list")

@@ -229,7 +229,7 @@ def test_validate_checks_tolerances_as_export_does(exported, flag, value, field)
 
 
 def test_validate_api_refuses_a_non_number_and_a_bad_tolerance_object(exported):
-    with pytest.raises(OptionsError, match="--atol 'abc' is not a finite number"):
+    with pytest.raises(OptionsError, match="atol= 'abc' is not a finite number"):
         cann_export.validate(exported, atol="abc")
     with pytest.raises(OptionsError, match="tolerance.device_atol nan"):
         cann_export.validate(exported, Tolerance(device_atol=math.nan))

@@ -24,8 +24,8 @@ def _formats():
     return registry().formats()
 
 
-@pytest.mark.parametrize("soc, closest", [("Ascend310P", "Ascend310P1"), ("Ascend310P9", "Ascend310P3"),
-                                          ("Ascend910B5", "Ascend910B1")])
+@pytest.mark.parametrize("soc, closest", [("Ascend310P", "Ascend310P1"), ("Ascend310P9", "Ascend310P7"),
+                                          ("Ascend910B5", "Ascend910B4")])
 def test_a_soc_name_atc_does_not_know_is_refused_with_the_closest(soc, closest):
     with pytest.raises(OptionsError) as caught:
         ExportOptions(soc_version=soc).check(_formats())
@@ -62,7 +62,7 @@ def test_an_allowed_unknown_soc_is_exported_with_the_warning_recorded(tmp_path):
 
 
 BAD_OPTIONS = [["--opset", "99"], ["--soc-version", "Ascnd910B"], ["--soc-version", "Ascend310P9"],
-               ["--precision-mode", "bogus"], ["--input-shape", "x:a,b"]]
+               ["--precision-mode", "bogus"], ["--input-shape", "x:a,b"], ["--dynamic", "batch_size=8..1"]]
 
 
 def _no_torch_env(tmp_path: Path) -> dict:

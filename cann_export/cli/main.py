@@ -17,6 +17,7 @@ from .options import export_options, to_api_kwargs
 from .progress_view import ProgressView
 from .warnings_view import print_warnings, quiet_progress_bars
 from ..usage.spellings import model_option, one_model
+from ..usage.surface import as_cli
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -28,6 +29,7 @@ def cli() -> None:
 
     `cann-export MODEL ...` is short for `cann-export export MODEL ...`.
     """
+    click.get_current_context().with_resource(as_cli())  # errors name flags, not export()'s arguments
 
 
 @cli.command("export", epilog=examples(
@@ -62,9 +64,9 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
                verbose: bool, trace: str | None, summary_file: str | None, junit_file: str | None,
                **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
-
     from .. import api
 
+    click.get_current_context().with_resource(as_cli())  # also when run as `cann.torch.export`, without the group
     ci = CiReports("export", output or model or model_opt or "", summary_file, junit_file, as_json)
     with ci.refusal():  # refused before any verdict: CI still gets a failing test case naming the error
         model = one_model(model, model_opt)

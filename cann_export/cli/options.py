@@ -113,8 +113,9 @@ def flags() -> dict[str, Flag]:
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
         "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. input_ids:0=batch:1..16,1=seq:1..512, "
-                        "x:0=batch:1,2,4,8; multi-graph: [COMP:]DIM=LO..HI|G1,G2,...; repeatable.", multiple=True,
-                        parse=list),
+                        "x:0=batch:1,2,4,8; or by dimension name, every axis of that name: DIM=LO..HI|G1,G2,..., "
+                        "e.g. batch_size=1..8 (multi-graph: [COMP:]DIM=...). Gears on one dimension leave the "
+                        "dimensions not asked for static; repeatable.", multiple=True, parse=list),
         "static_shapes": Flag("Export every input at the example's shape: no dynamic axes from a .pt2's Dims or a "
                               "Hugging Face task's axes."),
         "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",

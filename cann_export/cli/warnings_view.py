@@ -1,6 +1,6 @@
-"""What the export command says about warnings that did not stop it: a --soc-version the tool does not know, and
-third-party chatter (torch, transformers, ...) the stages kept out of the terminal, counted in one line or, with
---verbose, shown."""
+"""What the export command says about warnings that did not stop it: a --soc-version the tool does not know, a
+dynamic axis exported static, and third-party chatter (torch, transformers, ...) the stages kept out of the
+terminal, counted in one line or, with --verbose, shown."""
 from __future__ import annotations
 
 import os
@@ -22,6 +22,8 @@ def print_warnings(manifest: dict[str, Any], verbose: bool) -> None:
     warnings = manifest.get("warnings") or {}
     if warnings.get("soc"):
         click.echo(f"warning: {warnings['soc']}", err=True)
+    for note in warnings.get("dynamic") or []:
+        click.echo(f"warning: {note}", err=True)
     heard = [str(r) for r in warnings.get("third_party") or []]
     if verbose:
         for record in heard:
