@@ -20,7 +20,8 @@ from .progress import ProgressEvent
 from .usage import surface
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
-_KEYWORDS = {**{f.name: f.default for f in dataclasses.fields(ExportOptions)},
+_KEYWORDS = {**{f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(ExportOptions)},
              **dict.fromkeys(("atol", "rtol", "min_cosine", "example_inputs"))}  # export()'s, with defaults
 
 

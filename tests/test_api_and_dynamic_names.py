@@ -35,7 +35,7 @@ def test_api_errors_name_the_api_arguments_and_the_cli_its_flags(tmp_path):
     assert "--" not in caught.value.message
     with pytest.raises(cann_export.ExportError) as caught:
         cann_export.export(TwoInputs(), tmp_path / "b", input_shapes=["a:x"])
-    assert caught.value.message.startswith("input_shapes= 'a:x'") and "--input-shape" not in caught.value.message
+    assert caught.value.message.startswith("input_shapes=['a:x']") and "--input-shape" not in caught.value.message
     with pytest.raises(cann_export.ExportError) as caught:
         cann_export.export(TwoInputs(), tmp_path / "b", soc_version="Ascend310P")
     assert "allow_unknown_soc=True" in caught.value.message and "--" not in caught.value.message
