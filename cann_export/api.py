@@ -14,12 +14,31 @@ from .context import ExportContext
 from .fs import atomic
 from .hooks import manager
 from .hooks.contracts import Format, ResultInfo, optional
-from .options import ExportOptions, Tolerance
+from .options import ExportOptions, Tolerance, check_known_soc
 from .pipeline.blas_threads import one_blas_thread
 from .pipeline.stage import ProgressFn
 from .progress import ProgressEvent
+from .usage import surface
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(ExportOptions)} - {"export_format", "tolerance"}
+_KEYWORDS = {**{f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(ExportOptions)},
+             **dict.fromkeys(("atol", "rtol", "min_cosine", "example_inputs"))}  # export()'s, with defaults
+
+
+def _api_spelling(function: Callable[..., Any]) -> Callable[..., Any]:
+    """An ExportError leaving ``function`` names export()'s keyword arguments, not the CLI's flags, unless the
+    command line called it (usage/surface.py)."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except errors.ExportError as e:
+            surface.respell(e, _KEYWORDS)
+            raise
+    return wrapper
 
 
 @dataclass
@@ -79,6 +98,7 @@ def _options(export_format: str, kwargs: dict[str, Any]) -> ExportOptions:
     return ExportOptions(export_format=export_format, tolerance=tol, **kwargs)
 
 
+@_api_spelling
 @one_blas_thread
 def export(model: Any, output_path: str | Path, export_format: str = "atc_ready", example_inputs: Any = None,
            *, progress: ProgressFn | None = None, trace: str | Path | None = None,
@@ -103,6 +123,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         from .pipeline.timeline import StageTimeline
 
         progress = StageTimeline(trace).wrap(progress)
+    check_options(export_format, options)
     with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
         several = graphs(model, options)  # transformers' import: seconds the live line names
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
@@ -119,6 +140,37 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
 def _directory(model: Any) -> bool:
     return isinstance(model, (str, Path)) and Path(model).is_dir()
+
+
+def check_options(export_format: str, options: dict[str, Any]) -> None:
+    """Refuse a bad option value before anything heavy: ``graphs`` may import transformers (and torch) to ask a
+    model directory's loader, seconds that a mistyped flag should not cost. Every ExportOptions check but
+    ``dynamic``'s, whose values need only read in one of its two forms (``_check_dynamic_forms``); keywords
+    that are not ExportOptions fields are left to the path that takes them."""
+    known = {key: value for key, value in options.items()
+             if key in _OPTION_FIELDS | {"tolerance", "atol", "rtol", "min_cosine"} and key != "dynamic"}
+    opts = _options(export_format, known)
+    opts.check(manager.registry().formats(), [e.name for e in manager.registry().exporters()])
+    _check_dynamic_forms(options.get("dynamic"))
+
+
+def _check_dynamic_forms(values: Any) -> None:
+    """Each --dynamic value in one graph's form or a multi-graph bundle's ([COMPONENT:]DIM=...): which applies
+    is known only once the model's loader is asked, so a value neither form reads is refused now, with the
+    one-graph form's reason."""
+    from .components.ranges import parse_ranges
+    from .dynamic import as_axes
+
+    for value in values if isinstance(values, (list, tuple)) else [values] if values is not None else []:
+        try:
+            as_axes(value)
+        except errors.OptionsError:
+            if not isinstance(value, str):
+                raise
+            try:
+                parse_ranges([value])
+            except errors.OptionsError:
+                as_axes(value)  # raises the one-graph form's message
 
 
 def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, options: dict[str, Any]) -> None:
@@ -206,6 +258,7 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
     ctx = ExportContext(options=opts, source=model, output_path=output, explicit_inputs=example_inputs)
     ctx.format = formats[opts.export_format]
     ctx.reports.warnings.atc_hints = hint_warnings or None
+    ctx.reports.warnings.soc = check_known_soc(opts.soc_version, opts.allow_unknown_soc)
     return ctx
 
 
@@ -230,6 +283,7 @@ def _result(ctx: ExportContext) -> ExportResult:
     )
 
 
+@_api_spelling
 @one_blas_thread
 def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_sha256: str | None = None,
              soc_versions: list[str] | tuple[str, ...] | None = None, **tolerance_values: float) -> dict[str, Any]:

@@ -122,6 +122,7 @@ class Warnings:
     frozen: list[str] | None = None  # forward arguments that change the outputs but are no input (inputs/frozen.py)
     third_party: list[str] | None = None  # torch / onnxscript log warnings while the stages ran (pipeline/chatter.py)
     environment: str | None = None  # an installed torchvision that does not import, hidden (load/torchvision_pair.py)
+    soc: str | None = None  # a --soc-version outside options.KNOWN_SOCS, let through by --allow-unknown-soc
 
     def to_dict(self) -> dict[str, Any]:
         return compact(self)

@@ -12,7 +12,8 @@ from .errors import OptionsError
 
 FLAG = "--dynamic"
 SYNTAX = ("write it as NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. --dynamic input_ids:0=batch:1..16,"
-          "1=seq:1..512 or --dynamic x:0=batch:1,2,4,8")
+          "1=seq:1..512 or --dynamic x:0=batch:1,2,4,8, or by dimension name as DIM=LO..HI|G1,G2,... (every axis of "
+          "that name), e.g. --dynamic batch_size=1..8")
 # ATC's own limits on gears (ATC guide, "--dynamic_batch_size": "the number of gears ranges over [2,100]" and
 # "each value ranges over [1,2048]"; --dynamic_dims: "2 to 100 gears"); a range's max is bounded likewise.
 MIN_GEARS, MAX_GEARS = 2, 100
@@ -21,6 +22,8 @@ MAX_DIM = 1 << 20
 DEFAULT_BATCH_MAX = 16  # axis 0 with no range given (-1 in --input-shape, a loader's axis): parity runs at its end
 DEFAULT_FACTOR = 4  # another axis with no range: 1 .. 4 x the example's size
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BY_NAME = re.compile(r"(?P<dim>[A-Za-z_][A-Za-z0-9_]*)=(?P<spec>[^:=]+)")
+BY_NAME_AXIS = -1  # DynamicAxis.axis of a by-name axis (input "")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class DynamicAxis:
     gears: tuple[int, ...] = ()
     source: str = FLAG
     note: str | None = field(default=None, compare=False)
+
+    @property
+    def by_name(self) -> bool:
+        """``--dynamic DIM=LO..HI``: every axis named DIM, whichever input (resolved in the prepare stage)."""
+        return self.input == "" and self.axis == BY_NAME_AXIS
 
     def points(self, gear_form: bool = False) -> list[int]:
         """The sizes parity runs at: the sizes ATC builds. Every gear asked; a range rendered as gears
@@ -69,6 +77,9 @@ def parse_dynamic(text: str, flag: str = FLAG) -> list[DynamicAxis]:
     """``NAME:AXIS=[DIM][:SPEC],AXIS=...`` -> one DynamicAxis per axis (OptionsError naming ``flag``)."""
     if not isinstance(text, str):
         raise OptionsError(f"{flag} {text!r} is not text; {SYNTAX}")
+    named = parse_by_name(text, flag)
+    if named is not None:
+        return [named]
     name, sep, rest = text.strip().partition(":")
     if not sep or not name.strip() or not rest.strip():
         raise OptionsError(f"{flag} {text!r} does not parse; {SYNTAX}")
@@ -88,6 +99,16 @@ def parse_dynamic(text: str, flag: str = FLAG) -> list[DynamicAxis]:
             raise OptionsError(f"{flag} {text!r} names axis {a.axis} twice; give each axis once")
         seen.add(a.axis)
     return out
+
+
+def parse_by_name(text: str, flag: str = FLAG) -> DynamicAxis | None:
+    """``DIM=LO..HI`` or ``DIM=G1,G2,...`` (the form a multi-graph bundle takes) as a by-name axis, or None for
+    text of another form. A name with "batch" in it is held to ATC's batch limits."""
+    m = _BY_NAME.fullmatch(text.replace(" ", ""))
+    if m is None:
+        return None
+    axis = _axis("", 0 if "batch" in m["dim"] else 1, f"{m['dim']}:{m['spec']}", text, flag)
+    return replace(axis, axis=BY_NAME_AXIS)
 
 
 def _axis(input_name: str, axis: int, spec: str, text: str, flag: str) -> DynamicAxis:
@@ -165,11 +186,13 @@ def as_axes(value: Any) -> list[DynamicAxis]:
 
 
 def check_unique(axes: list[DynamicAxis]) -> None:
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, Any]] = set()
     for a in axes:
-        if (a.input, a.axis) in seen:
-            raise OptionsError(f"{FLAG} names {a.input}:{a.axis} twice; give each input's axis once")
-        seen.add((a.input, a.axis))
+        key = ("", a.name) if a.by_name else (a.input, a.axis)
+        if key in seen:
+            what = f"dimension {a.name}" if a.by_name else f"{a.input}:{a.axis}"
+            raise OptionsError(f"{FLAG} names {what} twice; give each input's axis (or dimension name) once")
+        seen.add(key)
 
 
 def from_records(records: Any, where: str = "manifest atc.dynamic.axes") -> list[DynamicAxis]:

@@ -1,14 +1,15 @@
 """Export options, their defaults and their validation (done before any heavy work)."""
 from __future__ import annotations
 
-import difflib
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OptionsError
 from .safe_text import check_printable
+# the SoC names, their overflow modes and their checks live in socs.py; importable from here as before
+from .socs import (INF_NAN, INF_NAN_SOCS, KNOWN_SOCS, OVERFLOW_MODES, SATURATION, SOC_OVERFLOW,  # noqa: F401
+                   SOC_PATTERN, SocModel, check_known_soc, check_soc_version, soc_model)
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
@@ -59,79 +60,8 @@ SANDBOX_MODES = ("auto", "require", "off")
 PARITY_COVERAGE = ("axes", "full")  # bundle/coverage.py
 
 
-# The shape of an ATC --soc_version: bundle.rederive checks a manifest's soc_version against the same pattern,
-# so an export never writes a bundle its own validate refuses.
-SOC_PATTERN = re.compile(r"Ascend\d{3}[A-Za-z0-9_]{0,12}")
-# SoC names ATC releases accept, used to suggest the closest one for a mistyped --soc-version (not exhaustive:
-# any name of SOC_PATTERN's shape is passed on, so a newer SoC needs no release of this tool).
-KNOWN_SOCS = (
-    "Ascend310", "Ascend310B1", "Ascend310B2", "Ascend310B3", "Ascend310B4", "Ascend310P1", "Ascend310P2",
-    "Ascend310P3", "Ascend310P4", "Ascend310P5", "Ascend310P7",
-    "Ascend610", "Ascend910", "Ascend910A", "Ascend910B", "Ascend910B1", "Ascend910B2", "Ascend910B2C",
-    "Ascend910B3", "Ascend910B4", "Ascend910B4_1", "Ascend910ProA", "Ascend910ProB", "Ascend910PremiumA",
-    "Ascend910_9391", "Ascend910_9392", "Ascend910_9381", "Ascend910_9382", "Ascend910_9372", "Ascend910_9362",
-)
-# The float overflow mode of a SoC's AI cores (what an fp16/bf16 result past its range becomes on the device):
-# - "saturation": past +-65504 a value becomes +-65504 and NaN becomes 0 (the runtime's aclrtFloatOverflowMode /
-#   INF_NAN_MODE_ENABLE pages: "saturation mode: Inf set to max, NaN set to 0"); Atlas inference (310, 310P),
-#   Atlas 200I/500 A2 (310B) and Atlas training (910, 910A, 910ProA/B, 910PremiumA) support only this mode;
-# - "inf_nan": IEEE 754 (past 65504 is inf), the default and recommended mode of Atlas A2 (910B1..B4) and A3
-#   (910_93xx): torch_npu's IsSupportInfNan() grants it to Ascend910B1 <= soc < Ascend310B1 and to Ascend910_9391
-#   and later, so the older plain "Ascend910B" (listed before Ascend310P1 in its SocVersion enum) saturates.
-SATURATION, INF_NAN = "saturation", "inf_nan"
-OVERFLOW_MODES = (SATURATION, INF_NAN)
-INF_NAN_SOCS = re.compile(r"Ascend910B\d[A-Za-z0-9_]*|Ascend910_93\d*")
-SOC_OVERFLOW = {soc: INF_NAN if INF_NAN_SOCS.fullmatch(soc) else SATURATION for soc in KNOWN_SOCS}
-
-
-@dataclass(frozen=True)
-class SocModel:
-    """What the device-precision emulation models of one SoC: its overflow mode, and whether the SoC is one this
-    tool knows (an unknown name of the right shape is assumed by its family: 910B<digit>* and 910_93* compute in
-    Inf/NaN mode, every other name saturates, the mode of every inference SoC)."""
-
-    soc: str
-    overflow: str
-    known: bool
-
-    @property
-    def note(self) -> str | None:
-        if self.known:
-            return None
-        family = "an Atlas A2/A3 name" if self.overflow == INF_NAN else "the mode of every SoC but 910B<n>*/910_93*"
-        return (f"{self.soc} is not a SoC this tool knows; its float overflow mode is assumed to be {self.overflow} "
-                f"({family}); pass a known name (options.KNOWN_SOCS) to be sure")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"soc_version": self.soc, "overflow_mode": self.overflow, "known": self.known,
-                **({"note": self.note} if self.note else {})}
-
-
-def soc_model(soc: str) -> SocModel:
-    """The device model of ``soc`` (checked with ``check_soc_version``)."""
-    soc = check_soc_version(soc)
-    if soc in SOC_OVERFLOW:
-        return SocModel(soc, SOC_OVERFLOW[soc], True)
-    return SocModel(soc, INF_NAN if INF_NAN_SOCS.fullmatch(soc) else SATURATION, False)
-
-
 # metadata keys under this prefix are the tool's own provenance (cann_export.tool, cann_export.atc_hints, ...)
 RESERVED_METADATA_PREFIX = "cann_export."
-
-
-def check_soc_version(value: Any, flag: str = "--soc-version") -> str:
-    """``value`` when it is an Ascend SoC name (``SOC_PATTERN``), else an OptionsError suggesting the closest
-    known SoC."""
-    if isinstance(value, str) and SOC_PATTERN.fullmatch(value):
-        return value
-    text = value if isinstance(value, str) else str(value)
-    word = text.split()[0] if text.split() else text
-    lowered = {soc.lower(): soc for soc in KNOWN_SOCS}
-    close = difflib.get_close_matches(word.lower(), lowered, n=1, cutoff=0.4)
-    hint = f"did you mean {lowered[close[0]]}? " if close else ""
-    raise OptionsError(f"{flag} {value!r} is not an Ascend SoC name (pattern {SOC_PATTERN.pattern}, e.g. Ascend310P3 "
-                       f"or Ascend910B); {hint}pass the name ATC knows for the target chip, one word with no spaces "
-                       f"or options (known: {', '.join(KNOWN_SOCS)})")
 
 
 @dataclass
@@ -211,6 +141,7 @@ class ExportOptions:
     lint: str = "error"  # "error": lint errors fail the export; "warn": they are reported only; "off"
     fix_precision: bool = False  # add diverging nodes to keep_dtype until device-precision parity passes
     soc_version: str = "Ascend310P3"
+    allow_unknown_soc: bool = False  # a soc_version outside KNOWN_SOCS is exported with a warning, not refused
     precision_mode: str = "force_fp16"
     metadata: dict[str, str] = field(default_factory=dict)
     atc_hints: dict[str, Any] = field(default_factory=dict)
@@ -316,6 +247,7 @@ class ExportOptions:
         if self.input_shapes and self.example_inputs_file:
             raise OptionsError("pass either --input-shape or --example-inputs, not both")
         check_soc_version(self.soc_version)
+        check_known_soc(self.soc_version, self.allow_unknown_soc)
         from .dynamic import as_axes, check_unique
 
         self.dynamic = as_axes(self.dynamic)

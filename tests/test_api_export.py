@@ -113,7 +113,7 @@ def test_existing_output_refused_then_overwritten(tmp_path):
     target = tmp_path / "b"
     target.mkdir()
     (target / "keep.txt").write_text("x")
-    with pytest.raises(errors.WriteError, match="--overwrite"):
+    with pytest.raises(errors.WriteError, match="overwrite=True"):
         cann_export.export(make_mlp(), target, example_inputs=torch.randn(1, 12), validate=False)
     assert (target / "keep.txt").exists()
     with pytest.raises(errors.WriteError, match="not written by cann-export"):  # a user's directory stays
@@ -147,8 +147,9 @@ def test_external_data_when_over_threshold(tmp_path, run_ort):
 
 
 def test_missing_example_inputs_says_what_to_pass(tmp_path):
+    # two inputs and no Conv/Linear/Embedding: nothing to infer a shape from (an MLP's is inferred, as in the CLI)
     with pytest.raises(errors.PrepareError, match="example_inputs"):
-        cann_export.export(make_mlp(), tmp_path / "b")
+        cann_export.export(torch.nn.Bilinear(4, 4, 2), tmp_path / "b")
 
 
 def test_unknown_option_is_refused(tmp_path):

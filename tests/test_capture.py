@@ -61,7 +61,7 @@ def test_strict_opset_refuses_any_other_opset(tmp_path):
     with pytest.raises(errors.CaptureError, match="Trilu") as info:  # Trilu exists from opset 14 on
         cann_export.export(_tril_model(), tmp_path / "s", example_inputs=x, opset=13, strict_opset=True,
                            exporter="dynamo", export_format="onnx")
-    assert info.value.exit_code == errors.EXIT_STAGE_FAILED and "--strict-opset" in str(info.value)
+    assert info.value.exit_code == errors.EXIT_STAGE_FAILED and "strict_opset=True" in str(info.value)
     assert not (tmp_path / "s").exists()
     loose = cann_export.export(_tril_model(), tmp_path / "l", example_inputs=x, opset=13, exporter="dynamo",
                                export_format="onnx")

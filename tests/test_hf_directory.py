@@ -383,7 +383,7 @@ def test_python_api_exports_a_directory_with_pickled_weights_only_when_trusted(t
     directory = hf_dirs.save("roberta", tmp_path / "roberta")
     _pickled(directory)
     out = tmp_path / "r.onnx"
-    with pytest.raises(cann_export.ExportError, match="--trust-pickle"):
+    with pytest.raises(cann_export.ExportError, match="trust_pickle=True"):
         cann_export.export(str(directory), out, export_format="onnx")
     assert not out.exists()
     result = cann_export.export(str(directory), out, export_format="onnx", trust_pickle=True, validate=False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset, _nodes, where  # noqa: F401 - lint's API
@@ -20,6 +21,8 @@ HIGH_PRECISION = ("force_fp32", "must_keep_origin_dtype", "origin")
 # TensorProto data types (onnx.TensorProto enum values), so this module needs no onnx import to classify
 FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10
 INTEGER_OK = {INT32: "int32", INT64: "int64"}
+INDEX_NAME = re.compile(r"(?:^|_)(?:ids?|mask|masks|positions?|indices|index|idx|lengths?|bbox|labels?|tokens?)$",
+                        re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +70,13 @@ def _covering_hint(hints: dict[str, Any], axis: int | None, rank: int | None) ->
     return None
 
 
+def index_like(name: str) -> bool:
+    """An input named as token ids, a mask, positions, indices or lengths are (input_ids, attention_mask,
+    cache_position, bbox): int32/int64 is what ATC takes there, so an integer dtype is no finding. The rule reads
+    the graph only, so validate's re-run of the lint agrees with the export's."""
+    return bool(INDEX_NAME.search(name))
+
+
 def _check_inputs(model: Any, hints: dict[str, Any], findings: _Findings) -> None:
     initializers = {i.name for i in model.graph.initializer}
     fixed = _fixed_dims(hints)
@@ -82,9 +92,10 @@ def _check_inputs(model: Any, hints: dict[str, Any], findings: _Findings) -> Non
         if dtype in (FLOAT, FLOAT16):
             pass
         elif dtype in INTEGER_OK:
-            findings.add("warning", "input-dtype",
-                         f"input {name!r} is {INTEGER_OK[dtype]}: ATC accepts it for index-like inputs (token ids, "
-                         "masks, positions); any other input must be float32 or float16")
+            if not index_like(name):
+                findings.add("warning", "input-dtype",
+                             f"input {name!r} is {INTEGER_OK[dtype]}: ATC accepts it for index-like inputs (token "
+                             "ids, masks, positions); any other input must be float32 or float16")
         elif dtype == UINT8:
             if "aipp" not in hints:
                 findings.add("error", "input-dtype",

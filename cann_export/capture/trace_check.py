@@ -51,7 +51,42 @@ def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
 
 def where(finding: dict[str, Any]) -> str:
     code = f" `{finding['code']}`" if finding.get("code") else ""
-    return f"{finding['file']}:{finding['line']}{code} ({finding['message']})"
+    return f"{short_file(finding['file'])}:{finding['line']}{code} ({finding['message']})"
+
+
+def short_file(path: Any) -> str:
+    """A source file as a user reads it: from its package on (``transformers/masking_utils.py``) for an installed
+    library, relative to the working directory for the user's own code, else as given."""
+    import os
+
+    text = str(path)
+    for marker in ("site-packages", "dist-packages"):
+        head, sep, tail = text.rpartition(os.sep + marker + os.sep)
+        if sep:
+            return tail
+    relative = os.path.relpath(text) if os.path.isabs(text) else text
+    return relative if not relative.startswith("..") else text
+
+
+def short_line(spec: dict[str, Any]) -> str:
+    """The CLI's one line on a traced graph specialised to the example's path: how many places, where (file:line,
+    what tracing turned into a Python value), and over which sizes of which dimensions it was checked."""
+    found = spec.get("warnings") or []
+    places = ", ".join(f"{short_file(f.get('file'))}:{f.get('line')} ({f.get('kind')})" for f in found[:3])
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    checked = spec.get("checked")
+    if checked:
+        sizes: dict[str, set[int]] = {}
+        for shape in checked.get("shapes") or []:
+            for dim, size in shape.items():
+                sizes.setdefault(str(dim), set()).add(int(size))
+        dims = ", ".join(f"{d} {min(v)}..{max(v)}" for d, v in sizes.items())
+        state = f"agrees with the model on the {checked.get('input_sets')} input sets checked" + (
+            f" ({dims})" if dims else "")
+    else:
+        state = "accepted unchecked" if spec.get("accepted") else "not accepted"
+    return (f"traced graph, specialised to the example's path at {len(found)} place(s): {places}{more}; {state} "
+            "(`cann-export inspect` shows the code)")
 
 
 def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:

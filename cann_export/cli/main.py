@@ -16,8 +16,10 @@ from .ci_reports import CiReports, bundle_manifest, ci_options, component_manife
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
 from .options import export_options, to_api_kwargs
-from .progress_view import ProgressView, environment_warning
+from .progress_view import ProgressView
+from .warnings_view import print_warnings, quiet_progress_bars
 from ..usage.spellings import model_option, one_model
+from ..usage.surface import as_cli
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -29,6 +31,7 @@ def cli() -> None:
 
     `cann-export MODEL ...` is short for `cann-export export MODEL ...`.
     """
+    click.get_current_context().with_resource(as_cli())  # errors name flags, not export()'s arguments
 
 
 @cli.command("export", epilog=examples(
@@ -54,20 +57,25 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result object on stdout.")
 @click.option("-q", "--quiet", is_flag=True,
               help="No live progress line: one line per stage on stderr, as in a pipe or a CI log.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the third-party warnings (torch, transformers, ...) and "
+              "progress bars that are otherwise counted in one line.")
 @click.option("--trace", type=click.Path(path_type=str), default=None,
               help="Write the stage timeline to this file (Chrome trace JSON; opens in Perfetto).")
 @ci_options
 def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_json: bool, quiet: bool,
-               trace: str | None, summary_file: str | None, junit_file: str | None, **values: Any) -> int:
+               verbose: bool, trace: str | None, summary_file: str | None, junit_file: str | None,
+               **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
-
     from .. import api
 
+    click.get_current_context().with_resource(as_cli())  # also when run as `cann.torch.export`, without the group
     ci = CiReports("export", output or model or model_opt or "", summary_file, junit_file, as_json)
     with ci.refusal():  # refused before any verdict: CI still gets a failing test case naming the error
         model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
+        api.check_options(export_format, kwargs)  # before graphs(), which may import torch for a directory
+        quiet_progress_bars(verbose)
         out = ci.path = output or _default_output(model, export_format, api.graphs(model, kwargs) is not None)
         with ProgressView(live=not (as_json or quiet)) as view:  # closed however the export ends
             view.say(f"cann-export: {model} -> {out} ({export_format})")
@@ -82,7 +90,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
     if as_json:
         click.echo(to_json(result.to_dict()))
     else:
-        _print_result(result)
+        _print_result(result, verbose)
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
@@ -125,15 +133,11 @@ def _default_output(model: str, export_format: str, several: bool = False) -> st
     return str(targets(Path(stem))[0]) if targets else stem
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any, verbose: bool = False) -> None:
     info = result.info()
     click.echo(f"wrote {terminal(info.label or result.format)}: {terminal(result.output)} "
                f"({terminal(result.onnx['exporter'])} exporter, opset {result.onnx['opset']})")
-    environment_warning(result.manifest)
-    heard = (result.manifest.get("warnings") or {}).get("third_party") or []
-    if heard:
-        click.echo(f"{len(heard)} message(s) from torch / onnxscript while exporting: manifest.json's "
-                   "warnings.third_party (`cann-export inspect` shows them)")
+    print_warnings(result.manifest, verbose)
     for note in info.notes:
         click.echo(terminal(note))
     parity = result.parity
@@ -168,13 +172,9 @@ def _print_result(result: Any) -> None:
     if parity.get("first_divergence"):
         click.echo(terminal(parity["first_divergence"]["message"]))
     if parity.get("trace_specialized"):
-        spec = parity["trace_specialized"]
-        from ..capture.trace_check import where
+        from ..capture.trace_check import short_line
 
-        state = ("checked on {} input sets".format(spec["checked"]["input_sets"]) if spec.get("checked")
-                 else "accepted" if spec["accepted"] else "not accepted")
-        click.echo(f"traced graph, specialised to the example's path ({state}): "
-                   + "; ".join(terminal(where(f)) for f in spec["warnings"][:3]))
+        click.echo(terminal(short_line(parity["trace_specialized"])))
     _print_fix(parity)
     if not parity["passed"]:
         if parity.get("reason"):

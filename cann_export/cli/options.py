@@ -122,8 +122,9 @@ def flags() -> dict[str, Flag]:
         "input_shapes": Flag("NAME:D1,D2,...[:DTYPE]; repeatable.", decls=("--input-shape",), multiple=True,
                              parse=list),
         "dynamic": Flag("NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. input_ids:0=batch:1..16,1=seq:1..512, "
-                        "x:0=batch:1,2,4,8; multi-graph: [COMP:]DIM=LO..HI|G1,G2,...; repeatable.", multiple=True,
-                        parse=list),
+                        "x:0=batch:1,2,4,8; or by dimension name, every axis of that name: DIM=LO..HI|G1,G2,..., "
+                        "e.g. batch_size=1..8 (multi-graph: [COMP:]DIM=...). Gears on one dimension leave the "
+                        "dimensions not asked for static; repeatable.", multiple=True, parse=list),
         "static_shapes": Flag("Export every input at the example's shape: no dynamic axes from a .pt2's Dims or a "
                               "Hugging Face task's axes."),
         "example_inputs_file": Flag("safetensors or .npz file of inputs named after the forward parameters.",
@@ -138,6 +139,8 @@ def flags() -> dict[str, Flag]:
                               "parity passes; says so when it cannot."),
         "soc_version": Flag("ATC --soc_version, e.g. Ascend310P3 or Ascend910B1; its float overflow mode (saturation, "
                             "or Inf/NaN on 910B*/910_93*) is the one device-precision parity emulates."),
+        "allow_unknown_soc": Flag("Export for a --soc-version outside the tool's list of ATC's SoC names (one newer "
+                                  "than this release): a warning, recorded in the manifest, instead of a refusal."),
         "precision_mode": Flag("ATC --precision_mode (its values are checked, with the list, before any work)."),
         "metadata": Flag("KEY=VALUE stored in the ONNX metadata and the manifest; repeatable.", multiple=True,
                          parse=_key_values("--metadata")),

@@ -12,14 +12,6 @@ import click
 from ..safe_text import terminal
 
 
-def environment_warning(manifest: dict[str, Any]) -> None:
-    """The export's warning about the environment, on stderr: a torchvision that does not import beside this
-    torch, left out of the export (load/torchvision_pair.py)."""
-    environment = (manifest.get("warnings") or {}).get("environment")
-    if environment:
-        click.echo(f"warning: {environment}", err=True)
-
-
 def stage_line(event: Any) -> str:
     from ..progress import place
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import errors
 from ..dynamic import DEFAULT_BATCH_MAX, DEFAULT_FACTOR, FLAG, DynamicAxis, check_unique
+from . import named_axes
 
 
 def resolve(ctx: Any) -> list[DynamicAxis]:
@@ -45,8 +46,13 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     asked = list(ctx.options.dynamic)
     check_unique(asked)
     for a in asked:
+        if not a.by_name:
+            _check_asked(a, feed, program, ctx.loaded.kind)
+            found[(a.input, a.axis)] = a
+    for a in named_axes.apply_by_name([a for a in asked if a.by_name], found):
         _check_asked(a, feed, program, ctx.loaded.kind)
-        found[(a.input, a.axis)] = a
+    named_axes.follow_asked(found)
+    named_axes.fix_unasked(found, feed, ctx)
     if "dynamic_shapes" not in extras:  # a module declaring its own (a multi-graph component) keeps them
         _hinted_batch(ctx.options.atc_hints or {}, found, feed)
     limit = _position_limit(ctx.model)

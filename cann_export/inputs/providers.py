@@ -103,8 +103,8 @@ class RecordedCall:
 
 @dataclass(frozen=True)
 class FirstLayer:
-    """A model file given without inputs: one input shaped for its first Conv / Linear / Embedding, when the
-    model runs on it (recorded as a warning, inputs.shape_inference)."""
+    """A model (a file, or a module given to the Python API) without inputs: one input shaped for its first
+    Conv / Linear / Embedding, when the model runs on it (recorded as a warning, inputs.shape_inference)."""
 
     name: str = "first_layer"
     priority: int = 10
@@ -112,8 +112,6 @@ class FirstLayer:
     def provide(self, ctx: ExportContext) -> tuple[dict[str, Any], str] | None:
         from .shape_inference import infer_example_input
 
-        if not isinstance(ctx.source, (str, Path)):
-            return None
         inferred = infer_example_input(ctx.model, accepted_names(ctx), ctx.options.seed)
         if inferred is not None:
             ctx.reports.warnings.inputs = inferred[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..usage.surface import from_cli
+
 # Spatial sizes used for convolutions: 224 px is what image models are built for.
 _SPATIAL = {1: (128,), 2: (224, 224), 3: (8, 112, 112)}
 _TOKENS = 16
@@ -51,14 +53,25 @@ def infer_example_input(model: Any, accepted: list[str], seed: int = 0) -> tuple
             model(**{accepted[0]: tensor})
     except Exception:  # noqa: BLE001 - any failure means the guess does not fit this model
         return None
-    said = (f"an input shape inferred from the first {type(layer).__name__} ({name or 'the model'}): "
-            f"--input-shape {accepted[0]}:{spec}; pass --input-shape to choose another")
+    if from_cli():
+        said = (f"an input shape inferred from the first {type(layer).__name__} ({name or 'the model'}): "
+                f"--input-shape {accepted[0]}:{spec}; pass --input-shape to choose another")
+    else:
+        said = (f"an input shape inferred from the first {type(layer).__name__} ({name or 'the model'}): "
+                f"input_shapes=[{accepted[0] + ':' + spec!r}]; pass example_inputs= or input_shapes= to choose another")
     return {accepted[0]: tensor}, said
 
 
 def no_inputs_message(accepted: list[str]) -> str:
-    """The refusal when nothing was given and nothing could be inferred: the exact flags to pass."""
+    """The refusal when nothing was given and nothing could be inferred: the exact flags (or, through the Python
+    API, the arguments) to pass."""
+    first = (accepted or ["x"])[0]
+    lead = "no example inputs, and no shape could be inferred from the model's first Conv/Linear/Embedding; "
+    if not from_cli():
+        shapes = ", ".join(repr(f"{n}:D1,D2,...") for n in accepted or ["NAME"])
+        return (f"{lead}pass example_inputs=(tensor, ...) (one per forward parameter), or input_shapes=[{shapes}] "
+                f"(e.g. input_shapes=[{first + ':1,3,224,224'!r}]), or example_inputs_file='FILE.safetensors', or "
+                "call the model once after cann.torch.track(model)")
     flags = " ".join(f"--input-shape {n}:D1,D2,..." for n in accepted) or "--input-shape NAME:D1,D2,..."
-    return (f"no example inputs, and no shape could be inferred from the model's first Conv/Linear/Embedding; "
-            f"pass {flags} (e.g. --input-shape {(accepted or ['x'])[0]}:1,3,224,224) or --example-inputs "
-            "FILE.safetensors (example_inputs= in Python, or call the model once after cann.torch.track(model))")
+    return (f"{lead}pass {flags} (e.g. --input-shape {first}:1,3,224,224) or --example-inputs FILE.safetensors "
+            "(example_inputs= in Python, or call the model once after cann.torch.track(model))")

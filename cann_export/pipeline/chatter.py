@@ -1,13 +1,16 @@
 """Third-party log chatter (torch.export's specialisation notes, dynamo and FX dumps, onnxscript's optimizer)
 kept out of the user's terminal while a stage runs: each record is kept, bounded, in the manifest's
-``warnings.third_party`` ("stage: logger: message"), and the CLI says how many in one line."""
+``warnings.third_party`` ("stage: logger: message"), and the CLI says how many, from which libraries, in one line
+(``hidden_line``). torchao's "Failed to load ..._C_*.so" lines (its optional kernels, at import) are among them."""
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Iterator
 
-LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnxruntime", "transformers")
+LOGGERS = ("torch", "torchao", "onnxscript", "onnx_ir", "onnxruntime", "onnx", "transformers", "huggingface_hub",
+           "accelerate", "safetensors")
 MAX_RECORDS, MAX_CHARS = 50, 400
 
 
@@ -43,3 +46,13 @@ def kept(stage: str, into: list[str]) -> Iterator[None]:
     finally:
         for logger, handlers, propagate in saved:
             logger.handlers, logger.propagate = handlers, propagate
+
+
+def hidden_line(records: list[str]) -> str | None:
+    """``12 warnings from torch, transformers hidden; --verbose shows them`` for the kept records, or None."""
+    if not records:
+        return None
+    by_library = Counter(str(r).split(": ", 2)[1].split(".")[0] if str(r).count(": ") >= 2 else "other"
+                         for r in records)
+    libraries = ", ".join(name for name, _ in by_library.most_common())
+    return f"{len(records)} warning(s) from {libraries} hidden; --verbose shows them"

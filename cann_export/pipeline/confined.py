@@ -68,6 +68,7 @@ def run_confined(ctx: ExportContext, stages: tuple[Stage, ...], progress: Progre
     def body(send: child.Send) -> dict[str, Any]:
         atomic.stage_inside(box)
         os.environ["TMPDIR"] = tempfile.tempdir = str(box / "tmp")
+        _quiet_onnxruntime()
 
         def forward(index: int, stage: str, status: str, seconds: float) -> None:
             send({"progress": [index, stage, status, seconds]})
@@ -108,6 +109,16 @@ def run_confined(ctx: ExportContext, stages: tuple[Stage, ...], progress: Progre
                           "was written. A crafted file, or a load that needs more memory than is free",
                           path=str(ctx.source), stage=stage.name) from e
     return split
+
+
+def _quiet_onnxruntime() -> None:
+    """onnxruntime's environment warns on stderr, past any session's log level, that it cannot persist its
+    telemetry id (a write the sandbox denies): errors only, before its first session in the child."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    onnxruntime.set_default_logger_severity(3)
 
 
 def _finalize(ctx: ExportContext) -> None:
