@@ -1,7 +1,6 @@
 """What the export command says about warnings that did not stop it: a torchvision left out, a --soc-version the tool
-does not know, a
-dynamic axis exported static, and third-party chatter (torch, transformers, ...) the stages kept out of the
-terminal, counted in one line or, with --verbose, shown."""
+does not know, a dynamic axis exported static, and third-party chatter (torch, transformers, ...) the stages kept
+out of the terminal, counted in one line or, with --verbose, shown. Every line is escaped for the terminal."""
 from __future__ import annotations
 
 import os
