@@ -7,7 +7,8 @@ import pytest
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `helpers.toy_models:...` for --model-class
 os.environ.setdefault("CANN_EXPORT_LOAD_PLUGINS", "")  # hermetic: no installed third-party plugins
-VISION_RUN = "bash tests/vision_env.sh (.ci/run's second stage: its own venv with torch, torchvision and timm)"
+VISION_RUN = ("bash tests/vision_env.sh (its own venv with torch, torchvision and timm; .ci/run runs it after the "
+              "main suite)")
 
 
 def _why_no_vision() -> str | None:
