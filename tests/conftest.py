@@ -7,7 +7,8 @@ import pytest
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `helpers.toy_models:...` for --model-class
 os.environ.setdefault("CANN_EXPORT_LOAD_PLUGINS", "")  # hermetic: no installed third-party plugins
-VISION_RUN = "bash tests/vision_env.sh (.ci/run's second stage: its own venv with torch, torchvision and timm)"
+VISION_RUN = ("bash tests/vision_env.sh (its own venv with torch, torchvision and timm; .ci/run runs it after the "
+              "main suite)")
 
 
 def _why_no_vision() -> str | None:
@@ -24,7 +25,16 @@ def _why_no_vision() -> str | None:
     return None
 
 
+# whole suites of real multi-graph / encoder-decoder exports, 30-100 s each on 2 shared cores (measured, README):
+# `-m "not slow"` skips them locally; the README's test command and CI run them
+SLOW_SUITES = {"test_multigraph.py", "test_multigraph_budget.py", "test_multigraph_ranges.py",
+               "test_multigraph_reuse.py", "test_multigraph_trace.py", "test_vision_encoder_decoder.py"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_SUITES:
+            item.add_marker(pytest.mark.slow)
     vision = [item for item in items if item.get_closest_marker("vision")]
     why = _why_no_vision() if vision else None
     for item in vision if why else ():
