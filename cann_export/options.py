@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dynamic import check_static_shape
 from .errors import OptionsError
 
-MAX_INPUT_ELEMENTS = 1 << 28  # one --input-shape's example tensor: 1 GiB of float32
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
 
@@ -44,26 +44,7 @@ def parse_input_shape(text: str) -> InputSpec:
     dtype = parts[2].strip() if len(parts) == 3 else None
     if dtype is not None and dtype not in DTYPES:
         raise OptionsError(f"--input-shape {text!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    spec = InputSpec(name, shape, dtype)
-    check_input_shape(spec, text)
-    return spec
-
-
-def check_input_shape(spec: InputSpec, text: str | None = None) -> None:
-    """An --input-shape the example tensor can be made from: each dimension within --dynamic's bound (MAX_DIM)
-    and the whole within MAX_INPUT_ELEMENTS, refused before torch allocates anything."""
-    from .dynamic import MAX_DIM
-
-    shown = f"--input-shape {(text if text is not None else spec.name)[:200]!r}"
-    shape = spec.shape
-    if (not isinstance(shape, (tuple, list)) or not shape
-            or not all(type(d) is int and (d == -1 or 1 <= d <= MAX_DIM) for d in shape)):
-        raise OptionsError(f"{shown}: every dimension must be an integer in 1..{MAX_DIM} (the bound --dynamic "
-                           "ranges have) or -1; give the shape of one real input, e.g. pixel_values:1,3,224,224")
-    elements = math.prod(spec.example_shape)
-    if elements > MAX_INPUT_ELEMENTS:
-        raise OptionsError(f"{shown}: the example tensor would hold {elements} elements, more than "
-                           f"{MAX_INPUT_ELEMENTS} (1 GiB of float32); give the shape of one real input")
+    return InputSpec(name, shape, dtype)
 
 
 PRECISION_MODES = (
@@ -337,9 +318,6 @@ class ExportOptions:
                                                        if isinstance(spec, InputSpec))):
             raise OptionsError("--static-shapes with --dynamic or -1 in --input-shape: pass one or the other")
         check_input_names(self.input_shapes)
-        for spec in self.input_shapes:
-            if isinstance(spec, InputSpec):
-                check_input_shape(spec)
         check_metadata(self.metadata)
         self.tolerance.check()
         self.check_input_files()
@@ -366,10 +344,12 @@ def _is_real(value: Any) -> bool:
 
 
 def check_input_names(specs: list[InputSpec]) -> None:
-    """Each --input-shape names a different input (a second one would silently replace the first)."""
+    """Each --input-shape names a different input (a second one would silently replace the first) and is bounded."""
     seen: set[str] = set()
     for spec in specs:
         name = spec.name if isinstance(spec, InputSpec) else str(spec)
+        if isinstance(spec, InputSpec):  # each dim within --dynamic's bound, before torch allocates the example
+            check_static_shape(spec, f"--input-shape {f'{name}:' + ','.join(map(str, spec.shape))[:200]!r}")
         if name in seen:
             raise OptionsError(f"--input-shape names input {name!r} twice; pass one --input-shape per input")
         seen.add(name)
