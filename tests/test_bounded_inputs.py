@@ -310,6 +310,12 @@ def npz_declaring(path: Path, shape: tuple[int, ...], descr: str, itemsize: int)
     return path
 
 
+@pytest.fixture(scope="module")
+def npz_bomb(tmp_path_factory):
+    """Issue 41's file: a ~2 MB .npz whose one member honestly inflates to 2 GiB of float32 zeros (made once)."""
+    return npz_declaring(tmp_path_factory.mktemp("bomb") / "p.npz", (22_369_622, 2, 12), "<f4", 4)
+
+
 def run_rss_capped(cli_env, args):
     from helpers.rss import run_capped
 
@@ -323,13 +329,13 @@ def run_rss_capped(cli_env, args):
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc")
 @pytest.mark.parametrize("case", ["many-samples", "zip-bomb"])
-def test_parity_data_that_would_exhaust_memory_is_refused_within_1gb(tmp_path, cli_env, mlp_pt2, case):
+def test_parity_data_that_would_exhaust_memory_is_refused_within_1gb(tmp_path, cli_env, mlp_pt2, npz_bomb, case):
     """Issue 41: a 60 KB .npz of 2.6 M samples ran parity on each (18 KB apiece: 11.9 GB); a 2 MB one declaring
     2 GiB of zeros. Both are refused from the zip directory and the .npy header, before any array exists."""
     if case == "many-samples":
         data, needles = npz_declaring(tmp_path / "p.npz", (2_621_440, 2, 12), "|u1", 1), ["declares [2621440, 2, 12]"]
     else:
-        data, needles = npz_declaring(tmp_path / "p.npz", (22_369_622, 2, 12), "<f4", 4), ["16x its size"]
+        data, needles = npz_bomb, ["16x its size"]
     assert data.stat().st_size < 3 << 20
     out = tmp_path / "out"
     stderr = run_rss_capped(cli_env, [mlp_pt2, "--format", "onnx", "--parity-data", data, "-o", out])
@@ -385,3 +391,13 @@ def test_parity_samples_past_the_bound_are_refused_in_every_layout(tmp_path):
     fine = tmp_path / "fine.npz"
     np.savez(fine, x=np.zeros((MAX_SAMPLES, 2, 12), np.float32))
     assert len(read_parity_data(fine, example)) == MAX_SAMPLES
+
+
+def test_a_calibration_npz_bomb_is_refused_from_its_directory(npz_bomb):
+    """--calibration-data reads .npz files through the same checked zip reader (16x its size + 64 MiB at most)."""
+    from cann_export.errors import PrepareError
+    from cann_export.qat.stage import read_calibration
+
+    with pytest.raises(PrepareError, match="16x its size") as info:
+        read_calibration(npz_bomb, ["x"])
+    assert "--calibration-data" in info.value.message
