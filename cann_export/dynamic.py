@@ -19,6 +19,7 @@ SYNTAX = ("write it as NAME:AXIS=[DIM][:LO..HI|:G1,G2,...][,AXIS=...], e.g. --dy
 MIN_GEARS, MAX_GEARS = 2, 100
 MAX_BATCH = 2048
 MAX_DIM = 1 << 20
+MAX_INPUT_ELEMENTS = 1 << 28  # one --input-shape's example tensor: 1 GiB of float32
 DEFAULT_BATCH_MAX = 16  # axis 0 with no range given (-1 in --input-shape, a loader's axis): parity runs at its end
 DEFAULT_FACTOR = 4  # another axis with no range: 1 .. 4 x the example's size
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -209,3 +210,19 @@ def from_records(records: Any, where: str = "manifest atc.dynamic.axes") -> list
         source = r.get("source")
         out.append(replace(axis, source=source if isinstance(source, str) else "manifest"))
     return out
+
+
+def check_static_shape(spec: Any, shown: str) -> None:
+    """An --input-shape (options.InputSpec) the example tensor can be made from: each dimension in 1..MAX_DIM (the
+    bound a --dynamic range has) or -1, and the example at most MAX_INPUT_ELEMENTS; refused before torch allocates."""
+    import math
+
+    shape = spec.shape
+    if (not isinstance(shape, (tuple, list)) or not shape
+            or not all(type(d) is int and (d == -1 or 1 <= d <= MAX_DIM) for d in shape)):
+        raise OptionsError(f"{shown}: every dimension must be an integer in 1..{MAX_DIM} (the bound --dynamic "
+                           "ranges have) or -1; give the shape of one real input, e.g. pixel_values:1,3,224,224")
+    elements = math.prod(spec.example_shape)
+    if elements > MAX_INPUT_ELEMENTS:
+        raise OptionsError(f"{shown}: the example tensor would hold {elements} elements, more than "
+                           f"{MAX_INPUT_ELEMENTS} (1 GiB of float32); give the shape of one real input")

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dynamic import check_static_shape
 from .errors import OptionsError
 from .safe_text import check_printable
 # the SoC names, their overflow modes and their checks live in socs.py; importable from here as before
@@ -282,10 +283,12 @@ def _is_real(value: Any) -> bool:
 
 
 def check_input_names(specs: list[InputSpec]) -> None:
-    """Each --input-shape names a different input (a second one would silently replace the first)."""
+    """Each --input-shape names a different input (a second one would silently replace the first) and is bounded."""
     seen: set[str] = set()
     for spec in specs:
         name = spec.name if isinstance(spec, InputSpec) else str(spec)
+        if isinstance(spec, InputSpec):  # each dim within --dynamic's bound, before torch allocates the example
+            check_static_shape(spec, f"--input-shape {f'{name}:' + ','.join(map(str, spec.shape))[:200]!r}")
         if name in seen:
             raise OptionsError(f"--input-shape names input {name!r} twice; pass one --input-shape per input")
         seen.add(name)

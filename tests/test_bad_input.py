@@ -1,7 +1,10 @@
 """Every error a user can cause: one clear message naming the file and stage, exit code, no traceback,
 and nothing left at the output path."""
 import json
+import shutil
+import stat
 import zipfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -123,3 +126,78 @@ def test_corrupt_example_inputs_file(tmp_path):
     bad.write_bytes(b"\x00" * 40)
     fails_cleanly(tmp_path, [str(files.torchscript(tmp_path)), "--example-inputs", str(bad)], stage="load",
                   needles=["inputs.safetensors", "safetensors"])
+
+
+# ------------------------------------------------------------------ report paths checked before the export (issue 41)
+
+
+@pytest.fixture
+def junk_model(tmp_path):
+    """Report paths are checked with the options: a refusal at [load] would mean the check came too late."""
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"not a model")
+    return path
+
+
+def char_device(tmp_path):
+    """A /dev/full of our own (a device node in tmp_path): a regression that replaced it harms nothing."""
+    import os
+
+    path = tmp_path / "full"
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+    return path
+
+
+def report_targets(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    return {
+        "character device": (char_device(tmp_path), "a character device, not a regular file"),
+        "FIFO": (fifo, "a FIFO (named pipe), not a regular file"),
+        "directory": (tmp_path / "adir", "a directory, not a regular file"),
+        "/proc": (Path("/proc/self/mem"), "cannot create a file in /proc/self"),
+        "parent is a file": (tmp_path / "afile" / "r.json", "Not a directory"),
+    }
+
+
+REPORT_CASES = [(flag, kind) for flag in ("--trace", "--summary", "--junit")
+                for kind in ("character device", "FIFO", "directory", "/proc", "parent is a file")
+                if kind != "directory" or flag == "--trace"]  # click refuses a directory for the other two
+
+
+@pytest.mark.parametrize("flag, kind", REPORT_CASES)
+def test_report_paths_are_checked_before_the_export(tmp_path, junk_model, flag, kind):
+    target, needle = report_targets(tmp_path)[kind]
+    err = fails_cleanly(tmp_path, [str(junk_model), flag, str(target)], stage="options", needles=[flag, needle])
+    assert "[load]" not in err
+    if kind == "character device":
+        assert stat.S_ISCHR(target.stat().st_mode), "the device node was replaced"
+
+
+def test_a_summary_that_cannot_be_written_refuses_before_the_export_commits(tmp_path):
+    """Issue 41: --summary /proc/self/mem was found unwritable only after the bundle was committed."""
+    model = files.pt2(tmp_path)
+    fails_cleanly(tmp_path, [str(model), "--format", "onnx", "--summary", "/proc/self/mem"], stage="options",
+                  needles=["--summary", "/proc/self/mem"])
+
+
+def test_a_failed_trace_write_is_an_error_naming_the_flag(tmp_path):
+    from cann_export.errors import WriteError
+    from cann_export.pipeline.timeline import StageTimeline
+
+    (tmp_path / "reports").mkdir()
+    record = StageTimeline(tmp_path / "reports" / "trace.json").wrap(None)
+    record(1, "load", "ok", 0.1)
+    assert (tmp_path / "reports" / "trace.json").is_file()
+    shutil.rmtree(tmp_path / "reports")
+    (tmp_path / "reports").write_text("now a file")
+    with pytest.raises(WriteError, match="--trace: cannot write the stage timeline") as info:
+        record(2, "prepare", "ok", 0.1)
+    assert info.value.exit_code == 2

@@ -228,6 +228,12 @@ OPTION_CASES = [
      ["--input-shape", "'x' twice"]),
     (["--metadata", "cann_export.tool=evil"], {"metadata": {"cann_export.tool": "evil"}},
      ["'cann_export.tool'", "reserved", "provenance"]),
+    # issue 41: dims past --dynamic's bound (torch then failed with a C++ frame dump, or took 11 GB)
+    (["--input-shape", "x:99999999999999999999,4"], {"input_shapes": ["x:99999999999999999999,4"]},
+     ["--input-shape 'x:99999999999999999999,4'", "1..1048576"]),
+    (["--input-shape", "x:100000000,4"], {"input_shapes": ["x:100000000,4"]}, ["'x:100000000,4'", "1..1048576"]),
+    (["--input-shape", "x:1048576,1048576"], {"input_shapes": ["x:1048576,1048576"]},
+     ["1099511627776 elements", "1 GiB of float32"]),
 ]
 
 
@@ -279,3 +285,128 @@ def test_accepted_options_still_export_a_bundle_validate_accepts(tmp_path):
                                     soc_version="Ascend910B", metadata={"tool": "mine"})
     assert result.ok and result.manifest["metadata"]["tool"] == "mine"
     assert invoke(["validate", out]).exit_code == 0
+
+
+# ------------------------------------------------------------------ memory bounded before allocation (issue 41)
+
+RSS_CAP = 1 << 30  # the two memory cases of issue 41 took 11-12 GB
+
+
+@pytest.fixture(scope="module")
+def mlp_pt2(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pt2") / "m.pt2"
+    torch.export.save(torch.export.export(make_mlp(), (torch.randn(2, 12),)), str(path))
+    return path
+
+
+def npz_declaring(path: Path, shape: tuple[int, ...], descr: str, itemsize: int) -> Path:
+    """An .npz whose one member ``x.npy`` honestly holds ``shape`` of zeros, deflated (a few KB per 10 MB)."""
+    from numpy.lib import format as npy
+
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    npy.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
+    left = math.prod(shape) * itemsize
+    chunk = bytes(16 << 20)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        with zf.open("x.npy", "w", force_zip64=True) as f:
+            f.write(header.getvalue())
+            while left > 0:
+                f.write(chunk[:min(left, len(chunk))])
+                left -= min(left, len(chunk))
+    return path
+
+
+@pytest.fixture(scope="module")
+def npz_bomb(tmp_path_factory):
+    """Issue 41's file: a ~2 MB .npz whose one member honestly inflates to 2 GiB of float32 zeros (made once)."""
+    return npz_declaring(tmp_path_factory.mktemp("bomb") / "p.npz", (22_369_622, 2, 12), "<f4", 4)
+
+
+def run_rss_capped(cli_env, args):
+    from helpers.rss import run_capped
+
+    result = run_capped([sys.executable, "-m", "cann_export", *map(str, args)], cli_env, RSS_CAP, timeout=240)
+    assert not result.killed, f"peak RSS {result.peak_bytes >> 20} MiB (cap {RSS_CAP >> 20}) or past the deadline"
+    assert result.peak_bytes < RSS_CAP
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "[internal]" not in result.stderr, result.stderr
+    return result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc")
+@pytest.mark.parametrize("case", ["many-samples", "zip-bomb"])
+def test_parity_data_that_would_exhaust_memory_is_refused_within_1gb(tmp_path, cli_env, mlp_pt2, npz_bomb, case):
+    """Issue 41: a 60 KB .npz of 2.6 M samples ran parity on each (18 KB apiece: 11.9 GB); a 2 MB one declaring
+    2 GiB of zeros. Both are refused from the zip directory and the .npy header, before any array exists."""
+    if case == "many-samples":
+        data, needles = npz_declaring(tmp_path / "p.npz", (2_621_440, 2, 12), "|u1", 1), ["declares [2621440, 2, 12]"]
+    else:
+        data, needles = npz_bomb, ["16x its size"]
+    assert data.stat().st_size < 3 << 20
+    out = tmp_path / "out"
+    stderr = run_rss_capped(cli_env, [mlp_pt2, "--format", "onnx", "--parity-data", data, "-o", out])
+    assert "[prepare]" in stderr and "--parity-data" in stderr and "p.npz" in stderr, stderr
+    for needle in needles:
+        assert needle in stderr, stderr
+    nothing_written(tmp_path, out)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc")
+def test_huge_input_shape_is_refused_with_the_options_within_1gb(tmp_path, cli_env, mlp_pt2):
+    """Issue 41: --input-shape x:100000000,4 took 11 GB before the .pt2's own guard refused it 30-40 s later."""
+    out = tmp_path / "out"
+    stderr = run_rss_capped(cli_env, [mlp_pt2, "--input-shape", "x:100000000,4", "-o", out])
+    assert "[options]" in stderr and "--input-shape 'x:100000000,4'" in stderr and "1..1048576" in stderr, stderr
+    nothing_written(tmp_path, out)
+
+
+def test_an_input_spec_object_is_bounded_too(tmp_path, junk_model):
+    from cann_export.options import InputSpec
+
+    with pytest.raises(OptionsError, match="1..1048576"):
+        cann_export.export(str(junk_model), tmp_path / "out", "atc_ready",
+                           input_shapes=[InputSpec("x", (10**20, 4))])
+    nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_parity_samples_past_the_bound_are_refused_in_every_layout(tmp_path):
+    """Every layout counts its samples before splitting: N/NAME keys, [N, *shape], [N*B, ...] and safetensors."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from cann_export.errors import PrepareError
+    from cann_export.inputs.parity_data import MAX_SAMPLES, read_parity_data
+
+    example = {"x": torch.zeros(2, 12)}
+    keyed = tmp_path / "keyed.npz"
+    np.savez(keyed, **{f"{i}/x": np.zeros((2, 12), np.float32) for i in range(MAX_SAMPLES + 1)})
+    with pytest.raises(PrepareError, match=f"holds {MAX_SAMPLES + 1} samples, more than the {MAX_SAMPLES}"):
+        read_parity_data(keyed, example)
+    rows = tmp_path / "rows.npz"  # [N*B, 12] cut into batches of 2
+    np.savez(rows, x=np.zeros((2 * MAX_SAMPLES + 2, 12), np.float32))
+    with pytest.raises(PrepareError, match=f"more than the {MAX_SAMPLES * 24} --parity-data takes"):
+        read_parity_data(rows, example)
+    cut = tmp_path / "cut.npz"  # [N*B, 12] of 1-row batches: each sample's rows past the bound
+    np.savez(cut, x=np.zeros((MAX_SAMPLES + 1, 12), np.float32))
+    with pytest.raises(PrepareError, match=f"holds {MAX_SAMPLES + 1} samples"):
+        read_parity_data(cut, {"x": torch.zeros(1, 12), "y": torch.zeros(64, 12)})
+    big = tmp_path / "big.safetensors"
+    save_file({"x": np.zeros((MAX_SAMPLES + 1, 2, 12), np.float32)}, str(big))
+    with pytest.raises(PrepareError, match=f"pass at most {MAX_SAMPLES}"):
+        read_parity_data(big, example)
+    fine = tmp_path / "fine.npz"
+    np.savez(fine, x=np.zeros((MAX_SAMPLES, 2, 12), np.float32))
+    assert len(read_parity_data(fine, example)) == MAX_SAMPLES
+
+
+def test_a_calibration_npz_bomb_is_refused_from_its_directory(npz_bomb):
+    """--calibration-data reads .npz files through the same checked zip reader (16x its size + 64 MiB at most)."""
+    from cann_export.errors import PrepareError
+    from cann_export.qat.stage import read_calibration
+
+    with pytest.raises(PrepareError, match="16x its size") as info:
+        read_calibration(npz_bomb, ["x"])
+    assert "--calibration-data" in info.value.message

@@ -274,3 +274,35 @@ def test_a_static_cache_into_one_file_needs_no_task():
     from cann_export import api
 
     api._check_defaulted("gpt2-dir", "text-generation-with-past", "gpt2.zip", "atc_ready", {"kv_cache": "static:16"})
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.txt", "generation_config.json"])
+@pytest.mark.parametrize("how", ["dangling", "loop"])
+def test_a_carried_file_that_dangles_or_loops_is_refused_not_skipped(saved, tmp_path, name, how):
+    """Issue 41: a carried tokenizer.json that led nowhere was silently left out of the bundle."""
+    directory = _copy(saved, "bert", tmp_path)
+    (directory / name).unlink(missing_ok=True)
+    if how == "dangling":
+        os.symlink(directory / "gone.json", directory / name)
+    else:
+        os.symlink(directory / "loop_b", directory / "loop_a")
+        os.symlink(directory / "loop_a", directory / "loop_b")
+        os.symlink(directory / "loop_a", directory / name)
+    with pytest.raises(LoadError, match="is a link that leads nowhere") as e:
+        hf_files.companions(*hf_files.resolve(directory))
+    assert e.value.path == str(directory / name) and name in e.value.message
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1E400", "2e308"])
+def test_a_number_past_the_float_range_is_refused_like_infinity(saved, tmp_path, number):
+    """Issue 41: config.json's 1e999 read as inf where the Infinity literal was refused."""
+    directory = _copy(saved, "bert", tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 0.123}).replace("0.123", number))
+    with pytest.raises(LoadError, match="config.json") as e:
+        HfDirectoryLoader().load(directory, OPTIONS)
+    assert f"the number {number} is past the float range" in e.value.message
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer_config.json").write_text(f'{{"model_max_length": {number}}}')
+    with pytest.raises(LoadError, match="tokenizer_config.json is not strict JSON"):
+        hf_files.companions(*hf_files.resolve(directory))

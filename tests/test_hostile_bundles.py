@@ -486,3 +486,57 @@ def test_the_stub_inside_an_om_bundle_is_checked(exported, tmp_path):
     data["atc"]["om"]["sha256"] = digests.sha256_file(bundle / "model.om")
     write_manifest(bundle, data, rehash=False)
     refused(["validate", bundle], "model.om: om-stub header or payload does not match the sha256")
+
+
+# ------------------------------------------------------------------ multi-graph bundles: every file listed (issue 41)
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    """A tiny GPT-2 directory exported once as text-generation-with-past (prefill + decode, hf/ carried)."""
+    from helpers.hf_models import tiny_decoder_gpt2
+
+    root = tmp_path_factory.mktemp("multi")
+    tiny_decoder_gpt2(n_positions=32).save_pretrained(root / "gpt2-dir")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", path_without_atc())
+        run = invoke([root / "gpt2-dir", "-o", root / "bundle", "--task", "text-generation-with-past", "-q"])
+    assert run.exit_code == 0, run.output
+    assert (root / "bundle" / "hf" / "config.json").is_file()
+    return root / "bundle"
+
+
+def _drop_from_table(bundle: Path, rel: str) -> None:
+    data = manifest(bundle)
+    data["files"].pop(rel)
+    (bundle / "manifest.json").write_text(json.dumps(data))
+
+
+MULTI_CASES = {
+    "unlisted hf/extra.sh": (lambda b: (b / "hf" / "extra.sh").write_text("touch MARK\n"),
+                             "hf/extra.sh: not in the top-level file table"),
+    "unlisted top-level file": (lambda b: (b / "run.sh").write_text("touch MARK\n"),
+                                "run.sh: not in the top-level file table"),
+    "hf/config.json out of the table": (lambda b: _drop_from_table(b, "hf/config.json"),
+                                        "hf/config.json: not in the top-level file table"),
+    "link in hf/": (lambda b: (b / "hf" / "vocab.txt").symlink_to("/etc/hostname"),
+                    "hf/vocab.txt: a link inside the bundle"),
+    "FIFO in hf/": (lambda b: os.mkfifo(b / "hf" / "pipe"), "hf/pipe: not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", list(MULTI_CASES))
+def test_multi_graph_bundle_with_an_unlisted_file_is_refused_by_validate_and_the_zoo(multi, tmp_path, case):
+    tamper, words = MULTI_CASES[case]
+    bundle = tmp_path / "b"
+    shutil.copytree(multi, bundle)
+    assert invoke(["validate", bundle]).exit_code == 0
+    tamper(bundle)
+    result = invoke(["validate", bundle])
+    assert result.exit_code == 2 and "[validate]" in result.stderr, result.output
+    assert words in " ".join(result.stderr.split()), result.stderr
+    zoo = tmp_path / "zoo"
+    result = invoke(["zoo", "publish", bundle, "--name", "m", "--zoo", zoo])
+    assert result.exit_code == 2 and "[zoo]" in result.stderr and "[internal]" not in result.stderr, result.output
+    assert words in " ".join(result.stderr.split()), result.stderr
+    assert not (zoo / "models" / "m").exists()

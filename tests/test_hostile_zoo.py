@@ -420,3 +420,25 @@ def test_model_zoo_has_no_import_cycles():
 
     for mod in graph:
         visit(mod, [])
+
+
+# ------------------------------------------------------------------ paths that are not regular files (issue 41)
+
+
+@pytest.mark.parametrize("layout", ["bundle manifest.json", "model file"])
+def test_publish_of_a_fifo_is_a_clean_refusal(tmp_path, layout):
+    """A bundle whose manifest.json is a FIFO gave ``[internal] IsADirectoryError``; a FIFO model file would block."""
+    if layout == "bundle manifest.json":
+        (tmp_path / "b").mkdir()
+        os.mkfifo(tmp_path / "b" / "manifest.json")
+        model, shown = tmp_path / "b", "manifest.json is a FIFO"
+    else:
+        os.mkfifo(tmp_path / "m.pth")
+        model, shown = tmp_path / "m.pth", "model file is a FIFO"
+    result = subprocess.run([sys.executable, "-m", "cann_export", "zoo", "publish", str(model), "--name", "m",
+                             "--zoo", str(tmp_path / "zoo")], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CANN_EXPORT_LOAD_PLUGINS": ""})
+    assert result.returncode == 2, result.stderr
+    assert "[zoo]" in result.stderr and shown in result.stderr and "not a regular file" in result.stderr
+    assert "[internal]" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "zoo" / "models" / "m").exists()

@@ -35,11 +35,11 @@ class CiReports:
         self.step_summary = os.environ.get("GITHUB_STEP_SUMMARY") or None
         self.actions = os.environ.get("GITHUB_ACTIONS") == "true"
         self.started = time.monotonic()
-        from ..errors import OptionsError
+        from ..fs.report_paths import check_report_path
 
         for flag, file in (("--summary", summary), ("--junit", junit)):
-            if file and Path(file).is_dir():
-                raise OptionsError(f"{flag} {file}: is a directory; pass a file name", path=file)
+            if file:  # before the export runs: a report found unwritable after commit is too late
+                check_report_path(file, flag)
 
     @contextlib.contextmanager
     def refusal(self) -> Iterator[None]:

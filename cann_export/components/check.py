@@ -18,7 +18,7 @@ from .plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
-MAX_ENTRIES = 10_000  # files and directories walked under the components
+MAX_ENTRIES = 10_000  # files and directories walked in the bundle
 
 
 def archive_is_multi(path: Path) -> bool:
@@ -242,26 +242,27 @@ def script_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def placement_problems(directory: Path, files: dict[str, Any]) -> list[str]:
-    """Everything under ``components/`` must be a plain directory or a regular file inside the bundle, and every
-    file listed (with its digest) in the top-level file table; a listed file that is missing is named by
-    ``file_problems``."""
+    """Everything in the bundle (manifest.json aside) must be a plain directory or a regular file inside it, and
+    every file listed (with its digest) in the top-level file table: an unlisted ``hf/extra.sh`` would pass
+    validate and be dropped by the zoo, an ``hf/config.json`` taken out of the table would go unchecked. A listed
+    file that is missing is named by ``file_problems``."""
     import os
 
-    top = directory / COMPONENTS_DIR
-    if top.is_symlink():
+    if (directory / COMPONENTS_DIR).is_symlink():
         return [f"{COMPONENTS_DIR}: a link, not a directory inside the bundle (refused)"]
     problems, count = [], 0
-    for root, dirs, names in os.walk(top):  # never follows a link
+    for root, dirs, names in os.walk(directory):  # never follows a link
         for name in sorted(dirs) + sorted(names):
             count += 1
             if count > MAX_ENTRIES:
-                return problems + [f"{COMPONENTS_DIR}: more than {MAX_ENTRIES} entries (refused)"]
+                return problems + [f"the bundle: more than {MAX_ENTRIES} entries (refused)"]
             p = Path(root) / name
             rel = p.relative_to(directory).as_posix()
-            if ".cann-tmp-" in rel:
+            if ".cann-tmp-" in rel or rel == "manifest.json" or rel == COMPONENTS_DIR:
                 continue
+            where = "a component" if rel.startswith(f"{COMPONENTS_DIR}/") else "the bundle"
             if p.is_symlink():
-                problems.append(f"{rel[:200]}: a link inside a component (refused)")
+                problems.append(f"{rel[:200]}: a link inside {where} (refused)")
             elif name in names and not p.is_file():
                 problems.append(f"{rel[:200]}: not a regular file (refused)")
             elif name in names and rel not in files:

@@ -85,10 +85,17 @@ def dump_file_text(data: Any) -> str:
 
 def loads_strict(text: str | bytes) -> Any:
     """Parse JSON the way strict parsers (Node's JSON.parse) do: NaN / Infinity are errors, and so is an object
-    that names a key twice (readers disagree on which value wins)."""
+    that names a key twice (readers disagree on which value wins); a number past the float range (``1e999``,
+    which Python would read as inf) is refused like the Infinity literal."""
 
     def refuse(name: str) -> Any:
         raise ValueError(f"not RFC 8259 JSON: {name}")
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {text[:40]} is past the float range (it would read as {value})")
+        return value
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
@@ -98,4 +105,4 @@ def loads_strict(text: str | bytes) -> Any:
             raise ValueError(f"the key {twice[:80]!r} appears twice in one object")
         return out
 
-    return json.loads(text, parse_constant=refuse, object_pairs_hook=unique)
+    return json.loads(text, parse_constant=refuse, parse_float=finite, object_pairs_hook=unique)

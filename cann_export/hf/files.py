@@ -120,9 +120,9 @@ def companions(directory: Path, roots: list[Path]) -> dict[str, bytes]:
     total = 0
     for name in COMPANIONS:
         path = directory / name
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             continue
-        check_inside(path, roots)
+        check_inside(path, roots)  # a link that dangles or loops is refused by name, never skipped
         check_regular_file(path, name, "it must be a regular file; re-save the model with save_pretrained")
         with path.open("rb") as f:
             data = f.read(MAX_COMPANION + 1)

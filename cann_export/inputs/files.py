@@ -26,8 +26,10 @@ def check_input_file(path: str | Path, flag: str, error: type[ExportError] = Opt
     return Path(path)
 
 
-def read_npz(path: Path, flag: str = "--parity-data", error: type[ExportError] = PrepareError) -> dict[str, Any]:
-    """The arrays of an .npz (no pickle), each read only after its header was found to fit its member."""
+def read_npz(path: Path, flag: str = "--parity-data", error: type[ExportError] = PrepareError,
+             max_elements: int | None = None) -> dict[str, Any]:
+    """The arrays of an .npz (no pickle), each read only after its header was found to fit its member (and to
+    hold at most ``max_elements`` elements, when given)."""
     from ..load.archives import ArchiveError, open_checked
 
     try:
@@ -40,17 +42,35 @@ def read_npz(path: Path, flag: str = "--parity-data", error: type[ExportError] =
             if not name.endswith(".npy"):
                 raise error(f"{flag}: member {name[:80]!r} is not an .npy array; write the file with "
                             "numpy.savez", path=path)
+            size = archive.infos[name].file_size
+            _check_header(io.BytesIO(_head(archive, name, path, flag, error)), size, name, path, flag, error,
+                          max_elements)
             data = archive.read(name)
-            arrays[name[:-len(".npy")]] = _array(io.BytesIO(data), len(data), name, path, flag, error)
+            arrays[name[:-len(".npy")]] = _array(io.BytesIO(data), len(data), name, path, flag, error, max_elements)
     return arrays
 
 
-def read_npz_tensors(path: Path, flag: str, error: type[ExportError] = PrepareError) -> dict[str, Any]:
+_HEAD_BYTES = 64 << 10  # an .npy header (numpy writes at most a few hundred bytes; it reads at most 10000)
+
+
+def _head(archive: Any, name: str, path: Path, flag: str, error: type[ExportError]) -> bytes:
+    """The first bytes of a member (its .npy header), read without inflating the rest."""
+    from ..load.archives import ZIP_READ_ERRORS
+
+    try:
+        with archive.zf.open(name) as member:
+            return member.read(min(_HEAD_BYTES, archive.infos[name].file_size))
+    except ZIP_READ_ERRORS as e:
+        raise error(f"{flag}: member {name[:80]!r} is unreadable ({type(e).__name__})", path=path) from e
+
+
+def read_npz_tensors(path: Path, flag: str, error: type[ExportError] = PrepareError,
+                     max_elements: int | None = None) -> dict[str, Any]:
     """``read_npz`` as torch tensors; an array torch has no dtype for (strings, dates, records) is refused."""
     import torch
 
     tensors = {}
-    for name, array in read_npz(path, flag, error).items():
+    for name, array in read_npz(path, flag, error, max_elements).items():
         try:
             native = array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
             tensors[name] = torch.from_numpy(native)
@@ -61,7 +81,18 @@ def read_npz_tensors(path: Path, flag: str, error: type[ExportError] = PrepareEr
 
 
 def _array(stream: io.BytesIO, size: int, name: str, path: Path, flag: str,
-           error: type[ExportError] = PrepareError) -> Any:
+           error: type[ExportError] = PrepareError, max_elements: int | None = None) -> Any:
+    import numpy as np
+
+    _check_header(stream, size, name, path, flag, error, max_elements)
+    stream.seek(0)
+    return np.load(stream, allow_pickle=False)
+
+
+def _check_header(stream: io.BytesIO, size: int, name: str, path: Path, flag: str, error: type[ExportError],
+                  max_elements: int | None) -> None:
+    """Refuse an array whose header declares pickled objects, more elements than ``max_elements`` or more
+    bytes than its member's ``size`` holds."""
     import numpy as np
     from numpy.lib import format as npy
 
@@ -71,10 +102,12 @@ def _array(stream: io.BytesIO, size: int, name: str, path: Path, flag: str,
                            else npy.read_array_header_2_0(stream))
     except (ValueError, OSError) as e:
         raise error(f"{flag}: member {name[:80]!r} is not a readable .npy array ({e})", path=path) from e
-    needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    elements = int(np.prod(shape, dtype=object))
+    needed = elements * dtype.itemsize
     if dtype.hasobject or needed > size - stream.tell():
         why = "holds Python objects (pickle)" if dtype.hasobject else (
             f"declares {list(shape)} {dtype} ({needed} bytes) in {size - stream.tell()} bytes")
         raise error(f"{flag}: member {name[:80]!r} {why}; refusing it before allocating anything", path=path)
-    stream.seek(0)
-    return np.load(stream, allow_pickle=False)
+    if max_elements is not None and elements > max_elements:
+        raise error(f"{flag}: member {name[:80]!r} declares {list(shape)[:8]} ({elements} elements), more than the "
+                    f"{max_elements} {flag} takes; refusing it before allocating anything", path=path)

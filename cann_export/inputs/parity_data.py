@@ -8,7 +8,9 @@ The file names its tensors after the forward's inputs, in one of two layouts:
 - ``S/NAME`` keys (``0/input_ids``, ``1/input_ids``, ...), one tensor per sample, as the bundle's
   parity/inputs.safetensors stores them.
 
-Every sample must give every input the example gives, with the example's shape (graphs are static)."""
+Every sample must give every input the example gives, with the example's shape (graphs are static). Parity
+runs every sample: a file of more than ``MAX_SAMPLES`` samples is refused from its headers, before its arrays are
+allocated (each array may hold at most ``MAX_SAMPLES`` times the largest example input's elements)."""
 from __future__ import annotations
 
 import re
@@ -17,37 +19,67 @@ from typing import Any
 
 from ..errors import PrepareError
 
+MAX_SAMPLES = 1024  # parity keeps every sample's inputs and outputs: ~18 KB each for a 12-feature MLP
 _SAMPLE_KEY = re.compile(r"^(\d+)/(.+)$")
 _LAYOUT = ("name the tensors after the forward's inputs, each with a leading sample dimension "
            "[N, *input_shape], or as N/NAME keys, one per sample")
 
 
-def read_tensors(path: Path) -> dict[str, Any]:
-    """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files)."""
+def read_tensors(path: Path, max_elements: int | None = None) -> dict[str, Any]:
+    """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files), each
+    of at most ``max_elements`` elements, checked from the file's header before anything is allocated."""
     from .files import check_input_file, read_npz_tensors
 
     check_input_file(path, "--parity-data", PrepareError)
     if path.suffix == ".npz":
-        return read_npz_tensors(path, "--parity-data")
-    try:
-        from safetensors.torch import load_file
+        return read_npz_tensors(path, "--parity-data", max_elements=max_elements)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
 
+    try:
+        with safe_open(str(path), "pt") as f:
+            shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
+    except Exception as e:  # safetensors raises its own types for corrupt headers
+        raise PrepareError(f"cannot read parity data ({type(e).__name__}: {e}); write it with "
+                           "safetensors.torch.save_file or numpy.savez", path=path) from e
+    if max_elements is not None:
+        _check_elements(shapes, max_elements, path)
+    try:
         return dict(load_file(str(path)))
     except Exception as e:  # numpy / safetensors raise their own types for corrupt files
         raise PrepareError(f"cannot read parity data ({type(e).__name__}: {e}); write it with "
                         "safetensors.torch.save_file or numpy.savez", path=path) from e
 
 
+def _check_elements(shapes: dict[str, list[int]], max_elements: int, path: Path) -> None:
+    import math
+
+    for key, shape in shapes.items():
+        if math.prod(shape) > max_elements:
+            raise PrepareError(f"--parity-data: tensor {key[:80]!r} of shape {list(shape)[:8]} holds more than "
+                               f"{max_elements} elements ({MAX_SAMPLES} samples of the largest input); parity runs "
+                               f"every sample, pass at most {MAX_SAMPLES}", path=path)
+
+
+def _too_many(count: int, path: Path) -> PrepareError:
+    return PrepareError(f"the parity data holds {count} samples, more than the {MAX_SAMPLES} parity runs (it keeps "
+                        f"every sample's inputs and outputs); pass a subset of at most {MAX_SAMPLES} samples",
+                        path=path)
+
+
 def read_parity_data(path: str | Path, example: dict[str, Any]) -> list[dict[str, Any]]:
     """The samples of ``path`` as input sets shaped and typed like ``example``."""
     path = Path(path)
-    tensors = read_tensors(path)
+    largest = max((int(t.numel()) for t in example.values()), default=1)
+    tensors = read_tensors(path, MAX_SAMPLES * max(largest, 1))
     if not tensors:
         raise PrepareError(f"the parity data holds no tensors; {_LAYOUT}", path=path)
     keyed: dict[int, dict[str, Any]] = {}
     for key, t in tensors.items():
         if m := _SAMPLE_KEY.match(key):
             keyed.setdefault(int(m.group(1)), {})[m.group(2)] = t
+    if len(keyed) > MAX_SAMPLES:
+        raise _too_many(len(keyed), path)
     samples = [keyed[i] for i in sorted(keyed)] if keyed else _split(tensors, example, path)
     out = []
     for i, sample in enumerate(samples):
@@ -73,9 +105,13 @@ def _split(tensors: dict[str, Any], example: dict[str, Any], path: Path) -> list
                             path=path)
         t, shape = tensors[name], tuple(ref.shape)
         if t.dim() == len(shape) + 1 and tuple(t.shape[1:]) == shape:
+            if t.shape[0] > MAX_SAMPLES:
+                raise _too_many(int(t.shape[0]), path)
             chunks[name] = list(t.unbind(0))
         elif (t.dim() == len(shape) and shape and tuple(t.shape[1:]) == shape[1:]
               and t.shape[0] % shape[0] == 0 and t.shape[0] > 0):
+            if t.shape[0] // shape[0] > MAX_SAMPLES:
+                raise _too_many(int(t.shape[0] // shape[0]), path)
             chunks[name] = list(t.split(shape[0], dim=0))
         else:
             raise PrepareError(f"parity data {name} has shape {list(t.shape)}; for inputs of shape {list(shape)} "

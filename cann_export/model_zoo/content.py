@@ -51,6 +51,7 @@ def stage(staged: Staged, model: Any, *, model_class: str | None, model_kwargs: 
         if _is_artifact(path):
             stage_artifact(staged, path)
         else:
+            _check_regular(path)
             _stage_weights_file(staged, path, model_class, model_kwargs, trust_pickle)
     elif model is not None:
         if not hasattr(model, "state_dict"):
@@ -72,6 +73,22 @@ def stage(staged: Staged, model: Any, *, model_class: str | None, model_kwargs: 
                        "'pkg.module:Callable' (--model-class, with model_kwargs= / --model-kwargs), or publish the "
                        "exported artifact (cann-export MODEL --format atc_ready) or a torch.export .pt2, which "
                        "carry the program", path=staged.source.get("path"))
+
+
+def _check_regular(path: Path) -> None:
+    """A model path that is not an artifact is a regular file, and a directory a bundle whose manifest.json is
+    one: a FIFO would block the read, a directory is no weights file (checked by stat, nothing opened)."""
+    from ..errors import ExportError
+    from ..fs.regular import check_regular_file
+
+    hint = "Pass an nn.Module, a weights/checkpoint file or an exported bundle directory"
+    target, what = (path / "manifest.json", "bundle's manifest.json") if path.is_dir() else (path, "model file")
+    if path.is_dir() and not (target.exists() or target.is_symlink()):
+        raise ZooError(f"a directory but not an exported bundle (no manifest.json). {hint}", path=path)
+    try:
+        check_regular_file(target, what, hint)
+    except ExportError as e:
+        raise ZooError(e.message, path=target) from e
 
 
 def _is_artifact(path: Path) -> bool:

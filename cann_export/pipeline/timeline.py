@@ -15,7 +15,9 @@ ProgressFn = Callable[[int, str, str, float], None]
 
 class StageTimeline:
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        from ..fs.report_paths import check_report_path
+
+        self.path = check_report_path(path, "--trace")
         self.events: list[dict[str, Any]] = []
         self._end_us = 0.0  # where the last stage ended: stages run one after another
 
@@ -34,9 +36,14 @@ class StageTimeline:
         return record
 
     def write(self) -> None:
+        from ..errors import WriteError
         from ..fs.atomic import write_text
 
         trace = {"traceEvents": [{"name": "process_name", "ph": "M", "pid": os.getpid(), "tid": 0,
                                   "args": {"name": "cann-export"}}, *self.events], "displayTimeUnit": "ms"}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(self.path, json.dumps(trace, allow_nan=False))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(self.path, json.dumps(trace, allow_nan=False))
+        except OSError as e:
+            raise WriteError(f"--trace: cannot write the stage timeline ({e.strerror or e}); pass a file in a "
+                             "directory you can write", path=str(self.path)) from e
