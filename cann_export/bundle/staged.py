@@ -26,6 +26,7 @@ from ..hooks.contracts import Format, optional
 
 MAX_ENTRIES = 10_000  # files and directories walked in one staging directory
 MANIFEST = "manifest.json"
+FOLLOW_GRAPH = ("input_shape", "input_shape_range")  # hints a stage narrows to the graph (checked against it)
 ASIDE = ".cann-tmp-"  # a declared file a format keeps out of its file table (om's model.om beside the bundle)
 
 
@@ -167,8 +168,11 @@ def options_problems(manifest: dict[str, Any], options: Any) -> list[str]:
     atc = manifest.get("atc")
     if not isinstance(atc, dict) or not atc:
         return []
-    expected = {"soc_version": options.soc_version, "precision_mode": effective_precision(options),
-                "hints": json.loads(json.dumps(dict(options.atc_hints or {}), default=str))}
+    hints = json.loads(json.dumps(dict(options.atc_hints or {}), default=str))
+    recorded = atc.get("hints") if isinstance(atc.get("hints"), dict) else {}
+    if set(recorded) == set(hints):  # the ranges follow the graph's fixed dims (inputs/given_shapes.py)
+        hints.update({key: recorded[key] for key in FOLLOW_GRAPH if key in hints})
+    expected = {"soc_version": options.soc_version, "precision_mode": effective_precision(options), "hints": hints}
     problems = [f"{MANIFEST} atc.{key}: {str(atc.get(key))[:120]!r}, not the validated option {str(value)[:120]!r}"
                 for key, value in expected.items() if atc.get(key) != value]
     dynamic = atc.get("dynamic")
