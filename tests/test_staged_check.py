@@ -83,3 +83,14 @@ def test_the_healthy_export_still_commits(tmp_path, sandbox, fmt, extra):
     else:
         manifest = json.loads((out_dir / "bundle" / "manifest.json").read_text())
         assert "atc/fusion_switch.cfg" in manifest["files"] and result["manifest_sha256"]
+
+
+def test_declared_names_are_the_outputs_own_not_patterns():
+    from cann_export.bundle.staged import matches
+
+    ours = formats.OnnxFormat().writes(Path("out/m[1]*.onnx"))
+    assert all(matches(name, ours) for name in ("m[1]*.onnx", "m[1]*.onnx.data", "m[1]*.weights.safetensors"))
+    assert not matches("m1x.onnx", ours) and not matches("m[1]*.onnx.sh", ours)
+    bundle = formats.AtcReadyFormat().writes(Path("b"))
+    assert matches("atc/convert.sh", bundle) and matches("hf/tokenizer.json", bundle)
+    assert not matches("atc/convert.sh.bak", bundle) and not matches("hf/extra.sh", bundle)

@@ -73,9 +73,11 @@ class OnnxFormat:
     def writes(self, output: Path) -> tuple[str, ...]:
         """``m.onnx``, its external data ``m.onnx.data`` and ``--include-optimizer-state``'s ``m.*.safetensors``:
         the only files ``commit`` moves beside the output."""
+        from glob import escape  # the output's own name, not a pattern: m[1].onnx is that file only
+
         name = self.targets(output)[0].name
-        stem = Path(name).stem
-        return name, f"{name}.data", f"{stem}.weights.safetensors", f"{stem}.optimizer.safetensors"
+        stem = escape(Path(name).stem)
+        return escape(name), f"{escape(name)}.data", f"{stem}.weights.safetensors", f"{stem}.optimizer.safetensors"
 
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
