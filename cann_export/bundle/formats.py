@@ -40,6 +40,12 @@ def _finalize_parity(ctx: ExportContext, staging: Path) -> None:
         atomic.write_text(staging / "parity.json", dumps(ctx.reports.parity.to_dict()))
 
 
+MODEL_FILES = ("model.onnx", "model.onnx.data")  # the graph, and its weights past external_data_threshold
+PARITY_FILES = ("parity.json", "parity/inputs.safetensors", "parity/expected.safetensors")
+ATC_FILES = ("atc/convert.sh", "atc/keep_dtype.cfg", "atc/fusion_switch.cfg", "atc/aipp.cfg")
+TRAINING_FILES = ("training/weights.safetensors", "training/optimizer.safetensors")
+
+
 def _write_training_state(ctx: ExportContext, directory: Path, prefix: str) -> list[Path]:
     from .training_state import save_optimizer_state, save_weights
 
@@ -64,6 +70,15 @@ class OnnxFormat:
         """The paths an export to ``output`` creates: ``-o m.onnx`` is that file, any other name gets ``.onnx``."""
         return [output if output.suffix == ".onnx" else output.with_name(output.name + ".onnx")]
 
+    def writes(self, output: Path) -> tuple[str, ...]:
+        """``m.onnx``, its external data ``m.onnx.data`` and ``--include-optimizer-state``'s ``m.*.safetensors``:
+        the only files ``commit`` moves beside the output."""
+        from glob import escape  # the output's own name, not a pattern: m[1].onnx is that file only
+
+        name = self.targets(output)[0].name
+        stem = escape(Path(name).stem)
+        return escape(name), f"{escape(name)}.data", f"{stem}.weights.safetensors", f"{stem}.optimizer.safetensors"
+
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         name = ctx.output_path.name if ctx.output_path.suffix == ".onnx" else ctx.output_path.name + ".onnx"
         ctx.output_path = ctx.output_path.with_name(name)
@@ -79,7 +94,11 @@ class OnnxFormat:
         return OnnxBundleFormat.name
 
     def commit(self, ctx: ExportContext, staging: Path) -> list[Path]:
-        names = sorted((p.name for p in staging.iterdir()), key=lambda n: n == ctx.output_path.name)
+        from .staged import matches
+
+        ours = self.writes(ctx.output_path)  # what the staging holds beyond them was refused before commit
+        names = sorted((p.name for p in staging.iterdir() if matches(p.name, ours)),
+                       key=lambda n: n == ctx.output_path.name)
         from ..fs.targets import our_external_data
 
         return atomic.commit_files(staging, names, ctx.output_path.parent, ctx.options.overwrite,
@@ -95,6 +114,7 @@ class AtcReadyFormat:
     atc_opsets = ATC_OPSETS
     device_parity = True
     lint = True
+    writes_beside: tuple[str, ...] = ()  # what a format built on this one stages beyond the bundle (om: model.om)
 
     def targets(self, output: Path) -> list[Path]:
         if output.suffix == ".om":
@@ -104,6 +124,13 @@ class AtcReadyFormat:
                                f"({', '.join(ARCHIVE_SUFFIXES)}), not an .om; pass --format om for NAME.om",
                                path=output)
         return [output]
+
+    def writes(self, output: Path) -> tuple[str, ...]:
+        from .staged import carried_names
+        from .torch_program import PROGRAM_FILE
+
+        return ("manifest.json", *MODEL_FILES, *PARITY_FILES, "report.html", *ATC_FILES, PROGRAM_FILE,
+                *TRAINING_FILES, *carried_names(), *self.writes_beside)
 
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = _save(ctx, staging / "model.onnx")
@@ -155,6 +182,11 @@ class OnnxBundleFormat:
     atc_opsets = None
     device_parity = False
     lint = False
+
+    def writes(self, output: Path) -> tuple[str, ...]:
+        from .staged import carried_names
+
+        return ("manifest.json", *MODEL_FILES, *PARITY_FILES, *carried_names())
 
     def write(self, ctx: ExportContext, staging: Path) -> list[Path]:
         files = _save(ctx, staging / "model.onnx")

@@ -45,8 +45,7 @@ def find_atc() -> str | None:
 
 
 def atc_error_text(output: str, limit: int = 800) -> str:
-    """The gist of a failed ATC run: its error-code lines (``E19010: ...``) with the line that follows
-    each, or else its last meaningful lines."""
+    """The gist of a failed ATC run: its error-code lines (``E19010: ...``) and the line after each, else its last."""
     lines = [line.rstrip() for line in output.splitlines() if line.strip()
              and not any(n in line for n in _NOISE)]
     picked: list[str] = []
@@ -100,6 +99,7 @@ class OmFormat(AtcReadyFormat):
                    "else an om-stub for `cann-export convert`); -o NAME.om writes the file NAME.om with the "
                    "bundle beside it in NAME_bundle/")
     is_directory = True
+    writes_beside = (OM_FILE, f".cann-tmp-om/{OM_FILE}", ATC_LOG, f"{amct_run.AMCT_DIR}/**")  # -o NAME.om: aside
     component_format = staticmethod(lambda: None)  # several graphs: --format atc_ready, then `cann-export convert`
 
     def targets(self, output: Path) -> list[Path]:

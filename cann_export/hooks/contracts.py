@@ -152,6 +152,11 @@ class FormatOptional(Protocol):
     def targets(self, output: Path) -> list[Path]:
         """The paths an export to ``output`` creates (checked before any work). Default: ``[output]``."""
 
+    def writes(self, output: Path) -> tuple[str, ...]:
+        """The relative paths an export to ``output`` stages (patterns: ``*`` within one path part, a ``**``
+        part for any rest). Before commit, a staged file or directory outside them is refused
+        (``bundle/staged.py``). Default: no names declared (links and special files are refused all the same)."""
+
     def unpack(self, path: Path, directory: Path) -> dict[str, Any] | None:
         """If ``path`` is a single file of this format carrying a bundle, extract the bundle into
         ``directory`` (bounded reads) and return the file's own header; else None, touching nothing."""
@@ -254,7 +259,7 @@ CONTRACTS: dict[str, type] = {
 OPTIONAL: dict[type, tuple[str, ...]] = {
     Loader: ("matches_directory", "adopt", "graphs"),
     Pass: PASS_METHODS,
-    Format: ("targets", "unpack", "manifest_problems", "check_artifact", "describe", "result_info",
+    Format: ("targets", "writes", "unpack", "manifest_problems", "check_artifact", "describe", "result_info",
              "runs_programs", "component_format"),
     AtcHint: ("render",),
 }
