@@ -146,13 +146,27 @@ def test_metadata_with_control_or_bidi_characters_is_refused_up_front(tmp_path, 
         export(model=str(tmp_path / "absent.pt2"), output_path=str(tmp_path / "o"), metadata={key: value})
 
 
-def test_zoo_show_prints_hostile_card_and_metadata_escaped(tmp_path):
-    """A zoo entry whose card fields hold ESC/OSC sequences and U+202E (the API takes metadata as given; a
-    shared store may hold anything): `zoo show` and `zoo list` print them escaped."""
+
+def test_the_zoo_apis_publish_refuses_metadata_the_cli_refuses(tmp_path):
+    """``cann.model_zoo.publish(metadata=...)`` refuses what ``zoo publish --metadata`` does, before any read."""
+    from cann.model_zoo import publish
+    from cann_export.errors import OptionsError
+
+    with pytest.raises(OptionsError, match="metadata= k: the value holds the control or invisible character"):
+        publish(model=str(tmp_path / "absent.pt2"), metadata={"k": "a\x1bb"}, zoo=str(tmp_path / "zoo"))
+    assert not (tmp_path / "zoo").exists()
+
+
+def test_zoo_show_prints_hostile_card_and_metadata_escaped(tmp_path, monkeypatch):
+    """A zoo entry whose card fields hold ESC/OSC sequences and U+202E (this client's publish refuses them, but a
+    shared store may hold anything another client wrote: here publish's check is switched off to write one):
+    `zoo show` and `zoo list` print them escaped."""
     from helpers.toy_models import make_mlp
 
     from cann.model_zoo import publish
+    from cann_export.model_zoo import api as zoo_api
 
+    monkeypatch.setattr(zoo_api, "check_printable", lambda *args: None)
     zoo = tmp_path / "zoo"
     publish(model=make_mlp(), name="tiny", zoo=str(zoo), metadata={
         "license": "\x1b]0;owned\x07mit\x1b[2J", "task": "\u202eexe.txt", "tags": "a\n::warning::pwned"})

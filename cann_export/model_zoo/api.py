@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..safe_text import check_printable
 from . import content
 from .clock import utc_now, who
 from .errors import ZooError
@@ -37,6 +38,8 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
     version = check_version(version) if version is not None else None
     aliases = [check_alias(a) for a in ([alias] if isinstance(alias, str) else list(alias or []))]
     metadata = {str(k): v for k, v in (metadata or {}).items()}
+    for key, value in metadata.items():  # as `zoo publish --metadata` refuses them: every sink would show them escaped
+        check_printable(key, value if isinstance(value, str) else "", "metadata=")
     seal = None
     if sign is not None:
         from .signing import sealer
