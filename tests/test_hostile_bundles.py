@@ -24,7 +24,7 @@ import cann_export
 from cann_export.bundle import om_stub
 from cann_export.bundle import rederive as bundle_check
 from cann_export.cli.main import cli
-from cann_export.errors import ValidateError
+from cann_export.errors import ExportError, ValidateError
 from cann_export.fs import digests
 from cann_export.hooks.manager import get_plugin_manager
 
@@ -226,6 +226,22 @@ def test_external_data_outside_the_table_is_refused(bundle, tmp_path):
     write_manifest(bundle, manifest(bundle))
     refused(["validate", bundle], "external data from '../../victim.bin'")
 
+
+
+@pytest.mark.parametrize("plant", ["extra.sh", "atc/extra.cfg", "link"])
+def test_a_file_outside_the_table_in_a_bundle_directory_is_refused(bundle, tmp_path, plant):
+    """The rule of a single-file bundle and of a multi-graph bundle, for a single graph's directory too: before,
+    `validate` passed a directory holding an unlisted `extra.sh`."""
+    if plant == "link":
+        (bundle / "notes").symlink_to("/etc")
+    else:
+        (bundle / plant).write_text("touch MARK\n")
+    shown = "notes" if plant == "link" else plant
+    all_commands_refuse(bundle, "file table does not list", shown, tmp=tmp_path)
+    from cann_export.model_zoo import publish
+
+    with pytest.raises(ExportError, match="file table does not list"):
+        publish(model=str(bundle), name="planted", zoo=str(tmp_path / "zoo"))
 
 # ------------------------------------------------------------------ malformed manifests
 

@@ -310,6 +310,8 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
         check_regular_file(path, "artifact", "Pass a bundle directory, a single-file bundle, an om-stub or an "
                            ".onnx file", ValidateError)
     if not path.is_file():
+        if (path / "manifest.json").is_file():  # a bundle directory: the same rule as an unpacked one
+            _refuse_unlisted(path, path, "bundle directory", unlisted_entries(path))
         yield path, None
         return
     with tempfile.TemporaryDirectory(prefix="cann-export-unpacked-") as tmp:
@@ -320,19 +322,23 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
                 yield path, None
                 return
             single_file.extract_archive(path, directory)
-        unlisted = unlisted_entries(directory)
-        if unlisted:
-            shown = ", ".join(_shown(rel) for rel in unlisted[:10]) + (f" (+{len(unlisted) - 10} more)"
-                                                                       if len(unlisted) > 10 else "")
-            raise ValidateError(f"the {'om-stub payload' if container else 'single-file bundle'} holds {shown}, "
-                                "which its manifest's file table does not list; an export lists every file it "
-                                "writes, so the file was added or edited: refusing it. Export it again", path=path)
+        _refuse_unlisted(path, directory, "om-stub payload" if container else "single-file bundle",
+                         unlisted_entries(directory))
         try:
             yield directory, container
         except ValidateError as e:
             if e.path and e.path.startswith(str(directory)):
                 e.path = str(path) + e.path[len(str(directory)):]
             raise
+
+
+def _refuse_unlisted(path: Path, directory: Path, what: str, unlisted: list[str]) -> None:
+    if unlisted:
+        shown = ", ".join(_shown(rel) for rel in unlisted[:10]) + (f" (+{len(unlisted) - 10} more)"
+                                                                   if len(unlisted) > 10 else "")
+        raise ValidateError(f"the {what} holds {shown}, which its manifest's file table does not list; an export "
+                            "lists every file it writes, so the file was added or edited: refusing it. Export it "
+                            "again", path=path)
 
 
 def unlisted_entries(directory: Path) -> list[str]:
@@ -345,7 +351,8 @@ def unlisted_entries(directory: Path) -> list[str]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return []
-    found = (p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*")) if not p.is_dir())
+    found = (p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*"))
+             if p.is_symlink() or not p.is_dir())  # a link (to a directory too) is never what an export writes
     return [rel for rel in found if rel != "manifest.json" and rel not in files]
 
 
