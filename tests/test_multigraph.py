@@ -475,7 +475,7 @@ def test_confined_result_comes_from_the_checked_manifest_not_the_child(bundles, 
         pytest.skip("no Landlock/seccomp here: the confined path does not run")
     source = bundles["gpt2"][1]
 
-    def lying_child(path, output, *args):  # a hostile child: a good bundle, a false report
+    def lying_child(path, output, *args, **kwargs):  # a hostile child: a good bundle, a false report
         shutil.copytree(source, output)
         return MultiResult(ok=False, output=str(output), kind="x", components={"evil": {"passed": False}})
 

@@ -53,7 +53,8 @@ def test_traced_branch_with_the_option_passes_but_is_marked(tmp_path, branchy_fi
     out = tmp_path / "b"
     result = invoke([*branchy_files, "-o", str(out), "--accept-trace-specialization"])
     assert result.exit_code == 0, result.output
-    assert "specialised to the example's path (accepted)" in result.stdout and BRANCH_LINE in result.stdout
+    assert "specialised to the example's path at 1 place(s)" in result.stdout and "accepted unchecked" in result.stdout
+    assert BRANCH_LINE in result.stdout
     manifest = loads_strict((out / "manifest.json").read_text())
     assert manifest["capture"]["specialized"]["accepted"] is True
     assert manifest["capture"]["specialized"]["warnings"][0]["line"] == 15

@@ -137,6 +137,21 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     except Exception as e:  # noqa: BLE001 - torch.export's many failure types: the bundle is still complete
         target.unlink(missing_ok=True)
         return _skip(ctx, f"torch.export failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+    return _checked(ctx, target)
+
+
+def _checked(ctx: Any, target: Path) -> list[Path]:
+    """The written program as every reader of the bundle will check it (validate, the parent's check before
+    commit, zoo publish, load_model): one they would refuse, such as a module named with a newline that torch
+    would write into generated source, is left out with the reason instead of failing the export."""
+    from .. import errors
+    from ..load.archive_safety import check_export_archive
+
+    try:
+        check_export_archive(target, trust_pickle=False)
+    except errors.ExportError as e:
+        target.unlink()
+        return _skip(ctx, f"the .pt2 checker refuses it ({' '.join(str(e).split())[:200]})")
     return [target]
 
 
