@@ -311,7 +311,7 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
                            ".onnx file", ValidateError)
     if not path.is_file():
         if (path / "manifest.json").is_file():  # a bundle directory: the same rule as an unpacked one
-            _refuse_unlisted(path, path, "bundle directory", unlisted_entries(path))
+            _refuse_unlisted(path, path, "bundle directory", unlisted_entries(path, single_graph=True))
         yield path, None
         return
     with tempfile.TemporaryDirectory(prefix="cann-export-unpacked-") as tmp:
@@ -341,15 +341,19 @@ def _refuse_unlisted(path: Path, directory: Path, what: str, unlisted: list[str]
                             "again", path=path)
 
 
-def unlisted_entries(directory: Path) -> list[str]:
+def unlisted_entries(directory: Path, single_graph: bool = False) -> list[str]:
     """The files of an unpacked bundle that its manifest's file table does not list (manifest.json aside).
-    A manifest that cannot be read or has no file table lists nothing here: ``read_bundle`` names why."""
+    A manifest that cannot be read or has no file table lists nothing here: ``read_bundle`` names why.
+    ``single_graph``: only for a well-formed single graph's manifest (a multi-graph bundle's own check names each
+    file in its terms; a malformed manifest is refused for that first)."""
     try:
         manifest = load_manifest_file(directory / "manifest.json")
     except ValidateError:
         return []
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
+        return []
+    if single_graph and ("components" in manifest or manifest_problems(manifest)):
         return []
     found = (p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*"))
              if p.is_symlink() or not p.is_dir())  # a link (to a directory too) is never what an export writes
