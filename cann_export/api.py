@@ -124,6 +124,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
         progress = StageTimeline(trace).wrap(progress)
     check_options(export_format, options)
+    _check_model_path(model)
     with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
         several = graphs(model, options)  # transformers' import: seconds the live line names
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
@@ -140,6 +141,13 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
 def _directory(model: Any) -> bool:
     return isinstance(model, (str, Path)) and Path(model).is_dir()
+
+
+def _check_model_path(model: Any) -> None:
+    """A model path that does not exist is refused here, in the parent, before the sandbox child imports torch
+    (the load stage's own check, seconds earlier)."""
+    if isinstance(model, (str, Path)) and not Path(model).exists():
+        raise errors.LoadError("model file not found; check the path", path=Path(model))
 
 
 def check_options(export_format: str, options: dict[str, Any]) -> None:

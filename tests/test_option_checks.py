@@ -92,3 +92,16 @@ def test_a_bad_option_is_refused_before_torch_is_imported(tmp_path, model, bad):
     assert run.returncode == 2, run.stderr + run.stdout
     assert "torch was imported" not in run.stderr + run.stdout
     assert "error: [options]" in run.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["export", "missing.pt2"], ["export", "missing_dir"], ["lint", "missing.onnx"]],
+                         ids=["export-file", "export-dir", "lint"])
+def test_a_missing_path_is_refused_before_torch_or_onnx_is_imported(tmp_path, argv):
+    env = _no_torch_env(tmp_path)
+    (tmp_path / "no_torch" / "onnx.py").write_text("raise SystemExit('onnx was imported before the path was checked')\n")
+    run = subprocess.run([sys.executable, "-m", "cann_export", *argv[:1], str(tmp_path / argv[1])], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr + run.stdout
+    assert "was imported" not in run.stderr + run.stdout
+    assert "not found" in run.stderr and "Traceback" not in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no_torch"]  # nothing written beside

@@ -14,12 +14,12 @@ from ..safe_text import terminal
 
 def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
     """(graph, ATC hints, precision mode) of an .onnx file or an atc_ready bundle."""
-    import onnx
-
     from ..errors import LintError
 
-    if not path.exists():
+    if not path.exists():  # before onnx's import: a mistyped path costs no second
         raise LintError("path not found; pass an .onnx file or an atc_ready bundle directory", path=path)
+    import onnx
+
     hints: dict[str, Any] = {}
     precision = "force_fp16"
     onnx_path = path
