@@ -6,9 +6,12 @@ import os
 import shutil
 
 import pytest
+import torch
 from click.testing import CliRunner
 from helpers.fake_atc import path_without_atc
-from test_om import stub, stub_bundle  # noqa: F401 - fixtures
+from helpers.toy_models import make_mlp
+
+import cann_export
 
 from cann_export.bundle import om_header
 from cann_export.cli.main import cli
@@ -64,6 +67,16 @@ def real_om(tmp_path, layout="2023", payload=b"\x01partition-table-and-model" * 
     return path
 
 
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    """An om-stub of a small MLP, exported where no atc is on PATH."""
+    out = tmp_path_factory.mktemp("om") / "mlp_om"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", path_without_atc())
+        assert cann_export.export(make_mlp(), out, "om", example_inputs=(torch.randn(2, 12),)).ok
+    return out / "model.om"
+
+
 @pytest.fixture
 def no_atc(monkeypatch):
     monkeypatch.setenv("PATH", path_without_atc())
@@ -104,7 +117,7 @@ def test_inspect_reads_a_real_om_without_atc(tmp_path, no_atc):
     assert "'Ascend310P3'" in text.stdout
 
 
-def test_a_real_om_is_not_read_as_a_stub_nor_a_stub_as_a_real_om(tmp_path, stub, no_atc):  # noqa: F811
+def test_a_real_om_is_not_read_as_a_stub_nor_a_stub_as_a_real_om(tmp_path, stub, no_atc):
     info = json.loads(invoke(["inspect", stub, "--json"]).stdout)
     assert info["kind"] == "om-stub"  # the stub mark: read (and its sha256 checked) as a stub
     real = real_om(tmp_path, "2019-20")

@@ -113,7 +113,9 @@ def claims_compiled(path: Path) -> bool:
             head = f.read(HEAD_SIZE)
     except OSError:
         return False
-    return len(head) == HEAD_SIZE and struct.unpack_from("<I", head)[0] == MAGIC and not head[120:].startswith(STUB_MARK)
+    if len(head) != HEAD_SIZE or struct.unpack_from("<I", head)[0] != MAGIC:
+        return False
+    return not head[120:].startswith(STUB_MARK)
 
 
 def read_real_om(path: str | Path) -> dict[str, Any]:
