@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
+from . import msprobe_metrics
 from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
 
@@ -56,6 +57,9 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
+    for k, row in enumerate(outputs):  # msprobe's figures of the emulated device run, worst over the sets
+        row["msprobe"] = msprobe_metrics.worst([msprobe_metrics.figures(a[k], e[k])
+                                                for a, e in zip(actual, expected, strict=True)])
     if emulator.int8 is not None and float_expected and len(float_expected) == len(expected):
         outputs = [within_int8_noise(o, [a[k] for a in actual], [e[k] for e in expected],
                                      [f[k] for f in float_expected], pol) if all(k < len(f) for f in float_expected)
