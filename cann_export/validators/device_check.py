@@ -57,18 +57,15 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
-    for k, row in enumerate(outputs):  # msprobe's figures of the emulated device run, worst over the sets
-        row["msprobe"] = msprobe_metrics.worst([msprobe_metrics.figures(a[k], e[k])
-                                                for a, e in zip(actual, expected, strict=True)])
     if emulator.int8 is not None and float_expected and len(float_expected) == len(expected):
         outputs = [within_int8_noise(o, [a[k] for a in actual], [e[k] for e in expected],
                                      [f[k] for f in float_expected], pol) if all(k < len(f) for f in float_expected)
                    else o for k, o in enumerate(outputs)]
     report: dict[str, Any] = {
         "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
-                      "keep_dtype": list(keep),
-                      "policy": pol.to_dict()},
-        "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+                      "keep_dtype": list(keep), "policy": pol.to_dict()},
+        "tolerance": pol.to_dict(), "outputs": msprobe_metrics.attach(outputs, actual, expected),  # + msprobe's
+        "passed": all(o["passed"] for o in outputs)}
     if emulator.int8 is not None:  # the quantized ops ran as AscendQuant -> int8/int32 -> AscendDequant
         report["precision"]["int8"] = emulator.int8.summary()
     localising = not report["passed"] and localise_failure

@@ -85,3 +85,11 @@ def worst(per_set: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         values = [s[field] for s in per_set if s[field] is not None]  # type: ignore[index]
         out[field] = WORST.get(field, max)(values) if len(values) == len(per_set) else None
     return out
+
+
+def attach(rows: list[dict[str, Any]], actual: list[list[Any]], expected: list[list[Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each output row's ``msprobe`` figures set: output k's worst case over the sets (actual[s][k]
+    against expected[s][k])."""
+    for k, row in enumerate(rows):
+        row["msprobe"] = worst([figures(a[k], e[k]) for a, e in zip(actual, expected, strict=True)])
+    return rows
