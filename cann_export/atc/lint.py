@@ -143,8 +143,8 @@ def _check_input_names(model: Any, hints: dict[str, Any], findings: _Findings) -
     for name, _dims in shape_cells(str(hints.get("input_shape") or "")):
         if name not in names:
             findings.add("error", "input-name",
-                         f"--input_shape names input {name!r}, which the graph does not have (ATC: E10016 'opname "
-                         f"is not exist in model'); the graph's inputs are {', '.join(names) or '(none)'}: fix the "
+                         f"--input_shape names input {name!r}, which the graph does not have (ATC refuses it: E10016); "
+                         f"the graph's inputs are {', '.join(names) or '(none)'}: fix the "
                          "--atc-hint input_shape", atc_code="E10016")
 
 
