@@ -107,3 +107,4 @@ def test_a_tampered_bundle_is_refused(bundles, tmp_path):
         f.write(b"\0")
     result = invoke(["golden", copy, "-o", tmp_path / "g"])
     assert result.exit_code == 2 and "Traceback" not in result.output and not (tmp_path / "g").exists()
+    assert "[golden]" in result.stderr and "model.onnx: contents changed" in result.stderr
