@@ -44,19 +44,21 @@ def figures(actual: Any, expected: Any) -> dict[str, float | None] | None:
         y = b[start:start + CHUNK].astype(np.float64)
         if not (np.isfinite(x).all() and np.isfinite(y).all()):
             return None
-        diff = np.abs(x - y)
-        rel = diff / np.maximum(np.abs(y), EPS)
+        signed = x - y
         ey = np.exp(y - top_b)
+        sums["pz"] -= float(ey @ signed)  # sum exp(b - top_b) * (b - a)
+        sums["zb"] += float(ey.sum())
+        sums["za"] += float(np.exp(x - top_a).sum())
         sums["dot"] += float(x @ y)
         sums["aa"] += float(x @ x)
         sums["bb"] += float(y @ y)
-        sums["dd"] += float(diff @ diff)
+        sums["dd"] += float(signed @ signed)
+        diff = np.abs(signed, out=signed)
+        rel = np.maximum(np.abs(y, out=ey), EPS, out=ey)
+        np.divide(diff, rel, out=rel)
         sums["rel"] += float(rel.sum())
         sums["within1"] += float(np.count_nonzero(rel <= 1e-3))
         sums["within5"] += float(np.count_nonzero(rel <= 5e-3))
-        sums["za"] += float(np.exp(x - top_a).sum())
-        sums["zb"] += float(ey.sum())
-        sums["pz"] += float(ey @ (y - x))
         max_abs = max(max_abs, float(diff.max()))
     n = a.size
     norm_a = math.sqrt(sums["aa"])
