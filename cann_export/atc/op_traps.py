@@ -229,7 +229,7 @@ def _int64_subgraphs(model: Any, types: dict[str, int], module_paths: dict[str, 
         if len(group) < INT64_SUBGRAPH_MIN:
             continue
         first = group[0]
-        findings.add("warning", "int64-shape-subgraph",
+        findings.add("info", "int64-shape-subgraph",
                      f"{len(group)} int64 shape ops (Shape, Gather, Concat, ... over dynamic dimensions) in one "
                      "subgraph: ATC runs int64 arithmetic on AI CPU with a host sync per op (converts, slower). Fix: "
                      "export with static shapes (--input-shape, no dynamic axes) so the optimize stage folds them, "
