@@ -215,7 +215,7 @@ class ExportOptions:
         if self.opset not in ONNX_OPSETS:
             raise OptionsError(f"opset {self.opset} is not supported; use {ONNX_OPSETS.start}..{ONNX_OPSETS.stop - 1}")
         if self.precision_mode not in PRECISION_MODES:
-            raise OptionsError(f"unknown precision mode {self.precision_mode!r}; "
+            raise OptionsError(f"unknown precision mode {self.precision_mode!r} (ATC would refuse it with E10001); "
                                f"ATC accepts {', '.join(PRECISION_MODES)}")
         if self.external_data not in EXTERNAL_DATA:
             raise OptionsError(f"external_data must be one of {', '.join(EXTERNAL_DATA)}")

@@ -181,8 +181,10 @@ def test_a_real_om_is_not_mistaken_for_a_stub(stub):
     raw = bytearray(stub.read_bytes())
     raw[120:152] = b"\0" * 32  # no stub mark: what ATC itself writes
     stub.write_bytes(bytes(raw))
-    result = invoke(["inspect", stub])
+    result = invoke(["validate", stub])
     assert result.exit_code == 2 and "not a cann-export om-stub" in result.stderr
+    info = json.loads(invoke(["inspect", stub, "--json"]).stdout)  # inspect reads it as what it is: compiled
+    assert info["kind"] == "om" and info["om"]["kind"] == "compiled" and info["om"]["layout"] == "2019-20"
 
 
 # ------------------------------------------------------------------ with ATC on PATH

@@ -2,6 +2,7 @@
 names the ONNX node and the PyTorch module it came from."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,11 +10,15 @@ from ..capture import module_paths as mp
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+ATC_CODE = re.compile(r"\b(E[0-9A-Z]\d{4})\b")  # E19010, E10001, EZ3002 ... as ATC prints them
 
 
 class _Findings(list):
     def add(self, severity: str, rule: str, message: str, node: Any = None, module_paths: dict | None = None,
-            op_type: str | None = None) -> None:
+            op_type: str | None = None, atc_code: str | None = None) -> None:
+        """One finding; ``atc_code`` is the error code ATC is predicted to give (default: the first one the
+        message names, as ``(E10001)``), absent where ATC converts the graph and only runs it slower."""
+        code = atc_code or next(iter(ATC_CODE.findall(message)), None)
         module = None
         if node is not None:
             module = (module_paths or {}).get(node.name)
@@ -23,7 +28,8 @@ class _Findings(list):
         source = next((p.value for p in node.metadata_props if p.key == mp.SOURCE), None) if node is not None else None
         self.append({"severity": severity, "rule": rule, "node": node.name if node is not None else None,
                      "module": module, "op_type": op_type or (node.op_type if node is not None else None),
-                     "message": message, **({"source": source} if source else {})})
+                     "message": message, **({"source": source} if source else {}),
+                     **({"atc_code": code} if code else {})})
 
 
 def where(node: Any, module_paths: dict[str, str] | None) -> str:

@@ -23,7 +23,8 @@ def resolve(options: Any) -> list[str]:
         try:
             hints[key] = specs[key].normalize(value)
         except (ValueError, TypeError) as e:
-            raise OptionsError(f"ATC hint {key}={value!r}: {e}") from e
+            raise OptionsError(f"ATC hint {key}={value!r}: {e} (ATC would refuse it with E10001, an invalid "
+                               "option value)") from e
     explicit = set(hints)
     if options.precision_mode != DEFAULT_PRECISION_MODE:
         explicit.add("precision_mode")

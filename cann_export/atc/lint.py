@@ -134,6 +134,20 @@ def _check_inputs(model: Any, hints: dict[str, Any], findings: _Findings) -> Non
                              "input_shape_range, or fix it with input_shape")
 
 
+def _check_input_names(model: Any, hints: dict[str, Any], findings: _Findings) -> None:
+    """Every input the input_shape option names must be a graph input: ATC refuses another name (E10016)."""
+    from .dynamic_lint import shape_cells
+
+    initializers = {i.name for i in model.graph.initializer}
+    names = [v.name for v in model.graph.input if v.name not in initializers]
+    for name, _dims in shape_cells(str(hints.get("input_shape") or "")):
+        if name not in names:
+            findings.add("error", "input-name",
+                         f"--input_shape names input {name!r}, which the graph does not have (ATC refuses it: E10016); "
+                         f"the graph's inputs are {', '.join(names) or '(none)'}: fix the "
+                         "--atc-hint input_shape", atc_code="E10016")
+
+
 def _dtype_name(dtype: int) -> str:
     try:
         import onnx
@@ -148,7 +162,7 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
                dynamic: list[Any] | None = None) -> dict[str, Any]:
     """Lint an onnx.ModelProto; returns the report (see module docstring). Collects every finding. ``dynamic``:
     the export's dynamic axes, whose ATC form (atc/dynamic_form.py) joins the hints as convert.sh passes them."""
-    from . import dynamic_lint
+    from . import dynamic_lint, op_traps
     from .dynamic_form import atc_form
 
     hints = dict(hints or {})
@@ -162,7 +176,9 @@ def lint_model(model: Any, cann_version: str = "8.0", hints: dict[str, Any] | No
     opset = _graph_opset(model)
     _check_opset(cann_version, opset, findings)
     quantized = _check_ops(model, table, module_paths, findings)
+    op_traps.check(model, module_paths, findings)
     _check_inputs(model, hints, findings)
+    _check_input_names(model, hints, findings)
     if "input_shape" in hints:
         dynamic_lint.check(hints, cann_version, findings)
     if quantized:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ValidateError
 from ..hooks.contracts import Container, Format, optional
-from . import coverage, rederive, single_file
+from . import coverage, om_header, rederive, single_file
 from .read import has_atc, manifest_sha256, open_bundle
 
 PLAIN_ONNX = "onnx"  # the kind of a plain .onnx file (no manifest, so no format)
@@ -20,6 +20,8 @@ def describe(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ValidateError("path not found", path=path, stage="inspect")
+    if om_header.claims_compiled(path):  # a compiled ATC model: its header (and atc's JSON), no bundle
+        return om_header.describe_real_om(path)
     own: dict[str, Any] = {}  # what the artifact's Formats add
     try:
         with open_bundle(path) as (directory, container):

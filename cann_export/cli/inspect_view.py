@@ -12,6 +12,8 @@ TOP_OPS = 8
 def render(info: dict[str, Any]) -> list[str]:
     if info.get("kind") == "multi-graph":
         return _multi(info)
+    if info.get("kind") == "om":
+        return _compiled_om(info)
     lines = [_title(info)]
     if info.get("manifest_sha256"):
         lines.append(f"  manifest sha256 {info['manifest_sha256']}")
@@ -22,6 +24,21 @@ def render(info: dict[str, Any]) -> list[str]:
     lines += _lint(info.get("lint"), "")
     lines += _notes(info, "")
     return lines
+
+
+def _compiled_om(info: dict[str, Any]) -> list[str]:
+    """A compiled ATC model: the header fields, what ``atc --mode=1`` read, the notes."""
+    header = info["om"]
+    lines = [f"{info['path']} (compiled ATC offline model; {_size(info['size_bytes'])} on disk)", "",
+             f"  om header ({header['layout']} layout): name {header['name']!r}, platform_version "
+             f"{header['platform_version']!r}, {header['model_type']}, om_ir_version {header['om_ir_version']}"
+             + (f", model_num {header['model_num']}" if "model_num" in header else "")]
+    described = info.get("atc_json") or {}
+    if described.get("error"):
+        lines.append(f"  atc --mode=1: {described['error']}")
+    for key, value in (described.get("attrs") or {}).items():
+        lines.append(f"  {key}: {value}")
+    return lines + _notes(info, "")
 
 
 def _title(info: dict[str, Any]) -> str:

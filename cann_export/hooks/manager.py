@@ -35,6 +35,7 @@ DEFAULT_PLUGINS = (
     "cann_export.plugins.validators",
     "cann_export.plugins.lint_command",
     "cann_export.plugins.report_command",
+    "cann_export.plugins.golden_command",
     "cann_export.plugins.stages",
     "cann_export.plugins.inputs",
     "cann_export.plugins.hf",

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
+from . import msprobe_metrics
 from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
 
@@ -62,9 +63,9 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
                    else o for k, o in enumerate(outputs)]
     report: dict[str, Any] = {
         "precision": {"mode": mode, "emulated": emulator.emulation.description, "overflow": emulator.overflow,
-                      "keep_dtype": list(keep),
-                      "policy": pol.to_dict()},
-        "tolerance": pol.to_dict(), "outputs": outputs, "passed": all(o["passed"] for o in outputs)}
+                      "keep_dtype": list(keep), "policy": pol.to_dict()},
+        "tolerance": pol.to_dict(), "outputs": msprobe_metrics.attach(outputs, actual, expected),  # + msprobe's
+        "passed": all(o["passed"] for o in outputs)}
     if emulator.int8 is not None:  # the quantized ops ran as AscendQuant -> int8/int32 -> AscendDequant
         report["precision"]["int8"] = emulator.int8.summary()
     localising = not report["passed"] and localise_failure

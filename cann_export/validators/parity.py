@@ -72,6 +72,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     import numpy as np
 
     from .metrics import compare, compare_probe, compare_quantized, reference_problem
+    from .msprobe_metrics import figures, worst
 
     labels = labels or unlabelled(len(input_sets))
     count = len(expected[0])
@@ -86,7 +87,8 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
             if quantized:
                 out.append(compare_quantized(got, expected[s][k], tolerance, noise=_noise(quant_noise, s, k)))
             elif rule is compare:
-                out.append(compare(got, expected[s][k], tolerance, _noise(noise, s, k)))
+                row = compare(got, expected[s][k], tolerance, _noise(noise, s, k))
+                out.append({**row, "msprobe": figures(got, expected[s][k])})
             else:
                 out.append(rule(got, expected[s][k], tolerance))
         return out
@@ -105,6 +107,8 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     for k, name in enumerate(names):
         entry = {"name": name, "shape": list(expected[0][k].shape),
                  **_judged(name, verdict, labels, lambda s, k=k: judged[s][k], failed)}
+        if not quantized and verdict:  # msprobe's figures beside ours, worst over the verdict sets
+            entry["msprobe"] = worst([judged[s][k].get("msprobe") for s in verdict])
         problem = reference_problem(expected[s][k] for s in range(len(input_sets)))  # one set mapped at a time
         if problem:  # a meaningless reference is a failed check with its own message, never a pass
             entry.update(problem, passed=False)
