@@ -27,13 +27,13 @@ def _why_no_vision() -> str | None:
 
 # whole suites of real multi-graph / encoder-decoder exports, 30-100 s each on 2 shared cores (measured, README):
 # `-m "not slow"` skips them locally; the README's test command and CI run them
-SLOW_SUITES = {"test_multigraph.py", "test_multigraph_budget.py", "test_multigraph_ranges.py",
-               "test_multigraph_reuse.py", "test_multigraph_trace.py", "test_vision_encoder_decoder.py"}
+SLOW_SUITES = {"multigraph/test_decoders_seq2seq.py", "multigraph/test_budget.py", "multigraph/test_ranges.py",
+               "multigraph/test_reuse.py", "multigraph/test_trace.py", "multigraph/test_vision_encoder_decoder.py"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_SUITES:
+        if "/".join(item.path.parts[-2:]) in SLOW_SUITES:
             item.add_marker(pytest.mark.slow)
     vision = [item for item in items if item.get_closest_marker("vision")]
     why = _why_no_vision() if vision else None

@@ -142,9 +142,9 @@ def test_benchmarks_never_import_from_tests():
 def test_test_modules_never_import_each_other():
     """Shared test code lives in tests/helpers/; a test module imported by another runs its fixtures and
     module-level code twice and couples unrelated files."""
-    found = {p.name: [n for n in _imported_names(p) if n.split(".")[-1].startswith("test_")
-                      or n.startswith("tests.test_")]
-             for p in (ROOT / "tests").glob("test_*.py")}
+    found = {p.relative_to(ROOT).as_posix(): [n for n in _imported_names(p) if n.split(".")[-1].startswith("test_")
+                                              or n.startswith("tests.test_")]
+             for p in (ROOT / "tests").rglob("test_*.py")}
     assert len(found) > 20  # the walk found the tests
     offenders = {path: names for path, names in found.items() if names}
     assert not offenders, offenders
