@@ -150,6 +150,19 @@ def test_test_modules_never_import_each_other():
     assert not offenders, offenders
 
 
+def test_test_modules_live_in_folders_by_concern():
+    """A test module sits in the folder of its concern (tests/cli/, tests/multigraph/, ...), never behind a file-name
+    prefix repeating it; only this file, about the whole repository, stays at the top of tests/. Names stay unique:
+    without __init__.py files pytest imports each test module by its bare name."""
+    tests = ROOT / "tests"
+    found = sorted(p.relative_to(tests) for p in tests.rglob("test_*.py") if "helpers" not in p.parts)
+    assert len(found) > 20  # the walk found the tests
+    assert [p for p in found if len(p.parts) != 2] == [Path("test_architecture.py")]
+    names = [p.name for p in found]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert [p for p in found if p.name.startswith(f"test_{p.parts[0]}_")] == []
+
+
 def test_the_import_checks_see_a_test_import(tmp_path):
     sample = tmp_path / "bench_x.py"
     sample.write_text("def f():\n    from test_om import fake_atc\n    import tests.helpers.files\n")
