@@ -142,12 +142,25 @@ def test_benchmarks_never_import_from_tests():
 def test_test_modules_never_import_each_other():
     """Shared test code lives in tests/helpers/; a test module imported by another runs its fixtures and
     module-level code twice and couples unrelated files."""
-    found = {p.name: [n for n in _imported_names(p) if n.split(".")[-1].startswith("test_")
-                      or n.startswith("tests.test_")]
-             for p in (ROOT / "tests").glob("test_*.py")}
+    found = {p.relative_to(ROOT).as_posix(): [n for n in _imported_names(p) if n.split(".")[-1].startswith("test_")
+                                              or n.startswith("tests.test_")]
+             for p in (ROOT / "tests").rglob("test_*.py")}
     assert len(found) > 20  # the walk found the tests
     offenders = {path: names for path, names in found.items() if names}
     assert not offenders, offenders
+
+
+def test_test_modules_live_in_folders_by_concern():
+    """A test module sits in the folder of its concern (tests/cli/, tests/multigraph/, ...), never behind a file-name
+    prefix repeating it; only this file, about the whole repository, stays at the top of tests/. Names stay unique:
+    without __init__.py files pytest imports each test module by its bare name."""
+    tests = ROOT / "tests"
+    found = sorted(p.relative_to(tests) for p in tests.rglob("test_*.py") if "helpers" not in p.parts)
+    assert len(found) > 20  # the walk found the tests
+    assert [p for p in found if len(p.parts) != 2] == [Path("test_architecture.py")]
+    names = [p.name for p in found]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert [p for p in found if p.name.startswith(f"test_{p.parts[0]}_")] == []
 
 
 def test_the_import_checks_see_a_test_import(tmp_path):

@@ -1,6 +1,6 @@
 """The device-precision verdict for one output: emulated device values against the fp32 reference.
 
-Calibrated against real fp16 in torch (tests/test_precision_calibration.py): a model whose real fp16
+Calibrated against real fp16 in torch (tests/verdict/test_precision_calibration.py): a model whose real fp16
 outputs have cosine >= 0.999 and are finite passes; one with inf/nan where fp32 is finite, or cosine
 < 0.99, fails. The rule follows msit compare (an output is wrong when cosine < 0.99 and max abs error
 > 1e-3, or cosine < 0.9) with the absolute threshold raised to the output's fp16 noise floor:

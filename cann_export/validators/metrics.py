@@ -29,7 +29,7 @@ and a uniform one (verdict sets: 80 outputs) and laplace, wide_normal, x-1 / x4 
   (timm efficientnet_b0, regnet) whose errors stay within rtol x |ref| of every element. The peak floor
   alone refuses 37 of the 47. Scaling a weight that a LayerNorm / BatchNorm renormalises (ConvNeXt, MobileViT,
   BERT, DeBERTa) changes nothing beyond noise (error <= 11x the reference noise): not a wrong graph;
-- a traced data-dependent branch (tests/test_parity_verdict.py Branchy) differs on the sign-flipped probes
+- a traced data-dependent branch (tests/verdict/test_parity_verdict.py Branchy) differs on the sign-flipped probes
   by a share of the output (> 1.0 max abs), far past probe_rtol.
 Cost: float64 forwards on the verdict sets (3 by default): 0.5 s for the tiny decoders, 2 s for deeplabv3
 at 224 px, 11 s for efficientnet_b0 at 224 px (float64 convolutions have no oneDNN kernels) on this

@@ -116,7 +116,7 @@ def softmax_logits_1e4():
     return ConfidentClassifier().eval(), {"x": torch.randn(4, 32, generator=torch.Generator().manual_seed(3))}
 
 
-# the 224 px segmentation heads and EfficientNet-B0 of the issue are exported by tests/test_parity_probes.py
+# the 224 px segmentation heads and EfficientNet-B0 of the issue are exported by tests/verdict/test_parity_probes.py
 HEALTHY = {**TRANSFORMERS, **vision.TIMM, **vision.TORCHVISION, "softmax_logits_1e4": softmax_logits_1e4}
 
 

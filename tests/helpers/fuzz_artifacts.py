@@ -22,7 +22,8 @@ from .fuzz_payloads import KINDS, Context
 RAW_MANIFESTS = ("", "[1, 2]", '{"schema": "cann-export/manifest/1", "format": "atc_', "DEEP", "NaN", "\xff\xfe")
 LINK_TARGETS = ("/etc/passwd", "/dev/zero", "../outside.txt", ".", "/")
 _ZERO = {"sha256": "0" * 64, "size": 1}
-BUNDLE_EDITS = {  # the manifest tampering of tests/test_hostile_bundles.py and tests/test_bounded_inputs.py
+# the manifest tampering of tests/security/test_hostile_bundles.py and tests/security/test_bounded_inputs.py
+BUNDLE_EDITS = {
     "parity flipped": lambda m: m["parity"].update(passed=not m["parity"]["passed"]),
     "tolerance widened": lambda m: m["parity"]["tolerance"].update(atol=1e9, rtol=1e9, min_cosine=-1.0),
     "atc command injected": lambda m: m["atc"].update(command=["atc", "--output=../../x", "--log=debug"]),
@@ -129,7 +130,7 @@ def _rehash(bundle: Path) -> None:
     manifest.write_bytes(dump_json(data))
 
 
-# The crafted manifest and file edits of tests/test_hostile_bundles.py and test_bounded_inputs.py, as ops.
+# The crafted manifest and file edits of tests/security/test_hostile_bundles.py and test_bounded_inputs.py, as ops.
 BUNDLE_SEEDS = {
     "bundle: healthy": [],
     **{f"bundle: {key}": [("edit", key)] for key in BUNDLE_EDITS},
@@ -208,7 +209,7 @@ STUB_SEEDS = {
 
 # ---------------------------------------------------------------------------------------- zoo versions
 
-ZOO_EDITS = {  # the forged manifests of tests/test_hostile_zoo.py
+ZOO_EDITS = {  # the forged manifests of tests/security/test_hostile_zoo.py
     "callable subprocess:call": lambda m, marker: m.update(architecture={
         "kind": "callable", "callable": "subprocess:call", "kwargs": {"args": ["touch", str(marker)]}}),
     "callable os:system": lambda m, marker: m.update(architecture={

@@ -1,4 +1,4 @@
-"""Models whose fp16 values leave the range, for the per-SoC device model (tests/test_soc_overflow.py), and a
+"""Models whose fp16 values leave the range, for the per-SoC device model (tests/verdict/test_soc_overflow.py), and a
 torch per-op emulation of each overflow mode written from the device rule (not the tool's Emulator):
 every op reads and writes fp16; past +-65504 is inf ("inf_nan", IEEE) or +-65504 with NaN set to 0
 ("saturation"); a constant is converted by ATC on the host, which saturates in either mode."""

@@ -1,7 +1,7 @@
 """One corpus architecture through the articles' QAT flow: ``cann.torch.config(quantization_aware_training=True,
 ...)``, the unchanged loop, ``model.eval()``, ``cann.torch.export(..., export_format="atc_ready")`` with default
 options; plus the float model (the trained weights without fake quantization) exported as plain ONNX, whose
-graph says what the model computes. Used by tests/test_qat_corpus.py and tests/helpers/qat_corpus_stats.py."""
+graph says what the model computes. Used by tests/qat/test_corpus.py and tests/helpers/qat_corpus_stats.py."""
 from __future__ import annotations
 
 import copy

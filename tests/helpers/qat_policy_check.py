@@ -1,7 +1,7 @@
 """The tool's own int8 parity verdict on broken lowerings (tests/helpers/qat_broken.py) of one corpus
 architecture, from what its bundle stores (parity inputs, fake-quant reference outputs, labels and the
 reference's rounding noise), exactly as ``cann-export validate`` re-runs it: a broken variant must fail.
-Used by tests/test_qat_corpus.py; ``python tests/helpers/qat_policy_check.py [names...]`` prints the table."""
+Used by tests/qat/test_corpus.py; ``python tests/helpers/qat_policy_check.py [names...]`` prints the table."""
 from __future__ import annotations
 
 import sys

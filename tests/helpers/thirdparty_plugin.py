@@ -1,5 +1,5 @@
 """A third-party plugin written only against cann_export's public API (names exported from ``cann_export``,
-nothing deeper; tests/test_plugins.py checks the imports): a format headed for an edge ATC toolchain, a
+nothing deeper; tests/plugins/test_hooks.py checks the imports): a format headed for an edge ATC toolchain, a
 bundle format that validate and inspect read back, an exporter, a validator, a loader, a backend and an ATC
 hint. Nothing here is special-cased by the core; the tests check each piece is used exactly as a built-in
 would be."""

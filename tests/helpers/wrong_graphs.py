@@ -1,6 +1,6 @@
 """Graphs that really differ from their model, made from a correct export: fp32 parity must refuse each.
 Each function takes an ``onnx.ModelProto`` and returns a changed copy (or None when the graph has nothing to
-change), for the calibration (tests/helpers/fp32_calibration.py) and tests/test_parity_probes.py."""
+change), for the calibration (tests/helpers/fp32_calibration.py) and tests/verdict/test_parity_probes.py."""
 from __future__ import annotations
 
 import copy

@@ -1,0 +1,128 @@
+"""Issue 46, part 1: the user's environment. The README's set-up installs no torchvision and no timm, and exports
+a Hugging Face directory through the CLI with nothing defined for the tests. A user's own mismatched torch /
+torchvision pair (PyPI's torchvision beside the CPU torch: ``import torchvision`` raises ``operator
+torchvision::nms does not exist``, and transformers imports torchvision whenever it is installed) never breaks an
+export whose model does not use torchvision: it is left out with one warning naming the pair to install, and a
+model that needs it is refused naming that pair. The broken torchvision here is a real package on the
+subprocess's PYTHONPATH whose import fails as PyPI's does, with its own dist-info (version and torch pin)."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import hf_dirs
+
+ROOT = Path(__file__).resolve().parents[2]
+EXE = [sys.executable, "-m", "cann_export"]
+BROKEN_INIT = 'raise RuntimeError("operator torchvision::nms does not exist")\n'
+NEEDS_TORCHVISION = """import torch
+import torchvision  # noqa: F401  (its ops, say)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return hf_dirs.save("bert", tmp_path_factory.mktemp("hf") / "tiny-bert")
+
+
+def _broken_torchvision(root: Path) -> Path:
+    """A directory holding a ``torchvision`` 0.28.0 (pinning torch 2.13.0) whose import fails as PyPI's does beside
+    the CPU torch, and a model module that imports it."""
+    (root / "torchvision").mkdir(parents=True)
+    (root / "torchvision" / "__init__.py").write_text(BROKEN_INIT)
+    info = root / "torchvision-0.28.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n"
+                                   "Requires-Dist: numpy\nRequires-Dist: torch (==2.13.0)\n")
+    (root / "needs_tv.py").write_text(NEEDS_TORCHVISION)
+    return root
+
+
+def _env(*paths: Path) -> dict:
+    """The environment of a user's shell: the repository (the editable install) and ``paths``, nothing of tests/."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in paths), str(ROOT)])
+    env["CANN_EXPORT_LOAD_PLUGINS"] = ""
+    return env
+
+
+def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([*EXE, *args], capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+def test_the_readme_environment_has_no_torchvision_timm_or_stand_ins():
+    """requirements-dev.txt (README command 1) and the test extra bring neither package, and the tests define
+    nothing a user's process would not have (no sitecustomize, no stand-in schemas)."""
+    requirements = (ROOT / "requirements-dev.txt").read_text()
+    extra = re.search(r"^test = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S).group(1)
+    names = set(re.findall(r"^\s*([A-Za-z0-9_.-]+)", requirements, re.M))
+    names |= set(re.findall(r'"([A-Za-z0-9_.-]+)', extra))
+    assert "torch" in names and "pytest" in names  # what the patterns read
+    assert not {"torchvision", "timm"} & {n.lower() for n in names}
+    assert not (ROOT / "tests" / "sitecustomize.py").exists()
+    assert not (ROOT / "tests" / "helpers" / "torchvision_ops.py").exists()
+    assert "torch.library" not in (ROOT / "tests" / "conftest.py").read_text()
+
+
+def test_the_readme_environment_exports_a_hugging_face_directory(tiny_bert, tmp_path):
+    out = tmp_path / "bert_atc_ready"
+    proc = _run([str(tiny_bert), "-o", str(out)], _env())
+    assert proc.returncode == 0, proc.stderr
+    assert "parity: passed" in proc.stdout and "torchvision" not in proc.stderr
+    assert "environment" not in json.loads((out / "manifest.json").read_text()).get("warnings", {})
+
+
+def test_a_broken_torchvision_does_not_break_a_hugging_face_export(tiny_bert, tmp_path):
+    fake = _broken_torchvision(tmp_path / "site")
+    out = tmp_path / "bert_atc_ready"
+    proc = _run([str(tiny_bert), "-o", str(out)], _env(fake))
+    assert proc.returncode == 0, proc.stderr
+    assert "parity: passed" in proc.stdout
+    warning = json.loads((out / "manifest.json").read_text())["warnings"]["environment"]
+    assert warning.startswith("torchvision 0.28.0 is installed but does not import beside torch ")
+    assert "operator torchvision::nms does not exist" in warning
+    assert re.search(r"pip install (--force-reinstall )?torch==2\.13\.0\S* torchvision==0\.28\.0", warning), warning
+    assert proc.stderr.count("warning: torchvision 0.28.0 is installed") == 1, proc.stderr
+
+
+def test_a_model_that_needs_the_broken_torchvision_is_refused_naming_the_pair(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    fake = _broken_torchvision(tmp_path / "site")
+    weights = tmp_path / "net.safetensors"
+    save_file(torch.nn.Sequential().state_dict() | {"fc.weight": torch.randn(2, 4), "fc.bias": torch.zeros(2)},
+              str(weights))
+    out = tmp_path / "net_atc_ready"
+    proc = _run([str(weights), "--model-class", "needs_tv:Net", "--input-shape", "x:1,4", "-o", str(out)], _env(fake))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    assert "[load]" in proc.stderr and "this model needs torchvision, which is installed but does not import" in \
+        proc.stderr
+    assert re.search(r"pip install (--force-reinstall )?torch==2\.13\.0\S* torchvision==0\.28\.0", proc.stderr), \
+        proc.stderr
+
+
+def test_the_pair_follows_the_installed_torch_and_torchvision_s_pin(monkeypatch):
+    from cann_export.load import torchvision_pair as pair
+
+    versions = {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}
+    monkeypatch.setattr(pair, "_version", versions.__getitem__)
+    monkeypatch.setattr(pair, "_torch_pin", lambda: "2.13.0")
+    assert pair.pair_command() == ("pip install torch==2.13.0+cpu torchvision==0.28.0+cpu --index-url "
+                                   "https://download.pytorch.org/whl/cpu")
+    versions["torch"] = "2.14.1"  # PyPI's torch beside a torchvision pinned to another release: torch follows the pin
+    assert pair.pair_command() == "pip install --force-reinstall torch==2.13.0 torchvision==0.28.0"
