@@ -146,6 +146,12 @@ def flags() -> dict[str, Flag]:
                          parse=_key_values("--metadata")),
         "atc_hints": Flag("[COMPONENT:]KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.",
                           decls=("--atc-hint",), multiple=True, parse=_key_values("--atc-hint")),
+        "modify_mixlist": Flag("JSON file of edits to the SoC's mixed-precision lists in Ascend IR op types "
+                               "({\"black-list\": {\"to-add\": [...], \"to-remove\": [...]}, \"white-list\": ...}), "
+                               "rendered as ATC's --modify_mixlist and emulated by device parity.", path=True),
+        "customize_dtypes": Flag("ATC --customize_dtypes cfg file (Opname::InputDtype:...,OutputDtype:... or "
+                                 "OpType::<Ascend IR type>:InputDtype:...,OutputDtype:...), rendered into atc/ and "
+                                 "emulated by device parity.", path=True),
         "exporter": Flag("ONNX exporter (auto: each in priority order until one gives a valid graph).",
                          choices=_registered("exporters", ("auto",))),
         "external_data": Flag("Weights in a .data file beside the graph (auto: past 1 GB of weights).",
