@@ -238,7 +238,8 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
                           "deploy_model": amct_run.DEPLOY_MODEL, "record_file": amct_run.RECORD_FILE}
     fixed = ctx.reports.precision_fix
     warnings: list[str] = []
-    keep = list(hints.get("keep_dtype", [])) + (list(fixed.kept) if fixed is not None else [])
+    fixed_lines = precision_cfg.fix_entries(list(fixed.kept), ctx.onnx_model)[0] if fixed is not None else []
+    keep = list(hints.get("keep_dtype", [])) + fixed_lines
     if keep:
         lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
         lines, keep_warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)

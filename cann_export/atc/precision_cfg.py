@@ -75,3 +75,24 @@ def render(ctx: Any, atc_dir: Path, write: Any) -> tuple[list[Path], list[str], 
         args.append("--customize_dtypes=atc/customize_dtypes.cfg")
         report["customize_dtypes"] = [e.line() for e in entries]
     return files, args, report, warnings
+
+
+def fix_entries(kept: list[str], model: Any) -> tuple[list[str], dict[str, list[str]]]:
+    """--fix-precision's keep set as keep_dtype lines: a node of an op ATC's fusion may fold away (whose name may
+    then vanish) is written as ``OpType::<Ascend IR type>`` when every node of that type is kept (the same set,
+    in a form fusion cannot rename); every other node by name. Also says which was chosen for which."""
+    from .ascend_ir import FUSED_AWAY, node_types
+
+    if not kept:
+        return [], {"op_types": [], "names": []}
+    types = node_types(model)
+    onnx_of = {n.name: n.op_type for n in model.graph.node}
+    by_type: dict[str, set[str]] = {}
+    for name, kind in types.items():
+        by_type.setdefault(kind, set()).add(name)
+    chosen = set(kept)
+    as_type = sorted({types[n] for n in kept if onnx_of.get(n) in FUSED_AWAY and n in types
+                      and by_type[types[n]] <= chosen})
+    covered = set().union(*(by_type[t] for t in as_type)) if as_type else set()
+    names = [n for n in kept if n not in covered]
+    return names + [f"OpType::{t}" for t in as_type], {"op_types": as_type, "names": names}

@@ -195,4 +195,8 @@ def _fix_summary(model: Any, report: dict[str, Any], kept: list[str], steps: lis
         reason = f"device parity still fails with the keep set found; {first.get('message', 'no node named')}"
     if reason:
         summary["reason"] = reason
+    if kept:  # how keep_dtype.cfg writes the set: op types where names could vanish in fusion, else names
+        from ..atc.precision_cfg import fix_entries
+
+        summary["written_as"] = fix_entries(kept, model)[1]
     return summary
