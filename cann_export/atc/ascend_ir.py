@@ -47,9 +47,9 @@ def ascend_types(op_type: str) -> set[str]:
 
 def known_types() -> set[str]:
     """The Ascend IR types this tool knows (the map's targets and the mixed-precision lists' entries)."""
-    from .mixlists import list_types
-
-    return {t for op in table()["ops"] for t in ascend_types(op)} | list_types()
+    lists = json.loads(files("cann_export.atc.data").joinpath("mixlists.json").read_text(encoding="utf-8"))
+    listed = {t for fam in lists["families"].values() for key in ("white", "black") for t in fam[key]}
+    return {t for op in table()["ops"] for t in ascend_types(op)} | listed
 
 
 def onnx_spelling(entry: str) -> str | None:

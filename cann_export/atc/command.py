@@ -236,22 +236,12 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     if quantized:
         report["amct"] = {"command": amct_run.command(model_file), "model": model_file,
                           "deploy_model": amct_run.DEPLOY_MODEL, "record_file": amct_run.RECORD_FILE}
-    fixed = ctx.reports.precision_fix
-    warnings: list[str] = []
-    fixed_lines = precision_cfg.fix_entries(list(fixed.kept), ctx.onnx_model)[0] if fixed is not None else []
-    keep = list(hints.get("keep_dtype", [])) + fixed_lines
-    if keep:
-        lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
-        lines, keep_warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)
-        warnings += keep_warnings
-        files.append(_write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n"))
-        args.append("--keep_dtype=atc/keep_dtype.cfg")
-        report["keep_dtype"] = {"nodes": lines, "module_paths": mapping}
-    more_files, more_args, more_report, more_warnings = precision_cfg.render(ctx, atc_dir, _write)
-    files += more_files
-    args += more_args
-    report.update(more_report)
-    _warn(ctx, warnings + more_warnings)
+    for write in (_keep_dtype, precision_cfg.render):  # keep_dtype.cfg, modify_mixlist.json, customize_dtypes.cfg
+        more_files, more_args, more_report, warnings = write(ctx, atc_dir, _write)
+        files += more_files
+        args += more_args
+        report.update(more_report)
+        _warn(ctx, warnings)
     if "fusion_switch" in hints:
         files.append(_write(atc_dir / "fusion_switch.cfg", json.dumps({"Switch": hints["fusion_switch"]}, indent=4)))
         args.append("--fusion_switch_file=atc/fusion_switch.cfg")
@@ -267,6 +257,22 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     report["command"] = args
     ctx.reports.atc = report
     return [script, *files]
+
+
+def _keep_dtype(ctx: Any, atc_dir: Path, write: Any) -> tuple[list[Path], list[str], dict[str, Any], list[str]]:
+    """keep_dtype.cfg: the hint's entries and --fix-precision's set, ``OpType::`` entries in Ascend IR types."""
+    from . import precision_cfg
+
+    fixed = ctx.reports.precision_fix
+    fixed_lines = precision_cfg.fix_entries(list(fixed.kept), ctx.onnx_model)[0] if fixed is not None else []
+    keep = list(ctx.options.atc_hints.get("keep_dtype", [])) + fixed_lines
+    if not keep:
+        return [], [], {}, []
+    lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
+    lines, warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)
+    files = [write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n")]
+    report = {"keep_dtype": {"nodes": lines, "module_paths": mapping}}
+    return files, ["--keep_dtype=atc/keep_dtype.cfg"], report, warnings
 
 
 def _warn(ctx: Any, messages: list[str]) -> None:

@@ -29,10 +29,6 @@ def data() -> dict[str, Any]:
     return json.loads(files("cann_export.atc.data").joinpath("mixlists.json").read_text(encoding="utf-8"))
 
 
-def list_types() -> set[str]:
-    return {t for fam in data()["families"].values() for key in ("white", "black") for t in fam[key]}
-
-
 def family(soc: str | None) -> str:
     """The list family of an ATC --soc_version (an unknown or absent name: the default family)."""
     soc = soc or ""

@@ -107,8 +107,19 @@ def _parity_flags() -> dict[str, Flag]:
     }
 
 
+def _precision_file_flags() -> dict[str, Flag]:
+    return {
+        "modify_mixlist": Flag("JSON file of edits to the SoC's mixed-precision lists in Ascend IR op types "
+                               "({\"black-list\": {\"to-add\": [...], \"to-remove\": [...]}, \"white-list\": ...}), "
+                               "rendered as ATC's --modify_mixlist and emulated by device parity.", path=True),
+        "customize_dtypes": Flag("ATC --customize_dtypes cfg file (Opname::InputDtype:...,OutputDtype:... or "
+                                 "OpType::<Ascend IR type>:InputDtype:...,OutputDtype:...), rendered into atc/ and "
+                                 "emulated by device parity.", path=True),
+    }
+
+
 def flags() -> dict[str, Flag]:
-    return {**_model_flags(), **_parity_flags(),
+    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
@@ -146,12 +157,6 @@ def flags() -> dict[str, Flag]:
                          parse=_key_values("--metadata")),
         "atc_hints": Flag("[COMPONENT:]KEY=VALUE ATC option kept in the manifest and convert.sh; repeatable.",
                           decls=("--atc-hint",), multiple=True, parse=_key_values("--atc-hint")),
-        "modify_mixlist": Flag("JSON file of edits to the SoC's mixed-precision lists in Ascend IR op types "
-                               "({\"black-list\": {\"to-add\": [...], \"to-remove\": [...]}, \"white-list\": ...}), "
-                               "rendered as ATC's --modify_mixlist and emulated by device parity.", path=True),
-        "customize_dtypes": Flag("ATC --customize_dtypes cfg file (Opname::InputDtype:...,OutputDtype:... or "
-                                 "OpType::<Ascend IR type>:InputDtype:...,OutputDtype:...), rendered into atc/ and "
-                                 "emulated by device parity.", path=True),
         "exporter": Flag("ONNX exporter (auto: each in priority order until one gives a valid graph).",
                          choices=_registered("exporters", ("auto",))),
         "external_data": Flag("Weights in a .data file beside the graph (auto: past 1 GB of weights).",
