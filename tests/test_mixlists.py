@@ -332,3 +332,19 @@ def test_fix_precision_writes_op_types_where_names_could_vanish():
     assert lines == ["mm", "OpType::Add"] and written == {"op_types": ["Add"], "names": ["mm"]}
     lines, written = fix_entries(["bias", "softmax"], graph)
     assert lines == ["bias", "softmax"] and written == {"op_types": [], "names": ["bias", "softmax"]}
+
+
+def test_names_atc_likely_fuses_away_are_found_and_warned():
+    """A bias add after a MatMul is fused into it (its name may vanish); the same Add on a graph input is not;
+    customize_dtypes and keep_dtype name entries of a fused node warn, with the reason."""
+    from cann_export.atc.ascend_ir import likely_fused
+    from cann_export.atc.customize import check_names, parse
+    from cann_export.atc.precision_cfg import fused_name_warnings
+
+    graph, _ = gray_chain()
+    fused = likely_fused(graph)
+    assert set(fused) == {"bias"} and "bias add" in fused["bias"]
+    warned = check_names(parse("bias::InputDtype:float,float,OutputDtype:float\n"
+                               "side_add::InputDtype:float,float,OutputDtype:float"), graph)
+    assert len(warned) == 1 and warned[0].startswith("customize_dtypes: bias (Add) is a bias add")
+    assert [w.split(" is ")[0] for w in fused_name_warnings(["bias", "side_add", "mm"], graph)] == ["keep_dtype: bias"]

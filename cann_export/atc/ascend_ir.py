@@ -2,7 +2,7 @@
 
 keep_dtype / customize_dtypes ``OpType::X`` entries and modify_mixlist lists name Ascend IR types (Conv2D,
 MatMulV2, SoftmaxV2 ...), not ONNX ones; ``data/ascend_ir_ops.json`` maps them and records its source. Names of
-nodes ATC's graph fusion usually folds into a neighbour (``FUSED_AWAY``) may not exist in the built model.
+nodes ATC's graph fusions likely fold into a neighbour (``likely_fused``) may not exist in the built model.
 """
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any
 
-# ONNX ops whose node ATC's documented fusions fold into their neighbour (a bias Add into the Conv/MatMul before
-# it, BatchNorm into Conv, an activation into the cube op, the pieces of a decomposed LayerNorm/GELU into one
-# op): a customize_dtypes / keep_dtype name entry for such a node may name nothing in the built model.
-FUSED_AWAY = frozenset({"Add", "BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Mul", "Div", "Sub", "Pow",
-                        "Sqrt", "ReduceMean", "Erf", "Tanh", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
-                        "Identity", "Dropout", "Cast"})
+CUBE = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})  # ops a bias add / activation fuses into
+NORM_PIECES = frozenset({"ReduceMean", "Pow", "Sqrt"})  # a decomposed LayerNorm / RMSNorm
 
 
 @lru_cache(maxsize=1)
@@ -78,4 +74,34 @@ def node_types(model: Any) -> dict[str, str]:
             rank = 2 if first == 2 and second == 2 else None
         attrs = {a.name: a.s for a in node.attribute if a.type == a.STRING}
         out[node.name] = ascend_type(node.op_type, rank, attrs)
+    return out
+
+
+def likely_fused(model: Any) -> dict[str, str]:
+    """Node name -> why ATC's documented fusions likely fold it into a neighbour: a bias Add/Sub or an activation
+    right after a cube op, a BatchNorm after a Conv, the pieces of a decomposed norm or of GELU (Erf and the
+    elementwise ops beside it), an Identity/Dropout."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    consumers: dict[str, list[Any]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    consts = {i.name for i in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    out = {}
+    for n in g.node:
+        before = [producer[i].op_type for i in n.input if i in producer]
+        if n.op_type in ("Add", "Sub") and any(i in consts for i in n.input) and any(b in CUBE for b in before):
+            out[n.name] = "a bias add, fused into the cube op before it"
+        elif n.op_type == "BatchNormalization" and "Conv" in before:
+            out[n.name] = "a BatchNorm, folded into the Conv before it"
+        elif n.op_type in ("Relu", "LeakyRelu", "Sigmoid", "Clip") and any(b in CUBE for b in before):
+            out[n.name] = "an activation, fused into the cube op before it"
+        elif n.op_type in NORM_PIECES:
+            out[n.name] = "a piece of a decomposed norm, fused into one norm op"
+        elif n.op_type == "Erf" or (n.op_type in ("Div", "Add", "Mul") and (
+                "Erf" in before or any(c.op_type == "Erf" for o in n.output for c in consumers.get(o, [])))):
+            out[n.name] = "a piece of GELU, fused into one Gelu op"
+        elif n.op_type in ("Identity", "Dropout"):
+            out[n.name] = "an Identity/Dropout, removed"
     return out

@@ -270,6 +270,7 @@ def _keep_dtype(ctx: Any, atc_dir: Path, write: Any) -> tuple[list[Path], list[s
         return [], [], {}, []
     lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
     lines, warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)
+    warnings += precision_cfg.fused_name_warnings(list(ctx.options.atc_hints.get("keep_dtype", [])), ctx.onnx_model)
     files = [write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n")]
     report = {"keep_dtype": {"nodes": lines, "module_paths": mapping}}
     return files, ["--keep_dtype=atc/keep_dtype.cfg"], report, warnings

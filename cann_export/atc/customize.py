@@ -90,9 +90,10 @@ def for_node(entries: list[Custom], name: str, ascend_type: str | None) -> Custo
 def check_names(entries: list[Custom], model: Any) -> list[str]:
     """Name entries against the written graph: a name the graph lacks raises ValueError; a node ATC's fusions
     usually fold away is returned as a warning (ATC then ignores the entry)."""
-    from .ascend_ir import FUSED_AWAY
+    from .ascend_ir import likely_fused
 
     nodes = {n.name: n.op_type for n in model.graph.node if n.name}
+    fused = likely_fused(model)
     warnings = []
     for e in entries:
         if e.by_type:
@@ -100,8 +101,8 @@ def check_names(entries: list[Custom], model: Any) -> list[str]:
         if e.target not in nodes:
             raise ValueError(f"{e.target[:80]!r} is not a node of the written graph; name a node of model.onnx or "
                              "use OpType::<Ascend IR type>")
-        if nodes[e.target] in FUSED_AWAY:
-            warnings.append(f"customize_dtypes: {e.target} is a {nodes[e.target]} node, which ATC's graph fusion "
-                            "usually folds into a neighbour; a fused node's dtypes are ignored (ATC's documented "
-                            "rule): name the op it fuses into or an OpType:: entry")
+        if e.target in fused:
+            warnings.append(f"customize_dtypes: {e.target} ({nodes[e.target]}) is {fused[e.target]} by ATC, "
+                            "which then ignores its entry (ATC's documented rule): name the op it fuses into or "
+                            "use an OpType:: entry")
     return warnings

@@ -33,6 +33,16 @@ def ascend_keep_lines(lines: list[str], model: Any) -> tuple[list[str], list[str
     return list(dict.fromkeys(out)), warnings
 
 
+def fused_name_warnings(entries: list[str], model: Any) -> list[str]:
+    """keep_dtype name entries (the user's) of nodes ATC's fusions likely fold away: a warning each."""
+    from .ascend_ir import likely_fused
+
+    names = {n.name for n in model.graph.node}
+    fused = likely_fused(model) if any(e in names for e in entries) else {}
+    return [f"keep_dtype: {e} is {fused[e]} by ATC, so the name may not exist in the built model; keep the op it "
+            "fuses into, the PyTorch module, or an OpType:: entry" for e in entries if e in fused]
+
+
 def mode_warnings(hints: dict[str, Any], mode: str, soc: str) -> list[str]:
     """What ATC ignores or what the emulation only approximates, for the precision hints and mode given."""
     from .mixlists import bf16_supported
@@ -81,18 +91,17 @@ def fix_entries(kept: list[str], model: Any) -> tuple[list[str], dict[str, list[
     """--fix-precision's keep set as keep_dtype lines: a node of an op ATC's fusion may fold away (whose name may
     then vanish) is written as ``OpType::<Ascend IR type>`` when every node of that type is kept (the same set,
     in a form fusion cannot rename); every other node by name. Also says which was chosen for which."""
-    from .ascend_ir import FUSED_AWAY, node_types
+    from .ascend_ir import likely_fused, node_types
 
     if not kept:
         return [], {"op_types": [], "names": []}
     types = node_types(model)
-    onnx_of = {n.name: n.op_type for n in model.graph.node}
+    fused = likely_fused(model)
     by_type: dict[str, set[str]] = {}
     for name, kind in types.items():
         by_type.setdefault(kind, set()).add(name)
     chosen = set(kept)
-    as_type = sorted({types[n] for n in kept if onnx_of.get(n) in FUSED_AWAY and n in types
-                      and by_type[types[n]] <= chosen})
+    as_type = sorted({types[n] for n in kept if n in fused and n in types and by_type[types[n]] <= chosen})
     covered = set().union(*(by_type[t] for t in as_type)) if as_type else set()
     names = [n for n in kept if n not in covered]
     return names + [f"OpType::{t}" for t in as_type], {"op_types": as_type, "names": names}
