@@ -355,3 +355,23 @@ def test_names_atc_likely_fuses_away_are_found_and_warned():
                                "side_add::InputDtype:float,float,OutputDtype:float"), graph)
     assert len(warned) == 1 and warned[0].startswith("customize_dtypes: bias (Add) is a bias add")
     assert [w.split(" is ")[0] for w in fused_name_warnings(["bias", "side_add", "mm"], graph)] == ["keep_dtype: bias"]
+
+
+def test_what_atc_ignores_or_the_emulation_approximates_is_a_warning(tmp_path):
+    from cann_export.atc.hints import resolve
+    from cann_export.options import ExportOptions
+
+    def warnings(**kw):
+        return " | ".join(resolve(ExportOptions(**kw)))
+
+    assert "HiFloat8's 8-bit rounding is not emulated" in warnings(atc_hints={"precision_mode_v2": "mixed_hif8"})
+    assert "Atlas A2/A3" in warnings(precision_mode="allow_mix_precision_bf16", soc_version="Ascend310P3")
+    assert "Atlas A2/A3" not in warnings(precision_mode="allow_mix_precision_bf16", soc_version="Ascend910B1")
+    edits = {"modify_mixlist": {"black-list": {"to-add": ["Exp"]}}}
+    assert "modify_mixlist has no effect under precision mode force_fp16" in warnings(atc_hints=dict(edits))
+    assert warnings(atc_hints=dict(edits), precision_mode="allow_mix_precision") == ""
+    mixlist = tmp_path / "m.json"
+    mixlist.write_text(json.dumps(edits["modify_mixlist"]))
+    opts = ExportOptions(modify_mixlist=str(mixlist), precision_mode="allow_mix_precision")
+    resolve(opts)
+    assert opts.atc_hints["modify_mixlist"] == edits["modify_mixlist"] and opts.modify_mixlist is None
