@@ -15,7 +15,11 @@ and whether it is within the target. Results go to ``benchmarks/results/precisio
   +curve    (issue 21) an export's device check (5 verdict sets) with report.html's per-layer curve, over
             the same check without it (CURVE_TARGET: at most 1.5x)
 
-Usage: python benchmarks/bench_precision.py [--repeat 5]
+  --mode    (issue 45) the precision mode emulated; a mixed mode (mixed_float16, mixed_bfloat16,
+            allow_mix_precision) runs with the SoC's white/black/gray lists on (--soc picks the family), and its
+            target is MIXED_TARGET (<= 2x one onnxruntime run); results go to ``results/precision_<mode>.json``
+
+Usage: python benchmarks/bench_precision.py [--repeat 5] [--mode force_fp16] [--soc Ascend310P3]
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ sys.path.insert(0, str(HERE))  # precision_models, when run from elsewhere
 # the models here are text models built from configs, which never need it
 sys.modules.setdefault("torchvision", None)
 TARGET = 3.0  # device parity time / one onnxruntime run
+MIXED_TARGET = 2.0  # device parity time / one onnxruntime run, a mixed mode with the list emulation on (issue 45)
 CURVE_TARGET = 1.5  # (device parity + report.html's per-layer curve) / device parity (issue 21)
 EXPORT_SETS = 5  # the verdict sets of a default export (the example and 4 random sets)
 
@@ -75,15 +80,19 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -> dict:
+def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation", mode: str = "force_fp16",
+            soc: str = "Ascend310P3") -> dict:
     import onnx
     import onnxruntime as ort
 
     from cann_export.options import Tolerance
     from cann_export.validators.device_parity import device_report
+    from cann_export.validators.parity import mixed_lists
     from cann_export.validators.precision import Emulator
 
     graph = onnx.load(path)
+    lists = mixed_lists(mode, soc, None)  # None unless the mode reduces by the lists
+    target = TARGET if lists is None else MIXED_TARGET
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     names = [o.name for o in graph.graph.output]
@@ -95,11 +104,11 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -
     expected = [plain()]  # the fp32 graph's outputs stand in for the PyTorch reference
 
     def device():
-        return device_report(graph, "force_fp16", [], [feeds], expected, names, Tolerance().device_policy(), {},
-                             overflow=overflow)
+        return device_report(graph, mode, [], [feeds], expected, names, Tolerance().device_policy(), {},
+                             overflow=overflow, lists=lists)
 
     def verdict():  # what every export pays: the emulated graph, its session and run, no localisation
-        return Emulator(graph, "force_fp16", overflow).session(set()).run(feeds)
+        return Emulator(graph, mode, overflow, lists=lists).session(set()).run(feeds)
 
     # what an atc_ready export runs: the device check on its verdict sets (the example and random ones, at the
     # example's shape), without and with report.html's per-layer curve (computed once, on one set)
@@ -111,8 +120,8 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -
     sets_expected = [plain_on(s) for s in sets]
 
     def export_check(layers: bool):
-        return device_report(graph, "force_fp16", [], sets, sets_expected, names, Tolerance().device_policy(), {},
-                             overflow=overflow, layers=layers)
+        return device_report(graph, mode, [], sets, sets_expected, names, Tolerance().device_policy(), {},
+                             overflow=overflow, layers=layers, lists=lists)
 
     report = device()  # warm-up, and the verdict shown
     export_check(True)
@@ -121,8 +130,9 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -
     t_plain, t_device, t_verdict, t_check, t_curve = (statistics.median(r[i] for r in rounds) for i in range(5))
     ratio = t_device / t_plain  # of the medians: one slow outlier on either side does not decide it
     first = report.get("first_divergence") or {}
-    return {"plain_s": t_plain, "device_s": t_device, "ratio": ratio, "target": TARGET,
-            "within_target": ratio <= TARGET, "emulated_run_s": t_verdict, "emulated_run_ratio": t_verdict / t_plain,
+    return {"mode": mode, "soc_lists": lists.family if lists is not None else None,
+            "plain_s": t_plain, "device_s": t_device, "ratio": ratio, "target": target,
+            "within_target": ratio <= target, "emulated_run_s": t_verdict, "emulated_run_ratio": t_verdict / t_plain,
             "repeat": repeat, "passed": report["passed"], "export_check_s": t_check, "with_curve_s": t_curve,
             "curve_ratio": t_curve / t_check, "curve_target": CURVE_TARGET,
             "curve_within_target": t_curve / t_check <= CURVE_TARGET,
@@ -136,14 +146,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--overflow", choices=("saturation", "inf_nan"), default="saturation",
                     help="the SoC overflow mode emulated (saturation: the default Ascend310P3; inf_nan: 910B*)")
+    ap.add_argument("--mode", default="force_fp16", help="the precision mode emulated (a mixed one: with the lists)")
+    ap.add_argument("--soc", default="Ascend310P3", help="the SoC whose mixed-precision lists a mixed mode uses")
     args = ap.parse_args()
     rows = []
     for name, (model, inputs) in models().items():
         with tempfile.TemporaryDirectory() as tmp:
             result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
             feeds = {k: v.numpy() for k, v in inputs.items()}
-            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat, args.overflow)})
-    print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(TARGET):>6} "
+            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat, args.overflow, args.mode,
+                                                  args.soc)})
+    target = rows[0]["target"]
+    print(f"mode {args.mode}" + (f", {rows[0]['soc_lists']} lists" if rows[0]["soc_lists"] else ""))
+    print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(target):>6} "
           f"{'emulated':>8} {'+curve':>7} {'<= ' + str(CURVE_TARGET):>6}  localisation")
     for r in rows:
         print(f"{r['model']:34} {r['plain_s']:11.3f} {r['device_s']:15.3f} {r['ratio']:6.2f} "
@@ -151,7 +166,8 @@ def main() -> None:
               f"{'yes' if r['curve_within_target'] else 'NO':>6}  "
               f"{r['first_divergence'] or 'not needed'}")
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "precision.json").write_text(json.dumps(rows, indent=2) + "\n")
+    name = "precision.json" if args.mode == "force_fp16" else f"precision_{args.mode}.json"
+    (HERE / "results" / name).write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ class ExportOptions:
     precision_mode: str = "force_fp16"
     metadata: dict[str, str] = field(default_factory=dict)
     atc_hints: dict[str, Any] = field(default_factory=dict)
+    modify_mixlist: str | None = None  # ATC --modify_mixlist JSON file: read into atc_hints["modify_mixlist"]
+    customize_dtypes: str | None = None  # ATC --customize_dtypes cfg file: read into atc_hints["customize_dtypes"]
     validate: bool = True
     overwrite: bool = False
     tolerance: Tolerance = field(default_factory=Tolerance)

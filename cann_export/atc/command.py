@@ -72,6 +72,18 @@ def _fusion_switch(value: Any) -> dict[str, dict[str, str]]:
     return {g: {k: str(v).lower() for k, v in group.items()} for g, group in groups.items()}
 
 
+def _mixlist(value: Any) -> dict[str, dict[str, list[str]]]:
+    from .mixlists import check_edits
+
+    return check_edits(value)
+
+
+def _customize(value: Any) -> list[str]:
+    from .customize import parse
+
+    return [e.line() for e in parse(value)]
+
+
 def _aipp(value: Any) -> list[dict[str, Any]]:
     """One aipp_op block (a dict) or several (a list of dicts); JSON text is accepted from the CLI."""
     if isinstance(value, str):
@@ -104,6 +116,8 @@ BUILTIN_HINTS = (
     HintSpec("precision_mode", _choice(PRECISION_MODES), conflicts=("precision_mode_v2",), custom=True),
     HintSpec("precision_mode_v2", _choice(PRECISION_MODES_V2), conflicts=("precision_mode",)),
     HintSpec("keep_dtype", _name_list, custom=True),
+    HintSpec("modify_mixlist", _mixlist, custom=True),
+    HintSpec("customize_dtypes", _customize, custom=True),
     HintSpec("op_select_implmode", _choice(IMPL_MODES)),
     HintSpec("optypelist_for_implmode", _name_list),
     HintSpec("fusion_switch", _fusion_switch, custom=True),
@@ -192,7 +206,7 @@ def aipp_prototxt(blocks: list[dict[str, Any]]) -> str:
 def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: str = "model") -> list[Path]:
     """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports.atc."""
     from ..capture.onnx_utils import describe_values
-    from . import amct_run
+    from . import amct_run, precision_cfg
     from .dynamic_form import atc_form
     from .hints import effective_precision
 
@@ -222,13 +236,12 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     if quantized:
         report["amct"] = {"command": amct_run.command(model_file), "model": model_file,
                           "deploy_model": amct_run.DEPLOY_MODEL, "record_file": amct_run.RECORD_FILE}
-    fixed = ctx.reports.precision_fix
-    keep = list(hints.get("keep_dtype", [])) + (list(fixed.kept) if fixed is not None else [])
-    if keep:
-        lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
-        files.append(_write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n"))
-        args.append("--keep_dtype=atc/keep_dtype.cfg")
-        report["keep_dtype"] = {"nodes": lines, "module_paths": mapping}
+    for write in (_keep_dtype, precision_cfg.render):  # keep_dtype.cfg, modify_mixlist.json, customize_dtypes.cfg
+        more_files, more_args, more_report, warnings = write(ctx, atc_dir, _write)
+        files += more_files
+        args += more_args
+        report.update(more_report)
+        _warn(ctx, warnings)
     if "fusion_switch" in hints:
         files.append(_write(atc_dir / "fusion_switch.cfg", json.dumps({"Switch": hints["fusion_switch"]}, indent=4)))
         args.append("--fusion_switch_file=atc/fusion_switch.cfg")
@@ -244,6 +257,32 @@ def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: 
     report["command"] = args
     ctx.reports.atc = report
     return [script, *files]
+
+
+def _keep_dtype(ctx: Any, atc_dir: Path, write: Any) -> tuple[list[Path], list[str], dict[str, Any], list[str]]:
+    """keep_dtype.cfg: the hint's entries and --fix-precision's set, ``OpType::`` entries in Ascend IR types."""
+    from . import precision_cfg
+
+    fixed = ctx.reports.precision_fix
+    fixed_lines = precision_cfg.fix_entries(list(fixed.kept), ctx.onnx_model)[0] if fixed is not None else []
+    keep = list(ctx.options.atc_hints.get("keep_dtype", [])) + fixed_lines
+    if not keep:
+        return [], [], {}, []
+    lines, mapping = keep_dtype_nodes(keep, ctx.onnx_model, ctx.module_paths)
+    lines, warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)
+    warnings += precision_cfg.fused_name_warnings(list(ctx.options.atc_hints.get("keep_dtype", [])), ctx.onnx_model)
+    files = [write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n")]
+    report = {"keep_dtype": {"nodes": lines, "module_paths": mapping}}
+    return files, ["--keep_dtype=atc/keep_dtype.cfg"], report, warnings
+
+
+def _warn(ctx: Any, messages: list[str]) -> None:
+    """Render-time warnings beside the hints' own (reports.warnings.atc_hints), each once."""
+    warnings = getattr(getattr(ctx, "reports", None), "warnings", None)
+    if warnings is None or not messages:
+        return
+    known = list(warnings.atc_hints or [])
+    warnings.atc_hints = known + [m for m in messages if m not in known]
 
 
 def _write(path: Path, text: str) -> Path:

@@ -14,7 +14,7 @@ def resolve(options: Any) -> list[str]:
     """Normalise ``options.atc_hints`` in place; return warnings. Raises OptionsError naming both
     options of a refused combination, or listing the known hints for an unknown one."""
     specs = manager.registry().atc_hints()
-    hints = dict(options.atc_hints or {})
+    hints = {**dict(options.atc_hints or {}), **option_files(options, specs)}
     unknown = sorted(k for k in hints if k not in specs)
     if unknown:
         raise OptionsError(f"unknown ATC hint(s) {', '.join(unknown)}; known hints: {', '.join(sorted(specs))} "
@@ -39,9 +39,42 @@ def resolve(options: Any) -> list[str]:
     options.atc_hints = hints
     warnings = []
     if hints.get("keep_dtype") and effective_precision(options) in ("must_keep_origin_dtype", "origin"):
-        warnings.append(f"keep_dtype has no effect under {effective_precision(options)}: every node already "
-                        "keeps its original dtype")
-    return warnings
+        warnings.append(f"keep_dtype has no effect under {effective_precision(options)}: ATC ignores it there "
+                        "(every node already keeps its original dtype)")
+    from .precision_cfg import mode_warnings
+
+    return warnings + mode_warnings(hints, effective_precision(options), options.soc_version)
+
+
+# the file options that become a hint: ExportOptions field -> (the hint, the CLI flag)
+FILE_HINTS = {"modify_mixlist": ("modify_mixlist", "--modify-mixlist"),
+              "customize_dtypes": ("customize_dtypes", "--customize-dtypes")}
+MAX_OPTION_FILE = 1 << 20  # bytes read from one such file
+
+
+def option_files(options: Any, specs: dict[str, Any]) -> dict[str, Any]:
+    """The hints given as files (--modify-mixlist FILE, --customize-dtypes FILE), read (bounded) and checked;
+    an OptionsError names the flag, the file and the entry at fault."""
+    from pathlib import Path
+
+    out = {}
+    for field, (hint, flag) in FILE_HINTS.items():
+        path = getattr(options, field, None)
+        if not path:
+            continue
+        p = Path(path)
+        if not p.is_file():
+            raise OptionsError(f"{flag} {path}: not a file; pass the path of the JSON/cfg file to hand to ATC")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_OPTION_FILE + 1)
+        if len(raw) > MAX_OPTION_FILE:
+            raise OptionsError(f"{flag} {path}: larger than {MAX_OPTION_FILE} bytes; is it the right file?")
+        try:
+            out[hint] = specs[hint].normalize(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, TypeError) as e:
+            raise OptionsError(f"{flag} {path}: {e}") from e
+        setattr(options, field, None)  # the manifest keeps the checked content (atc.hints), never the path
+    return out
 
 
 def effective_precision(options: Any) -> str:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from ..options import Tolerance
 
 SOC_PATTERN = _options.SOC_PATTERN  # the pattern an export checks --soc-version against
-CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg")
+CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg", "modify_mixlist.json",
+             "customize_dtypes.cfg")
 OUTPUT_STEM = "model"
 _DOTTED = re.compile(r".*\..*")
 
@@ -293,6 +294,11 @@ def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dic
     model = soc_model(soc)
     ran = (report.get("precision") or {}).get("device_model") or {}
     same = ran.get("overflow_mode") == model.overflow
+    lists = (report.get("precision") or {}).get("mixed_lists")
+    if lists:  # a mixed mode: the SoC family's lists too
+        from ..atc.mixlists import family
+
+        same = same and lists.get("family") == family(soc)
     if same and rerun and any(n.op_type == "QuantizeLinear" for n in rerun["model"].graph.node):
         same = deq_scale_for(ran.get("soc_version")) == deq_scale_for(soc)  # the int8 path's AscendDequant scale
     if same or "graph_fp32" not in report:
@@ -302,7 +308,8 @@ def _soc_verdict(report: dict[str, Any], rerun: dict[str, Any], soc: str) -> dic
         base = {"passed": graph["passed"], "outputs": graph["outputs"], "tolerance": graph["tolerance"]}
         verdict = with_device_parity(base, rerun["model"], rerun["mode"], rerun["keep"], rerun["feeds"],
                                      rerun["expected"], rerun["tolerance"], rerun["paths"], soc=soc,
-                                     float_expected=rerun.get("float_expected"))
+                                     float_expected=rerun.get("float_expected"), mixlist=rerun.get("mixlist"),
+                                     custom=rerun.get("custom"))
     device = verdict.get("device") or {}
     entry = {**model.to_dict(), "passed": bool(verdict["passed"]),
              "device_passed": device.get("passed"), "outputs": [
@@ -355,10 +362,13 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
     floats = read_bundle_float_outputs(directory, expected) if "quantization" in manifest else None
     rerun = {"model": onnx.load(str(model_path)), "mode": mode, "keep": checked.keep_nodes,
              "feeds": [feeds[s] for s in chosen], "expected": [expected[s] for s in chosen], "tolerance": tolerance,
-             "paths": checked.module_paths, "float_expected": [floats[s] for s in chosen] if floats else None}
+             "paths": checked.module_paths, "float_expected": [floats[s] for s in chosen] if floats else None,
+             "mixlist": checked.options.atc_hints.get("modify_mixlist"),
+             "custom": checked.options.atc_hints.get("customize_dtypes")}
     report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
                                 tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
-                                float_expected=rerun["float_expected"], layers=layers)
+                                float_expected=rerun["float_expected"], layers=layers, mixlist=rerun["mixlist"],
+                                custom=rerun["custom"])
     from ..validators.parity import shape_verdicts
 
     report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,

@@ -193,6 +193,11 @@ def _print_fix(parity: dict[str, Any]) -> None:
                    f"({fix['kept_flops_share']:.1%} of the graph's FLOPs): {shown}{modules} (atc/keep_dtype.cfg)")
     elif kept:
         click.echo(f"--fix-precision kept in fp32: {', '.join(map(terminal, kept))} (atc/keep_dtype.cfg)")
+    written = (fix or {}).get("written_as") or {}
+    if written.get("op_types"):
+        click.echo(f"--fix-precision wrote {', '.join(map(terminal, written['op_types']))} as OpType:: entries (every "
+                   f"node of the type is kept; ATC's fusion may rename them) and {len(written['names'])} node(s) by "
+                   "name in atc/keep_dtype.cfg")
     if fix and not fix["fixed"]:
         click.echo(f"--fix-precision cannot fix this: {terminal(fix['reason'])}")
 

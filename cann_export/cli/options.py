@@ -107,8 +107,19 @@ def _parity_flags() -> dict[str, Flag]:
     }
 
 
+def _precision_file_flags() -> dict[str, Flag]:
+    return {
+        "modify_mixlist": Flag("JSON file of edits to the SoC's mixed-precision lists in Ascend IR op types "
+                               "({\"black-list\": {\"to-add\": [...], \"to-remove\": [...]}, \"white-list\": ...}), "
+                               "rendered as ATC's --modify_mixlist and emulated by device parity.", path=True),
+        "customize_dtypes": Flag("ATC --customize_dtypes cfg file (Opname::InputDtype:...,OutputDtype:... or "
+                                 "OpType::<Ascend IR type>:InputDtype:...,OutputDtype:...), rendered into atc/ and "
+                                 "emulated by device parity.", path=True),
+    }
+
+
 def flags() -> dict[str, Flag]:
-    return {**_model_flags(), **_parity_flags(),
+    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),

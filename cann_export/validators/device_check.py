@@ -26,13 +26,14 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], emulator: Emulator | None = None,
                   localise_failure: bool = True, overflow: str = INF_NAN, deq_scale: str = "s19",
-                  float_expected: list[list[np.ndarray]] | None = None, layers: bool = False) -> dict[str, Any]:
+                  float_expected: list[list[np.ndarray]] | None = None, layers: bool = False, lists: Any = None
+                  ) -> dict[str, Any]:
     """Emulate ``mode`` under the SoC's ``overflow`` mode (a Q/DQ graph's quantized ops on the int8 path, the SoC's
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
-    ``float_expected`` (the float model's outputs, when known) too (device_policy.within_int8_noise). ``layers``:
-    add the per-layer curve on the worst input set (``report["layers"]``, validators/layers.py)."""
-    emulator = emulator or Emulator(model, mode, overflow, deq_scale)
+    ``float_expected`` (the float model's outputs) too (device_policy.within_int8_noise). ``layers``: the per-layer
+    curve on the worst set (validators/layers.py). ``lists``: the SoC's mixed lists (atc/mixlists.py)."""
+    emulator = emulator or Emulator(model, mode, overflow, deq_scale, lists)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)

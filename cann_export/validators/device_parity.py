@@ -26,10 +26,10 @@ class Trial:
     """Device parity of one keep set (the user's entries plus ``kept``), counted."""
 
     def __init__(self, model: Any, mode: str, keep: list[str], args: tuple, overflow: str = INF_NAN,
-                 deq_scale: str = "s19", float_expected: list | None = None):
+                 deq_scale: str = "s19", float_expected: list | None = None, lists: Any = None):
         self.model, self.mode, self.keep, self.args = model, mode, keep, args
         self.float_expected = float_expected
-        self.emulator = Emulator(model, mode, overflow, deq_scale)
+        self.emulator = Emulator(model, mode, overflow, deq_scale, lists)
         self.runs = 0
 
     def report(self, kept: list[str], localise: bool = True, layers: bool = False) -> dict[str, Any]:
@@ -156,12 +156,12 @@ def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
                   expected: list[list[np.ndarray]], names: list[str], policy: dict[str, float],
                   paths: dict[str, str], overflow: str = INF_NAN,
                   deq_scale: str = "s19", float_expected: list | None = None,
-                  layers: bool = False) -> tuple[dict[str, Any], list[str]]:
+                  layers: bool = False, lists: Any = None) -> tuple[dict[str, Any], list[str]]:
     """Keep nodes in fp32 until device parity passes under the emulation's rule (the SoC's ``overflow`` mode and
     AscendDequant scale); a small set, or why not. ``layers``: the final report carries the per-layer curve."""
     paths = in_graph(paths, model)
     trial = Trial(model, mode, list(keep), (feeds, expected, names, policy, paths), overflow, deq_scale,
-                  float_expected)
+                  float_expected, lists)
     index = {n.name: k for k, n in enumerate(model.graph.node)}
     order = lambda name: index.get(name, len(index))  # noqa: E731
     kept, steps, short = grow(trial, paths, order)
@@ -195,4 +195,8 @@ def _fix_summary(model: Any, report: dict[str, Any], kept: list[str], steps: lis
         reason = f"device parity still fails with the keep set found; {first.get('message', 'no node named')}"
     if reason:
         summary["reason"] = reason
+    if kept:  # how keep_dtype.cfg writes the set: op types where names could vanish in fusion, else names
+        from ..atc.precision_cfg import fix_entries
+
+        summary["written_as"] = fix_entries(kept, model)[1]
     return summary

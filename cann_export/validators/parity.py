@@ -301,7 +301,9 @@ class ParityValidator:
                                     [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
                                     ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
                                     reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats,
-                                    layers=True)  # report.html's per-layer curve
+                                    layers=True,  # report.html's per-layer curve
+                                    mixlist=ctx.options.atc_hints.get("modify_mixlist"),
+                                    custom=ctx.options.atc_hints.get("customize_dtypes"))
         ctx.reports.layers = report.pop("layers", None)
         final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
         return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
@@ -323,7 +325,8 @@ def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, 
         names = [o["name"] for o in report["outputs"]]
         device = device_check(model, precision["mode"], keep, feeds, expected, names, tolerance, paths,
                               model_of_soc.get("overflow_mode", "saturation"),
-                              deq_scale_for(model_of_soc.get("soc_version", "Ascend310P3")))
+                              deq_scale_for(model_of_soc.get("soc_version", "Ascend310P3")),
+                              stored_lists(precision))
     add_shape_verdicts(report, labels, device, (report.get("device") or {}).get("passed"))
     return report
 
@@ -348,11 +351,14 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
                        tolerance: Any, paths: dict[str, str], fix: bool = False,
                        reports: Reports | None = None, soc: str | None = None,
                        overflow: str | None = None, float_expected: list | None = None,
-                       layers: bool = False) -> dict[str, Any]:
+                       layers: bool = False, mixlist: dict[str, Any] | None = None,
+                       custom: Any = None) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
     whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded).
     ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise).
-    ``layers``: the device run's per-layer curve goes in ``report["layers"]`` (report.html's plot)."""
+    ``layers``: the device run's per-layer curve goes in ``report["layers"]`` (report.html's plot). ``mixlist``: the
+    checked --modify-mixlist edits of the SoC's mixed-precision lists (a mixed mode's); ``custom``: the
+    customize_dtypes entries (atc/customize.py), emulated with their own dtypes."""
     from ..options import ExportOptions, soc_model
     from .device_parity import device_report, fix_precision
     from .int8_device import deq_scale_for
@@ -366,8 +372,9 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
         return report
     names = [o["name"] for o in report["outputs"]]
     args = (feeds, expected, names, tolerance.device_policy(), paths)
+    lists = mixed_lists(mode, device_model["soc_version"], mixlist, custom)
     device_args = {"overflow": device_model["overflow_mode"], "deq_scale": deq_scale_for(device_model["soc_version"]),
-                   "float_expected": float_expected, "layers": layers}
+                   "float_expected": float_expected, "layers": layers, "lists": lists}
     if fix:
         device, kept = fix_precision(model, mode, keep, *args, **device_args)
         if reports is not None:
@@ -377,6 +384,10 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
     else:
         device = device_report(model, mode, keep, *args, **device_args)
     device["precision"]["device_model"] = device_model
+    if lists is not None and emulation_for(mode).reduces == "mixed":
+        device["precision"]["mixed_lists"] = lists.to_dict()
+    if lists is not None and lists.custom:
+        device["precision"]["customize_dtypes"] = [c.to_dict() for c in lists.custom]
     graph = {k: report[k] for k in ("passed", "outputs", "tolerance")}
     report.update(outputs=device["outputs"], precision=device["precision"], graph_fp32=graph,
                   device={"passed": device["passed"], "tolerance": device.get("tolerance"),
@@ -390,3 +401,26 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
 
 def to_numpy(t: Any) -> Any:
     return t.detach().cpu().numpy()
+
+
+def mixed_lists(mode: str, soc: str, edits: dict[str, Any] | None, custom: Any = None) -> Any:
+    """The SoC's mixed-precision lists with the user's edits and customize_dtypes entries, for a mode that reduces
+    by them or entries to emulate (else None)."""
+    from ..atc.mixlists import lists_for
+    from .precision import emulation_for
+
+    return lists_for(soc, edits, custom) if emulation_for(mode).reduces == "mixed" or custom else None
+
+
+def stored_lists(precision: dict[str, Any]) -> Any:
+    """The lists and customize_dtypes entries a report recorded (``precision.mixed_lists`` / ``customize_dtypes``),
+    or None."""
+    from ..atc.customize import parse
+    from ..atc.mixlists import MixLists, lists_for
+
+    stored, custom = precision.get("mixed_lists"), precision.get("customize_dtypes")
+    if not stored and not custom:
+        return None
+    base = MixLists(stored["family"], frozenset(stored["white"]), frozenset(stored["black"]),
+                    stored["modified"]) if stored else lists_for(None)
+    return MixLists(base.family, base.white, base.black, base.edited, tuple(parse(custom)) if custom else ())

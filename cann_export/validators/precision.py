@@ -30,9 +30,13 @@ Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 - allow_fp32_to_fp16: the cube ops (Conv, ConvTranspose, MatMul, Gemm), which are fp16-only on inference
   SoCs; every other op has an fp32 implementation and keeps fp32.
 - cube_fp16in_fp32out: the cube ops read fp16 and write fp32 (outputs are not rounded).
-- allow_mix_precision(_fp16), mixed_float16: the op types on the mixed-precision allow list.
+- allow_mix_precision(_fp16), mixed_float16: by the SoC's mixed-precision lists (atc/mixlists.py, after any
+  --modify-mixlist edits), in graph order: a node whose Ascend IR type (atc/ascend_ir.py) is on the white list is
+  reduced, one on the black list keeps fp32, any other (gray) follows the producer of its first float input
+  (reduced when that node is; a graph input, weight or constant is fp32).
 - allow_mix_precision_bf16, mixed_bfloat16, allow_fp32_to_bf16: as the mixed modes, in bfloat16.
-- mixed_hif8: approximated as mixed_float16 (HiFloat8 is not emulated).
+- mixed_hif8: the fp16 lists, white ops rounded to fp16: HiFloat8 (8-bit, tapered precision) is not emulated,
+  so an op ATC would run in HiF8 is emulated coarser-than-fp32 but finer than on the device (hints warn).
 - must_keep_origin_dtype, origin, force_fp32: none.
 """
 from __future__ import annotations
@@ -40,15 +44,15 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ..atc.customize import Custom
+    from ..atc.mixlists import MixLists
+
 CUBE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-# Ascend's mixed-precision allow list (ops_info "precision_reduce" = true) mapped to ONNX op types:
-# the cube ops plus the pooling / activation ops that follow them in fp16.
-MIXED_ALLOW = CUBE_OPS | {"AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool", "Relu", "LeakyRelu",
-                          "Conv1d", "Einsum"}
 # ops that only move or select elements: rounding their outputs equals rounding their inputs, so when the
 # outputs are rounded their inputs are read as they are (no copy of a 30k-row embedding table is rounded)
 DATA_MOVEMENT = frozenset({"Gather", "GatherElements", "GatherND", "Reshape", "Transpose", "Slice", "Concat",
@@ -66,6 +70,7 @@ NAN_SOURCES = frozenset({"Div", "Sqrt", "Log", "Pow", "Mod", "Acos", "Asin", "Ac
                          "ReduceLogSumExp"})
 HOST_SOURCES = frozenset({"Shape", "Size", "Constant"})  # outputs ATC knows at build time (static shapes)
 FED_MIN = 1024  # float weights with at least this many elements are fed at run time, not serialised
+DTYPE_OF = {"float16": "fp16", "bfloat16": "bf16", "float": "fp32", "float32": "fp32"}  # customize_dtypes' names
 EPSILON = {FP16: 2.0 ** -10, BF16: 2.0 ** -7, FLOAT: 2.0 ** -23}  # machine epsilon of each dtype
 
 
@@ -92,9 +97,11 @@ def emulation_for(mode: str) -> Emulation:
         return Emulation(mode, "cube", False, FP16, "cube ops read fp16 and write fp32")
     if mode in ("allow_mix_precision", "allow_mix_precision_fp16", "mixed_float16", "mixed_hif8"):
         note = " (HiFloat8 approximated by fp16)" if mode == "mixed_hif8" else ""
-        return Emulation(mode, "mixed", True, FP16, "fp16 for op types on the mixed-precision allow list" + note)
+        return Emulation(mode, "mixed", True, FP16, "fp16 for the white-list op types of the SoC's mixed-precision "
+                         "lists, fp32 for the black list, gray ops following their producer" + note)
     if mode in ("allow_mix_precision_bf16", "mixed_bfloat16", "allow_fp32_to_bf16"):
-        return Emulation(mode, "mixed", True, BF16, "bf16 for op types on the mixed-precision allow list")
+        return Emulation(mode, "mixed", True, BF16, "bf16 for the white-list op types of the SoC's mixed-precision "
+                         "lists, fp32 for the black list, gray ops following their producer")
     return Emulation(mode, "none", True, FLOAT, "none: fp32 as exported")
 
 
@@ -161,9 +168,12 @@ class Emulator:
 
     ``overflow``: the SoC's float overflow mode, "saturation" or "inf_nan" (see the module docstring);
     ``deq_scale``: how the SoC holds AscendDequant's scale (int8_device.deq_scale_for) for a graph with Q/DQ,
-    whose quantized ops the emulation runs on the int8 path (validators/int8_device.py)."""
+    whose quantized ops the emulation runs on the int8 path (validators/int8_device.py); ``lists``: the SoC's
+    mixed-precision lists (atc/mixlists.lists_for) the mixed modes reduce by (None: the default family's), with
+    the customize_dtypes entries (atc/customize.py) whose nodes read and write the dtypes they name."""
 
-    def __init__(self, model: Any, mode: str, overflow: str = INF_NAN, deq_scale: str = "s19"):
+    def __init__(self, model: Any, mode: str, overflow: str = INF_NAN, deq_scale: str = "s19",
+                 lists: MixLists | None = None):
         from onnx import numpy_helper
 
         from . import int8_device
@@ -183,6 +193,9 @@ class Emulator:
         self.graph_inputs = [i for i in g.input if i.name not in self.init_names]
         self.host = host_values(model)
         self.producer_op = {o: n.op_type for n in g.node for o in n.output if o}
+        self.lists = lists
+        self._ascend: dict[str, str] | None = None  # node name -> Ascend IR type, when first needed
+        self._mixed: dict[frozenset[str], set[str]] = {}  # keep set -> the nodes the mixed lists reduce
         self._rounded: dict[str, Any] = {}  # initializer name -> rounded copy (array or TensorProto)
         self._in_range: dict[str, bool] = {}  # initializer name -> converting it saturates nothing
         # the AMCT-adapted int8 path of a Q/DQ graph (None without QuantizeLinear, or when nothing is reduced)
@@ -200,13 +213,68 @@ class Emulator:
         e = self.emulation
         if e.reduces == "none" or node.op_type == "Constant":  # constants take their reader's precision
             return False
-        if node.name in keep or f"OpType::{node.op_type}" in keep:
+        if self.custom_for(node) is not None:
+            return False  # its own dtypes (_Build.add_custom)
+        if e.reduces == "mixed":
+            return node.name in self.mixed_reduced(keep)
+        if self._excluded(node, keep):
             return False
-        if node.output and all(not o or o in self.host for o in node.output):
-            return False
-        if e.reduces == "all":
+        return e.reduces == "all" or node.op_type in CUBE_OPS
+
+    @property
+    def ascend_types(self) -> dict[str, str]:
+        """Node name -> the Ascend IR type ATC gives it (what ``OpType::`` entries and the lists name)."""
+        if self._ascend is None:
+            from ..atc.ascend_ir import node_types
+
+            self._ascend = node_types(self.model)
+        return self._ascend
+
+    def custom_for(self, node: Any) -> Custom | None:
+        """The customize_dtypes entry that sets this node's dtypes (under a mode that reduces), or None."""
+        entries = self.lists.custom if self.lists is not None else ()
+        if not entries or self.emulation.reduces == "none":
+            return None
+        from ..atc.customize import for_node
+
+        return for_node(list(entries), node.name, self.ascend_types.get(node.name))
+
+    def _excluded(self, node: Any, keep: set[str] | frozenset[str]) -> bool:
+        """Kept by keep_dtype (its name, or ``OpType::`` of its Ascend IR type), or folded on the host."""
+        if node.name in keep:
             return True
-        return node.op_type in (CUBE_OPS if e.reduces == "cube" else MIXED_ALLOW)
+        if any(k.startswith("OpType::") for k in keep) and f"OpType::{self.ascend_types.get(node.name)}" in keep:
+            return True
+        return bool(node.output) and all(not o or o in self.host for o in node.output)
+
+    def mixed_reduced(self, keep: set[str] | frozenset[str]) -> set[str]:
+        """The nodes a mixed mode reduces under ``keep``, in graph order: white reduced, black fp32, gray as the
+        producer of its first float input (a graph input, weight or constant is fp32)."""
+        key = frozenset(keep)
+        if key not in self._mixed:
+            from ..atc.mixlists import lists_for
+
+            lists = self.lists or lists_for(None)
+            types = self.ascend_types
+            reduced_nodes: set[str] = set()
+            reduced_values: set[str] = set()
+            for node in self.model.graph.node:
+                custom = self.custom_for(node)
+                if custom is not None:  # its outputs reduced where it names a reduced dtype
+                    reduced_values.update(o for o, d in zip(node.output, custom.outputs, strict=False)
+                                          if DTYPE_OF.get(d) in ("fp16", "bf16"))
+                    continue
+                if node.op_type == "Constant" or self._excluded(node, key):
+                    continue
+                policy = lists.policy(types.get(node.name, node.op_type))
+                if policy == "gray":
+                    first = next((i for i in node.input if i and i in self.floats), None)
+                    policy = "white" if first in reduced_values else "black"
+                if policy == "white":
+                    reduced_nodes.add(node.name)
+                    reduced_values.update(o for o in node.output if o)
+            self._mixed[key] = reduced_nodes
+        return self._mixed[key]
 
     def _init_array(self, name: str) -> np.ndarray:
         from onnx import numpy_helper
@@ -247,7 +315,10 @@ class Emulator:
             node.CopyFrom(original)
             if int8 is not None and int8.emit(k, node, build):
                 continue
-            if reference or not self.reduced(node, keep):
+            custom = None if reference else self.custom_for(node)
+            if custom is not None:
+                build.add_custom(node, custom)
+            elif reference or not self.reduced(node, keep):
                 build.nodes.append(node)
             else:
                 build.add_reduced(node)
@@ -311,6 +382,23 @@ class _Build:
                                                 self.saturate and node.op_type in NAN_SOURCES))
                     self.rounded.add(name)
 
+    def add_custom(self, node: Any, custom: Custom) -> None:
+        """A customize_dtypes node: the inputs and outputs it names in fp16/bf16 are rounded (the emulation's
+        reduced dtype), the ones it names float read and write fp32."""
+        em = self.em
+        skip = SHAPE_INPUTS.get(node.op_type, ())
+        for k, name in enumerate(node.input):
+            reduced = k < len(custom.inputs) and DTYPE_OF.get(custom.inputs[k]) in ("fp16", "bf16")
+            if reduced and name and name in em.floats and name not in self.rounded and k not in skip:
+                node.input[k] = self.read_rounded(name)
+        self.nodes.append(node)
+        for k, name in enumerate(node.output):
+            if k < len(custom.outputs) and DTYPE_OF.get(custom.outputs[k]) in ("fp16", "bf16") and name in em.floats:
+                node.output[k] = f"{name}__fp32"
+                self.nodes.extend(self.pair(node.output[k], name, "o", self.saturate,
+                                            self.saturate and node.op_type in NAN_SOURCES))
+                self.rounded.add(name)
+
     def read_rounded(self, name: str) -> str:
         """The copy of ``name`` a reduced node reads: a weight converted once in numpy, a host value (constant
         folded by ATC) saturated, a value computed in fp32 on the device rounded under the overflow mode."""
@@ -370,11 +458,12 @@ class Session:
         return self.sess.run(names, {**{n: feed[n] for n in self.inputs}, **self.weights})
 
 
-def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19") -> Any:
+def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19",
+            lists: MixLists | None = None) -> Any:
     """A self-contained copy of ``model`` (weights embedded) that computes as the device does."""
     from onnx import numpy_helper
 
-    emulator = Emulator(model, emulation.mode, overflow, deq_scale)
+    emulator = Emulator(model, emulation.mode, overflow, deq_scale, lists)
     built, weights = emulator.build(set(keep))
     fed = set(weights)
     kept_inputs = [i for i in built.graph.input if i.name not in fed]

@@ -65,7 +65,10 @@ def test_hints_render_into_convert_sh_and_cfg_files(tmp_path):
     keep = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
     atc = result.manifest["atc"]
     norm_nodes = atc["keep_dtype"]["module_paths"]["norm"]
-    assert norm_nodes and set(norm_nodes) <= set(keep) and "OpType::Softmax" in keep
+    assert norm_nodes and set(norm_nodes) <= set(keep)
+    # ATC matches Ascend IR types: the ONNX spelling is written as SoftmaxV2, with a warning saying so
+    assert "OpType::SoftmaxV2" in keep and "OpType::Softmax" not in keep
+    assert any("OpType::Softmax names an ONNX op type" in w for w in result.manifest["warnings"]["atc_hints"])
     fusion = json.loads((bundle / "atc" / "fusion_switch.cfg").read_text())
     assert fusion == {"Switch": {"GraphFusion": {"ConvToFullyConnectionFusionPass": "off"}}}
     assert atc["advisory"] == {"insert_teacache": ["proj"], "memory_layout": "nhwc_optimized"}

@@ -33,6 +33,19 @@ def _cosine(a, b):
     return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
 
 
+def _cfg_nodes(bundle, graph):
+    """keep_dtype.cfg's lines as node names: an ``OpType::T`` line (--fix-precision writes one where every node
+    of a type fusion may fold away is kept) stands for the graph's nodes of that Ascend IR type (the ones these
+    norms hold spell it as ONNX does, but Div, which ATC calls RealDiv)."""
+    lines = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
+    ascend = {"Div": "RealDiv"}
+    out = [ln for ln in lines if not ln.startswith("OpType::")]
+    for ln in lines:
+        if ln.startswith("OpType::"):
+            out += [n.name for n in graph.graph.node if ascend.get(n.op_type, n.op_type) == ln[len("OpType::"):]]
+    return out
+
+
 def _input_sets(bundle):
     data = load_file(str(bundle / "parity" / "inputs.safetensors"))
     sets = sorted({k.split("/")[0] for k in data}, key=int)
@@ -55,9 +68,15 @@ def test_rmsnorm_fix_lands_with_simplification_on(rms_fixed):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["optimize"]["onnxsim"] == "applied"
     graph = onnx.load(str(bundle / "model.onnx"))
-    cfg = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
+    lines = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
+    cfg = _cfg_nodes(bundle, graph)
     assert set(cfg) <= {n.name for n in graph.graph.node}  # names of the written graph, every one
-    assert manifest["atc"]["keep_dtype"]["nodes"] == cfg == manifest["parity"]["fixed_by_keep_dtype"]
+    assert manifest["atc"]["keep_dtype"]["nodes"] == lines
+    assert sorted(cfg) == sorted(manifest["parity"]["fixed_by_keep_dtype"])
+    written = manifest["parity"]["precision"]["fix"]["written_as"]  # which lines are types, which names
+    assert set(lines) == {f"OpType::{t}" for t in written["op_types"]} | set(written["names"])
+    assert written["op_types"]  # every norm's Pow kept: a type ATC's fusion may rename is written as a type
+    assert f"--fix-precision wrote {', '.join(written['op_types'])} as OpType:: entries" in result.stdout
     paths = collect(graph)
     for norm in NORMS:  # every norm keeps its x.pow(2): no block is left with a dead branch
         assert any(paths.get(n) == norm and op == "Pow" for n, op in ((n.name, n.op_type) for n in graph.graph.node)
@@ -67,7 +86,7 @@ def test_rmsnorm_fix_lands_with_simplification_on(rms_fixed):
 def test_the_fixed_bundle_is_healthy_in_the_independent_emulation(rms_fixed):
     _, bundle = rms_fixed
     graph = onnx.load(str(bundle / "model.onnx"))
-    keep = set((bundle / "atc" / "keep_dtype.cfg").read_text().split())
+    keep = set(_cfg_nodes(bundle, graph))
     for feed in _input_sets(bundle):
         device, reference = run_device(graph, feed, keep), _fp32(graph, feed)
         assert all(np.isfinite(d).all() and _cosine(d, r) >= 0.99 for d, r in zip(device, reference, strict=True))
@@ -81,7 +100,7 @@ def test_the_report_says_how_many_ops_and_what_share_of_the_flops(rms_fixed):
     result, bundle = rms_fixed
     fix = json.loads((bundle / "parity.json").read_text())["precision"]["fix"]
     graph = onnx.load(str(bundle / "model.onnx"))
-    cfg = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
+    cfg = _cfg_nodes(bundle, graph)
     assert fix["fixed"] and fix["kept_ops"] == len(cfg) and fix["graph_ops"] < len(graph.graph.node) + 1
     assert 0 < fix["kept_flops_share"] < 0.05  # norms: elementwise work, no MatMul
     assert fix["kept_flops_share"] == pytest.approx(flops.share(cfg, flops.node_flops(graph)), abs=1e-6)
