@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
+from ..progress import counted
 from . import msprobe_metrics
+from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
 
@@ -51,8 +52,6 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     sess = emulator.session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
-    from ..progress import counted
-
     runs = [sess.run(feed, outs + (extra if expose or (first_only and s == 0) else []))
             for s, feed in enumerate(counted(feeds, "emulated device sets"))]
     actual = [r[:len(outs)] for r in runs]
