@@ -20,7 +20,7 @@ from ..capture import module_paths
 from .device_policy import DevicePolicy, judge
 from .precision import DATA_MOVEMENT, Emulator, Session
 
-BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
+BUDGET = 1 << 24  # float elements of intermediates exposed per localisation run (bounds memory: 64 MiB of fp32)
 TRIALS = 12  # candidates fed into the reference, at most, before the first one left is named
 PASS_THROUGH = DATA_MOVEMENT | {"Cast", "CastLike"}  # a wrong value moved, not made
 BOUNDING = frozenset({"Clip", "Min", "Max", "Where", "Relu"})  # ops that clamp or select a value back
