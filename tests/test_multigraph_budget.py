@@ -92,8 +92,10 @@ def test_default_shapes_stay_within_the_budget_and_record_what_they_left_out(bud
         left = {(g["dimension"], g["size"]) for g in record["left_out"]}
         assert ("batch_size", 64) in left and all("--parity-full-ranges" in g["reason"] for g in record["left_out"])
         assert all(g["elements"] > limit for g in record["left_out"])
-    prefill = [r["shape"] for r in _own(budgeted, "prefill")["parity"]["shapes"]]
-    assert {"batch_size": 2, "sequence_length": 16} in prefill  # a range end within the budget still runs
+    own = _own(budgeted, "prefill")
+    prefill, limit = [r["shape"] for r in own["parity"]["shapes"]], own["parity"]["shape_budget"]["elements"]
+    for end in ({"batch_size": 2, "sequence_length": 1}, {"batch_size": 2, "sequence_length": 16}):
+        assert (end in prefill) == (_set_elements(budgeted, "prefill", end) <= limit)  # a range end within it runs
 
 
 def test_validate_rederives_the_budgeted_shapes(budgeted):
