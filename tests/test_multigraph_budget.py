@@ -66,12 +66,13 @@ def _with_activations(bundle, name, point):
 
 
 def _set_elements(bundle, name, point):
-    """Decode's set with the prefill that makes its past (P tokens of prompt for a past of P)."""
+    """Decode's set with the prefill that makes its past (P tokens of prompt for a past of P): the prefill's inputs
+    and outputs (its intermediates are gone when decode's graph runs)."""
     own = _with_activations(bundle, name, point)
     if name == "prefill":
         return own
-    return own + _with_activations(bundle, "prefill", {"batch_size": point["batch_size"],
-                                                       "sequence_length": point["past_sequence_length"]})
+    return own + _elements(bundle, "prefill", {"batch_size": point["batch_size"],
+                                               "sequence_length": point["past_sequence_length"]})
 
 
 def test_default_shapes_stay_within_the_budget_and_record_what_they_left_out(budgeted):

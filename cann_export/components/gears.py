@@ -203,7 +203,24 @@ def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], mod
 
 def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
     """(``point -> elements`` of component ``index``'s set with the earlier components that feed it (budget.fed):
-    what making and judging one set holds, the component's own activation terms: inputs/activations.py)."""
+    what making and judging one set holds, the component's own activation terms: inputs/activations.py). Its own
+    largest intermediate counts (budget.with_activations); a feeding component's inputs and outputs do, its
+    intermediates not (it runs eagerly while the set is made, long before this graph runs it)."""
+    from .budget import fed, with_activations
+
+    comp = plan.components[index]
+    sources = []
+    for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
+        j = next(i for i, c in enumerate(plan.components) if c.name == src)
+        example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        sources.append((io_elements(plan, j, gen), example))
+    own, terms = module_elements(plan, comp, gen)
+    example = {n: v[0] for n, v in dims(comp.module, comp.example_inputs).items()}
+    return with_activations(fed(own, sources), terms, example), terms
+
+
+def io_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
+    """``point -> elements`` of component ``index``'s inputs and outputs, with those of the components that feed it."""
     from .budget import fed
 
     comp = plan.components[index]
@@ -211,20 +228,19 @@ def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], in
     for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
         j = next(i for i, c in enumerate(plan.components) if c.name == src)
         example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
-        sources.append((set_elements(plan, j, gen)[0], example))
-    own, terms = module_elements(plan, comp, gen)
-    return fed(own, sources), terms
+        sources.append((io_elements(plan, j, gen), example))
+    return fed(module_elements(plan, comp, gen)[0], sources)
 
 
 def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
-    """(``point -> elements`` of one of the component's input sets at export, its activation terms): its inputs'
-    shapes from its dynamic axes, its outputs' from the module run at the example and at each dimension's low end
-    (an output axis that moves with a dimension is ``NAME + k``, as the exported graph writes it), its largest
-    intermediate from the ops of the same runs (inputs/activations.py, budget.with_activations)."""
+    """(``point -> elements`` of the inputs and outputs of one of the component's input sets at export, its
+    activation terms): its inputs' shapes from its dynamic axes, its outputs' from the module run at the example
+    and at each dimension's low end (an output axis that moves with a dimension is ``NAME + k``, as the exported
+    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py)."""
     import torch
 
     from ..inputs.activations import op_sizes, terms_of
-    from .budget import dim_size, shape_elements, with_activations
+    from .budget import dim_size, shape_elements
 
     module, feed = comp.module, comp.example_inputs
     found = dims(module, feed)
@@ -250,5 +266,4 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], i
                 if was != now and now - probe == k and k >= 0:
                     outputs[key][a] = f"{name} + {k}" if k else name
         del moved
-    terms = terms_of(example, ops, probes)
-    return with_activations(shape_elements([*shapes, *outputs.values()], dim_size), terms, example), terms
+    return shape_elements([*shapes, *outputs.values()], dim_size), terms_of(example, ops, probes)

@@ -56,7 +56,7 @@ def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dic
         return [f"{where}: the first shape {short(example)} is not the example's size of each dimension "
                 f"{short(sorted(found))}"]
     everyone = {**(owns or {}), name: own}
-    elements = graph_elements(name, everyone, connections or [])
+    elements = set_cost(name, everyone, connections or [])
     budget, problem = recorded_budget(parity.get("shape_budget"), lambda: elements({n: v[0] for n, v in found.items()}))
     if problem:
         return [f"components/{name}/manifest.json {problem}"]
@@ -101,9 +101,10 @@ def _sizes(left: Any) -> list[tuple[Any, Any]]:
 
 def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]],
                    depth: int = 0, memo: dict[str, Any] | None = None) -> Any:
-    """``point -> elements`` of a component's set from its graph's symbolic dims, with the graphs that feed it
-    (budget.fed, as export counts them; their example sizes: their first parity shape). Each component's is built
-    once (``memo``); the connections were checked to be the plan's (no loops) before this runs."""
+    """``point -> elements`` of a component's set's inputs and outputs from its graph's symbolic dims, with the
+    graphs that feed it (budget.fed, as export counts them; their example sizes: their first parity shape). Each
+    component's is built once (``memo``); the connections were checked to be the plan's (no loops) before this
+    runs."""
     memo = {} if memo is None else memo
     if name in memo:
         return memo[name]
@@ -117,9 +118,15 @@ def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list
         if depth >= 8:  # a hostile loop of connections
             break
         sources.append((graph_elements(src, owns, connections, depth + 1, memo), _first(owns[src])))
-    own = with_activations(shape_elements(tensors[:MAX_TENSORS], dim_size), _terms(owns[name]), _first(owns[name]))
-    memo[name] = fed(own, sources)
+    memo[name] = fed(shape_elements(tensors[:MAX_TENSORS], dim_size), sources)
     return memo[name]
+
+
+def set_cost(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]]) -> Any:
+    """``point -> elements`` the budget counts for a component's set: its graph's inputs and outputs with the
+    graphs that feed it (graph_elements), plus its own graph's intermediates (the recorded estimate; a feeding
+    graph runs eagerly in another stage, its intermediates gone before this graph runs)."""
+    return with_activations(graph_elements(name, owns, connections), _terms(owns[name]), _first(owns[name]))
 
 
 def _first(own: dict[str, Any]) -> dict[str, int]:
