@@ -150,3 +150,27 @@ def test_checks_sessions_keep_no_arena_between_runs(tmp_path):
     onnx.save(model, str(path))
     opened = [onnx_session(path, [{"x": None}])[0], precision.session(model), session(path)]
     assert [s.get_session_options().enable_cpu_mem_arena for s in opened] == [False, False, False]
+
+
+def test_a_dynamic_graphs_per_layer_values_are_fetched_in_runs_sized_at_the_feed(monkeypatch):
+    """The per-layer curve's exposure runs stay within origin.BUDGET at the feed's real sizes: a dynamic graph's
+    values have no static size, and counted as the largest static one (here none) they all went into one run."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from cann_export.validators import origin
+    from cann_export.validators.precision import Emulator
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1000])])
+    emulator = Emulator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "force_fp16")
+    monkeypatch.setattr(origin, "BUDGET", 15000)  # one value of 10 x 1000 per run
+    runs = []
+    opened = emulator.session
+    monkeypatch.setattr(emulator, "session", lambda *a, **k: runs.append(k.get("expose")) or opened(*a, **k))
+    feed = {"x": np.ones((10, 1000), dtype=np.float32)}
+    values = [t for t, _, _ in origin.value_pairs(emulator, set(), feed, ["a", "b", "y"])]
+    assert values == ["a", "b", "y"]
+    assert all(len(expose) == 1 for expose in runs) and len(runs) == 6, runs  # a reference and a device run each
