@@ -257,6 +257,7 @@ class ExportContext:
     manifest: dict[str, Any] = field(default_factory=dict)  # set by the format's finalize()
     manifest_sha256: str | None = None  # of the staged manifest.json, when the format writes one
     stage_seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+    stage_peak_mib: dict[str, float] = field(default_factory=dict)  # stage -> the process's peak RSS at its end
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     module_origins: dict[str, dict[str, str]] = field(default_factory=dict)  # stamp key -> {node: value}
     capture_notes: list[str] = field(default_factory=list)  # why an exporter missed the requested opset

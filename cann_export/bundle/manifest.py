@@ -15,6 +15,7 @@ __all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"
 
 def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
     from ..capture.onnx_utils import describe_values, op_histogram
+    from ..validators.cost import checks_record
 
     model, reports = ctx.onnx_model, ctx.reports
     parity = reports.parity.to_dict() if reports.parity is not None else None
@@ -37,7 +38,8 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
         "capture": ctx.capture.to_dict(),
         "optimize": ctx.optimize,
         "parity": {**summarize_parity(parity), **reference,
-                   **({"coverage": ctx.options.parity_coverage} if (parity or {}).get("shapes") else {})},
+                   **({"coverage": ctx.options.parity_coverage} if (parity or {}).get("shapes") else {}),
+                   **({"checks": checks} if (checks := checks_record(ctx.stage_seconds, ctx.stage_peak_mib)) else {})},
         **({"quantization": reports.quantization.to_dict()} if reports.quantization is not None else {}),
         "lint": dict(reports.lint),
         **({"sandbox": dict(reports.sandbox)} if reports.sandbox is not None else {}),

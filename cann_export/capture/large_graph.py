@@ -229,6 +229,7 @@ def session(path: Path) -> Any:
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.enable_cpu_mem_arena = False  # a run's intermediates go back after it
     opts.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

@@ -27,6 +27,7 @@ def session(model: onnx.ModelProto | str | Path) -> Any:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False  # a run's intermediates go back after it (no arena kept per session)
     source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

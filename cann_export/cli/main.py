@@ -12,6 +12,7 @@ from ..errors import EXIT_PARITY_FAILED
 from ..fs.jsonio import dumps as to_json
 from ..safe_text import terminal
 from ..bundle.coverage import on_verdict as covered
+from ..validators.cost import checks_line
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
@@ -109,6 +110,8 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
             f", device {'ok' if c['device_passed'] else 'FAIL'}"
         verdict = f"parity {'passed' if c['passed'] else 'FAILED'}{covered(manifests.get(name))}"
         click.echo(f"  {terminal(name)}: {verdict} (fp32 {'ok' if c['fp32_passed'] else 'FAIL'}{device})")
+        if cost := checks_line(((manifests.get(name) or {}).get("parity") or {}).get("checks")):
+            click.echo(f"    {cost}")
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 
@@ -146,6 +149,8 @@ def _print_result(result: Any, verbose: bool = False) -> None:
         return
     click.echo(f"parity: {'passed' if parity['passed'] else 'FAILED'}{covered(result.manifest)} "
                f"({parity['input_sets']} input sets, reference: {terminal(parity['reference'])})")
+    if cost := checks_line(((result.manifest or {}).get("parity") or {}).get("checks")):
+        click.echo(cost)
     if precision := parity.get("precision"):
         device = precision.get("device_model") or {}
         on = f" on {device['soc_version']} ({device['overflow_mode']} overflow)" if device.get("soc_version") else ""

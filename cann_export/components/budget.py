@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 SHARE = 3  # budget = weight elements / SHARE
+LIVE = 2  # intermediates alive at once, in units of the largest (attention scores and their softmax)
 FLOOR = 1 << 24
 CEILING = 1 << 27
 Point = dict[str, int]
@@ -24,9 +25,20 @@ Elements = Callable[[Point], int]
 HOW = "pass --parity-full-ranges (parity_full_ranges=True) to run it"
 
 
-def budget_for(weights: int) -> int:
-    """The element budget of one parity input set for a model of ``weights`` elements."""
-    return int(min(CEILING, max(FLOOR, int(weights) // SHARE)))
+def budget_for(weights: int, example: int = 0) -> int:
+    """The element budget of one parity input set for a model of ``weights`` elements, at least ``example`` (the
+    elements of the example's set, which runs whatever the budget: the raw toolchain pays it too)."""
+    return int(max(min(CEILING, max(FLOOR, int(weights) // SHARE)), min(int(example), CEILING)))
+
+
+def with_activations(io: Elements, terms: list[dict[str, Any]], example: Point) -> Elements:
+    """``point -> elements`` of a set's inputs and outputs (``io``) plus LIVE times its largest intermediate
+    (inputs/activations.py ``terms``, their sizes at ``example``)."""
+    from ..inputs.activations import largest
+
+    if not terms:
+        return io
+    return lambda point: io(point) + LIVE * largest(terms, example, point)
 
 
 def weight_elements(module: Any) -> int:
@@ -78,26 +90,38 @@ def _left(name: str, size: int, cost: int, budget: int, cap: int | None) -> dict
                       f"{budget}{instead}; {HOW}"}
 
 
-def record(budget: int | None, weights: int, left: list[dict[str, Any]]) -> dict[str, Any]:
-    """``parity.shape_budget`` of a component's manifest."""
+def record(budget: int | None, weights: int, left: list[dict[str, Any]],
+           terms: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``parity.shape_budget`` of a component's manifest (``terms``: its largest intermediate's estimate,
+    inputs/activations.py, which validate counts as export did)."""
     if budget is None:
         return {"full": True, "weights": weights}
     return {"full": False, "elements": budget, "weights": weights,
-            "rule": f"a third of the weight elements, within {FLOOR}..{CEILING}", "left_out": left}
+            "rule": f"a third of the weight elements, within {FLOOR}..{CEILING}, or the example's set if larger; "
+                    f"a set counts its inputs, outputs and {LIVE}x its largest intermediate",
+            "activations": terms or [], "left_out": left}
 
 
-def recorded_budget(found: Any) -> tuple[int | None, str | None]:
+def recorded_budget(found: Any, example: Callable[[], int] | None = None) -> tuple[int | None, str | None]:
     """(the budget, a problem) from a manifest's ``parity.shape_budget``: None with no problem when parity ran the
-    full ranges (or the bundle predates the budget); a problem when the record is not what the rule gives."""
+    full ranges (or the bundle predates the budget); a problem when the record is not what the rule gives
+    (``example``: the elements of the example's set, counted from the graphs with the recorded activation terms:
+    the budget's floor)."""
+    from ..inputs.activations import recorded_terms
+
     if found is None:
         return None, None
     if not isinstance(found, dict) or not isinstance(found.get("weights"), int) or isinstance(found["weights"], bool):
         return None, "parity.shape_budget is not a record of the weights and the budget; export again"
     if found.get("full") is True:
         return None, None
-    if found.get("elements") != budget_for(found["weights"]):
+    terms = recorded_terms(found.get("activations", []))
+    if terms is None:
+        return None, "parity.shape_budget.activations is not a list of activation terms (edited); export again"
+    rule = budget_for(found["weights"], example() if example is not None else 0)
+    if found.get("elements") != rule:
         return None, (f"parity.shape_budget.elements {str(found.get('elements'))[:20]} is not the budget of "
-                      f"{found['weights']} weight elements ({budget_for(found['weights'])}); export again")
+                      f"{found['weights']} weight elements ({rule}); export again")
     return found["elements"], None
 
 

@@ -125,9 +125,11 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
         from .budget import budget_for, record, weight_elements
 
         weights = weight_elements(comp.module)
-        budget = None if full else budget_for(weights)
-        elements = None if full else set_elements(plan, plan.components.index(comp),
-                                                  torch.Generator().manual_seed(seed + 97))
+        budget, elements, terms = None, None, []
+        if not full:
+            elements, terms = set_elements(plan, plan.components.index(comp), torch.Generator().manual_seed(seed + 97))
+            at = {n: v[0] for n, v in dims(comp.module, comp.example_inputs).items()}
+            budget = budget_for(weights, elements(at))
         example, chosen, notes, left = points(comp.module, comp.example_inputs, hints, budget, elements, combos)
 
         def sets_of() -> Any:
@@ -138,7 +140,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
                     sets.append(feed_at(plan, plan.components.index(comp), point, gen, draw))
                 yield point, sets
 
-        return example, sets_of(), notes, record(budget, weights, left)
+        return example, sets_of(), notes, record(budget, weights, left, terms)
 
     from .reuse import keeper
 
@@ -199,9 +201,26 @@ def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], mod
     return torch.randint(1, high, shape, generator=gen).to(example.dtype)
 
 
-def set_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
-    """``point -> elements`` of component ``index``'s set with the earlier components that feed it
-    (budget.fed): what making and judging one set holds."""
+def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
+    """(``point -> elements`` of component ``index``'s set with the earlier components that feed it (budget.fed):
+    what making and judging one set holds, the component's own activation terms: inputs/activations.py). Its own
+    largest intermediate counts (budget.with_activations); a feeding component's inputs and outputs do, its
+    intermediates not (it runs eagerly while the set is made, long before this graph runs it)."""
+    from .budget import fed, with_activations
+
+    comp = plan.components[index]
+    sources = []
+    for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
+        j = next(i for i, c in enumerate(plan.components) if c.name == src)
+        example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        sources.append((io_elements(plan, j, gen), example))
+    own, terms = module_elements(plan, comp, gen)
+    example = {n: v[0] for n, v in dims(comp.module, comp.example_inputs).items()}
+    return with_activations(fed(own, sources), terms, example), terms
+
+
+def io_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
+    """``point -> elements`` of component ``index``'s inputs and outputs, with those of the components that feed it."""
     from .budget import fed
 
     comp = plan.components[index]
@@ -209,16 +228,18 @@ def set_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
     for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
         j = next(i for i, c in enumerate(plan.components) if c.name == src)
         example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
-        sources.append((set_elements(plan, j, gen), example))
-    return fed(module_elements(plan, comp, gen), sources)
+        sources.append((io_elements(plan, j, gen), example))
+    return fed(module_elements(plan, comp, gen)[0], sources)
 
 
-def module_elements(plan: Any, comp: Any, gen: Any) -> Callable[[Point], int]:
-    """``point -> elements`` of one of the component's input sets at export: its inputs' shapes from its dynamic
-    axes, its outputs' from the module run at the example and at each dimension's low end (an output axis that
-    moves with a dimension is ``NAME + k``, as the exported graph writes it)."""
+def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
+    """(``point -> elements`` of the inputs and outputs of one of the component's input sets at export, its
+    activation terms): its inputs' shapes from its dynamic axes, its outputs' from the module run at the example
+    and at each dimension's low end (an output axis that moves with a dimension is ``NAME + k``, as the exported
+    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py)."""
     import torch
 
+    from ..inputs.activations import op_sizes, terms_of
     from .budget import dim_size, shape_elements
 
     module, feed = comp.module, comp.example_inputs
@@ -226,20 +247,23 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> Callable[[Point], int]:
     example = {n: v[0] for n, v in found.items()}
     axes = getattr(module, "graph_dynamic_axes", {}) or {}
     shapes = [[axes.get(n, {}).get(a, size) for a, size in enumerate(feed[n].shape)] for n in module.graph_input_names]
-    with torch.no_grad():
+    with torch.no_grad(), op_sizes() as ops:
         base = {k: list(v.shape) for k, v in module(**feed).items()}
     outputs = {k: list(v) for k, v in base.items()}
     index = plan.components.index(comp)
+    probes = {}
     for name, (size, low, high) in found.items():
         probe = low if low != size else high
         if probe == size:
             continue
-        with torch.no_grad():
-            moved = module(**feed_at(plan, index, {**example, name: probe}, gen))
+        moved_feed = feed_at(plan, index, {**example, name: probe}, gen)
+        with torch.no_grad(), op_sizes() as probed:
+            moved = module(**moved_feed)
+        probes[name] = (probe, probed)
         for key, shape in base.items():
             for a, (was, now) in enumerate(zip(shape, moved[key].shape, strict=False)):
                 k = was - size
                 if was != now and now - probe == k and k >= 0:
                     outputs[key][a] = f"{name} + {k}" if k else name
         del moved
-    return shape_elements([*shapes, *outputs.values()], dim_size)
+    return shape_elements([*shapes, *outputs.values()], dim_size), terms_of(example, ops, probes)

@@ -9,7 +9,8 @@ import re
 from typing import Any
 
 from ..bundle.dynamic_check import short
-from .budget import dim_size, fed, recorded_budget, shape_elements
+from ..inputs.activations import recorded_terms
+from .budget import dim_size, fed, recorded_budget, shape_elements, with_activations
 from .gears import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -54,10 +55,11 @@ def component_shape_problems(name: str, own: dict[str, Any], owns: dict[str, dic
     if set(example) != set(found):
         return [f"{where}: the first shape {short(example)} is not the example's size of each dimension "
                 f"{short(sorted(found))}"]
-    budget, problem = recorded_budget(parity.get("shape_budget"))
+    everyone = {**(owns or {}), name: own}
+    elements = set_cost(name, everyone, connections or [])
+    budget, problem = recorded_budget(parity.get("shape_budget"), lambda: elements({n: v[0] for n, v in found.items()}))
     if problem:
         return [f"components/{name}/manifest.json {problem}"]
-    elements = graph_elements(name, {**(owns or {}), name: own}, connections or []) if budget is not None else None
     _, points, _, left = points_of(found, order, (own.get("atc") or {}).get("hints"), budget, elements,
                                    parity.get("coverage") == "full")
     if shapes != [example, *points]:
@@ -99,9 +101,10 @@ def _sizes(left: Any) -> list[tuple[Any, Any]]:
 
 def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]],
                    depth: int = 0, memo: dict[str, Any] | None = None) -> Any:
-    """``point -> elements`` of a component's set from its graph's symbolic dims, with the graphs that feed it
-    (budget.fed, as export counts them; their example sizes: their first parity shape). Each component's is built
-    once (``memo``); the connections were checked to be the plan's (no loops) before this runs."""
+    """``point -> elements`` of a component's set's inputs and outputs from its graph's symbolic dims, with the
+    graphs that feed it (budget.fed, as export counts them; their example sizes: their first parity shape). Each
+    component's is built once (``memo``); the connections were checked to be the plan's (no loops) before this
+    runs."""
     memo = {} if memo is None else memo
     if name in memo:
         return memo[name]
@@ -114,12 +117,31 @@ def graph_elements(name: str, owns: dict[str, dict[str, Any]], connections: list
     for src in dict.fromkeys(f for f in feeding if f != name and f in owns):
         if depth >= 8:  # a hostile loop of connections
             break
-        rows = (owns[src].get("parity") or {}).get("shapes") if isinstance(owns[src].get("parity"), dict) else None
-        first = rows[0].get("shape") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
-        example = {k: v for k, v in first.items() if isinstance(v, int)} if isinstance(first, dict) else {}
-        sources.append((graph_elements(src, owns, connections, depth + 1, memo), example))
+        sources.append((graph_elements(src, owns, connections, depth + 1, memo), _first(owns[src])))
     memo[name] = fed(shape_elements(tensors[:MAX_TENSORS], dim_size), sources)
     return memo[name]
+
+
+def set_cost(name: str, owns: dict[str, dict[str, Any]], connections: list[dict[str, Any]]) -> Any:
+    """``point -> elements`` the budget counts for a component's set: its graph's inputs and outputs with the
+    graphs that feed it (graph_elements), plus its own graph's intermediates (the recorded estimate; a feeding
+    graph runs eagerly in another stage, its intermediates gone before this graph runs)."""
+    return with_activations(graph_elements(name, owns, connections), _terms(owns[name]), _first(owns[name]))
+
+
+def _first(own: dict[str, Any]) -> dict[str, int]:
+    """A component's example point: its first parity shape."""
+    rows = (own.get("parity") or {}).get("shapes") if isinstance(own.get("parity"), dict) else None
+    first = rows[0].get("shape") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+    return {k: v for k, v in first.items() if isinstance(v, int) and not isinstance(v, bool)} \
+        if isinstance(first, dict) else {}
+
+
+def _terms(own: dict[str, Any]) -> list[dict[str, Any]]:
+    """A component's recorded activation terms (none where the record does not read: recorded_budget names it)."""
+    parity = own.get("parity") if isinstance(own.get("parity"), dict) else {}
+    record = parity.get("shape_budget") if isinstance(parity.get("shape_budget"), dict) else {}
+    return recorded_terms(record.get("activations", [])) or []
 
 
 def _input_dims(where: str, value: dict[str, Any], ranges: dict[str, list[str]], example: dict[str, Any],

@@ -12,7 +12,7 @@ from ..context import ExportContext, LoadedModel, Reports
 from .stage import Stage
 
 # not restored: the timer's record, the rejections themselves, the model, and what says the process stops
-KEPT = {"stage_seconds", "traces_rejected", "model", "halted", "sandbox_dir"}
+KEPT = {"stage_seconds", "stage_peak_mib", "traces_rejected", "model", "halted", "sandbox_dir"}
 
 
 def in_order(ctx: ExportContext, stages: tuple[Stage, ...], start: int = 0,

@@ -18,9 +18,9 @@ import numpy as np
 
 from ..capture import module_paths
 from .device_policy import DevicePolicy, judge
-from .precision import DATA_MOVEMENT, Emulator, Session
+from .precision import DATA_MOVEMENT, Emulator, Session, value_types
 
-BUDGET = 1 << 27  # float elements of intermediates exposed per localisation run (bounds memory)
+BUDGET = 1 << 24  # float elements of intermediates exposed per localisation run (bounds memory: 64 MiB of fp32)
 TRIALS = 12  # candidates fed into the reference, at most, before the first one left is named
 PASS_THROUGH = DATA_MOVEMENT | {"Cast", "CastLike"}  # a wrong value moved, not made
 BOUNDING = frozenset({"Clip", "Min", "Max", "Where", "Relu"})  # ops that clamp or select a value back
@@ -53,9 +53,13 @@ def float_values(emulator: Emulator) -> list[str]:
 def value_pairs(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], order: list[str],
                 held: dict[str, np.ndarray] | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """``(value, device array, fp32 array)`` of every value of ``order``, run in chunks within BUDGET;
-    ``held``: the device values a run already fetched (sized from them, not re-run)."""
+    ``held``: the device values a run already fetched (sized from them, not re-run). A dynamic graph's values are
+    sized at the feed's shapes: counted at the graph's static sizes alone, a long-window encoder's attention scores
+    (unknown there) went into one run together, 620 MiB of them."""
     sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held is not None else None
-    for chunk in chunks(emulator, order, sizes if sizes is not None and all(t in sizes for t in order) else None):
+    if sizes is None or not all(t in sizes for t in order):
+        sizes = {**value_types(emulator.model, {k: np.shape(v) for k, v in feed.items()})[1], **emulator.sizes}
+    for chunk in chunks(emulator, order, sizes):
         ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
         if held is not None and all(t in held for t in chunk):
             emu = [held[t] for t in chunk]

@@ -28,6 +28,7 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
     if session is None:
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.enable_cpu_mem_arena = False  # a run's intermediates go back after it (no arena kept per session)
         disabled = []
         if quantized:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -480,6 +480,7 @@ def session(model: Any) -> Any:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
+    opts.enable_cpu_mem_arena = False  # the device check's sessions live together: none keeps its largest run
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

@@ -261,8 +261,10 @@ def test_an_explicit_cap_still_keeps_every_set_at_the_examples_shape():
     kept, left = chosen_sets(_ctx(shapes, True, nbytes), 0)
     assert kept == [0, 1] and [g["input_sets"] for g in left] == [[2], [3]]  # each set also holds 4 input bytes
     kept, left = chosen_sets(_ctx(shapes, True, nbytes), 300, example_counts=True)
-    assert kept == [0, 2]  # the example itself, then batch 1 fits; the example's second set does not
+    assert kept == [0]  # the example itself, past the cap, which it counts against: nothing else fits
     assert left[0] == {"shape": {"b": 2}, "input_sets": [1], "bytes": 404, "partial": True}
+    kept, left = chosen_sets(_ctx(shapes, True, nbytes), 700, example_counts=True)
+    assert kept == [0, 2]  # 404 of the example, then batch 1's 204 fits; the example's second set does not
 
 
 @pytest.mark.parametrize("edit, words", [

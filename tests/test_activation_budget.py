@@ -1,0 +1,176 @@
+"""Parity's shape budget counts every intermediate (inputs/activations.py, components/budget.py): a set whose
+inputs and outputs are small but whose attention scores are not is left out, the estimate grows an attention
+score with the square of the sequence, the budget's floor is the example's own intermediates, validate refuses
+an edited estimate, and the checks' own cost is on its own line and in the manifest (validators/cost.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from cann_export.components import budget
+from cann_export.components.gears import shape_sets
+from cann_export.components.plan import plan_for
+from cann_export.inputs.activations import largest, op_sizes, recorded_terms, terms_of
+from cann_export.validators.cost import checks_line, checks_record
+
+POSITIONS, HEADS = 384, 4  # the encoder's window: 768 frames in, 384 positions, scores 4 x 384 x 384 per row
+
+
+def _whisper_encoder_plan():
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(vocab_size=96, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, num_mel_bins=8, max_source_positions=POSITIONS,
+                                     max_target_positions=32, pad_token_id=1, bos_token_id=1, eos_token_id=2,
+                                     decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None)
+    plan = plan_for(transformers.WhisperForConditionalGeneration(cfg).eval(), "automatic-speech-recognition")
+    return plan, next(c for c in plan.components if c.name == "encoder")
+
+
+def test_a_long_window_encoders_batch_is_bounded_by_its_attention_scores():
+    """Its inputs and outputs at batch 64 are 1.2 M elements, far under the 2^24 floor; its attention scores there
+    are 38 M (x2 alive): the batch range's end is left out, recorded with the reason, and every kept set's scores
+    fit the budget."""
+    plan, encoder = _whisper_encoder_plan()
+    example, sets, notes, record = shape_sets(plan, encoder, None)(0)
+    points = [p for p, _ in sets]
+    limit = record["elements"]
+    assert record["full"] is False and limit == budget.FLOOR
+    assert any(t["exponents"] == {"batch_size": 1} and t["elements"] >= example["batch_size"] * HEADS * POSITIONS ** 2
+               for t in record["activations"]), record["activations"]
+    batches = sorted(p["batch_size"] for p in points)
+    assert batches[0] == 1 and 1 < batches[-1] < 64, batches
+    for batch in batches:
+        assert budget.LIVE * batch * HEADS * POSITIONS ** 2 <= limit
+    assert budget.LIVE * (batches[-1] + 2) * HEADS * POSITIONS ** 2 > limit  # about the largest batch within it
+    assert ("batch_size", 64) in {(g["dimension"], g["size"]) for g in record["left_out"]}
+    assert any("batch_size=64" in n and "--parity-full-ranges" in n for n in notes)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q = self.proj(x)
+        scores = torch.softmax(q @ q.transpose(-1, -2), dim=-1)
+        return scores @ q
+
+
+def test_the_estimate_grows_scores_with_the_square_of_the_sequence_and_rows_linearly():
+    module = _Attention()
+    runs = {}
+    for batch, seq in ((2, 16), (1, 16), (2, 8)):
+        with torch.no_grad(), op_sizes() as ops:
+            module(torch.randn(batch, seq, 8))
+        runs[(batch, seq)] = ops
+    example = {"batch": 2, "seq": 16}
+    terms = terms_of(example, runs[(2, 16)], {"batch": (1, runs[(1, 16)]), "seq": (8, runs[(2, 8)])})
+    assert {"elements": 2 * 16 * 16, "exponents": {"batch": 1, "seq": 2}} in terms
+    assert largest(terms, example, {"batch": 4, "seq": 64}) == 4 * 64 * 64
+    assert largest(terms, example, example) == 2 * 16 * 16
+    assert recorded_terms(terms) == terms
+
+
+def test_a_fused_attention_counts_the_scores_the_graph_will_hold():
+    """Eager's flash kernel never holds the scores; onnxruntime's MatMul + Softmax does: the op counts them."""
+    q = torch.randn(1, 2, 100, 8)
+    with torch.no_grad(), op_sizes() as ops:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert max(n for _, n in ops) >= 2 * 100 * 100
+
+
+@pytest.mark.parametrize("terms", [
+    [{"elements": 1, "exponents": {"b": 9}}], [{"elements": -1, "exponents": {}}],
+    [{"elements": True, "exponents": {}}], [{"elements": 1, "exponents": {}, "x": 1}], "x",
+    [{"elements": 1, "exponents": {}}] * 17])
+def test_an_edited_estimate_is_refused(terms):
+    assert recorded_terms(terms) is None
+    record = {"full": False, "weights": 300, "elements": budget.FLOOR, "activations": terms}
+    found, problem = budget.recorded_budget(record, lambda: 1)
+    assert found is None and "activation terms" in problem
+
+
+def test_the_floor_is_the_examples_own_set():
+    terms = [{"elements": 1 << 26, "exponents": {"b": 1}}]
+    record = {"full": False, "weights": 300, "elements": budget.FLOOR, "activations": terms}
+    assert "is not the budget of" in budget.recorded_budget(record, lambda: 1 << 27)[1]
+    assert budget.recorded_budget(record, lambda: 5) == (budget.FLOOR, None)
+    record["elements"] = 1 << 27
+    assert budget.recorded_budget(record, lambda: 1 << 27) == (1 << 27, None)
+
+
+def test_the_checks_cost_is_the_growth_of_the_peak_in_their_stages():
+    seconds = {"load": 1.0, "prepare": 2.0, "capture": 5.0, "validate": 3.0}
+    peaks = {"load": 400.0, "prepare": 700.0, "capture": 750.0, "validate": 900.0}
+    assert checks_record(seconds, peaks) == {"seconds": 5.0, "peak_mib": 900.0, "added_mib": 450.0}
+    assert checks_record(seconds, {"load": 400.0}) is None
+    assert "raised the peak RSS by 450 MiB, to 900 MiB" in checks_line(checks_record(seconds, peaks))
+    assert checks_line({"seconds": "x"}) is None
+
+
+def test_the_cli_prints_the_checks_cost_and_the_manifest_keeps_it(tmp_path):
+    from click.testing import CliRunner
+
+    from cann_export.cli.main import cli
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+    src = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), str(src))
+    out = tmp_path / "bundle"
+    r = CliRunner().invoke(cli, [str(src), "--format", "onnx_bundle", "-o", str(out), "--no-sandbox"])
+    assert r.exit_code == 0, r.output
+    line = next(line for line in r.output.splitlines() if line.startswith("checks: "))
+    record = json.loads((out / "manifest.json").read_text())["parity"]["checks"]
+    assert record["peak_mib"] >= record["added_mib"] >= 0 and record["seconds"] > 0
+    assert f"to {record['peak_mib']:.0f} MiB" in line
+
+
+def test_checks_sessions_keep_no_arena_between_runs(tmp_path):
+    """Each onnxruntime session the checks open (parity, the device emulation) hands a run's intermediates back:
+    with the default arena every live session kept its largest run (three sessions of a Whisper-tiny-sized encoder
+    at its real window: 372 MiB against 173)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from cann_export.capture.onnx_utils import session
+    from cann_export.validators import precision
+    from cann_export.validators.parity import onnx_session
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "g.onnx"
+    onnx.save(model, str(path))
+    opened = [onnx_session(path, [{"x": None}])[0], precision.session(model), session(path)]
+    assert [s.get_session_options().enable_cpu_mem_arena for s in opened] == [False, False, False]
+
+
+def test_a_dynamic_graphs_per_layer_values_are_fetched_in_runs_sized_at_the_feed(monkeypatch):
+    """The per-layer curve's exposure runs stay within origin.BUDGET at the feed's real sizes: a dynamic graph's
+    values have no static size, and counted as the largest static one (here none) they all went into one run."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from cann_export.validators import origin
+    from cann_export.validators.precision import Emulator
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1000])])
+    emulator = Emulator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "force_fp16")
+    monkeypatch.setattr(origin, "BUDGET", 15000)  # one value of 10 x 1000 per run
+    runs = []
+    opened = emulator.session
+    monkeypatch.setattr(emulator, "session", lambda *a, **k: runs.append(k.get("expose")) or opened(*a, **k))
+    feed = {"x": np.ones((10, 1000), dtype=np.float32)}
+    values = [t for t, _, _ in origin.value_pairs(emulator, set(), feed, ["a", "b", "y"])]
+    assert values == ["a", "b", "y"]
+    assert all(len(expose) == 1 for expose in runs) and len(runs) == 6, runs  # a reference and a device run each
