@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str]] = {
     # the Python API
     "export": (".api", "export"), "validate": (".api", "validate"), "inspect": (".api", "inspect"),
-    "export_multi": (".api", "export_multi"),
+    "export_multi": (".api", "export_multi"), "load": (".diffusion.runner", "load"),
     "ExportResult": (".api", "ExportResult"),
     # the vocabulary of an export
     "ExportOptions": (".options", "ExportOptions"), "Tolerance": (".options", "Tolerance"),

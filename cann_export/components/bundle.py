@@ -99,6 +99,8 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
             atomic.write_text(script, convert_script([c.name for c in plan.components]))
             script.chmod(0o755)
         manifest = build_manifest(plan, results, staging, fmt)
+        if plan.finish is not None:  # a pipeline's end-to-end check and its section (diffusion/)
+            manifest.update(plan.finish(staging, results))
         if sandbox_record is not None:  # where the model directory was loaded (confined or why not)
             manifest["sandbox"] = dict(sandbox_record)
         atomic.write_text(staging / "manifest.json", dumps(manifest))
@@ -235,7 +237,8 @@ def component_summary(manifest: dict[str, Any], name: str) -> dict[str, Any]:
 def multi_ok(manifest: dict[str, Any]) -> bool:
     """An export's verdict from its (checked) top-level manifest: no component failed its parity (one exported
     with --no-validate records none)."""
-    return all(v is not False for v in (manifest["parity"].get("components") or {}).values())
+    whole = ((manifest.get("pipeline") or {}).get("end_to_end") or {}).get("passed")  # a pipeline's (diffusion/)
+    return whole is not False and all(v is not False for v in (manifest["parity"].get("components") or {}).values())
 
 
 def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "atc_ready") -> dict[str, Any]:
@@ -257,7 +260,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
         "kind": plan.kind,
         "components": components,
         "connections": [{"from": {"component": a, "output": o}, "to": {"component": b, "input": i}}
-                        for a, o, b, i in plan.connections],
+                        for a, o, b, i in [*plan.connections, *plan.host_connections]],
         "run": dict(plan.notes),
         "parity": {"passed": all(v["passed"] is True for v in verdicts.values()),
                    "components": {n: v["passed"] for n, v in verdicts.items()}},

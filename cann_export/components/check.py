@@ -274,6 +274,12 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     """The components (names, roles), connections and run notes re-derived from ``kind`` and the graphs'
     output names (``plan.wiring``, the rule export wrote them with), against the manifest's."""
     kind = manifest.get("kind")
+    from ..diffusion.table import KIND as PIPELINE_KIND
+
+    if kind == PIPELINE_KIND:  # a diffusers pipeline: its table re-derives it
+        from ..diffusion.check import wiring_problems as pipeline_problems
+
+        return pipeline_problems(manifest, owns)
     if kind not in KINDS:
         return [f"manifest.json kind: {str(kind)[:80]!r} is not one of {', '.join(KINDS)}"]
     recorded = [(c["name"], c.get("role")) for c in manifest["components"]]
