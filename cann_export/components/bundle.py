@@ -99,8 +99,6 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
             atomic.write_text(script, convert_script([c.name for c in plan.components]))
             script.chmod(0o755)
         manifest = build_manifest(plan, results, staging, fmt)
-        if plan.finish is not None:  # a pipeline's end-to-end check and its section (diffusion/)
-            manifest.update(plan.finish(staging, results))
         if sandbox_record is not None:  # where the model directory was loaded (confined or why not)
             manifest["sandbox"] = dict(sandbox_record)
         atomic.write_text(staging / "manifest.json", dumps(manifest))
@@ -254,6 +252,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
         })
     verdicts = {c.name: component_summary(results[c.name].manifest, c.name) for c in plan.components}
     first = results[plan.components[0].name].manifest
+    extra = plan.finish(root, results) if plan.finish is not None else {}  # a pipeline's end-to-end check (diffusion/)
     return {
         "schema": SCHEMA,
         "format": fmt,
@@ -268,6 +267,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
            if (root / CONVERT).is_file() else {}),
         "provenance": dict(first.get("provenance") or {}),
         "files": _file_table(plan, results, root),
+        **extra,
     }
 
 

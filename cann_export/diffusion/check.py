@@ -10,7 +10,7 @@ from typing import Any
 from .files import MODEL_INDEX, PIPELINE_DIR, allowed
 from .table import PIPELINES, components_of
 
-SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end")
+SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings")
 
 
 def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:

@@ -55,9 +55,9 @@ def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]]) -
     for name in (*encoders, denoiser, "vae", "scheduler"):
         folder = directory / name
         if name not in parts or not folder.is_dir() or folder.is_symlink():
-            raise LoadError(f"the {cls} has no {name}/ folder listed in model_index.json; it exports "
-                            f"{', '.join(components_of(cls))}. Save the whole pipeline (pipe.save_pretrained(DIR)) "
-                            "or copy the folder from the model's snapshot", path=folder)
+            raise LoadError(f"the diffusers pipeline {cls} has no {name}/ folder listed in model_index.json; it "
+                            f"exports {', '.join(components_of(cls))}. Save the whole pipeline "
+                            "(pipe.save_pretrained(DIR)) or copy the folder from the model's snapshot", path=folder)
         if name != "scheduler" and not any(p.suffix == ".safetensors" and p.is_file() and not p.is_symlink()
                                            for p in folder.iterdir()):
             raise LoadError(f"{name}/ holds no .safetensors weights (pickled .bin weights are not loaded); save "

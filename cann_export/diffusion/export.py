@@ -3,6 +3,8 @@ multi-graph bundle: the plan's components written by the multi-graph writer, the
 ``pipeline/``, and the ``pipeline`` section (class, scheduler, tokenizers, configs, the end-to-end check)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,8 @@ def is_pipeline(model: Any) -> bool:
     return any(c.__name__ == "DiffusionPipeline" for c in type(model).__mro__)
 
 
-def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | None) -> dict[str, Any]:
+def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | None,
+            warnings: list[str] | None = None) -> dict[str, Any]:
     """The manifest's ``pipeline`` section: what the runner rebuilds the pipeline from, and the end-to-end check
     (None: --no-validate)."""
     from .plan import pipeline_class
@@ -29,15 +32,23 @@ def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | Non
         if len(parts) == 3:
             by_part.setdefault(parts[1], []).append(rel)
     return {"class": pipeline_class(pipe), "model_index": f"{PIPELINE_DIR}/{MODEL_INDEX}",
-            "scheduler": type(pipe.scheduler).__name__, "parts": by_part, "end_to_end": end_to_end}
+            "scheduler": type(pipe.scheduler).__name__, "parts": by_part, "end_to_end": end_to_end,
+            "warnings": list(warnings or [])}
 
 
-def planned(pipe: Any, model_index: bytes | None, validate: bool) -> tuple[Any, dict[str, bytes]]:
+def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
     """The plan of ``pipe`` with its finishing step (the end-to-end check, unless not validating) and the files
-    it carries."""
+    it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place."""
+    import warnings
+
     from .end_to_end import check
+    from .hints import pipeline_hints
     from .plan import pipeline_plan
 
+    validate = options.get("validate", True) is not False
+    options["atc_hints"], said = pipeline_hints(pipe, options.get("atc_hints"))
+    for text in said:
+        warnings.warn(text, stacklevel=2)
     plan = pipeline_plan(pipe)
     files = pipeline_files(pipe, model_index)
 
@@ -46,7 +57,7 @@ def planned(pipe: Any, model_index: bytes | None, validate: bool) -> tuple[Any, 
 
         with events.step("end-to-end check (diffusers loop, onnxruntime)"):
             result = check(pipe, staging) if validate else None
-        return {"pipeline": section(pipe, files, result)}
+        return {"pipeline": section(pipe, files, result, said)}
 
     plan.finish = finish
     return plan, files
@@ -61,20 +72,35 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
     options.pop("trust_remote_code", None)
     options.pop("task", None)
     options.pop("known_task", None)
-    validate = options.get("validate", True) is not False
     if isinstance(model, (str, Path)):
         from ..components.confined import export_directory
         from .directory import read_index
 
         read_index(Path(model))  # refused before any load or write
 
-        def plan_directory(path: Path, _: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
+        def plan_directory(path: Path, given: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
             from .directory import load_pipeline
 
             pipe, index = load_pipeline(path)
-            return planned(pipe, index, validate)
+            return planned(pipe, index, given)
 
         return export_directory(Path(model), Path(output), export_one, (None, None, 0), progress, options,
                                 planner=plan_directory)
-    plan, files = planned(model.to("cpu"), None, validate)
-    return export_plan(plan, output, export_one, progress=progress, carried=files, **options)
+    with on_cpu(model):
+        plan, files = planned(model, None, options)
+        return export_plan(plan, output, export_one, progress=progress, carried=files, **options)
+
+
+@contextlib.contextmanager
+def on_cpu(pipe: Any) -> Iterator[None]:
+    """``pipe`` on the CPU (export computes there) and back where it was afterwards (npu, npu-sim, cuda)."""
+    import torch
+
+    devices = {p.device for part in pipe.components.values() if isinstance(part, torch.nn.Module)
+               for p in part.parameters()}
+    pipe.to("cpu")
+    try:
+        yield
+    finally:
+        if len(devices) == 1 and next(iter(devices)).type != "cpu":
+            pipe.to(next(iter(devices)))
