@@ -19,11 +19,23 @@ def enabled():
     cann.torch.disable()
 
 
-def test_pipeline_parameters_without_enable_is_diffusers_own_error():
+def test_pipeline_parameters_is_diffusers_dict_without_enable_and_callable_with_it():
+    import cann.torch
     from helpers.tiny_diffusion import sd_pipeline
 
-    with pytest.raises(AttributeError):
-        sd_pipeline().parameters()
+    pipe = sd_pipeline()
+    with pytest.raises(TypeError):
+        pipe.parameters()  # diffusers' property: a dict of init arguments
+    cann.torch.enable("npu-sim")
+    try:
+        assert dict(pipe.parameters) == {"requires_safety_checker": False}
+        with pytest.warns(UserWarning, match=r"pipe\.unet\.parameters\(\)"):
+            assert len(list(pipe.parameters())) == sum(1 for part in (pipe.text_encoder, pipe.unet, pipe.vae)
+                                                       for _ in part.parameters())
+    finally:
+        cann.torch.disable()
+    with pytest.raises(TypeError):
+        pipe.parameters()
 
 
 def test_article_flow_on_npu_sim_trains_exports_with_hints_and_publishes(enabled, tmp_path):

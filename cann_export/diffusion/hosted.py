@@ -49,8 +49,9 @@ class HostedTextEncoder(Hosted):
         from transformers.models.clip.modeling_clip import CLIPTextModelOutput
 
         out = self.call(input_ids=input_ids.to(torch.int64))
-        hidden = tuple(out[k] for k in sorted((k for k in out if k.startswith("hidden_states.")),
-                                              key=lambda k: int(k.split(".")[1]))) or None
+        from .plan import hidden_state_names
+
+        hidden = tuple(out[k] for k in hidden_state_names(list(out))) or None
         if "text_embeds" in out:
             return CLIPTextModelOutput(text_embeds=out["text_embeds"], last_hidden_state=out["last_hidden_state"],
                                        hidden_states=hidden)

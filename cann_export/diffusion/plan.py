@@ -4,6 +4,7 @@ connections (which output feeds which input; the host steps between them, such a
 embeddings' concatenation, are named in the run notes)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..components.plan import Component, Plan
@@ -29,13 +30,19 @@ def run_notes(cls: str) -> dict[str, Any]:
             "latents": "vae_decoder takes latents / scaling_factor + shift_factor (host)"}
 
 
+def hidden_state_names(names: list[str]) -> list[str]:
+    """``hidden_states.N`` outputs in layer order."""
+    found = [n for n in names if re.fullmatch(r"hidden_states\.[0-9]{1,4}", n)]
+    return sorted(found, key=lambda n: int(n.split(".")[1]))
+
+
 def wiring(cls: str, outputs: dict[str, list[str]]) -> list[tuple[str, str, str, str]]:
     """The connections of a ``cls`` bundle from its text encoders' output names (validate re-derives them)."""
     encoders, denoiser = PIPELINES[cls]
     conns: list[tuple[str, str, str, str]] = []
     for enc in encoders:
         names = outputs.get(enc, [])
-        hidden = sorted((n for n in names if n.startswith("hidden_states.")), key=lambda n: int(n.split(".")[1]))
+        hidden = hidden_state_names(names)
         if denoiser == "transformer" and hidden:  # SD3: CLIP's penultimate hidden state and pooled embedding
             conns.append((enc, hidden[-2], denoiser, "encoder_hidden_states"))
             conns.append((enc, "text_embeds", denoiser, "pooled_projections"))
@@ -68,8 +75,8 @@ def pipeline_plan(pipe: Any) -> Plan:
             ids = tok(EXAMPLE_PROMPTS, padding="max_length", max_length=length, truncation=True,
                       return_tensors="pt").input_ids
             module = getattr(pipe, enc).eval()
-            comps.append(Component(enc, enc, TextEncoder(module, hidden_states=denoiser_name == "transformer"),
-                                   {"input_ids": ids}))
+            hidden = denoiser_name == "transformer" and "CLIP" in type(module).__name__  # SD3 reads CLIP's
+            comps.append(Component(enc, enc, TextEncoder(module, hidden_states=hidden), {"input_ids": ids}))
         denoiser = getattr(pipe, denoiser_name).eval()
         side = int(denoiser.config.sample_size)
         channels = int(denoiser.config.in_channels)
