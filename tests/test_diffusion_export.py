@@ -17,11 +17,14 @@ SD3_COMPONENTS = ["text_encoder", "text_encoder_2", "text_encoder_3", "transform
 
 @pytest.fixture(scope="session")
 def sd3(tmp_path_factory):
+    from diffusers import StableDiffusion3Pipeline
+
     from helpers.tiny_diffusion import save, sd3_pipeline
 
     root = tmp_path_factory.mktemp("sd3")
-    pipe = sd3_pipeline()
-    save(pipe, root / "sd3-dir")
+    save(sd3_pipeline(), root / "sd3-dir")
+    # the reference: the directory as diffusers loads it (its modules in eval mode, as export computes)
+    pipe = StableDiffusion3Pipeline.from_pretrained(root / "sd3-dir", local_files_only=True)
     res = CliRunner().invoke(cli, [str(root / "sd3-dir"), "-o", str(root / "sd3_bundle"), "--json"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -104,7 +107,8 @@ def test_sd3_bundle_validates_and_inspects(sd3):
     _, root = sd3
     report = CliRunner().invoke(cli, ["validate", str(root / "sd3_bundle"), "--json"], catch_exceptions=False)
     assert report.exit_code == 0, report.output
-    assert json.loads(report.output)["passed"] is True
+    shown = json.loads(report.stdout)
+    assert set(shown["components"]) == set(SD3_COMPONENTS), shown
     shown = CliRunner().invoke(cli, ["inspect", str(root / "sd3_bundle")], catch_exceptions=False)
     assert shown.exit_code == 0 and "transformer" in shown.output
 
@@ -154,3 +158,23 @@ def test_a_unet_pipeline_exports_from_python_and_runs_back(sd):
     want = pipe(prompt="a cat", generator=torch.Generator().manual_seed(1), num_inference_steps=2,
                 output_type="np").images
     np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_a_failing_end_to_end_record_fails_validate_and_the_export_verdict(sd3, tmp_path):
+    import shutil
+
+    import cann_export
+    from cann_export.components.bundle import multi_ok
+
+    _, root = sd3
+    bundle = tmp_path / "failing"
+    shutil.copytree(root / "sd3_bundle", bundle)
+    manifest = _manifest(bundle)
+    e2e = manifest["pipeline"]["end_to_end"]
+    e2e["device"].update(passed=False, cosine_distance=0.4)
+    e2e["passed"] = False
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    assert multi_ok(manifest) is False
+    report = cann_export.validate(bundle)
+    assert report["passed"] is False and report["end_to_end"]["device"]["cosine_distance"] == 0.4
+    assert all(r["passed"] for r in report["components"].values())

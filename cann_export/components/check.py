@@ -324,9 +324,11 @@ def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_op
         except ValidateError as e:
             e.args = (f"component {c['name']!r}: {e.args[0] if e.args else e}",)
             raise
-    passed = all(r["passed"] for r in reports.values())
+    whole = (manifest.get("pipeline") or {}).get("end_to_end")  # a pipeline's recorded end-to-end check (diffusion/)
+    passed = all(r["passed"] for r in reports.values()) and (whole or {}).get("passed") is not False
     return {"passed": passed, "kind": manifest.get("kind"), "components": reports,
-            "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory)}
+            "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory),
+            **({"end_to_end": whole} if whole is not None else {})}
 
 
 def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None) -> dict[str, Any]:
@@ -348,7 +350,8 @@ def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None)
             "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"]),
             "size_bytes": (directory / "manifest.json").stat().st_size + sum(
                 int(f.get("size") or 0) for f in manifest["files"].values() if isinstance(f, dict)),
-            "atc_script": (manifest.get("atc") or {}).get("script")}
+            "atc_script": (manifest.get("atc") or {}).get("script"),
+            **({"pipeline": manifest["pipeline"]} if "pipeline" in manifest else {})}
 
 
 def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,

@@ -106,16 +106,21 @@ def sd_components(seed: int = 0) -> dict[str, Any]:
             "tokenizer": tokenizer, "safety_checker": None, "feature_extractor": None, "image_encoder": None}
 
 
+def _eval(parts: dict[str, Any]) -> dict[str, Any]:
+    """Modules built from a config are in training mode (T5's dropout on); from_pretrained gives eval mode."""
+    return {k: v.eval() if hasattr(v, "eval") and hasattr(v, "parameters") else v for k, v in parts.items()}
+
+
 def sd3_pipeline(seed: int = 0) -> Any:
     from diffusers import StableDiffusion3Pipeline
 
-    return StableDiffusion3Pipeline(**sd3_components(seed)).to("cpu")
+    return StableDiffusion3Pipeline(**_eval(sd3_components(seed))).to("cpu")
 
 
 def sd_pipeline(seed: int = 0) -> Any:
     from diffusers import StableDiffusionPipeline
 
-    return StableDiffusionPipeline(**sd_components(seed), requires_safety_checker=False).to("cpu")
+    return StableDiffusionPipeline(**_eval(sd_components(seed)), requires_safety_checker=False).to("cpu")
 
 
 def save(pipe: Any, where: Path) -> Path:
