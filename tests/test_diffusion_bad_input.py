@@ -89,3 +89,10 @@ def test_without_diffusers_a_pipeline_directory_is_refused_naming_the_extra(tmp_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'cann-export[diffusers]'" in out
     assert diffusers_module() is not None  # installed here: no refusal
+
+
+def test_a_one_graph_output_name_is_refused_naming_the_bundle_forms(tmp_path):
+    root = _directory(tmp_path / "pipe")
+    res = CliRunner().invoke(cli, [str(root), "-o", str(tmp_path / "out.onnx")])
+    assert res.exit_code == 2 and ".pth" in res.output and "out.onnx" in res.output, res.output
+    assert not (tmp_path / "out.onnx").exists()

@@ -67,6 +67,10 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
     """Export ``model`` (a pipeline or a pipeline directory) with ``export_one`` (api.export) into ``output``."""
     from ..components.bundle import check_request, export_plan
 
+    if isinstance(model, (str, Path)):
+        from .directory import read_index
+
+        read_index(Path(model))  # what the directory is, named before the options that depend on it
     fmt = options.get("export_format", "atc_ready")
     check_request("a diffusers pipeline", fmt, Path(output), options)
     options.pop("trust_remote_code", None)
@@ -74,9 +78,6 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
     options.pop("known_task", None)
     if isinstance(model, (str, Path)):
         from ..components.confined import export_directory
-        from .directory import read_index
-
-        read_index(Path(model))  # refused before any load or write
 
         def plan_directory(path: Path, given: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
             from .directory import load_pipeline
