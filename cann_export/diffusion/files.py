@@ -3,7 +3,6 @@ weights): ``model_index.json``, the scheduler's config, each tokenizer's files a
 Names are an allow-list; every file is bounded."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -83,7 +82,3 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise LoadError(f"{what} is not a JSON object", path=path)
     return value
-
-
-def loads(data: bytes) -> Any:
-    return json.loads(data.decode("utf-8"))

@@ -22,7 +22,6 @@ def load(bundle: str | Path, device: bool = False) -> Any:
     from ..components.check import check_multi, opened_multi
 
     path = Path(bundle)
-    keep = tempfile.mkdtemp(prefix="cann-runner-")  # a single-file bundle's graphs outlive its unpacked copy
     with opened_multi(path) as directory:
         if directory is None:
             raise OptionsError(f"{path} is not a multi-graph bundle; cann_export.load runs a diffusers pipeline "
@@ -33,7 +32,8 @@ def load(bundle: str | Path, device: bool = False) -> Any:
         if manifest.get("kind") != KIND:
             raise OptionsError(f"{path} is a {manifest.get('kind')} bundle; cann_export.load runs a diffusers "
                                "pipeline bundle", path=path)
-        root = directory if directory == path else _copied(directory, Path(keep))
+        # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
+        root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
         return build(root, manifest, device)
 
 
