@@ -78,6 +78,16 @@ def test_article_flow_on_npu_sim_trains_exports_with_hints_and_publishes(enabled
         manifest = json.loads(zf.read("manifest.json"))
     assert len(manifest["pipeline"]["warnings"]) == 2
     assert manifest["pipeline"]["end_to_end"]["passed"] is True
+    import numpy as np
+
+    import cann_export
+
+    runner = cann_export.load(tmp_path / "sd3_brand_v1.pth")  # the one file, run back in onnxruntime
+    call = {"prompt": "a photo of a cat", "num_inference_steps": 2, "guidance_scale": 5.0, "output_type": "np"}
+    got = runner(generator=torch.Generator().manual_seed(0), **call).images
+    pipe.to("cpu")
+    want = pipe(generator=torch.Generator().manual_seed(0), **call).images
+    np.testing.assert_allclose(got, want, atol=1e-3)
     record = cann.model_zoo.publish(model=str(tmp_path / "sd3_brand_v1.pth"), name="sd3-brand",
                                     zoo=str(tmp_path / "zoo"))
     assert record["version"] and cann.model_zoo.verify("sd3-brand", zoo=str(tmp_path / "zoo"))

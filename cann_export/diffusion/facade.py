@@ -2,10 +2,13 @@
 itself, so the ``cann`` name is given to its ``to`` as to torch's), and ``parameters()``, which diffusers'
 pipelines lack (the article's ``AdamW(pipeline.parameters())``): while enabled a pipeline gives every model part's
 parameters, with a warning naming the one-line form that trains the denoiser only (diffusers' own
-``pipe.parameters`` dict stays what it was). Installed only when diffusers
-is already imported (no import at enable()); removed by disable()."""
+``pipe.parameters`` dict stays what it was). Installed when diffusers'
+pipeline module is imported (now, or later through an import hook: enable() imports nothing); removed by
+disable()."""
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
 import warnings
 from collections.abc import Iterator
@@ -38,11 +41,44 @@ class CallableParameters(dict):
                 yield from part.parameters(recurse)
 
 
+PIPELINE_MODULE = "diffusers.pipelines.pipeline_utils"
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Installs on diffusers' pipeline class once its module is imported (after enable(): no import here)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != PIPELINE_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _patch(getattr(module, "DiffusionPipeline", None))
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_FINDER = _WhenImported()
+
+
 def install() -> None:
+    module = sys.modules.get(PIPELINE_MODULE)
+    if module is not None:
+        _patch(getattr(module, "DiffusionPipeline", None))
+    elif _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def _patch(cls: Any) -> None:
     from ..backend.device_alias import _method_to
 
-    module = sys.modules.get("diffusers")
-    cls = getattr(module, "DiffusionPipeline", None) if module is not None else None
     own = cls.__dict__.get("parameters") if cls is not None else None
     if cls is None or _INSTALLED or not isinstance(own, property):
         return
@@ -52,6 +88,8 @@ def install() -> None:
 
 
 def uninstall() -> None:
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
     while _INSTALLED:
         cls, parameters, to = _INSTALLED.pop()
         cls.parameters = parameters
