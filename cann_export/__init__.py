@@ -40,7 +40,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "write_parity_data": (".bundle.parity_store", "write_parity_data"),
 }
 
-__all__ = ["ExportError", "__version__", "errors", "hookimpl", *_LAZY]
+__all__ = ["ExportError", "__version__", "errors", "hookimpl", "load", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
@@ -49,6 +49,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module, __name__), attr)
         globals()[name] = value
         return value
+    if name == "load":  # load(BUNDLE): the loading package, callable (cann_export/load/__init__.py)
+        return importlib.import_module(".load", __name__)
     if name == "errors":
         from . import errors
 

@@ -206,8 +206,12 @@ def graphs(model: Any, options: dict[str, Any]) -> str | None:
     loaders declare it (their optional ``graphs``, highest priority first): the multi-graph task, ``"auto"``
     (the model decides which), or None for a single graph. ``kv_cache`` no loader claims still asks for several
     graphs (export_multi then says what it takes)."""
+    from .diffusion.export import is_pipeline
+    from .diffusion.table import TASK as PIPELINE_TASK
     from .hooks.contracts import Loader
 
+    if is_pipeline(model):  # a diffusers pipeline or its directory: one graph per component (diffusion/)
+        return PIPELINE_TASK
     for loader in sorted(manager.registry().loaders().values(), key=lambda lo: -lo.priority):
         declared = optional(loader, Loader, "graphs")
         found = declared(model, dict(options)) if declared else None
@@ -230,6 +234,12 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
     from .components.bundle import check_request, export_plan
     from .components.plan import plan_for
+    from .diffusion.table import TASK as PIPELINE_TASK
+
+    if (task or options.get("known_task")) == PIPELINE_TASK:  # a diffusers pipeline: planned in diffusion/
+        from .diffusion.export import export_pipeline
+
+        return export_pipeline(model, output_path, export, progress, options)
     options.pop("trust_remote_code", None)
     kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
     task = options.pop("task", None) if task is None else task

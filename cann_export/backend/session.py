@@ -26,6 +26,9 @@ class Session:
             device_alias.install()
             _complete_torch_npu()
         tracking.enable_global()
+        from ..diffusion import facade
+
+        facade.install()  # a diffusers pipeline's parameters(), as the article calls it
         return chosen.name
 
     def disable(self) -> None:
@@ -36,6 +39,9 @@ class Session:
         from .npu_sim import uninstall
 
         tracking.disable_global()
+        from ..diffusion import facade
+
+        facade.uninstall()
         device_alias.uninstall()
         graph_mode.enable_graph_mode(False)
         uninstall()

@@ -235,7 +235,8 @@ def component_summary(manifest: dict[str, Any], name: str) -> dict[str, Any]:
 def multi_ok(manifest: dict[str, Any]) -> bool:
     """An export's verdict from its (checked) top-level manifest: no component failed its parity (one exported
     with --no-validate records none)."""
-    return all(v is not False for v in (manifest["parity"].get("components") or {}).values())
+    whole = ((manifest.get("pipeline") or {}).get("end_to_end") or {}).get("passed")  # a pipeline's (diffusion/)
+    return whole is not False and all(v is not False for v in (manifest["parity"].get("components") or {}).values())
 
 
 def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "atc_ready") -> dict[str, Any]:
@@ -251,13 +252,14 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
         })
     verdicts = {c.name: component_summary(results[c.name].manifest, c.name) for c in plan.components}
     first = results[plan.components[0].name].manifest
+    extra = plan.finish(root, results) if plan.finish is not None else {}  # a pipeline's end-to-end check (diffusion/)
     return {
         "schema": SCHEMA,
         "format": fmt,
         "kind": plan.kind,
         "components": components,
         "connections": [{"from": {"component": a, "output": o}, "to": {"component": b, "input": i}}
-                        for a, o, b, i in plan.connections],
+                        for a, o, b, i in [*plan.connections, *plan.host_connections]],
         "run": dict(plan.notes),
         "parity": {"passed": all(v["passed"] is True for v in verdicts.values()),
                    "components": {n: v["passed"] for n, v in verdicts.items()}},
@@ -265,6 +267,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
            if (root / CONVERT).is_file() else {}),
         "provenance": dict(first.get("provenance") or {}),
         "files": _file_table(plan, results, root),
+        **extra,
     }
 
 

@@ -274,6 +274,12 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     """The components (names, roles), connections and run notes re-derived from ``kind`` and the graphs'
     output names (``plan.wiring``, the rule export wrote them with), against the manifest's."""
     kind = manifest.get("kind")
+    from ..diffusion.table import KIND as PIPELINE_KIND
+
+    if kind == PIPELINE_KIND:  # a diffusers pipeline: its table re-derives it
+        from ..diffusion.check import wiring_problems as pipeline_problems
+
+        return pipeline_problems(manifest, owns)
     if kind not in KINDS:
         return [f"manifest.json kind: {str(kind)[:80]!r} is not one of {', '.join(KINDS)}"]
     recorded = [(c["name"], c.get("role")) for c in manifest["components"]]
@@ -318,9 +324,11 @@ def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_op
         except ValidateError as e:
             e.args = (f"component {c['name']!r}: {e.args[0] if e.args else e}",)
             raise
-    passed = all(r["passed"] for r in reports.values())
+    whole = (manifest.get("pipeline") or {}).get("end_to_end")  # a pipeline's recorded end-to-end check (diffusion/)
+    passed = all(r["passed"] for r in reports.values()) and (whole or {}).get("passed") is not False
     return {"passed": passed, "kind": manifest.get("kind"), "components": reports,
-            "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory)}
+            "connections": len(manifest["connections"]), "manifest_sha256": manifest_sha256(directory),
+            **({"end_to_end": whole} if whole is not None else {})}
 
 
 def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None) -> dict[str, Any]:
@@ -342,7 +350,8 @@ def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None)
             "manifest_sha256": manifest_sha256(directory), "files": sorted(manifest["files"]),
             "size_bytes": (directory / "manifest.json").stat().st_size + sum(
                 int(f.get("size") or 0) for f in manifest["files"].values() if isinstance(f, dict)),
-            "atc_script": (manifest.get("atc") or {}).get("script")}
+            "atc_script": (manifest.get("atc") or {}).get("script"),
+            **({"pipeline": manifest["pipeline"]} if "pipeline" in manifest else {})}
 
 
 def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,

@@ -18,9 +18,13 @@ DENIES = ["writes outside the export's staging directory", "execve", "sockets", 
 
 
 def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
-                     options: dict[str, Any]) -> MultiResult:
+                     options: dict[str, Any], planner: Any = None) -> MultiResult:
     """Load ``path`` and export its graphs (``what``: task, kv_cache, sequence length) with ``export_one``
-    (api.export) into ``output``; confined when the machine can (``sandbox`` option: auto, require, off)."""
+    (api.export) into ``output``; confined when the machine can (``sandbox`` option: auto, require, off).
+    ``planner``: ``(path, options) -> (plan, carried files)`` for a directory of another kind (a diffusers
+    pipeline: diffusion/export.py), loaded and planned in the same sandbox."""
+    if planner is not None:
+        options = {**options, "_planner": planner}
     from ..sandbox import confine
 
     mode = options.get("sandbox", "auto")
@@ -44,6 +48,12 @@ def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, A
     from .. import progress as events
 
     task, kv_cache, length = what
+    planner = options.pop("_planner", None)
+    if planner is not None:
+        with events.step("load and plan the pipeline directory"):
+            plan, carried = planner(path, options)
+        return export_plan(plan, output, export_one, progress=progress, carried=carried, sandbox_record=record,
+                           model_name=model_name, **options)
     with events.step("load model directory"):
         model, found, carried = load_directory(path, task, options)
     with events.step("plan graphs"):
@@ -161,13 +171,16 @@ def staged_multi_problems(directory: Path, manifest: dict[str, Any]) -> list[str
     inner = component_format(manifest.get("format"))
     files, folders, problems = walk(directory)
     homes = [c["path"] for c in manifest["components"]]
+    from ..diffusion.files import allowed as pipeline_file
+
     top = {MANIFEST, *carried_names(), *([CONVERT] if atc_headed(inner) else [])}
+    top |= {rel for rel in manifest["files"] if "pipeline" in manifest and pipeline_file(rel)}  # diffusion/
     for rel in files:
         if rel not in top and not any(rel.startswith(f"{home}/") for home in homes):
             problems.append(f"{shown(rel)}: not a file a multi-graph bundle holds")
         elif rel != MANIFEST and rel not in manifest["files"]:
             problems.append(f"{shown(rel)}: not in the top-level file table of manifest.json")
-    known = {COMPONENTS_DIR, *homes, *(p.rsplit("/", 1)[0] for p in top if "/" in p)}
+    known = {COMPONENTS_DIR, *homes, *("/".join(p.split("/")[:k]) for p in top for k in range(1, p.count("/") + 1))}
     problems += [f"{shown(rel)}/: not a directory a multi-graph bundle holds" for rel in folders
                  if rel not in known and not any(rel.startswith(f"{home}/") for home in homes)]
     if inner is None:

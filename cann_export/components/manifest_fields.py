@@ -15,7 +15,7 @@ from ..bundle.manifest_keys import SHOWN, sandbox_problems, unknown_names
 from .bundle import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")
-TOP_OPTIONAL = ("atc", "sandbox")
+TOP_OPTIONAL = ("atc", "sandbox", "pipeline")  # pipeline: a diffusers pipeline's (diffusion/check.py)
 COMPONENT_KEYS = ("name", "role", "path", "manifest_sha256", "inputs", "outputs")
 CONNECTION_ENDS = {"from": ("component", "output"), "to": ("component", "input")}
 PARITY_KEYS = ("passed", "components")
@@ -128,8 +128,11 @@ def _file_paths(manifest: dict[str, Any], names: list[str]) -> list[str]:
     script, or a carried companion file of a model directory."""
     from ..hf.files import COMPANIONS
 
+    from ..diffusion.files import allowed as pipeline_file
+
     allowed = {CONVERT, *(f"{CARRIED_DIR}/{n}" for n in COMPANIONS)}
-    stray = [rel for rel in manifest["files"] if rel not in allowed
+    pipeline = "pipeline" in manifest  # its pipeline/ files: diffusion/check.py names each
+    stray = [rel for rel in manifest["files"] if rel not in allowed and not (pipeline and pipeline_file(rel))
              and not any(rel.startswith(f"{COMPONENTS_DIR}/{n}/") for n in names)]
     return [f"manifest.json files[{rel[:200]!r}]: not a file a multi-graph export writes (refused)"
             for rel in stray[:SHOWN]]
@@ -138,6 +141,8 @@ def _file_paths(manifest: dict[str, Any], names: list[str]) -> list[str]:
 def _sandbox_presence(manifest: dict[str, Any]) -> list[str]:
     """``sandbox`` is recorded exactly for an export of a model directory, which carries its config.json (and
     tokenizer files) under ``hf/``; an in-memory model's export has neither."""
+    if "pipeline" in manifest:  # a pipeline's directory or object: its sandbox record is optional
+        return []
     carried = any(rel.startswith(f"{CARRIED_DIR}/") for rel in manifest["files"])
     if carried and "sandbox" not in manifest:
         return [f"manifest.json sandbox: missing (the bundle carries a model directory's files, {CARRIED_DIR}/: "

@@ -40,6 +40,12 @@ class Plan:
     connections: list[tuple[str, str, str, str]]
     notes: dict[str, Any] = field(default_factory=dict)
     kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # components/reuse.py
+    # connections through a host step (a diffusers pipeline's scheduler, concatenation, guidance): recorded in the
+    # manifest, never fed as is to a later graph's parity inputs
+    host_connections: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # after the graphs are written (staging directory, results): extra top-level manifest sections and whether
+    # they pass (a pipeline's end-to-end check)
+    finish: Any = field(default=None, repr=False, compare=False)
 
 
 def parse_kv_cache(value: Any) -> int | None:

@@ -44,9 +44,10 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
     if not (path / CONFIG).exists() and (path / "snapshots").is_dir():
         directory = _snapshot(path)
     if (directory / DIFFUSERS).exists() and not (directory / CONFIG).exists():
-        raise LoadError("this is a diffusers pipeline (model_index.json): pipelines of several models are not "
-                        "supported yet. Export one component's directory that has a config.json (e.g. unet/ or "
-                        "text_encoder/), or build the module in Python and pass it to cann_export.export",
+        raise LoadError("this is a diffusers pipeline (model_index.json), which exports as one bundle of its "
+                        "components through `cann-export DIR` or cann_export.export(DIR), not as one transformers "
+                        "model. Export one component's directory that has a config.json (e.g. unet/ or "
+                        "text_encoder/) to get that graph alone",
                         path=directory / DIFFUSERS)
     if (directory / CONFIG).is_symlink() and not (directory / CONFIG).exists():
         raise LoadError("config.json is a link that leads nowhere (dangling, or a loop); copy the model's real "

@@ -1,0 +1,84 @@
+"""validate's re-derivation of a pipeline bundle's own parts (the multi-graph checker calls it for the
+``diffusion-pipeline`` kind): the components and roles of its pipeline class (``table``), the connections from
+its text encoders' output names (``plan.wiring``), the run notes, and the ``pipeline`` section: its class, the
+carried files it names exactly those under ``pipeline/`` in the file table, each an allowed name, and the
+end-to-end verdict consistent with its own numbers."""
+from __future__ import annotations
+
+from typing import Any
+
+from .files import MODEL_INDEX, PIPELINE_DIR, allowed
+from .table import PIPELINES, components_of
+
+SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings")
+
+
+def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
+    from .plan import run_notes, wiring
+
+    run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
+    cls = run.get("pipeline")
+    if cls not in PIPELINES:
+        return [f"manifest.json run.pipeline: {str(cls)[:80]!r} is not one of {', '.join(PIPELINES)}"]
+    names = list(components_of(cls))
+    recorded = [(c["name"], c.get("role")) for c in manifest["components"]]
+    if recorded != [(n, n) for n in names]:
+        return [f"manifest.json components: {[n for n, _ in recorded]} are not those of a {cls} bundle "
+                f"({', '.join(names)}, each its own role)"]
+    encoders, _ = PIPELINES[cls]
+    outputs = {e: [v["name"] for v in owns[e]["model"]["outputs"]] for e in encoders}
+    expected = sorted(wiring(cls, outputs))
+    actual = sorted((c["from"]["component"], c["from"]["output"], c["to"]["component"], c["to"]["input"])
+                    for c in manifest["connections"])
+    problems = []
+    if actual != expected:
+        problems.append(f"manifest.json connections: not the {len(expected)} of a {cls} bundle's graphs")
+    if run != run_notes(cls):
+        problems.append(f"manifest.json run: not the run notes of a {cls} bundle")
+    return problems + section_problems(manifest, cls)
+
+
+def section_problems(manifest: dict[str, Any], cls: str) -> list[str]:
+    section = manifest.get("pipeline")
+    if not isinstance(section, dict):
+        return ["manifest.json pipeline: missing (a pipeline bundle records its pipeline section)"]
+    problems = [f"manifest.json pipeline.{k[:40]}: not a field of the pipeline section"
+                for k in section if k not in SECTION_KEYS]
+    if section.get("class") != cls:
+        problems.append(f"manifest.json pipeline.class: not {cls} (run.pipeline)")
+    if section.get("model_index") != f"{PIPELINE_DIR}/{MODEL_INDEX}":
+        problems.append(f"manifest.json pipeline.model_index: not {PIPELINE_DIR}/{MODEL_INDEX}")
+    carried = sorted(rel for rel in manifest["files"] if rel.startswith(f"{PIPELINE_DIR}/"))
+    named = section.get("parts") if isinstance(section.get("parts"), dict) else {}
+    listed = sorted([f"{PIPELINE_DIR}/{MODEL_INDEX}"] + [r for rels in named.values() if isinstance(rels, list)
+                                                         for r in rels if isinstance(r, str)])
+    if carried != listed:
+        problems.append("manifest.json pipeline.parts: not the pipeline/ files of the file table")
+    problems += [f"manifest.json files[{rel[:120]!r}]: not a pipeline file a bundle carries (refused)"
+                 for rel in carried if not allowed(rel)][:5]
+    problems += end_to_end_problems(section.get("end_to_end"))
+    return problems
+
+
+def end_to_end_problems(e2e: Any) -> list[str]:
+    """The recorded verdicts follow from the recorded numbers under the tool's bars (end_to_end's constants)."""
+    from .end_to_end import LATENT_ATOL, LATENT_RTOL, MAX_COSINE_DISTANCE
+
+    if e2e is None:
+        return []  # exported with --no-validate
+    where = "manifest.json pipeline.end_to_end"
+    if not isinstance(e2e, dict) or not all(isinstance(e2e.get(k), dict) for k in ("fp32", "device")):
+        return [f"{where}: not an object with fp32 and device"]
+    fp32, device = e2e["fp32"], e2e["device"]
+    problems = []
+    if fp32.get("tolerance") != {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}:
+        problems.append(f"{where}.fp32.tolerance: not the tool's (atol {LATENT_ATOL}, rtol {LATENT_RTOL})")
+    distance = device.get("cosine_distance")
+    bad = device.get("nonfinite") if isinstance(device.get("nonfinite"), dict) else {"?": 1}
+    judged = isinstance(distance, (int, float)) and distance < MAX_COSINE_DISTANCE and not any(bad.values())
+    if device.get("passed") is True and not judged:
+        problems.append(f"{where}.device.passed: true, but its cosine distance {distance!r} or NaN / Inf counts "
+                        f"fail the bar ({MAX_COSINE_DISTANCE})")
+    if e2e.get("passed") is not (fp32.get("passed") is True and device.get("passed") is True):
+        problems.append(f"{where}.passed: not its fp32 and device verdicts together")
+    return problems

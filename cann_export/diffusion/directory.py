@@ -1,0 +1,101 @@
+"""A diffusers pipeline directory (``save_pretrained`` or a hub-cache snapshot: ``model_index.json`` at its top),
+read as untrusted: model_index.json bounded and strict, its pipeline class and every part's class allow-listed
+(diffusers' and transformers' own classes in ``table.ALLOWED``; no remote code), every part's folder and each text
+encoder's tokenizer present, weights in safetensors; then loaded offline with diffusers."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadError
+from .files import MODEL_INDEX, PART, read_json
+from .table import ALLOWED, OPTIONAL_PARTS, PIPELINES, components_of, tokenizer_of
+
+EXTRA = "pip install 'cann-export[diffusers]'"
+TOKENIZER_MARKS = ("tokenizer.json", "vocab.json", "spiece.model")
+
+
+def is_pipeline_directory(path: Any) -> bool:
+    return isinstance(path, (str, Path)) and Path(path).is_dir() and (Path(path) / MODEL_INDEX).is_file()
+
+
+def read_index(directory: Path) -> tuple[str, dict[str, tuple[str, str]]]:
+    """(the pipeline class, ``{part: (library, class)}``) of ``directory``'s model_index.json, every name checked."""
+    where = directory / MODEL_INDEX
+    if where.is_symlink():
+        raise LoadError("model_index.json is a link; a pipeline directory's files must be regular files in it",
+                        path=where)
+    index = read_json(where, MODEL_INDEX)
+    cls = index.get("_class_name")
+    if cls not in PIPELINES:
+        raise LoadError(f"model_index.json names the pipeline class {str(cls)[:80]!r}, which this tool does not "
+                        f"export; it exports {', '.join(PIPELINES)}. Export the pipeline's modules one by one from "
+                        "Python (cann_export.export(pipe.transformer, ...))", path=where)
+    parts: dict[str, tuple[str, str]] = {}
+    for name, entry in index.items():
+        if name.startswith("_") or not isinstance(entry, list):
+            continue
+        if entry in ([None, None], [None]) or (len(entry) == 2 and entry[1] is None):
+            continue
+        library, klass = (entry + [None, None])[:2]
+        if not (isinstance(name, str) and PART.fullmatch(name)) or library not in ALLOWED \
+                or klass not in ALLOWED[library]:
+            raise LoadError(f"model_index.json's part {str(name)[:64]!r} names {str(library)[:40]}.{str(klass)[:80]}, "
+                            "not a diffusers or transformers class this tool loads (no remote code is run); use a "
+                            f"pipeline whose parts are {', '.join(sorted(set().union(*ALLOWED.values())))}",
+                            path=where)
+        if name not in OPTIONAL_PARTS:
+            parts[name] = (library, klass)
+    _check_parts(directory, cls, parts)
+    return cls, parts
+
+
+def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]]) -> None:
+    encoders, denoiser = PIPELINES[cls]
+    for name in (*encoders, denoiser, "vae", "scheduler"):
+        folder = directory / name
+        if name not in parts or not folder.is_dir() or folder.is_symlink():
+            raise LoadError(f"the diffusers pipeline {cls} has no {name}/ folder listed in model_index.json; it "
+                            f"exports {', '.join(components_of(cls))}. Save the whole pipeline "
+                            "(pipe.save_pretrained(DIR)) or copy the folder from the model's snapshot", path=folder)
+        if name != "scheduler" and not any(p.suffix == ".safetensors" and p.is_file() and not p.is_symlink()
+                                           for p in folder.iterdir()):
+            raise LoadError(f"{name}/ holds no .safetensors weights (pickled .bin weights are not loaded); save "
+                            "the pipeline with pipe.save_pretrained(DIR, safe_serialization=True)", path=folder)
+    for enc in encoders:
+        tok = tokenizer_of(enc)
+        folder = directory / tok
+        if tok not in parts or not folder.is_dir() or not any((folder / m).is_file() for m in TOKENIZER_MARKS):
+            raise LoadError(f"the tokenizer of {enc} is missing: {tok}/ with tokenizer.json (or vocab.json / "
+                            "spiece.model) is not in the pipeline directory, and nothing is downloaded. Copy "
+                            f"{tok}/ from the model's snapshot, or save the pipeline with its tokenizers "
+                            "(pipe.save_pretrained(DIR))", path=folder)
+
+
+def diffusers_module() -> Any:
+    """diffusers, or a refusal naming the extra that installs it."""
+    try:
+        import diffusers
+    except ImportError as e:
+        raise LoadError(f"a diffusers pipeline directory (model_index.json) needs diffusers, which is not "
+                        f"installed; {EXTRA}") from e
+    return diffusers
+
+
+def load_pipeline(directory: Path) -> tuple[Any, bytes]:
+    """The checked pipeline of ``directory``, loaded offline in fp32 on the CPU, and its model_index.json bytes."""
+    import os
+
+    import torch
+
+    cls, _ = read_index(directory)
+    diffusers = diffusers_module()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        pipe = getattr(diffusers, cls).from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
+                                                       torch_dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - any failure of diffusers' load of the user's directory
+        raise LoadError(f"diffusers could not load the {cls}: {type(e).__name__}: {str(e)[:300]}. Check the "
+                        "directory is a complete pipeline saved with save_pretrained", path=directory) from e
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to("cpu"), (directory / MODEL_INDEX).read_bytes()

@@ -1,0 +1,108 @@
+"""The check no graph-by-graph parity makes: the exported components run in diffusers' own denoising loop (its
+tokenizers, scheduler and guidance on the host; a fixed seed; a few steps) against diffusers' eager pipeline.
+fp32 (onnxruntime): the latents within Optimum's bar (atol 1e-4, rtol 1e-2). Device (each component under the
+emulation its device parity used): the image's cosine distance (diffusers' fp16 tests' measure) below 5e-2, its
+PSNR recorded, and the NaN / Inf each component gave. A failure fails the export as a parity failure does."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .table import PIPELINES, components_of
+
+PROMPT = "a photo of a cat"
+STEPS = 2
+GUIDANCE = 5.0
+SEED = 0
+LATENT_ATOL, LATENT_RTOL = 1e-4, 1e-2
+MAX_COSINE_DISTANCE = 5e-2
+
+
+def cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """diffusers' ``numpy_cosine_similarity_distance``: 1 - cos(a, b) over the flattened arrays."""
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(1.0 - a @ b / norm) if norm > 0 else (0.0 if not a.any() and not b.any() else 1.0)
+
+
+def psnr(image: np.ndarray, reference: np.ndarray) -> float | None:
+    """Peak signal-to-noise ratio in dB of images in [0, 1] (None when they are equal)."""
+    mse = float(np.mean((image.astype(np.float64) - reference.astype(np.float64)) ** 2))
+    return None if mse == 0 else float(10 * np.log10(1.0 / mse))
+
+
+def graph_path(root: Path, name: str) -> str:
+    """The graph file of component ``name`` in the bundle ``root`` (its manifest's model.file)."""
+    from ..bundle.read import load_manifest_file
+
+    own = load_manifest_file(root / "components" / name / "manifest.json")
+    return str(root / "components" / name / str(own["model"]["file"]))
+
+
+def device_runs(root: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """Each component under the device emulation its own parity used (its mode, the SoC's overflow, keep_dtype)."""
+    from ..bundle.read import load_manifest_file
+    from .hosted import emulated_run
+
+    runs = {}
+    for name in names:
+        own = load_manifest_file(root / "components" / name / "manifest.json")
+        precision = (own.get("parity") or {}).get("precision") or {}
+        mode, overflow = str(precision.get("mode") or "force_fp16"), str(precision.get("overflow") or "saturation")
+        runs[name] = emulated_run(graph_path(root, name), mode, overflow, list(precision.get("keep_dtype") or []))
+    return runs
+
+
+def generate(pipe: Any, output_type: str, steps: int = STEPS, prompt: str = PROMPT) -> np.ndarray:
+    import torch
+
+    out = pipe(prompt=prompt, generator=torch.Generator().manual_seed(SEED), num_inference_steps=steps,
+               guidance_scale=GUIDANCE, output_type=output_type)
+    images = out.images
+    return images.numpy() if hasattr(images, "numpy") else np.asarray(images)
+
+
+def hosted_like(pipe: Any, runs: dict[str, Any]) -> Any:
+    """``pipe``'s class, scheduler and tokenizers with ``runs`` in place of its model parts."""
+    from .hosted import hosted_pipeline
+
+    cls = type(pipe).__name__
+    encoders, denoiser = PIPELINES[cls]
+    parts = {"scheduler": copy.deepcopy(pipe.scheduler)}
+    parts.update({k: v for k, v in pipe.components.items() if k.startswith("tokenizer") and v is not None})
+    configs = {n: getattr(pipe, n).config for n in (*encoders, denoiser, "vae")}
+    return hosted_pipeline(cls, parts, runs, configs)
+
+
+def check(pipe: Any, root: Path) -> dict[str, Any]:
+    """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written)."""
+    import time
+
+    from .hosted import nonfinite, ort_run
+
+    started = time.perf_counter()
+    names = components_of(type(pipe).__name__)
+    eager_latents = generate(pipe, "latent")
+    eager_image = generate(pipe, "np")
+    fp32 = hosted_like(pipe, {n: ort_run(graph_path(root, n)) for n in names})
+    latents = generate(fp32, "latent")
+    image = generate(fp32, "np")
+    close = bool(np.allclose(latents, eager_latents, atol=LATENT_ATOL, rtol=LATENT_RTOL))
+    fp32_entry = {"passed": close and image.shape == eager_image.shape,
+                  "latents_max_abs": float(np.max(np.abs(latents - eager_latents))),
+                  "image_max_abs": float(np.max(np.abs(image - eager_image))),
+                  "tolerance": {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}, "nonfinite": nonfinite(fp32)}
+    device = hosted_like(pipe, device_runs(root, names))
+    device_image = generate(device, "np")
+    bad = nonfinite(device)
+    finite = bool(np.isfinite(device_image).all())
+    distance = cosine_distance(device_image, eager_image) if finite else 1.0
+    device_entry = {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
+                    "cosine_distance": distance, "psnr_db": psnr(device_image, eager_image) if finite else None,
+                    "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    return {"passed": fp32_entry["passed"] and device_entry["passed"], "prompt": PROMPT, "steps": STEPS,
+            "guidance_scale": GUIDANCE, "seed": SEED, "image_shape": list(eager_image.shape),
+            "fp32": fp32_entry, "device": device_entry, "seconds": round(time.perf_counter() - started, 3)}

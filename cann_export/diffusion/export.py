@@ -1,0 +1,107 @@
+"""Exporting a diffusers pipeline (in memory, or a pipeline directory loaded in the load sandbox) as one
+multi-graph bundle: the plan's components written by the multi-graph writer, the pipeline's files under
+``pipeline/``, and the ``pipeline`` section (class, scheduler, tokenizers, configs, the end-to-end check)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .files import MODEL_INDEX, PIPELINE_DIR, pipeline_files
+
+
+def is_pipeline(model: Any) -> bool:
+    """A diffusers pipeline object, or a directory with model_index.json."""
+    from .directory import is_pipeline_directory
+
+    if isinstance(model, (str, Path)):
+        return is_pipeline_directory(model)
+    return any(c.__name__ == "DiffusionPipeline" for c in type(model).__mro__)
+
+
+def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | None,
+            warnings: list[str] | None = None) -> dict[str, Any]:
+    """The manifest's ``pipeline`` section: what the runner rebuilds the pipeline from, and the end-to-end check
+    (None: --no-validate)."""
+    from .plan import pipeline_class
+
+    by_part: dict[str, list[str]] = {}
+    for rel in sorted(files):
+        parts = rel.split("/")
+        if len(parts) == 3:
+            by_part.setdefault(parts[1], []).append(rel)
+    return {"class": pipeline_class(pipe), "model_index": f"{PIPELINE_DIR}/{MODEL_INDEX}",
+            "scheduler": type(pipe.scheduler).__name__, "parts": by_part, "end_to_end": end_to_end,
+            "warnings": list(warnings or [])}
+
+
+def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
+    """The plan of ``pipe`` with its finishing step (the end-to-end check, unless not validating) and the files
+    it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place."""
+    import warnings
+
+    from .end_to_end import check
+    from .hints import pipeline_hints
+    from .plan import pipeline_plan
+
+    validate = options.get("validate", True) is not False
+    options["atc_hints"], said = pipeline_hints(pipe, options.get("atc_hints"))
+    for text in said:
+        warnings.warn(text, stacklevel=2)
+    plan = pipeline_plan(pipe)
+    files = pipeline_files(pipe, model_index)
+
+    def finish(staging: Path, results: dict[str, Any]) -> dict[str, Any]:
+        from .. import progress as events
+
+        with events.step("end-to-end check (diffusers loop, onnxruntime)"):
+            result = check(pipe, staging) if validate else None
+        return {"pipeline": section(pipe, files, result, said)}
+
+    plan.finish = finish
+    return plan, files
+
+
+def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: Any, options: dict[str, Any]) -> Any:
+    """Export ``model`` (a pipeline or a pipeline directory) with ``export_one`` (api.export) into ``output``."""
+    from ..components.bundle import check_request, export_plan
+
+    if isinstance(model, (str, Path)):
+        from .directory import read_index
+
+        read_index(Path(model))  # what the directory is, named before the options that depend on it
+    fmt = options.get("export_format", "atc_ready")
+    check_request("a diffusers pipeline", fmt, Path(output), options)
+    options.pop("trust_remote_code", None)
+    options.pop("task", None)
+    options.pop("known_task", None)
+    if isinstance(model, (str, Path)):
+        from ..components.confined import export_directory
+
+        def plan_directory(path: Path, given: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
+            from .directory import load_pipeline
+
+            pipe, index = load_pipeline(path)
+            return planned(pipe, index, given)
+
+        return export_directory(Path(model), Path(output), export_one, (None, None, 0), progress, options,
+                                planner=plan_directory)
+    with on_cpu(model):
+        plan, files = planned(model, None, options)
+        return export_plan(plan, output, export_one, progress=progress, carried=files, **options)
+
+
+@contextlib.contextmanager
+def on_cpu(pipe: Any) -> Iterator[None]:
+    """``pipe`` on the CPU (export computes there) and back where it was afterwards (npu, npu-sim, cuda)."""
+    import torch
+
+    devices = {p.device for part in pipe.components.values() if isinstance(part, torch.nn.Module)
+               for p in part.parameters()}
+    pipe.to("cpu")
+    try:
+        yield
+    finally:
+        if len(devices) == 1 and next(iter(devices)).type != "cpu":
+            pipe.to(next(iter(devices)))

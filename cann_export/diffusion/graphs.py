@@ -1,0 +1,102 @@
+"""The graphs of a diffusers pipeline, with Optimum's input and output names (optimum-onnx model_configs.py):
+text encoders ``input_ids`` -> ``text_embeds`` / ``pooler_output``, ``last_hidden_state`` and
+``hidden_states.N``; SD3's transformer ``hidden_states``, ``encoder_hidden_states``, ``pooled_projections``,
+``timestep`` -> ``out_hidden_states``; a UNet ``sample``, ``timestep``, ``encoder_hidden_states`` -> ``out_sample``;
+``vae_encoder`` ``sample`` -> ``latent_parameters``; ``vae_decoder`` ``latent_sample`` -> ``sample`` (scaling and
+shift stay on the host). Each takes tensors by name and returns a dict, as the multi-graph wrappers do."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..components.wrappers import _Graph
+
+MAX_BATCH = 64
+MAX_SIDE = 1024  # latent pixels per side
+
+
+class PipelineGraph(_Graph):
+    """A pipeline component's graph: batch, height and width dynamic where the architecture takes them."""
+
+    def __init__(self, model: nn.Module, axes: dict[str, dict[int, str]], bounds: dict[str, tuple[int, int]]):
+        nn.Module.__init__(self)
+        self.model = model
+        self.graph_dynamic_axes = axes
+        self.dim_bounds = {"batch_size": (1, MAX_BATCH), **bounds}
+
+
+class TextEncoder(PipelineGraph):
+    """A CLIP / T5 text encoder; CLIP's every hidden state is an output (SD3 takes the penultimate one)."""
+
+    graph_input_names = ("input_ids",)
+
+    def __init__(self, model: nn.Module, hidden_states: bool):
+        super().__init__(model, {"input_ids": {0: "batch_size"}}, {})
+        self.hidden_states = hidden_states
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.model(input_ids=feed["input_ids"], output_hidden_states=self.hidden_states, return_dict=True)
+        named = {k: out[k] for k in ("text_embeds", "last_hidden_state", "pooler_output") if out.get(k) is not None}
+        if self.hidden_states:
+            named.update({f"hidden_states.{i}": h for i, h in enumerate(out["hidden_states"])})
+        return named
+
+
+def _latent_axes(name: str) -> dict[int, str]:
+    """The batch only: height and width are fixed at the example (dynamic sides made torch.export's capture of the
+    tiny SD3 transformer run past minutes; ATC's static path takes one size per graph anyway)."""
+    return {0: "batch_size"}
+
+
+class SD3Transformer(PipelineGraph):
+    graph_input_names = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
+
+    def __init__(self, model: nn.Module, sides: tuple[int, int]):
+        axes = {"hidden_states": _latent_axes("hidden_states"), "encoder_hidden_states": {0: "batch_size"},
+                "pooled_projections": {0: "batch_size"}, "timestep": {0: "batch_size"}}
+        super().__init__(model, axes, {"height": sides, "width": sides})
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.model(hidden_states=feed["hidden_states"], encoder_hidden_states=feed["encoder_hidden_states"],
+                         pooled_projections=feed["pooled_projections"], timestep=feed["timestep"], return_dict=False)
+        return {"out_hidden_states": out[0]}
+
+
+class UNet(PipelineGraph):
+    graph_input_names = ("sample", "timestep", "encoder_hidden_states")
+
+    def __init__(self, model: nn.Module, sides: tuple[int, int]):
+        axes = {"sample": _latent_axes("sample"), "timestep": {0: "batch_size"},
+                "encoder_hidden_states": {0: "batch_size"}}
+        super().__init__(model, axes, {"height": sides, "width": sides})
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.model(feed["sample"], feed["timestep"], encoder_hidden_states=feed["encoder_hidden_states"],
+                         return_dict=False)
+        return {"out_sample": out[0]}
+
+
+class VaeEncoder(PipelineGraph):
+    graph_input_names = ("sample",)
+
+    def __init__(self, vae: nn.Module, sides: tuple[int, int]):
+        super().__init__(vae, {"sample": _latent_axes("sample")}, {"height": sides, "width": sides})
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"latent_parameters": self.model.encode(feed["sample"], return_dict=False)[0].parameters}
+
+
+class VaeDecoder(PipelineGraph):
+    graph_input_names = ("latent_sample",)
+
+    def __init__(self, vae: nn.Module, sides: tuple[int, int]):
+        super().__init__(vae, {"latent_sample": _latent_axes("latent_sample")}, {"height": sides, "width": sides})
+
+    def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"sample": self.model.decode(feed["latent_sample"], return_dict=False)[0]}
+
+
+def denoiser_graph(name: str, model: nn.Module, sides: tuple[int, int]) -> Any:
+    return SD3Transformer(model, sides) if name == "transformer" else UNet(model, sides)

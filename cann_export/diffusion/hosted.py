@@ -1,0 +1,165 @@
+"""The exported graphs standing in for a diffusers pipeline's modules, so diffusers' own ``__call__`` (its
+tokenizers, scheduler, guidance and image post-processing on the host) runs them: each stand-in is an
+``nn.Module`` with the module's ``config``, ``dtype`` and call signature, running its graph in onnxruntime (fp32)
+or under the device emulation, and counting the NaN / Inf its graph gave."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class Hosted(nn.Module):
+    """One graph behind a module's interface: ``run`` maps input arrays by name to output arrays by name."""
+
+    def __init__(self, name: str, run: Run, config: Any):
+        super().__init__()
+        self.component = name
+        self.graph_run = run
+        self.config = config
+        self.nonfinite = 0  # NaN / Inf values the graph gave over the run
+        self.register_buffer("anchor", torch.zeros(()), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def call(self, **feed: Any) -> dict[str, torch.Tensor]:
+        arrays = {k: v.detach().cpu().numpy() for k, v in feed.items()}
+        out = self.graph_run(arrays)
+        for v in out.values():
+            if np.issubdtype(v.dtype, np.floating):
+                self.nonfinite += int(v.size - np.count_nonzero(np.isfinite(v)))
+        return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}
+
+
+class HostedTextEncoder(Hosted):
+    def forward(self, input_ids: torch.Tensor, attention_mask: Any = None, output_hidden_states: bool = False,
+                **_: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
+        from transformers.models.clip.modeling_clip import CLIPTextModelOutput
+
+        out = self.call(input_ids=input_ids.to(torch.int64))
+        from .plan import hidden_state_names
+
+        hidden = tuple(out[k] for k in hidden_state_names(list(out))) or None
+        if "text_embeds" in out:
+            return CLIPTextModelOutput(text_embeds=out["text_embeds"], last_hidden_state=out["last_hidden_state"],
+                                       hidden_states=hidden)
+        if "pooler_output" in out:
+            return BaseModelOutputWithPooling(last_hidden_state=out["last_hidden_state"],
+                                              pooler_output=out["pooler_output"], hidden_states=hidden)
+        return BaseModelOutput(last_hidden_state=out["last_hidden_state"], hidden_states=hidden)
+
+
+def _steps(timestep: Any, batch: int) -> torch.Tensor:
+    t = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1)
+    return t.expand(batch).contiguous() if t.numel() == 1 else t
+
+
+class HostedTransformer(Hosted):
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                pooled_projections: torch.Tensor, timestep: Any, return_dict: bool = False, **_: Any) -> Any:
+        out = self.call(hidden_states=hidden_states.float(), encoder_hidden_states=encoder_hidden_states.float(),
+                        pooled_projections=pooled_projections.float(),
+                        timestep=_steps(timestep, hidden_states.shape[0]))
+        return (out["out_hidden_states"],)
+
+
+class HostedUNet(Hosted):
+    def forward(self, sample: torch.Tensor, timestep: Any, encoder_hidden_states: torch.Tensor, *_: Any,
+                return_dict: bool = False, **__: Any) -> Any:
+        out = self.call(sample=sample.float(), timestep=_steps(timestep, sample.shape[0]),
+                        encoder_hidden_states=encoder_hidden_states.float())
+        return (out["out_sample"],)
+
+
+class HostedVae(Hosted):
+    """``vae_decoder`` as ``vae.decode`` and ``vae_encoder`` (``encoder_run``) as ``vae.encode``."""
+
+    def __init__(self, run: Run, config: Any, encoder_run: Run | None = None):
+        super().__init__("vae_decoder", run, config)
+        self.encoder_run = encoder_run
+
+    def decode(self, z: torch.Tensor, return_dict: bool = False, **_: Any) -> Any:
+        return (self.call(latent_sample=z.float())["sample"],)
+
+    def encode(self, x: torch.Tensor, return_dict: bool = True) -> Any:
+        from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKLOutput
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        if self.encoder_run is None:
+            raise RuntimeError("this runner has no vae_encoder graph")
+        params = torch.from_numpy(self.encoder_run({"sample": x.float().numpy()})["latent_parameters"])
+        dist = DiagonalGaussianDistribution(params)
+        return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
+
+
+HOSTED = {"transformer": HostedTransformer, "unet": HostedUNet}
+
+
+def ort_run(path: str) -> Run:
+    """onnxruntime on the graph at ``path`` (fp32, CPU)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    wanted = [i.name for i in sess.get_inputs()]
+
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, sess.run(names, {n: feed[n] for n in wanted}), strict=True))
+
+    return run
+
+
+def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
+    """The graph at ``path`` computed as the device does under precision ``mode`` and the SoC's ``overflow``
+    mode, ``keep`` (its keep_dtype nodes) in fp32: the emulation its device parity used."""
+    import onnx
+
+    from ..validators.device_check import expand_keep
+    from ..validators.precision import Emulator
+
+    model = onnx.load(path)
+    emulator = Emulator(model, mode, overflow)
+    sess = emulator.session(expand_keep(keep, {}))
+    names = [o.name for o in model.graph.output]
+
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, sess.run(feed, names), strict=True))
+
+    return run
+
+
+def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any]) -> Any:
+    """A diffusers ``cls`` pipeline whose model parts are the graphs' ``runs`` (by component name); ``parts``: its
+    scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs)."""
+    import diffusers
+
+    from .table import PIPELINES
+
+    encoders, denoiser = PIPELINES[cls]
+    modules: dict[str, Any] = {e: HostedTextEncoder(e, runs[e], configs[e]) for e in encoders}
+    modules[denoiser] = HOSTED[denoiser](denoiser, runs[denoiser], configs[denoiser])
+    modules["vae"] = HostedVae(runs["vae_decoder"], configs["vae"], runs.get("vae_encoder"))
+    extra = {"requires_safety_checker": False, "safety_checker": None, "feature_extractor": None} \
+        if cls == "StableDiffusionPipeline" else {}
+    pipe = getattr(diffusers, cls)(**modules, **parts, **extra)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def nonfinite(pipe: Any) -> dict[str, int]:
+    """The NaN / Inf count of each stand-in's graph over the runs so far (the VAE: vae_decoder)."""
+    return {m.component: m.nonfinite for m in pipe.components.values() if isinstance(m, Hosted)}

@@ -1,0 +1,120 @@
+"""The plan of a diffusers pipeline: one component per graph (``table.components_of``), each exported on the
+tensors the pipeline's own code gives it (its ``encode_prompt`` for the denoiser's text conditioning), and the
+connections (which output feeds which input; the host steps between them, such as the scheduler and the text
+embeddings' concatenation, are named in the run notes)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..components.plan import Component, Plan
+from ..errors import OptionsError
+from .table import KIND, PIPELINES, components_of, tokenizer_of
+
+EXAMPLE_BATCH = 2  # torch.export must not specialize the batch to 1
+EXAMPLE_PROMPTS = ["a photo of a cat", "a dog"]
+
+
+def pipeline_class(pipe: Any) -> str:
+    name = type(pipe).__name__
+    if name not in PIPELINES:
+        raise OptionsError(f"a {name} is not a pipeline this tool exports yet; it exports {', '.join(PIPELINES)}")
+    return name
+
+
+def run_notes(cls: str) -> dict[str, Any]:
+    """The ``run`` section: the pipeline class whose loop runs the graphs, its denoiser, and the host's steps."""
+    _, denoiser = PIPELINES[cls]
+    return {"pipeline": cls, "loop": denoiser, "scheduler": "host (diffusers, pipeline/scheduler)",
+            "guidance": f"classifier-free guidance runs {denoiser} on the prompt and negative batch together",
+            "latents": "vae_decoder takes latents / scaling_factor + shift_factor (host)"}
+
+
+def hidden_state_names(names: list[str]) -> list[str]:
+    """``hidden_states.N`` outputs in layer order."""
+    found = [n for n in names if re.fullmatch(r"hidden_states\.[0-9]{1,4}", n)]
+    return sorted(found, key=lambda n: int(n.split(".")[1]))
+
+
+def wiring(cls: str, outputs: dict[str, list[str]]) -> list[tuple[str, str, str, str]]:
+    """The connections of a ``cls`` bundle from its text encoders' output names (validate re-derives them)."""
+    encoders, denoiser = PIPELINES[cls]
+    conns: list[tuple[str, str, str, str]] = []
+    for enc in encoders:
+        names = outputs.get(enc, [])
+        hidden = hidden_state_names(names)
+        if denoiser == "transformer" and hidden:  # SD3: CLIP's penultimate hidden state and pooled embedding
+            conns.append((enc, hidden[-2], denoiser, "encoder_hidden_states"))
+            conns.append((enc, "text_embeds", denoiser, "pooled_projections"))
+        else:
+            conns.append((enc, "last_hidden_state", denoiser, "encoder_hidden_states"))
+    out = "out_hidden_states" if denoiser == "transformer" else "out_sample"
+    conns.append((denoiser, out, "vae_decoder", "latent_sample"))
+    conns.append(("vae_encoder", "latent_parameters", denoiser, "hidden_states" if denoiser == "transformer"
+                  else "sample"))
+    return conns
+
+
+def pipeline_plan(pipe: Any) -> Plan:
+    """The plan of ``pipe`` (a StableDiffusion3Pipeline or StableDiffusionPipeline, on the CPU, fp32)."""
+    import torch
+
+    from .graphs import TextEncoder, VaeDecoder, VaeEncoder, denoiser_graph
+
+    cls = pipeline_class(pipe)
+    encoders, denoiser_name = PIPELINES[cls]
+    for part in (*encoders, denoiser_name, "vae", *(tokenizer_of(e) for e in encoders)):
+        if getattr(pipe, part, None) is None:
+            raise OptionsError(f"the {cls} has no {part}; every part of {', '.join(components_of(cls))} is exported")
+    gen = torch.Generator().manual_seed(0)
+    comps: list[Component] = []
+    with torch.no_grad():
+        for enc in encoders:
+            tok = getattr(pipe, tokenizer_of(enc))
+            length = min(int(tok.model_max_length), 77 if "clip" in type(tok).__name__.lower() else 256)
+            ids = tok(EXAMPLE_PROMPTS, padding="max_length", max_length=length, truncation=True,
+                      return_tensors="pt").input_ids
+            module = getattr(pipe, enc).eval()
+            hidden = denoiser_name == "transformer" and "CLIP" in type(module).__name__  # SD3 reads CLIP's
+            comps.append(Component(enc, enc, TextEncoder(module, hidden_states=hidden), {"input_ids": ids}))
+        denoiser = getattr(pipe, denoiser_name).eval()
+        side = int(denoiser.config.sample_size)
+        channels = int(denoiser.config.in_channels)
+        scale = pipe.vae_scale_factor
+        latents = torch.randn(EXAMPLE_BATCH, channels, side, side, generator=gen)
+        timestep = torch.tensor([500.0, 250.0])
+        conditioning = _conditioning(pipe, cls)
+        sides = side_range(denoiser, side)
+        graph = denoiser_graph(denoiser_name, denoiser, sides)
+        first = "hidden_states" if denoiser_name == "transformer" else "sample"
+        comps.append(Component(denoiser_name, denoiser_name, graph, {first: latents, **conditioning,
+                                                                      "timestep": timestep}))
+        vae = pipe.vae.eval()
+        image = torch.rand(EXAMPLE_BATCH, 3, side * scale, side * scale, generator=gen) * 2 - 1
+        comps.append(Component("vae_encoder", "vae_encoder", VaeEncoder(vae, sides), {"sample": image}))
+        comps.append(Component("vae_decoder", "vae_decoder", VaeDecoder(vae, sides),
+                               {"latent_sample": latents}))
+    comps = [Component(c.name, c.role, c.module, {n: c.example_inputs[n] for n in c.module.graph_input_names})
+             for c in comps]
+    outputs = {c.name: list(c.module(**c.example_inputs)) for c in comps[:len(encoders)]}
+    return Plan(KIND, comps, [], run_notes(cls), host_connections=wiring(cls, outputs))
+
+
+def side_range(denoiser: Any, side: int) -> tuple[int, int]:
+    """The latent height / width the graphs take: half to twice the model's sample size, within SD3's position
+    table (``pos_embed_max_size`` patches)."""
+    high = side * 2
+    table = getattr(denoiser.config, "pos_embed_max_size", None)
+    if isinstance(table, int) and table > 0:
+        high = min(high, table * int(getattr(denoiser.config, "patch_size", 1) or 1))
+    return max(2, side // 2), max(high, side + 1)
+
+
+def _conditioning(pipe: Any, cls: str) -> dict[str, Any]:
+    """The denoiser's text conditioning for the example prompts, from the pipeline's own ``encode_prompt``."""
+    if cls == "StableDiffusion3Pipeline":
+        embeds, _, pooled, _ = pipe.encode_prompt(prompt=EXAMPLE_PROMPTS, prompt_2=None, prompt_3=None,
+                                                  do_classifier_free_guidance=False, device="cpu")
+        return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
+    embeds, _ = pipe.encode_prompt(EXAMPLE_PROMPTS, "cpu", 1, False)
+    return {"encoder_hidden_states": embeds}

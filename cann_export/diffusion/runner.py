@@ -1,0 +1,82 @@
+"""``cann_export.load(BUNDLE)``: a pipeline bundle run back as the diffusers pipeline it came from. The bundle is
+checked as validate checks it (file table, component manifests, connections, the pipeline section), then its
+pipeline is rebuilt from the carried files (model_index.json's class, the scheduler's config, the tokenizers,
+each part's config: no weights, nothing downloaded) with every model part an onnxruntime session on its graph.
+Called like the pipeline: ``runner(prompt=..., generator=..., num_inference_steps=..., guidance_scale=...,
+output_type="np").images``."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import OptionsError
+from .files import PIPELINE_DIR, read_json
+from .table import KIND, PIPELINES, SCHEDULERS, components_of
+
+
+def load(bundle: str | Path, device: bool = False) -> Any:
+    """The pipeline of the bundle at ``bundle`` (a directory or a single-file bundle) running its graphs in
+    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32."""
+    from ..bundle.rederive import BundleMismatchError
+    from ..components.check import check_multi, opened_multi
+
+    path = Path(bundle)
+    with opened_multi(path) as directory:
+        if directory is None:
+            raise OptionsError(f"{path} is not a multi-graph bundle; cann_export.load runs a diffusers pipeline "
+                               "bundle (cann-export PIPELINE_DIR)", path=path)
+        manifest, diffs = check_multi(directory)
+        if diffs:
+            raise BundleMismatchError(diffs, path=path, stage="load")
+        if manifest.get("kind") != KIND:
+            raise OptionsError(f"{path} is a {manifest.get('kind')} bundle; cann_export.load runs a diffusers "
+                               "pipeline bundle", path=path)
+        # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
+        root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
+        return build(root, manifest, device)
+
+
+def _copied(directory: Path, into: Path) -> Path:
+    import shutil
+
+    target = into / "bundle"
+    shutil.copytree(directory, target)
+    return target
+
+
+def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
+    import diffusers
+    import transformers
+
+    from .end_to_end import device_runs, graph_path
+    from .hosted import hosted_pipeline, ort_run
+
+    cls = manifest["pipeline"]["class"]
+    encoders, denoiser = PIPELINES[cls]
+    names = components_of(cls)
+    index = read_json(root / PIPELINE_DIR / "model_index.json", "pipeline/model_index.json")
+    parts: dict[str, Any] = {}
+    scheduler = index.get("scheduler")
+    if not (isinstance(scheduler, list) and len(scheduler) == 2 and scheduler[1] in SCHEDULERS):
+        raise OptionsError("pipeline/model_index.json names no scheduler this tool knows", path=root)
+    config = read_json(root / PIPELINE_DIR / "scheduler" / "scheduler_config.json", "scheduler_config.json")
+    parts["scheduler"] = getattr(diffusers, scheduler[1]).from_config(config)
+    for enc in encoders:
+        tok = enc.replace("text_encoder", "tokenizer")
+        entry = index.get(tok)
+        klass = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
+        if klass not in ("CLIPTokenizer", "CLIPTokenizerFast", "T5Tokenizer", "T5TokenizerFast"):
+            raise OptionsError(f"pipeline/model_index.json names no known tokenizer for {enc}", path=root)
+        parts[tok] = getattr(transformers, klass).from_pretrained(str(root / PIPELINE_DIR / tok),
+                                                                  local_files_only=True)
+    configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
+    runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
+    return hosted_pipeline(cls, parts, runs, configs)
+
+
+def _config(root: Path, part: str) -> Any:
+    """A part's config with attribute access, as the pipeline reads it (``vae.config.scaling_factor``)."""
+    from diffusers.configuration_utils import FrozenDict
+
+    return FrozenDict(read_json(root / PIPELINE_DIR / part / "config.json", f"pipeline/{part}/config.json"))

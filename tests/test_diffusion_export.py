@@ -1,0 +1,180 @@
+"""A diffusers pipeline exported as one checked bundle (issue 43): a tiny SD3 pipeline directory through the CLI
+with no flags and a tiny StableDiffusionPipeline from Python; each component's graph against diffusers in
+onnxruntime, the end-to-end check in diffusers' own loop, validate / inspect, and the bundle's runner giving
+diffusers' image for the same seed. Real exports: minutes on 2 shared cores, so marked slow."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cann_export.cli.main import cli
+
+pytestmark = pytest.mark.slow
+
+SD3_COMPONENTS = ["text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae_encoder", "vae_decoder"]
+
+
+@pytest.fixture(scope="session")
+def sd3(tmp_path_factory):
+    from diffusers import StableDiffusion3Pipeline
+
+    from helpers.tiny_diffusion import save, sd3_pipeline
+
+    root = tmp_path_factory.mktemp("sd3")
+    save(sd3_pipeline(), root / "sd3-dir")
+    # the reference: the directory as diffusers loads it (its modules in eval mode, as export computes)
+    pipe = StableDiffusion3Pipeline.from_pretrained(root / "sd3-dir", local_files_only=True)
+    res = CliRunner().invoke(cli, [str(root / "sd3-dir"), "-o", str(root / "sd3_bundle"), "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return pipe, root
+
+
+@pytest.fixture(scope="session")
+def sd(tmp_path_factory):
+    import cann_export
+    from helpers.tiny_diffusion import sd_pipeline
+
+    root = tmp_path_factory.mktemp("sd")
+    pipe = sd_pipeline()
+    result = cann_export.export(pipe, root / "sd_bundle")
+    assert result.ok, result.to_dict()
+    return pipe, root
+
+
+def _manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_sd3_directory_exports_every_component_with_optimum_names_and_verdicts(sd3):
+    _, root = sd3
+    manifest = _manifest(root / "sd3_bundle")
+    assert [c["name"] for c in manifest["components"]] == SD3_COMPONENTS
+    named = {c["name"]: (c["inputs"], c["outputs"]) for c in manifest["components"]}
+    assert named["transformer"] == (["hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"],
+                                    ["out_hidden_states"])
+    assert named["vae_decoder"] == (["latent_sample"], ["sample"])
+    assert named["vae_encoder"] == (["sample"], ["latent_parameters"])
+    assert named["text_encoder_3"] == (["input_ids"], ["last_hidden_state"])
+    assert named["text_encoder"][1][:2] == ["text_embeds", "last_hidden_state"]
+    for name in SD3_COMPONENTS:
+        own = json.loads((root / "sd3_bundle" / "components" / name / "manifest.json").read_text())
+        assert own["parity"]["fp32"]["passed"] is True, name
+        assert own["parity"]["device"]["passed"] is True, name
+        batch = own["model"]["inputs"][0]["shape"][0]
+        assert batch == "batch_size", (name, own["model"]["inputs"])
+    assert (root / "sd3_bundle" / "pipeline" / "model_index.json").read_bytes() == \
+        (root / "sd3-dir" / "model_index.json").read_bytes()
+    section = manifest["pipeline"]
+    assert section["class"] == "StableDiffusion3Pipeline" and section["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+    assert {"tokenizer", "tokenizer_2", "tokenizer_3", "scheduler", "transformer", "vae"} <= set(section["parts"])
+    assert ("transformer", "out_hidden_states", "vae_decoder", "latent_sample") in {
+        (c["from"]["component"], c["from"]["output"], c["to"]["component"], c["to"]["input"])
+        for c in manifest["connections"]}
+
+
+def test_sd3_end_to_end_check_in_diffusers_loop_passes_fp32_and_device(sd3):
+    _, root = sd3
+    e2e = _manifest(root / "sd3_bundle")["pipeline"]["end_to_end"]
+    assert e2e["passed"] is True, e2e
+    assert e2e["fp32"]["latents_max_abs"] <= 1e-3 and e2e["fp32"]["tolerance"] == {"atol": 1e-4, "rtol": 1e-2}
+    assert e2e["device"]["cosine_distance"] < 5e-2
+    assert set(e2e["device"]["nonfinite"]) == {"text_encoder", "text_encoder_2", "text_encoder_3", "transformer",
+                                               "vae_decoder"}
+
+
+def test_sd3_graph_in_onnxruntime_equals_diffusers_module(sd3):
+    import onnxruntime as ort
+    import torch
+
+    pipe, root = sd3
+    ids = torch.randint(0, 40, (1, 256), generator=torch.Generator().manual_seed(3))
+    sess = ort.InferenceSession(str(root / "sd3_bundle/components/text_encoder_3/model.onnx"))
+    got = sess.run(["last_hidden_state"], {"input_ids": ids.numpy()})[0]
+    with torch.no_grad():
+        want = pipe.text_encoder_3(ids)[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+    latents = torch.randn(3, 4, 32, 32, generator=torch.Generator().manual_seed(4))  # a batch of 3: dynamic
+    sess = ort.InferenceSession(str(root / "sd3_bundle/components/vae_decoder/model.onnx"))
+    got = sess.run(["sample"], {"latent_sample": latents.numpy()})[0]
+    with torch.no_grad():
+        want = pipe.vae.decode(latents, return_dict=False)[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
+def test_sd3_bundle_validates_and_inspects(sd3):
+    _, root = sd3
+    report = CliRunner().invoke(cli, ["validate", str(root / "sd3_bundle"), "--json"], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    shown = json.loads(report.stdout)
+    assert set(shown["components"]) == set(SD3_COMPONENTS), shown
+    shown = CliRunner().invoke(cli, ["inspect", str(root / "sd3_bundle")], catch_exceptions=False)
+    assert shown.exit_code == 0 and "transformer" in shown.output
+
+
+def test_a_doctored_end_to_end_verdict_is_refused_by_validate(sd3, tmp_path):
+    import shutil
+
+    _, root = sd3
+    bundle = tmp_path / "b"
+    shutil.copytree(root / "sd3_bundle", bundle)
+    manifest = _manifest(bundle)
+    manifest["pipeline"]["end_to_end"]["device"]["cosine_distance"] = 0.5
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    res = CliRunner().invoke(cli, ["validate", str(bundle)])
+    assert res.exit_code == 2 and "end_to_end.device.passed" in res.output, res.output
+
+
+def test_the_runner_gives_diffusers_image_for_the_same_seed(sd3):
+    import torch
+
+    import cann_export
+
+    pipe, root = sd3
+    runner = cann_export.load(root / "sd3_bundle")
+    call = {"prompt": "a dog", "num_inference_steps": 3, "guidance_scale": 4.0, "output_type": "np"}
+    got = runner(generator=torch.Generator().manual_seed(7), **call).images
+    want = pipe(generator=torch.Generator().manual_seed(7), **call).images
+    assert got.shape == want.shape == (1, 32, 32, 3)
+    np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_a_unet_pipeline_exports_from_python_and_runs_back(sd):
+    import torch
+
+    import cann_export
+
+    pipe, root = sd
+    manifest = _manifest(root / "sd_bundle")
+    assert [c["name"] for c in manifest["components"]] == ["text_encoder", "unet", "vae_encoder", "vae_decoder"]
+    named = {c["name"]: (c["inputs"], c["outputs"]) for c in manifest["components"]}
+    assert named["unet"] == (["sample", "timestep", "encoder_hidden_states"], ["out_sample"])
+    assert manifest["pipeline"]["end_to_end"]["passed"] is True
+    assert cann_export.validate(root / "sd_bundle")["passed"] is True
+    runner = cann_export.load(root / "sd_bundle")
+    got = runner(prompt="a cat", generator=torch.Generator().manual_seed(1), num_inference_steps=2,
+                 output_type="np").images
+    want = pipe(prompt="a cat", generator=torch.Generator().manual_seed(1), num_inference_steps=2,
+                output_type="np").images
+    np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_a_failing_end_to_end_record_fails_validate_and_the_export_verdict(sd3, tmp_path):
+    import shutil
+
+    import cann_export
+    from cann_export.components.bundle import multi_ok
+
+    _, root = sd3
+    bundle = tmp_path / "failing"
+    shutil.copytree(root / "sd3_bundle", bundle)
+    manifest = _manifest(bundle)
+    e2e = manifest["pipeline"]["end_to_end"]
+    e2e["device"].update(passed=False, cosine_distance=0.4)
+    e2e["passed"] = False
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    assert multi_ok(manifest) is False
+    report = cann_export.validate(bundle)
+    assert report["passed"] is False and report["end_to_end"]["device"]["cosine_distance"] == 0.4
+    assert all(r["passed"] for r in report["components"].values())
