@@ -134,7 +134,7 @@ class ReferenceReport:
 
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
-    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (components/budget.py)
+    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (bundle/parity_budget)
 
 
 @dataclass(slots=True)

@@ -231,7 +231,7 @@ class ExportOptions:
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
         if self.kv_cache is not None:
-            from .components.plan import parse_kv_cache
+            from .hf.graph_plans import parse_kv_cache
 
             parse_kv_cache(self.kv_cache)
         mib = self.stored_parity_mib

@@ -95,7 +95,7 @@ def test_model_safetensors_beside_an_index_is_the_file_checked(saved, tmp_path):
 
 
 def test_multi_graph_source_refuses_an_index_linking_out(saved, tmp_path):
-    from cann_export.components.source import load_directory
+    from cann_export.hf.directory_source import load_directory
 
     directory = _copy(saved, "gpt2_sharded", tmp_path)
     model, task, carried = load_directory(directory, "text-generation-with-past", {})  # sound: loads

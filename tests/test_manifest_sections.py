@@ -13,7 +13,7 @@ from helpers.fake_atc import two_inputs_bundle
 
 from cann_export.bundle.manifest_keys import TOP, sandbox_problems
 from cann_export.cli.main import cli
-from cann_export.pipeline.confined import DENIES
+from cann_export.pipeline.sandboxed_file import DENIES
 
 
 @pytest.fixture(scope="module")

@@ -467,8 +467,8 @@ def test_wiring_kind_and_run_notes_are_re_derived(bundles, tmp_path, name, edit,
 
 
 def test_confined_result_comes_from_the_checked_manifest_not_the_child(bundles, tmp_path, monkeypatch):
-    from cann_export.components import confined
-    from cann_export.components.bundle import MultiResult
+    from cann_export.pipeline import sandboxed_directory as confined
+    from cann_export.bundle.multi_write import MultiResult
     from cann_export.sandbox import confine
 
     if not confine.probe().available:

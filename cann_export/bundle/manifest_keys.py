@@ -15,7 +15,7 @@ TOP = ("schema", "format", "model", "metadata", "provenance", "atc", "capture", 
        "lint", "sandbox", "warnings", "stage_seconds", "files")
 MODEL_KEYS = ("file", "opset", "opset_requested", "exporter", "inputs", "outputs", "ops")
 SANDBOX_KEYS = {"none": ("kind", "reason"), "landlock+seccomp": ("kind", "landlock_abi", "denies")}
-SANDBOX_OPTIONAL = {"landlock+seccomp": ("torch_threads",)}  # a single graph's record (pipeline/confined.plan)
+SANDBOX_OPTIONAL = {"landlock+seccomp": ("torch_threads",)}  # a single graph's record (pipeline/sandboxed_file.plan)
 MAX_REASON = 4096
 MAX_LANDLOCK_ABI = 255
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
@@ -129,7 +129,8 @@ def sandbox_problems(record: Any, optional: dict[str, tuple[str, ...]] | None = 
         if "reason" in record and not (isinstance(reason, str) and 0 < len(reason) <= MAX_REASON):
             problems.append(f"sandbox.reason: not a text of 1..{MAX_REASON} characters")
         return problems
-    from ..pipeline.confined import DENIES  # the list components/confined.py records too (a test holds them equal)
+    # the list pipeline/sandboxed_directory.py records too (a test holds them equal)
+    from ..pipeline.sandboxed_file import DENIES
 
     abi = record.get("landlock_abi")
     if "landlock_abi" in record and not (_is_int(abi) and 1 <= abi <= MAX_LANDLOCK_ABI):

@@ -307,8 +307,8 @@ def _stage_inputs(bundle: Path, checked: CheckedBundle, work: Path) -> None:
 def convert(artifact: str | Path, output: str | Path | None = None, soc_version: str | None = None,
             overwrite: bool = False) -> dict[str, Any]:
     """Compile a bundle (see ``convert_one``); a multi-graph bundle (a directory or a zip) gets one ATC run per
-    graph, every ``.om`` in one output directory (``components.check.convert_multi``)."""
-    from ..components.check import convert_multi, opened_multi
+    graph, every ``.om`` in one output directory (``bundle.multi_check.convert_multi``)."""
+    from .multi_check import convert_multi, opened_multi
     with opened_multi(Path(artifact)) as directory:
         if directory is not None:
             return convert_multi(directory, output, soc_version, overwrite, convert_one, Path(artifact))

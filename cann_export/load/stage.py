@@ -75,7 +75,7 @@ def declared_inputs(module: Any) -> dict[str, Any]:
         extras["dynamic_shapes"] = shapes()
         extras.update(_declared_axes(module))
     sets = getattr(module, "graph_shape_sets", None)
-    if callable(sets):  # seed -> parity's input sets at other sizes (components/gears.py)
+    if callable(sets):  # seed -> parity's input sets at other sizes (bundle/graph_shapes.py)
         extras["shape_sets"] = sets
     return extras
 

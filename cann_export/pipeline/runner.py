@@ -9,7 +9,8 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
-from . import chatter, confined, memory, rewind
+from . import chatter, memory, rewind
+from . import sandboxed_file as confined
 from .stage import ProgressFn, Stage
 from .table import STAGES
 

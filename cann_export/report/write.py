@@ -35,7 +35,7 @@ def regenerate(bundle: Path, output: Path | None = None) -> dict[str, Any]:
     re-derive is refused), written to ``output`` (default: ``<bundle>.report.html`` beside it; for
     ``BUNDLE/components/NAME``, ``BUNDLE.NAME.report.html`` beside ``BUNDLE``). A multi-graph bundle gives one
     page with a section per component. ``output`` inside a bundle is refused (validate would refuse the bundle)."""
-    from ..components.check import archive_is_multi, is_multi
+    from ..bundle.multi_check import archive_is_multi, is_multi
 
     bundle = Path(bundle)
     home = enclosing_multi(bundle)
@@ -60,8 +60,8 @@ def regenerate(bundle: Path, output: Path | None = None) -> dict[str, Any]:
 
 def enclosing_multi(path: Path) -> Path | None:
     """The multi-graph bundle directory that ``path`` (``BUNDLE/components/NAME``) is a component of, if any."""
-    from ..components.bundle import COMPONENTS_DIR
-    from ..components.check import is_multi
+    from ..bundle.multi_write import COMPONENTS_DIR
+    from ..bundle.multi_check import is_multi
 
     path = Path(path)
     if path.parent.name == COMPONENTS_DIR and is_multi(path.parent.parent):
@@ -84,7 +84,7 @@ def _refuse_inside(target: Path, bundle: Path) -> None:
 def _multi_page(bundle: Path) -> tuple[str, bool, int]:
     """The one page of a multi-graph bundle (checked as validate checks it), its verdict and curve values."""
     from ..bundle.rederive import BundleMismatchError
-    from ..components.check import check_multi, opened_multi
+    from ..bundle.multi_check import check_multi, opened_multi
 
     model = bundle.name.split(".")[0]
     with opened_multi(bundle) as directory:

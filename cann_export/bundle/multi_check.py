@@ -12,9 +12,9 @@ from typing import Any
 
 from ..bundle.read import load_manifest_file
 from ..errors import ValidateError
-from .bundle import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
-from .manifest_fields import field_problems, key_problems
-from .plan import KINDS, NAME, run_notes, wiring
+from .multi_write import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
+from .multi_manifest_schema import field_problems, key_problems
+from ..hf.graph_plans import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
@@ -184,7 +184,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     wired = connection_problems(manifest, names) + (wiring_problems(manifest, owns) if whole else [])
     diffs += wired
     if whole and not wired:  # the shape check follows the connections: only the plan's own (no loops)
-        from .shape_check import component_shape_problems
+        from .graph_shape_check import component_shape_problems
 
         diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, manifest["connections"])]
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):

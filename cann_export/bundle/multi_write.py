@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atc.lint import DYNAMIC_HINTS
-from ..bundle.single_file import ARCHIVE_SUFFIXES
+from .single_file import ARCHIVE_SUFFIXES
 from ..errors import ExportError, OptionsError
-from .plan import Plan
+from ..hf.graph_plans import Plan
 
 SCHEMA = "cann-export/bundle/2"
 COMPONENTS_DIR = "components"
@@ -63,15 +63,15 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     from ..fs import atomic, digests
     from ..fs.jsonio import dumps
 
-    from .gear_hints import with_gears
-    from .ranges import component_hints, narrow, parse_ranges
+    from .graph_gear_hints import with_gears
+    from .graph_ranges import component_hints, narrow, parse_ranges
 
     fmt, component = _check(plan, Path(output), options)
     ranges = parse_ranges(options.pop("dynamic", None))
     narrow(plan, ranges)  # the user's ranges and gears, before anything is written
     hints = with_gears(plan, ranges, component_hints(plan, options.pop("atc_hints", None)))
     combos = options.get("parity_coverage") == "full"  # --parity full: every gear / range-end combination
-    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (components/budget.py)
+    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (bundle/parity_budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)
@@ -106,7 +106,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         place(staging, output, overwrite)
         staging = None
     finally:
-        plan.kept.clear()  # the references later components took their inputs from (components/reuse.py)
+        plan.kept.clear()  # the references later components took their inputs from (hf/parity_reuse.py)
         if staging is not None:
             atomic.discard(staging)
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}
@@ -197,7 +197,7 @@ def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, pro
             hints["input_shape"] = comp.module.shape_ranges(comp.example_inputs, brackets=False)
         else:
             hints["input_shape_range"] = comp.module.shape_ranges(comp.example_inputs)
-    from .gears import shape_sets
+    from .graph_shapes import shape_sets
 
     combos = options.get("parity_coverage") == "full"
     comp.module.graph_shape_sets = shape_sets(plan, comp, hints, full, combos)  # parity at the dynamic sizes / gears

@@ -9,7 +9,7 @@ outputs, onnxruntime's outputs and its inputs together stay under the weights' o
 follows the model's rather than the range's (GPT-2 small: 41 M elements, batch 64 at the 7-token prompt fits, the
 full 1024-token prompt at batch 2, 141 M, does not; a tiny test model's whole range fits the 2^24 floor). The
 elements of a shape are what its graph's inputs and outputs hold there: at export from the module's outputs at
-the example and at each dimension's low end, at validate from the graph's symbolic dims (components/shape_check.py),
+the example and at each dimension's low end, at validate from the graph's symbolic dims (bundle/graph_shape_check.py),
 so both derive the same shapes."""
 from __future__ import annotations
 

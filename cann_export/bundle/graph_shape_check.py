@@ -1,6 +1,6 @@
 """validate's check of a multi-graph component's ``parity.shapes``: exactly its example's shape and the points
-its graph's symbolic dimensions and recorded ATC ranges build (components/gears.py, re-derived from the bundle,
-never from the module that wrote it) under the element budget its manifest records (components/budget.py; a
+its graph's symbolic dimensions and recorded ATC ranges build (bundle/graph_shapes.py, re-derived from the bundle,
+never from the module that wrote it) under the element budget its manifest records (bundle/parity_budget.py; a
 shape's elements from the graph's symbolic dims): a range widened after parity ran is refused, as for a single
 graph."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import re
 from typing import Any
 
 from ..bundle.dynamic_check import short
-from .budget import dim_size, fed, recorded_budget, shape_elements
-from .gears import points_of, split
+from .parity_budget import dim_size, fed, recorded_budget, shape_elements
+from .graph_shapes import points_of, split
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
-_DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?: \+ [0-9]{1,6})?")  # NAME or NAME + k (components/gears.py)
+_DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?: \+ [0-9]{1,6})?")  # NAME or NAME + k (bundle/graph_shapes.py)
 MAX_TENSORS = 4096  # inputs + outputs of one component counted for the budget (a decoder has a few hundred)
 MAX_DIMS = 64  # symbolic dims of one component's inputs (a decoder has a few per cache tensor)
 

@@ -1,4 +1,4 @@
-"""ATC gears for a multi-graph component from ``--dynamic DIM=G1,G2,...`` (components/ranges.py): the component's
+"""ATC gears for a multi-graph component from ``--dynamic DIM=G1,G2,...`` (bundle/graph_ranges.py): the component's
 ATC options as a user's gear hint gives them. ``dynamic_batch_size`` when the batch is its only dynamic
 dimension; else ``input_format=ND`` and ``dynamic_dims``, one profile per combination of its dimensions' sizes with
 one value per -1 of its ``--input_shape`` in order (ATC's dims gears cannot sit beside ranges, so a dimension
@@ -13,8 +13,8 @@ from typing import Any
 from ..atc.lint import DYNAMIC_HINTS
 from ..dynamic import MAX_GEARS, range_gears
 from ..errors import OptionsError
-from .gears import dims, slots
-from .plan import Plan
+from .graph_shapes import dims, slots
+from ..hf.graph_plans import Plan
 
 
 def with_gears(plan: Plan, ranges: list[Any], hints: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..atc.hint_gears import hint_sizes
-from .plan import Component, Plan
+from ..hf.graph_plans import Component, Plan
 
 MAX_POINTS = 8  # shapes per component besides the example's: parity's cost stays bounded
 DRAWS = 1  # input sets per extra shape, as a single graph's (inputs/dynamic_axes.py); the example's shape keeps several
@@ -48,7 +48,7 @@ Point = dict[str, int]
 def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None, budget: int | None = None,
            elements: Any = None, combos: bool = False) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
     """(the example's point, the extra points parity runs at, notes on what the caps left out, the records of the
-    sizes the element budget left out: components/budget.py): each dimension at its hint gears or its range's ends
+    sizes the element budget left out: bundle/parity_budget.py): each dimension at its hint gears or its range's ends
     and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
     return points_of(dims(module, feed), slots(module), hints, budget, elements, combos)
 
@@ -60,7 +60,7 @@ def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int
     component's graph, its ATC ranges and its recorded budget (``elements``: point -> the elements of one input
     set there, inputs + outputs). ``combos`` (--parity full): then every combination of the gears, or of the
     range ends, with no cap on their count."""
-    from .budget import within
+    from .parity_budget import within
 
     example = {n: v[0] for n, v in found.items()}
     gears = hint_sizes(hints or {}, order, batch_names=("batch_size",))
@@ -114,7 +114,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
     """What a component's export runs parity at besides its example (``graph_shape_sets`` on its module, read by
     the prepare stage): ``seed -> (example point, iterator of (point, [input sets]) made one point at a time,
     notes on what the caps left out, the manifest's parity.shape_budget record)``; None for a component with no
-    dynamic axis. ``full``: no element budget (components/budget.py), every range end runs; ``combos`` (--parity
+    dynamic axis. ``full``: no element budget (bundle/parity_budget.py), every range end runs; ``combos`` (--parity
     full): also every combination of the gears or range ends."""
     if not dims(comp.module, comp.example_inputs):
         return None
@@ -122,7 +122,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
     def make(seed: int) -> Any:
         import torch
 
-        from .budget import budget_for, record, weight_elements
+        from .parity_budget import budget_for, record, weight_elements
 
         weights = weight_elements(comp.module)
         budget = None if full else budget_for(weights)
@@ -140,7 +140,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
 
         return example, sets_of(), notes, record(budget, weights, left)
 
-    from .reuse import keeper
+    from ..hf.parity_reuse import keeper
 
     make.keep = keeper(plan, comp)  # what a later component takes from this one's references (given_shapes)
     return make
@@ -150,10 +150,10 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int |
     """Component ``index``'s inputs at ``point``: what a connection brings from an earlier component is its
     output at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the consumer's
     ``X``), sliced from that component's parity references of draw ``draw`` when one covers it
-    (components/reuse.py), else run eagerly; the rest drawn at the point's sizes."""
+    (hf/parity_reuse.py), else run eagerly; the rest drawn at the point's sizes."""
     import torch
 
-    from .reuse import reused
+    from ..hf.parity_reuse import reused
 
     comp = plan.components[index]
     feed: dict[str, Any] = {}
@@ -202,7 +202,7 @@ def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], mod
 def set_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
     """``point -> elements`` of component ``index``'s set with the earlier components that feed it
     (budget.fed): what making and judging one set holds."""
-    from .budget import fed
+    from .parity_budget import fed
 
     comp = plan.components[index]
     sources = []
@@ -219,7 +219,7 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> Callable[[Point], int]:
     moves with a dimension is ``NAME + k``, as the exported graph writes it)."""
     import torch
 
-    from .budget import dim_size, shape_elements
+    from .parity_budget import dim_size, shape_elements
 
     module, feed = comp.module, comp.example_inputs
     found = dims(module, feed)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError, OptionsError
-from .bundle import MultiResult, place
+from ..bundle.multi_write import MultiResult, place
 
 DENIES = ["writes outside the export's staging directory", "execve", "sockets", "signals to other processes"]
 
@@ -37,9 +37,9 @@ def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str 
 
 def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
             record: dict[str, Any], options: dict[str, Any], model_name: str | None = None) -> MultiResult:
-    from .bundle import export_plan
-    from .plan import plan_for
-    from .source import load_directory
+    from ..bundle.multi_write import export_plan
+    from ..hf.graph_plans import plan_for
+    from ..hf.directory_source import load_directory
 
     from .. import progress as events
 
@@ -125,8 +125,8 @@ def _checked(bundle: Path, path: Path, output: Path, where: str) -> MultiResult:
     manifests, never from the child's message."""
     from ..bundle.read import load_manifest_file
     from ..fs import digests
-    from .bundle import component_summary, multi_ok
-    from .check import check_multi
+    from ..bundle.multi_write import component_summary, multi_ok
+    from ..bundle.multi_check import check_multi
 
     if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
         raise ExportError(f"{where} wrote no bundle where they were told to", path=str(path), stage="write")
@@ -156,7 +156,7 @@ def staged_multi_problems(directory: Path, manifest: dict[str, Any]) -> list[str
     table lists exactly the files; and each component is what its format writes (its own file table, convert.sh
     and cfg files re-rendered from its validated ATC options, its manifest's strict schema)."""
     from ..bundle.staged import MANIFEST, carried_names, shown, staged_problems, walk
-    from .bundle import COMPONENTS_DIR, CONVERT, atc_headed, component_format
+    from ..bundle.multi_write import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
     inner = component_format(manifest.get("format"))
     files, folders, problems = walk(directory)

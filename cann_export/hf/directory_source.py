@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoadError, OptionsError
-from .plan import DECODER_TASKS, SEQ2SEQ_TASKS
+from .graph_plans import DECODER_TASKS, SEQ2SEQ_TASKS
 
 # Optimum's tasks this package exports as several graphs (the hf task table marks them graphs > 1)
 SUPPORTED = (*DECODER_TASKS, *SEQ2SEQ_TASKS)

@@ -5,7 +5,7 @@
 (``decode:past_sequence_length=1..1024``) in that component only. A dimension is named, not an input, since one
 dimension spans several inputs and graphs. The range replaces the component's ``dim_bounds``, which drive the
 torch.export Dims, the ATC ranges of its convert.sh and its parity shapes (validate re-derives those from the
-recorded ranges). ``DIM=G1,G2,...`` gives the dimension ATC gears instead (components/gear_hints.py renders them as
+recorded ranges). ``DIM=G1,G2,...`` gives the dimension ATC gears instead (bundle/graph_gear_hints.py renders them as
 the component's ``dynamic_batch_size`` / ``dynamic_dims`` options). ``--atc-hint COMPONENT:KEY=VALUE`` gives one
 component an ATC option (the unprefixed form gives it to every component)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionsError
-from .plan import KINDS, Plan
+from ..hf.graph_plans import KINDS, Plan
 
 DIMENSIONS = ("batch_size", "sequence_length", "past_sequence_length", "decoder_sequence_length",
               "past_decoder_sequence_length", "encoder_sequence_length")
@@ -95,7 +95,7 @@ def narrow(plan: Plan, ranges: list[DimRange]) -> None:
     """Set each component's ``dim_bounds`` to the user's ranges: a named component must be in the plan and have
     the dimension, a dimension must be in some component, and a range must lie inside the model's own limits
     (batch 1..64, the position table) and hold the example's size (the graphs are captured at it)."""
-    from .gears import dims
+    from .graph_shapes import dims
 
     names = [c.name for c in plan.components]
     for r in ranges:
@@ -153,7 +153,7 @@ def check_known_components(task: str | None, dynamic: Any, hints: dict[str, Any]
     """Before the load: ``COMPONENT:`` prefixes of --dynamic / --atc-hint name components of the bundle ``task``
     exports (a decoder's prefill and decode, an encoder-decoder's encoder, decoder and, with past, decoder_with_past);
     with no task known, ``narrow`` / ``component_hints`` check them against the plan."""
-    from .plan import DECODER_TASKS, SEQ2SEQ_TASKS
+    from ..hf.graph_plans import DECODER_TASKS, SEQ2SEQ_TASKS
 
     if task in DECODER_TASKS:
         names = KINDS["decoder-with-past"]

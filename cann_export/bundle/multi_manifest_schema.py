@@ -1,18 +1,18 @@
 """The top-level manifest.json of a multi-graph bundle, field by field, against what its writer
-(``components.bundle.build_manifest``, then ``export_plan``'s ``sandbox`` record) can have produced: strict JSON
+(``bundle.multi_write.build_manifest``, then ``export_plan``'s ``sandbox`` record) can have produced: strict JSON
 (RFC 8259: no NaN / Infinity, no key twice in one object), an allow-list of names at every level the writer
 fills, each value's type; then every value that can be re-derived, re-derived: ``atc`` (present exactly when the
 components are headed for ATC: the script path this tool writes and the first component's soc_version),
 ``provenance`` (the first component's), each component's input and output names in its graph's order, the
 parity map's names, the file table's paths (the components', ``atc/convert.sh`` and a model directory's
-carried ``hf/`` files), and ``sandbox`` in one of the shapes ``components/confined.py`` records, present exactly
-when the bundle carries a model directory's files. Each difference is a string naming the field."""
+carried ``hf/`` files), and ``sandbox`` in one of the shapes ``pipeline/sandboxed_directory.py`` records,
+present exactly when the bundle carries a model directory's files. Each difference is a string naming the field."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..bundle.manifest_keys import SHOWN, sandbox_problems, unknown_names
-from .bundle import COMPONENTS_DIR, CONVERT, atc_headed, component_format
+from .multi_write import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")
 TOP_OPTIONAL = ("atc", "sandbox")
@@ -56,7 +56,7 @@ def key_problems(manifest: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: not an object")
     if "atc" in manifest:
         problems += _atc_shape(manifest["atc"])
-    if "sandbox" in manifest:  # components/confined.py's record: no torch_threads (each component has its own)
+    if "sandbox" in manifest:  # pipeline/sandboxed_directory.py's record: no torch_threads (each component has its own)
         problems += sandbox_problems(manifest["sandbox"], optional={})
     return problems
 

@@ -39,7 +39,7 @@ class Plan:
     components: list[Component]
     connections: list[tuple[str, str, str, str]]
     notes: dict[str, Any] = field(default_factory=dict)
-    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # components/reuse.py
+    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # hf/parity_reuse.py
 
 
 def parse_kv_cache(value: Any) -> int | None:
@@ -132,7 +132,7 @@ def encoder_inputs(model: Any, source: int) -> tuple[dict[str, Any], dict[str, d
 
 
 def _vocab(config: Any) -> int:
-    from .wrappers import decoder_config
+    from .cache_wrappers import decoder_config
 
     vocab = getattr(decoder_config(config), "vocab_size", None)
     return vocab if isinstance(vocab, int) and vocab > 2 else 2
@@ -193,7 +193,7 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     """``prefill`` (the prompt) then ``decode`` (one token on a growing cache); batch and lengths dynamic."""
     import torch
 
-    from .wrappers import DecoderPrefill, DecoderStep, sliding_window
+    from .cache_wrappers import DecoderPrefill, DecoderStep, sliding_window
 
     model = model.eval()
     prefill, step = DecoderPrefill(model), DecoderStep(model)
@@ -242,7 +242,7 @@ def static_decoder_plan(model: Any, length: int, batch: int = 1) -> Plan:
     slots per row and returns it shifted by the new token."""
     import torch
 
-    from .wrappers import StaticDecoderStep, StaticPrefill
+    from .cache_wrappers import StaticDecoderStep, StaticPrefill
 
     _check_static_size(model.config, length, batch, sum(p.numel() for p in model.parameters()))
     model = model.eval()
@@ -269,7 +269,7 @@ def _check_static_size(config: Any, length: int, batch: int, weights: int = 0) -
     """``--kv-cache static:N,batch=B`` within the model: N slots within its position table, and a cache the
     example can hold (the graphs are captured and judged at that size): at most 1 GiB or the weights' own size
     (Llama-2-7B's native static:4096 is 2.1e9 values beside 6.7e9 weights)."""
-    from .wrappers import max_positions, sliding_window
+    from .cache_wrappers import max_positions, sliding_window
 
     limit, window = max_positions(config), sliding_window(config)
     if window is not None and length > window - 1:
@@ -297,7 +297,7 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
     ``encoder_attention_mask`` only where the encoder takes a mask (text)."""
     import torch
 
-    from .wrappers import Seq2SeqDecoder, Seq2SeqDecoderWithPast, Seq2SeqEncoder
+    from .cache_wrappers import Seq2SeqDecoder, Seq2SeqDecoderWithPast, Seq2SeqEncoder
 
     model = model.eval()
     enc_feed, enc_axes = encoder_inputs(model, source)
