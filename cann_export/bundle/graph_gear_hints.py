@@ -14,7 +14,7 @@ from ..atc.lint import DYNAMIC_HINTS
 from ..dynamic import MAX_GEARS, range_gears
 from ..errors import OptionsError
 from .graph_shapes import dims, slots
-from ..hf.graph_plans import Plan
+from ..plan import Plan
 
 
 def with_gears(plan: Plan, ranges: list[Any], hints: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

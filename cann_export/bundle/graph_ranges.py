@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionsError
-from ..hf.graph_plans import KINDS, Plan
+from ..plan import KINDS, Plan
 
 DIMENSIONS = ("batch_size", "sequence_length", "past_sequence_length", "decoder_sequence_length",
               "past_decoder_sequence_length", "encoder_sequence_length")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..atc.hint_gears import hint_sizes
-from ..hf.graph_plans import Component, Plan
+from ..plan import Component, Plan
 
 MAX_POINTS = 8  # shapes per component besides the example's: parity's cost stays bounded
 DRAWS = 1  # input sets per extra shape, as a single graph's (inputs/dynamic_axes.py); the example's shape keeps several

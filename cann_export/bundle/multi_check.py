@@ -14,7 +14,7 @@ from ..bundle.read import load_manifest_file
 from ..errors import ValidateError
 from .multi_write import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
 from .multi_manifest_schema import field_problems, key_problems
-from ..hf.graph_plans import KINDS, NAME, run_notes, wiring
+from ..plan import KINDS, NAME, run_notes, wiring
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000

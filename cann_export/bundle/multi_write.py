@@ -15,7 +15,7 @@ from typing import Any
 from ..atc.lint import DYNAMIC_HINTS
 from .single_file import ARCHIVE_SUFFIXES
 from ..errors import ExportError, OptionsError
-from ..hf.graph_plans import Plan
+from ..plan import Plan
 
 SCHEMA = "cann-export/bundle/2"
 COMPONENTS_DIR = "components"

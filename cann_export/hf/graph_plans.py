@@ -5,41 +5,17 @@ from running the earlier ones eagerly, so every graph is exported on the tensors
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+from ..plan import Component, Plan
 from ..errors import OptionsError
 
-NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_STATIC_LENGTH = 32768
 MAX_STATIC_BATCH = 2048  # ATC's batch limit
 DECODER_TASKS = ("text-generation-with-past",)
 TEXT2TEXT_TASKS = ("text2text-generation-with-past", "text2text-generation")
 SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition",
                  "image-to-text-with-past", "image-to-text")
-
-
-@dataclass
-class Component:
-    """One graph of a multi-graph bundle: its name (its directory, ``components/<name>``), its role, the module
-    to export and its example inputs, by graph input name."""
-
-    name: str
-    role: str
-    module: Any
-    example_inputs: dict[str, Any]
-
-
-@dataclass
-class Plan:
-    """The graphs and the ``connections`` between them: each ``(from component, output, to component, input)``
-    says which output feeds which input (a component feeding itself is a loop, such as decode's cache)."""
-
-    kind: str
-    components: list[Component]
-    connections: list[tuple[str, str, str, str]]
-    notes: dict[str, Any] = field(default_factory=dict)
-    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # hf/parity_reuse.py
 
 
 def parse_kv_cache(value: Any) -> int | None:
@@ -151,12 +127,6 @@ def _past(present: dict[str, Any]) -> dict[str, Any]:
 
 def _loop(component: str, names: list[str]) -> list[tuple[str, str, str, str]]:
     return [(component, n, component, n.replace("present.", "past_key_values.", 1)) for n in names]
-
-
-# every kind's components, in order; each component's role is its name
-KINDS = {"decoder-with-past": ("prefill", "decode"), "decoder-with-static-cache": ("prefill", "decode"),
-         "encoder-decoder": ("encoder", "decoder"),
-         "encoder-decoder-with-past": ("encoder", "decoder", "decoder_with_past")}
 
 
 def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:

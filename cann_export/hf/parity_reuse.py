@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph_plans import Component, Plan
+from ..plan import Component, Plan
 
 REUSED = ("decoder-with-past",)  # kinds whose first graph is a causal prefill of independent rows
 
