@@ -32,7 +32,7 @@ class Plan:
     components: list[Component]
     connections: list[tuple[str, str, str, str]]
     notes: dict[str, Any] = field(default_factory=dict)
-    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # hf/parity_reuse.py
+    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # bundle/parity_reuse.py
 
 
 # the table of bundle kinds: each kind's components in order (each one's role is its name) ...

@@ -168,7 +168,7 @@ def test_the_eos_rule_leaves_what_the_user_gave_and_rows_already_right():
     user's own example and --parity-data are left as they are."""
     from types import SimpleNamespace
 
-    from cann_export.hf import eos_rows
+    from cann_export.inputs import eos_rows
 
     ctx = SimpleNamespace(loaded=SimpleNamespace(extras={eos_rows.KEY: 2, "hf": {"dummy_inputs": [
         {"name": "input_ids", "high": 50}]}}))

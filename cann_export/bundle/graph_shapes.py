@@ -140,7 +140,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
 
         return example, sets_of(), notes, record(budget, weights, left)
 
-    from ..hf.parity_reuse import keeper
+    from .parity_reuse import keeper
 
     make.keep = keeper(plan, comp)  # what a later component takes from this one's references (given_shapes)
     return make
@@ -150,10 +150,10 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int |
     """Component ``index``'s inputs at ``point``: what a connection brings from an earlier component is its
     output at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the consumer's
     ``X``), sliced from that component's parity references of draw ``draw`` when one covers it
-    (hf/parity_reuse.py), else run eagerly; the rest drawn at the point's sizes."""
+    (bundle/parity_reuse.py), else run eagerly; the rest drawn at the point's sizes."""
     import torch
 
-    from ..hf.parity_reuse import reused
+    from .parity_reuse import reused
 
     comp = plan.components[index]
     feed: dict[str, Any] = {}

@@ -106,7 +106,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         place(staging, output, overwrite)
         staging = None
     finally:
-        plan.kept.clear()  # the references later components took their inputs from (hf/parity_reuse.py)
+        plan.kept.clear()  # the references later components took their inputs from (bundle/parity_reuse.py)
         if staging is not None:
             atomic.discard(staging)
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}

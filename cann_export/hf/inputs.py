@@ -43,7 +43,7 @@ class InputSpec:
         return {"name": self.name, "shape": list(self.shape), "kind": self.kind, "high": self.high}
 
 
-from .eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
+from ..inputs.eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
 from ..inputs.boxes import box_high, random_boxes  # noqa: E402 - LayoutLM's word boxes
 from .config import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
 

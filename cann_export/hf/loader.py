@@ -41,7 +41,7 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
     specs = dummy_specs(forward_parameters(model), config, task.name, sampling_rate)
     hf = {"task": task.name, "architecture": arch, "model_type": model_type, "outputs": list(outputs),
           "dummy_inputs": [s.to_dict() for s in specs], "axes": all_axes(specs, outputs, _batches_of(task, options))}
-    from .eos_rows import KEY, eos_pooled
+    from ..inputs.eos_rows import KEY, eos_pooled
 
     return LoadedModel(wrapped, "module", extras={KEY: eos_pooled(config, task.name),
                                                  "task": task.name, "input_names": [s.name for s in specs],

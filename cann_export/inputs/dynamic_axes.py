@@ -250,7 +250,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
     names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
     in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
-    from ..hf import eos_rows
+    from . import eos_rows
     from .reference import reference_outputs
 
     from ..capture.trace_gate import traced_first

@@ -39,7 +39,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets.append(feed)
             ctx.input_set_labels.append(label)
         ctx.reference_outputs += outputs
-        if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (hf/parity_reuse.py)
+        if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (bundle/parity_reuse)
             make.keep(point, names, outputs)
     ctx.reports.reference.input_sets["shapes"] = count
     if notes:

@@ -7,8 +7,7 @@ from typing import Any
 from .. import errors
 from ..context import ExportContext
 from ..hooks import manager
-from . import tensors
-from ..hf import eos_rows
+from . import eos_rows, tensors
 from .providers import accepted_names
 from .reference import reference_outputs
 
