@@ -80,7 +80,7 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation") -
     import onnxruntime as ort
 
     from cann_export.options import Tolerance
-    from cann_export.validators.device_parity import device_report
+    from cann_export.validators.fix_precision import device_report
     from cann_export.validators.precision import Emulator
 
     graph = onnx.load(path)

@@ -263,7 +263,7 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
 
 
 def _result(ctx: ExportContext) -> ExportResult:
-    from .bundle.manifest import summarize_parity
+    from .bundle.manifest_build import summarize_parity
 
     parity = ctx.reports.parity.to_dict() if ctx.reports.parity is not None else None
     final_onnx = ctx.final_onnx or (

@@ -118,8 +118,8 @@ class Warnings:
     inputs: str | None = None  # example inputs inferred from the first layer
     torch_program: str | None = None  # why the bundle has no torch/program.pt2
     dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
-    trace: str | None = None  # a traced graph kept after the trace gate's check (capture/trace_gate.py)
-    frozen: list[str] | None = None  # forward arguments that change the outputs but are no input (inputs/frozen.py)
+    trace: str | None = None  # a traced graph kept after the trace gate's check (capture/exporter_choice.py)
+    frozen: list[str] | None = None  # forward arguments changing the outputs, no input (inputs/frozen_arguments)
     third_party: list[str] | None = None  # torch / onnxscript log warnings while the stages ran (pipeline/chatter.py)
     environment: str | None = None  # an installed torchvision that does not import, hidden (load/torchvision_pair.py)
     soc: str | None = None  # a --soc-version outside options.KNOWN_SOCS, let through by --allow-unknown-soc
@@ -277,7 +277,7 @@ class ExportContext:
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples
     path_reference_outputs: list[list[Any]] = field(default_factory=list)  # the stripped module's on those
-    # a trace kept before its gate ran (capture/trace_deferred.py): parity on the written graph decides it
+    # a trace kept before its gate ran (capture/trace_judged_by_parity.py): parity on the written graph decides it
     trace_rewind: bool = False  # the stages run validate after capture, so they can go back to it
     trace_deferred: dict[str, Any] | None = None  # {"exporter", "reason"?} until validate has judged it
     traces_rejected: dict[str, str] = field(default_factory=dict)  # exporter -> why its trace was not kept

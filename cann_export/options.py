@@ -82,7 +82,7 @@ class Tolerance:
     noise_share: float = 5e4
     probe_rtol: float = 1e-2
     probe_min_cosine: float = 0.999
-    # device-precision (fp16/bf16 emulation) policy, see validators/device_policy.py: an output fails on
+    # device-precision (fp16/bf16 emulation) policy, see validators/device_verdict.py: an output fails on
     # inf/nan where fp32 is finite, on cosine < device_fail_cosine, or on cosine < device_min_cosine with
     # max abs error above its noise floor max(device_atol, eps x max |reference|)
     device_min_cosine: float = 0.99
@@ -264,7 +264,7 @@ class ExportOptions:
     def check_input_files(self) -> None:
         """--example-inputs, --parity-data and --calibration-data name regular files (no device, FIFO,
         socket or directory), refused by stat alone before the model is loaded."""
-        from .inputs.files import check_input_file
+        from .inputs.tensor_files import check_input_file
 
         for flag, path in (("--example-inputs", self.example_inputs_file), ("--parity-data", self.parity_data),
                            ("--calibration-data", self.calibration_data)):

@@ -22,7 +22,7 @@ def saved(tmp_path_factory):
 
 def _single_graph_runs(directory, task):
     """The load stage's module called on the task's dummy inputs returns the task's outputs."""
-    from cann_export.hf.inputs import tensors
+    from cann_export.hf.dummy_inputs import tensors
     from cann_export.hf.loader import HfDirectoryLoader
     from cann_export.options import ExportOptions
 

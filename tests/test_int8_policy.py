@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cann_export.inputs.quant_noise import pooled, well_formed
-from cann_export.validators.device_policy import DevicePolicy, within_int8_noise
+from cann_export.validators.device_verdict import DevicePolicy, within_int8_noise
 from cann_export.validators.metrics import compare_quantized
 
 RNG = np.random.default_rng(0)

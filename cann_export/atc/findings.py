@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..capture import module_paths as mp
+from ..graph import module_paths as mp
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 QDQ = ("QuantizeLinear", "DequantizeLinear")

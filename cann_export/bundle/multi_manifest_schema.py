@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bundle.manifest_keys import SHOWN, sandbox_problems, unknown_names
+from .manifest_schema import SHOWN, sandbox_problems, unknown_names
 from .multi_write import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")
@@ -126,7 +126,7 @@ def _atc_values(manifest: dict[str, Any], first: dict[str, Any] | None, name: st
 def _file_paths(manifest: dict[str, Any], names: list[str]) -> list[str]:
     """Every path of the file table is one the writer puts there: inside a listed component, the top-level ATC
     script, or a carried companion file of a model directory."""
-    from ..hf.files import COMPANIONS
+    from ..hf.directory_files import COMPANIONS
 
     allowed = {CONVERT, *(f"{CARRIED_DIR}/{n}" for n in COMPANIONS)}
     stray = [rel for rel in manifest["files"] if rel not in allowed

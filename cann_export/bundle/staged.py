@@ -37,7 +37,7 @@ def shown(rel: str) -> str:
 
 def carried_names() -> tuple[str, ...]:
     """The files a loader may carry into a bundle (hf/: a model directory's allow-listed companions)."""
-    from ..hf.files import BUNDLE_FOLDER, COMPANIONS
+    from ..hf.directory_files import BUNDLE_FOLDER, COMPANIONS
 
     return tuple(f"{BUNDLE_FOLDER}/{name}" for name in COMPANIONS)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import large_graph
-from .module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
+from ..graph.module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
 
@@ -263,7 +263,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     import numpy as np
 
     from ..validators.metrics import all_pass, compare
-    from .onnx_utils import session
+    from ..graph.onnx_helpers import session
     from .opset_convert import OpsetConversionError
 
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
@@ -335,7 +335,7 @@ class TorchScriptExporter:
                 onnx.checker.check_model(str(path), full_check=True)
                 ctx.capture_checked = graph
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
-        from .trace_check import tracer_findings
+        from .trace_warnings import tracer_findings
 
         ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph

@@ -182,7 +182,7 @@ def _cache_of(out: Any) -> Any:
 # Optimum's capture for a decoder's graphs (``graph_exporter_order``, passed on by the load stage as
 # ``extras["exporter_order"]``): a TorchScript trace with the declared axes; one that warned (the cache and mask code
 # do) is kept only after the trace gate checked it at the example and at each dimension's range points
-# (capture/trace_gate.py), else dynamo runs; parity judges every set on the written graph either way
+# (capture/exporter_choice.py), else dynamo runs; parity judges every set on the written graph either way
 TRACE_FIRST = ("torchscript", "dynamo")
 
 

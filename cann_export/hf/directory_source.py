@@ -18,8 +18,8 @@ def load_directory(path: Path, task: str | None, options: dict[str, Any]) -> tup
     """(the transformers model, its task, the files to carry) for a model directory."""
     from types import SimpleNamespace
 
-    from ..hf import files as hf_files
-    from ..hf.config import read_config
+    from . import directory_files as hf_files
+    from .config_json import read_config
     from ..hf.model import load_pretrained
     from ..hf.tasks import TASKS, detect
     from ..hf.weights import checked_weights

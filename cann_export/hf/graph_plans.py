@@ -89,7 +89,7 @@ def encoder_inputs(model: Any, source: int) -> tuple[dict[str, Any], dict[str, d
     ``2 * max_source_positions``), with Optimum's axis names (a text sequence: ``encoder_sequence_length``)."""
     import torch
 
-    from ..hf.inputs import AXES, DEFAULT_DYNAMIC, dummy_specs, tensors
+    from .dummy_inputs import AXES, DEFAULT_DYNAMIC, dummy_specs, tensors
     from ..hf.tasks import SEQ
 
     main = getattr(model, "main_input_name", None) or "input_ids"

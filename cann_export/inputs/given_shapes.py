@@ -15,7 +15,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from .reference import reference_outputs
     from .tensors import set_label
 
-    from ..capture.trace_gate import traced_first
+    from ..capture.exporter_choice import traced_first
 
     make = ctx.loaded.extras.get("shape_sets")
     if not callable(make) or not (ctx.options.validate or traced_first(ctx)):  # without parity: for the trace gate

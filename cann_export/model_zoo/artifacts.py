@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 from .layout import BUNDLE_PROGRAM, PROGRAM
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atc.lint import lint_model, parse_cann_version
-from ..capture import module_paths
+from ..graph import module_paths
 from ..hooks.specs import hookimpl
 from ..safe_text import terminal
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..capture import module_paths
-from .device_policy import DevicePolicy, judge
+from ..graph import module_paths
+from .device_verdict import DevicePolicy, judge
 from .origin import float_values, value_pairs
 from .precision import Emulator
 

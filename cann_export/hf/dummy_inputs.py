@@ -45,7 +45,7 @@ class InputSpec:
 
 from ..inputs.eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
 from ..inputs.boxes import box_high, random_boxes  # noqa: E402 - LayoutLM's word boxes
-from .config import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
+from .config_json import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
 
 
 def _field(config: Any, name: str) -> Any:

@@ -275,7 +275,7 @@ def _drop_identity_batchnorms(g: _Graph) -> int:
 
 def _prune(model: Any) -> None:
     """Nodes nothing reads (the pairs whose readers all moved), then unused initializers."""
-    from ..capture.onnx_utils import prune_initializers
+    from ..graph.onnx_helpers import prune_initializers
 
     graph = model.graph
     live = {o.name for o in graph.output}

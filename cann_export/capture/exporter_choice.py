@@ -113,7 +113,7 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
     only, kept in the context for parity."""
     from ..inputs.reference import reference_outputs
     from ..inputs.tensors import set_label
-    from .trace_check import PATH_SCALES, path_variants, prepared_paths
+    from .trace_warnings import PATH_SCALES, path_variants, prepared_paths
 
     if not ctx.path_input_sets and not prepared_paths(ctx):
         ctx.path_input_sets = path_variants(ctx.example_inputs)

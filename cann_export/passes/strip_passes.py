@@ -100,8 +100,8 @@ class GraphCleanupPass:
     order = 50
 
     def apply_graph(self, model: Any, ctx: Any) -> Any:
-        from ..capture import module_paths
-        from ..capture.onnx_utils import cleanup_graph
+        from ..graph import module_paths
+        from ..graph.onnx_helpers import cleanup_graph
 
         model, report = cleanup_graph(model)
         ctx.optimize["conv_bn_folded_in_graph"] = report["conv_bn_folded"]

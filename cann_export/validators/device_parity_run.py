@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .device_policy import DevicePolicy, compare_output, cosine, within_int8_noise
+from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
 from .precision import INF_NAN, Emulator
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..atc.command import render as render_atc
 from ..fs import atomic
 from ..options import ATC_OPSETS
-from .manifest import build_manifest, dumps, write_manifest
+from .manifest_build import build_manifest, dumps, write_manifest
 from .parity_store import write_parity_data
 from .single_file import ARCHIVE_SUFFIXES, commit_archive
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _external(ctx: ExportContext) -> bool:
-    from ..capture.onnx_utils import weights_bytes
+    from ..graph.onnx_helpers import weights_bytes
 
     mode = ctx.options.external_data
     return mode == "always" or (mode == "auto" and weights_bytes(ctx.onnx_model) > ctx.options.external_data_threshold)
@@ -25,7 +25,7 @@ def _external(ctx: ExportContext) -> bool:
 
 def _save(ctx: ExportContext, path: Path) -> list[Path]:
     from ..capture import large_graph
-    from ..capture.onnx_utils import save_model
+    from ..graph.onnx_helpers import save_model
 
     if large_graph.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
         return large_graph.save(ctx.onnx_model, path, ctx)
@@ -149,7 +149,7 @@ class AtcReadyFormat:
         _finalize_parity(ctx, staging)
         if ctx.reports.precision_fix is not None and ctx.reports.precision_fix.kept:
             render_atc(ctx, staging)  # keep_dtype.cfg now holds what --fix-precision kept
-        from ..report.write import write_into
+        from ..report.write_report import write_into
 
         write_into(ctx, staging)  # before the manifest, whose file table then lists it
         write_manifest(ctx, staging)

@@ -19,7 +19,7 @@ REPORT = "report.html"
 
 def write_into(ctx: ExportContext, staging: Path) -> Path:
     """report.html of the export in ``staging`` (its verdict, the curve the validate stage computed)."""
-    from ..bundle.manifest import build_manifest
+    from ..bundle.manifest_build import build_manifest
 
     model = current_model()
     name = ctx.output_path.name

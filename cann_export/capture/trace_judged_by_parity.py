@@ -18,17 +18,17 @@ def defer(ctx: Any, exporter: str) -> dict[str, Any] | None:
     """The check record of a trace kept now for validate to judge (``deferred``), or None when the gate must run
     here (the stages cannot go back, the gate cannot check it, or validate already rejected this exporter's)."""
     from ..hooks.contracts import Format, optional
-    from . import trace_gate
+    from . import exporter_choice
 
-    if not ctx.trace_rewind or exporter in ctx.traces_rejected or not trace_gate.gated(ctx) \
-            or trace_gate.unchecked(ctx):
+    if not ctx.trace_rewind or exporter in ctx.traces_rejected or not exporter_choice.gated(ctx) \
+            or exporter_choice.unchecked(ctx):
         return None
     runs = optional(ctx.format, Format, "runs_programs")
     if runs is not None and runs(ctx.options):  # the write stage runs a program (ATC): not on a graph in doubt
         return None
-    _, labels, _ = trace_gate.gate_sets(ctx)  # builds the path variants when prepare did not
+    _, labels, _ = exporter_choice.gate_sets(ctx)  # builds the path variants when prepare did not
     ctx.trace_deferred = {"exporter": exporter}
-    return {**trace_gate.coverage(labels, list(range(len(labels)))), "passed": True, "deferred": True}
+    return {**exporter_choice.coverage(labels, list(range(len(labels)))), "passed": True, "deferred": True}
 
 
 def fixed(ctx: Any, exporter: str) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 from ..safe_text import check_printable
 from . import content
 from .clock import utc_now, who
-from .errors import ZooError
+from .zoo_errors import ZooError
 from .names import check_alias, check_name, check_version
 from .pull import pull
 from .resolve import open_store, parse_ref, pick_target, resolve, verified_dir
@@ -53,7 +53,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         content.stage(staged, model, model_class=model_class, model_kwargs=model_kwargs,
                       example_inputs=example_inputs, trust_pickle=trust_pickle, artifacts=list(artifacts or []))
         fields = content.write_card(staged, name, metadata, card)
-        from .files import file_table, manifest_digest
+        from .file_copies import file_table, manifest_digest
 
         files = file_table(staging, staged.known)
         runnable = staged.weights or (staged.architecture or {}).get("kind") == "torch.export"

@@ -14,7 +14,7 @@ __all__ = ["SCHEMA", "build_manifest", "dumps", "file_table", "summarize_parity"
 
 
 def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
-    from ..capture.onnx_utils import describe_values, op_histogram
+    from ..graph.onnx_helpers import describe_values, op_histogram
 
     model, reports = ctx.onnx_model, ctx.reports
     parity = reports.parity.to_dict() if reports.parity is not None else None

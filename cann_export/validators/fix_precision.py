@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import flops
-from .device_check import device_report, expand_keep, in_graph
+from .device_parity_run import device_report, expand_keep, in_graph
 from .precision import INF_NAN, Emulator
 
 __all__ = ["device_report", "expand_keep", "fix_precision"]

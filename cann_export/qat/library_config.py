@@ -36,7 +36,7 @@ class Session:
     def configure(self, **settings: Any) -> dict[str, Any]:
         """Validate and apply ``cann.torch.config``'s keys (unknown keys and bad values are refused before
         anything changes); returns the current settings."""
-        from .config import parse
+        from .quant_config import parse
 
         unknown = sorted(set(settings) - set(CONFIG_KEYS))
         if unknown:

@@ -18,8 +18,8 @@ from ..atc import amct_run
 from ..errors import EXIT_STAGE_FAILED, ExportError, ValidateError, WriteError
 from ..fs import atomic, digests
 from ..hooks.contracts import CheckedBundle, ResultInfo
-from .formats import AtcReadyFormat
-from .manifest import build_manifest, dumps
+from .format_writers import AtcReadyFormat
+from .manifest_build import build_manifest, dumps
 from .om_stub import extract_stub, is_om_file, read_header, read_stub, write_stub  # noqa: F401 - the module API
 
 if TYPE_CHECKING:
