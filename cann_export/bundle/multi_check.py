@@ -1,5 +1,5 @@
 """Reading a multi-graph bundle back: its top-level manifest's shape (bounded, strict JSON, allow-listed names
-and types, every re-derivable field re-derived: ``manifest_fields``), the file table, each component's manifest
+and types, every re-derivable field re-derived: ``multi_manifest_schema``), the file table, each component's manifest
 against the sha256 recorded for it, every connection against the graphs' real input and output names, and the
 top-level ATC script re-rendered; then every component is validated (re-derived) by the single-graph
 ``validate``. Any difference is a refusal (exit 2) naming the file."""

@@ -45,7 +45,7 @@ def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
 
 def traced_first(ctx: Any) -> bool:
     """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
-    then builds the path variants among its input sets: ``trace_check.prepared_paths``)."""
+    then builds the path variants among its input sets: ``trace_warnings.prepared_paths``)."""
     if not gated(ctx) or ctx.options.quantize:
         return False
     wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())

@@ -4,7 +4,7 @@ When tracing warned (a tensor turned into a Python bool / int / float / list, da
 flow), the capture stage records each warning with its source line, parity also runs inputs that may
 take other paths (sign-flipped and scaled copies of the example), and the export fails unless the user
 accepts a graph specialised to the traced path (``--accept-trace-specialization``) or, under ``--exporter auto``,
-the trace gate (trace_gate.py) checked it against the model on every prepared input set first.
+the trace gate (exporter_choice.py) checked it against the model on every prepared input set first.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None
 
 
 def summary(result: dict[str, Any]) -> str:
-    """The manifest's warning for a trace the trace gate (trace_gate.py) checked and kept."""
+    """The manifest's warning for a trace the trace gate (exporter_choice.py) checked and kept."""
     shapes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in result.get("shapes") or [])
     return (f"the graph comes from tracing, which warned (capture.specialized names where); it "
             f"agrees with the model on the {result['input_sets']} input sets it was checked on"

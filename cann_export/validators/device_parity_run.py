@@ -29,7 +29,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     """Emulate ``mode`` under the SoC's ``overflow`` mode (a Q/DQ graph's quantized ops on the int8 path, the SoC's
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
-    ``float_expected`` (the float model's outputs, when known) too (device_policy.within_int8_noise). ``layers``:
+    ``float_expected`` (the float model's outputs, when known) too (device_verdict.within_int8_noise). ``layers``:
     add the per-layer curve on the worst input set (``report["layers"]``, validators/layers.py)."""
     emulator = emulator or Emulator(model, mode, overflow, deq_scale)
     paths = in_graph(paths, model)

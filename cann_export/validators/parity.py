@@ -326,7 +326,7 @@ def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
     """The traced graph on sign-flipped / scaled copies of the example, judged as specialisation probes;
-    shaped as trace_check.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
+    shaped as trace_warnings.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
     from ..capture.trace_warnings import PATH_SCALES
     from ..inputs.tensors import set_label
 
@@ -347,7 +347,7 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
                        layers: bool = False) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
     whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded).
-    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise).
+    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_verdict.within_int8_noise).
     ``layers``: the device run's per-layer curve goes in ``report["layers"]`` (report.html's plot)."""
     from ..options import ExportOptions, soc_model
     from .fix_precision import device_report, fix_precision
