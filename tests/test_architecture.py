@@ -296,3 +296,42 @@ def test_the_rule_checks_see_a_shared_name_and_a_package_pair():
     assert _package_pairs({"cann_export.a.x": {"cann_export.b.y"}, "cann_export.b.y": {"cann_export.a.z"}}) == \
         {("cann_export.a", "cann_export.b")}
     assert _package_pairs({"cann_export.a.x": {"cann_export.b.y"}, "cann_export.b.y": set()}) == set()
+
+
+def _extras_keys_used() -> dict[str, set[str]]:
+    """Every string key the package reads or writes on a LoadedModel's extras: ``extras["k"]``,
+    ``extras.get("k")``, ``"k" in extras`` and the keys of a dict literal given as ``extras=`` or assigned to a
+    name ``extras``."""
+    import re
+
+    used: dict[str, set[str]] = {}
+    access = re.compile(r"extras\)?(?:\[|\.get\(|\.setdefault\(|\.pop\()\s*\"(\w+)\""
+                        r"|\"(\w+)\" (?:not )?in [\w.]*extras\b")
+    for mod, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        for m in access.finditer(text):
+            used.setdefault(m.group(1) or m.group(2), set()).add(mod)
+        for node in ast.walk(ast.parse(text)):
+            literal = None
+            if isinstance(node, ast.keyword) and node.arg == "extras" and isinstance(node.value, ast.Dict):
+                literal = node.value
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id in ("extras", "out") for t in targets) and \
+                        path.parent.name == "load":
+                    literal = node.value
+            for key in literal.keys if literal is not None else []:
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    used.setdefault(key.value, set()).add(mod)
+    return used
+
+
+def test_every_loaded_extras_key_is_declared_and_typed():
+    """``LoadedModel.extras`` is a TypedDict: every key a stage reads or a loader writes is declared there with its
+    type, so a reader finds the whole channel in one place (context.LoadedExtras)."""
+    from cann_export.context import LoadedExtras
+
+    used = _extras_keys_used()
+    assert len(used) >= 12  # the scan finds the keys
+    undeclared = {k: sorted(mods) for k, mods in used.items() if k not in LoadedExtras.__annotations__}
+    assert undeclared == {}

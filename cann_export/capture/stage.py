@@ -8,7 +8,7 @@ from ..context import ExportContext
 from ..hooks import manager
 from ..inputs.reference import reference_outputs
 from ..context import CaptureAttempt, CaptureReport
-from . import large_graph
+from . import attempt_scratch, large_graph
 from ..graph import module_paths
 
 
@@ -94,10 +94,11 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
     ctx.capture_notes = []
     try:
         ctx.trace_warnings = []
-        model = exporter.export(ctx.model, ctx)
+        with attempt_scratch.attempt() as scratch:
+            model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
-        loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
-        checked_file, ctx.capture_checked = model is ctx.capture_checked, None
+        loaded, checked_file = model is scratch.loaded, model is scratch.checked
+        scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
         if ctx.trace_warnings and exporter_choice.gated(ctx):  # judged by validate's parity, else by the gate now
             deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name)
             check = deferred or exporter_choice.check(ctx, model)
@@ -111,7 +112,6 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
     finally:
-        ctx.capture_loaded = ctx.capture_checked = None
         to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
     opset = opset_of(model)
     attempts.append(CaptureAttempt(exporter.name, opset=opset))
