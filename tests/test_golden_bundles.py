@@ -2,8 +2,7 @@
 and a multi-graph (tiny GPT-2 with past, tiny T5) export through the CLI write the same manifest.json,
 parity.json and ``--json`` output as the code before it, byte for byte after normalising only what differs run
 to run (see helpers/golden_bundles.py: the tmp path, created_utc, stage_seconds, sha256 values, the size of a
-manifest.json in a file table). Regenerate on purpose only: ``python -c 'from helpers import golden_bundles as g;
-...'`` as the helper's write_goldens."""
+manifest.json or model.onnx in a file table). Regenerate on purpose only, with the helper's write_goldens."""
 from __future__ import annotations
 
 import pytest

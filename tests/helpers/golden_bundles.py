@@ -3,8 +3,9 @@ from the code before the bundle/rooms refactor of issue 42 (tests/golden_bundles
 
 Only what differs from run to run on the same code is normalised: the run's temporary directory (``<ROOT>``),
 ``provenance.created_utc``, the per-stage wall times (``stage_seconds``), every sha256 (the graphs and parity
-files carry run-specific bytes, the manifests carry the times) and the byte size of a ``manifest.json`` in a file
-table (it holds the times). Everything else, key order and formatting included, must be identical."""
+files carry run-specific bytes, the manifests carry the times) and the byte size of a ``manifest.json`` (it holds
+the times) and of a ``model.onnx`` (its metadata holds the source's path) in a file table. Everything else, key
+order and formatting included, must be identical."""
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ def normalise(text: str, root: str) -> str:
     text = re.sub(r"\"created_utc\": \"[^\"]*\"", "\"created_utc\": \"<t>\"", text)
     text = re.sub(r"\"stage_seconds\": \{[^{}]*\}", _stage_seconds, text)
     text = re.sub(r"(\"(?:manifest_)?sha256\": )\"[0-9a-f]{64}\"", r'\1"<sha>"', text)
-    return re.sub(r"(manifest\.json\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+", r"\1<n>", text)
+    return re.sub(r"((?:manifest\.json|model\.onnx)\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+", r"\1<n>", text)
 
 
 def run_cases(root: Path) -> dict[str, dict[str, str]]:
