@@ -124,8 +124,7 @@ def test_the_writers_bundles_validate(bundles):
 
 
 def test_the_sandbox_denies_lists_agree():
-    """manifest_fields checks a confined record's denies against pipeline/sandboxed_file.py's list (importing
-    pipeline/sandboxed_directory.py from the checker would be an import cycle): both writers must record the same."""
+    """Both confined runs (one file, a model directory) record the one list the manifest schemas check."""
     from cann_export.pipeline.sandboxed_directory import DENIES as multi
     from cann_export.pipeline.sandboxed_file import DENIES as single
 

@@ -129,7 +129,7 @@ def sandbox_problems(record: Any, optional: dict[str, tuple[str, ...]] | None = 
         if "reason" in record and not (isinstance(reason, str) and 0 < len(reason) <= MAX_REASON):
             problems.append(f"sandbox.reason: not a text of 1..{MAX_REASON} characters")
         return problems
-    # the list pipeline/sandboxed_directory.py records too (a test holds them equal)
+    # the one list both confined runs record (pipeline/sandboxed_file.py, pipeline/sandboxed_directory.py)
     from ..pipeline.sandboxed_file import DENIES
 
     abi = record.get("landlock_abi")

@@ -1,7 +1,7 @@
 """A multi-graph export of a model directory, confined like a single-graph export from a file: the directory
 is loaded and every graph exported in a forked child (``sandbox.child``: Landlock + seccomp) that may write
 only inside one directory beside the output; the child sends back JSON, and this process checks the bundle it
-staged in that directory (``check.check_multi``, then ``staged_multi_problems``: the rule a single graph's
+staged in that directory (``multi_check.check_multi``, then ``staged_multi_problems``: the rule a single graph's
 staging is checked by before commit), then renames it into place. Unconfined (--no-sandbox, no sandbox here), the
 bundle is staged and checked the same way, in this process."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 from ..errors import ExportError, OptionsError
 from ..bundle.multi_write import MultiResult, place
-
-DENIES = ["writes outside the export's staging directory", "execve", "sockets", "signals to other processes"]
+from .sandboxed_file import DENIES
 
 
 def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
