@@ -1,7 +1,8 @@
-"""Which graphs a model deploys as, with their example inputs and how they connect: a decoder with past
-(``prefill`` + ``decode``, or the fixed-length ``prefill`` + ``decode`` of ``kv_cache="static:N"``) and an
-encoder-decoder (``encoder`` + ``decoder`` + ``decoder_with_past``). The example inputs of a later graph come
-from running the earlier ones eagerly, so every graph is exported on the tensors it really receives."""
+"""The transformers planner (a ``plan.Plan`` for the bundle writer, bundle/multi_write.py): which graphs a model
+deploys as, with their example inputs and how they connect: a decoder with past (``prefill`` + ``decode``, or the
+fixed-length ``prefill`` + ``decode`` of ``kv_cache="static:N"``) and an encoder-decoder (``encoder`` +
+``decoder`` + ``decoder_with_past``). The example inputs of a later graph come from running the earlier ones
+eagerly, so every graph is exported on the tensors it really receives."""
 from __future__ import annotations
 
 import re
