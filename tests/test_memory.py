@@ -9,7 +9,7 @@ import pytest
 
 CODE = """
 import sys
-from cann_export.pipeline import memory
+from cann_export.pipeline import heap_release
 
 def rss():
     with open('/proc/self/status') as f:
@@ -19,7 +19,7 @@ chunks = [bytes(1000) + bytes([i % 251]) for i in range(80_000)]  # ~80 MiB of m
 kept = chunks[::16]  # a survivor every 16 blocks: the freed ones are inside the heap, not at its top
 del chunks
 before = rss()
-memory.give_back()
+heap_release.give_back()
 print(before, rss(), len(kept))
 """
 
@@ -77,7 +77,7 @@ PEAK = """
 import numpy as np, onnx
 from onnx import TensorProto, helper, numpy_helper
 from cann_export.graph.onnx_helpers import save_model
-from cann_export.pipeline import memory
+from cann_export.pipeline import heap_release
 
 def status(key):
     with open('/proc/self/status') as f:
@@ -89,7 +89,7 @@ graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", Tensor
                           [helper.make_tensor_value_info("h23", TensorProto.FLOAT, [1024, 1024])], inits)
 model = helper.make_model(graph)
 del inits
-memory.give_back()
+heap_release.give_back()
 with open('/proc/self/clear_refs', 'w') as f:
     f.write('5')  # VmHWM := VmRSS
 base = status('VmRSS')
