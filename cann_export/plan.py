@@ -56,6 +56,11 @@ def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:
     return _planner(kind).wiring(kind, outputs)
 
 
+def wiring_source(kind: str) -> str:
+    """The component whose output names the connections of a ``kind`` bundle are derived from, by its planner."""
+    return _planner(kind).wiring_source(kind)
+
+
 def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
     """The ``run`` notes of a ``kind`` bundle, by its planner."""
     return _planner(kind).run_notes(kind, cache_length, batch)

@@ -335,3 +335,16 @@ def test_every_loaded_extras_key_is_declared_and_typed():
     assert len(used) >= 12  # the scan finds the keys
     undeclared = {k: sorted(mods) for k, mods in used.items() if k not in LoadedExtras.__annotations__}
     assert undeclared == {}
+
+
+def test_every_bundle_kind_has_a_planner_that_wires_it():
+    """plan.py's table: each kind names a planner module giving the rules validate re-derives a bundle with."""
+    import importlib
+
+    from cann_export import plan
+
+    assert set(plan.PLANNERS) == set(plan.KINDS)
+    for kind, module in plan.PLANNERS.items():
+        planner = importlib.import_module(module)
+        assert all(callable(getattr(planner, f, None)) for f in ("wiring", "wiring_source", "run_notes")), kind
+        assert plan.wiring_source(kind) in plan.KINDS[kind]

@@ -14,7 +14,7 @@ from ..bundle.read import load_manifest_file
 from ..errors import ValidateError
 from .multi_write import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
 from .multi_manifest_schema import field_problems, key_problems
-from ..plan import KINDS, NAME, run_notes, wiring
+from ..plan import KINDS, NAME, run_notes, wiring, wiring_source
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
@@ -280,7 +280,7 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     if recorded != [(n, n) for n in KINDS[kind]]:
         return [f"manifest.json components: {[n for n, _ in recorded]} with roles {[r for _, r in recorded]} are "
                 f"not those of a {kind} bundle ({', '.join(KINDS[kind])}, each its own role)"]
-    first = "prefill" if "prefill" in KINDS[kind] else "decoder"
+    first = wiring_source(kind)
     expected = sorted(wiring(kind, [v["name"] for v in owns[first]["model"]["outputs"]]))
     actual = sorted((c["from"]["component"], c["from"]["output"], c["to"]["component"], c["to"]["input"])
                     for c in manifest["connections"])

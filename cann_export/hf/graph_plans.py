@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..plan import Component, Plan
+from ..plan import KINDS, Component, Plan
 from ..errors import OptionsError
 
 MAX_STATIC_LENGTH = 32768
@@ -142,6 +142,11 @@ def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:
         return connections
     return connections + [("decoder", n, "decoder_with_past", n.replace("present.", "past_key_values.", 1))
                           for n in present] + _loop("decoder_with_past", [n for n in present if ".decoder." in n])
+
+
+def wiring_source(kind: str) -> str:
+    """The graph whose outputs ``wiring`` takes: prefill (a decoder), else the seq2seq decoder."""
+    return "prefill" if "prefill" in KINDS[kind] else "decoder"
 
 
 def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
