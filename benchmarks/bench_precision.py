@@ -86,7 +86,7 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation", m
     import onnxruntime as ort
 
     from cann_export.options import Tolerance
-    from cann_export.validators.device_parity import device_report
+    from cann_export.validators.fix_precision import device_report
     from cann_export.validators.parity import mixed_lists
     from cann_export.validators.precision import Emulator
 

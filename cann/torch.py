@@ -2,8 +2,8 @@
 
 One function per verb of the articles; each delegates to a ``cann_export`` module (backends, tracking,
 checkpoints, the profiler, the export API), so adding a verb (or a setting ``config`` reads) stays local.
-The facade holds no state: ``config``'s settings live in ``cann_export.qat.session``, the enabled backend
-in ``cann_export.backend.session``.
+The facade holds no state: ``config``'s settings live in ``cann_export.qat.library_config``, the enabled backend
+in ``cann_export.backend.enabled_backend``.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cann_export.backend import profiler
-from cann_export.backend import session as _backend
+from cann_export.backend import enabled_backend as _backend
 from cann_export.inputs import tracking
-from cann_export.qat.session import SESSION as _settings
+from cann_export.qat.library_config import SESSION as _settings
 
 __all__ = ["config", "device", "device_count", "disable", "enable", "export", "is_available", "prepare",
            "profiler", "resume", "set_device", "track"]

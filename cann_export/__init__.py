@@ -33,10 +33,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "CheckedBundle": (".hooks.contracts", "CheckedBundle"),
     "Container": (".hooks.contracts", "Container"), "ResultInfo": (".hooks.contracts", "ResultInfo"),
     # helpers a format uses to write an artifact the way the built-ins do
-    "save_model": (".capture.onnx_utils", "save_model"),
+    "save_model": (".graph.onnx_helpers", "save_model"),
     "write_atomic": (".fs.atomic", "write_text"),
     "commit_dir": (".fs.atomic", "commit_dir"),
-    "write_manifest": (".bundle.manifest", "write_manifest"),
+    "write_manifest": (".bundle.manifest_build", "write_manifest"),
     "write_parity_data": (".bundle.parity_store", "write_parity_data"),
 }
 

@@ -166,7 +166,7 @@ def _check_dynamic_forms(values: Any) -> None:
     """Each --dynamic value in one graph's form or a multi-graph bundle's ([COMPONENT:]DIM=...): which applies
     is known only once the model's loader is asked, so a value neither form reads is refused now, with the
     one-graph form's reason."""
-    from .components.ranges import parse_ranges
+    from .bundle.graph_ranges import parse_ranges
     from .dynamic import as_axes
 
     for value in values if isinstance(values, (list, tuple)) else [values] if values is not None else []:
@@ -185,7 +185,7 @@ def _check_defaulted(model: Any, task: str, output_path: str | Path, fmt: str, o
     """A file output (``-o model.onnx``) for a model whose *default* task exports several graphs (a causal LM's
     text-generation-with-past, Optimum's rule): refused naming the default and the --task that gives one file,
     since the same command wrote one graph before the default changed."""
-    from .components.bundle import component_format, one_file
+    from .bundle.multi_write import component_format, one_file
 
     if options.get("task") is not None or options.get("kv_cache") or not task.endswith("-with-past") \
             or not Path(output_path).suffix or component_format(fmt) is None:  # check_request names other formats
@@ -232,9 +232,9 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     (format, components, connections, overall verdict) and, for atc_ready, ``atc/convert.sh`` (one ATC command
     per graph).
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
-    from .components.bundle import check_request, export_plan
-    from .components.plan import plan_for
+    from .bundle.multi_write import check_request, export_plan
     from .diffusion.table import TASK as PIPELINE_TASK
+    from .hf.graph_plans import plan_for
 
     if (task or options.get("known_task")) == PIPELINE_TASK:  # a diffusers pipeline: planned in diffusion/
         from .diffusion.export import export_pipeline
@@ -246,14 +246,14 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     carried: dict[str, bytes] = {}
     fmt = options.get("export_format", "atc_ready")
     check_request(task or "a decoder with past / encoder-decoder", fmt, Path(output_path), options)  # before loads
-    from .components.ranges import check_known_components, parse_ranges, split_hints
+    from .bundle.graph_ranges import check_known_components, parse_ranges, split_hints
 
     parse_ranges(options.get("dynamic"))  # --dynamic DIM=LO..HI, [COMPONENT:]KEY=VALUE hints: refused before loads
     split_hints(options.get("atc_hints"))
     check_known_components(task or options.get("known_task"), options.get("dynamic"), options.get("atc_hints"))
     options.pop("known_task", None)
     if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
-        from .components.confined import export_directory
+        from .pipeline.sandboxed_directory import export_directory
 
         plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
         return export_directory(Path(model), Path(output_path), export, (task, kv_cache, sequence_length), progress,
@@ -281,7 +281,7 @@ def _context(model: Any, output: Path, opts: ExportOptions, example_inputs: Any)
 
 
 def _result(ctx: ExportContext) -> ExportResult:
-    from .bundle.manifest import summarize_parity
+    from .bundle.manifest_build import summarize_parity
 
     parity = ctx.reports.parity.to_dict() if ctx.reports.parity is not None else None
     final_onnx = ctx.final_onnx or (
@@ -337,7 +337,7 @@ def validate(bundle: str | Path, tolerance: Tolerance | None = None, *, expect_s
         if expect_sha256 is not None and digest != expect_sha256.lower():
             raise errors.ValidateError(f"manifest.json has sha256 {digest}, not the expected {expect_sha256.lower()}; "
                                        "this is not the bundle that was pinned", path=path)
-        from .components.check import is_multi, validate_multi
+        from .bundle.multi_check import is_multi, validate_multi
 
         if container is None and is_multi(directory):  # several graphs: each component validated
             report = validate_multi(directory, path, validate, tolerance=tolerance, soc_versions=socs,
@@ -367,7 +367,7 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """What a bundle or an .onnx file holds: inputs/outputs, opset, op histogram, metadata, parity, and
     what the bundle's Format adds (``describe``)."""
     from .bundle.inspect import describe
-    from .components.check import describe_multi, opened_multi
+    from .bundle.multi_check import describe_multi, opened_multi
 
     with opened_multi(Path(path)) as directory:
         if directory is not None:

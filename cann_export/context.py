@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .options import ExportOptions
 
@@ -118,8 +118,8 @@ class Warnings:
     inputs: str | None = None  # example inputs inferred from the first layer
     torch_program: str | None = None  # why the bundle has no torch/program.pt2
     dynamic: list[str] | None = None  # a dynamic axis the exported graph fixed (a static graph from a dynamic source)
-    trace: str | None = None  # a traced graph kept after the trace gate's check (capture/trace_gate.py)
-    frozen: list[str] | None = None  # forward arguments that change the outputs but are no input (inputs/frozen.py)
+    trace: str | None = None  # a traced graph kept after the trace gate's check (capture/exporter_choice.py)
+    frozen: list[str] | None = None  # forward arguments changing the outputs, no input (inputs/frozen_arguments)
     third_party: list[str] | None = None  # torch / onnxscript log warnings while the stages ran (pipeline/chatter.py)
     environment: str | None = None  # an installed torchvision that does not import, hidden (load/torchvision_pair.py)
     soc: str | None = None  # a --soc-version outside options.KNOWN_SOCS, let through by --allow-unknown-soc
@@ -134,7 +134,7 @@ class ReferenceReport:
 
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
-    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (components/budget.py)
+    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (bundle/parity_budget)
 
 
 @dataclass(slots=True)
@@ -199,6 +199,31 @@ class Reports:
         return self.quantization
 
 
+class LoadedExtras(TypedDict, total=False):
+    """What a loader knows beyond the module, each key declared with its type (a key not here is read nowhere)."""
+
+    input_names: list[str]  # the graph's inputs in forward's order
+    positional: bool  # the inputs are passed positionally (their names need not be Python identifiers)
+    keyword_inputs: list[str]  # a torch.export program's keyword inputs
+    program_dims: dict[str, Any]  # a program's symbolic dims: {input: {axis: {"symbol", "min", "max"}}}
+    exporter_order: list[str]  # the order capture tries the exporters under --exporter auto
+    shape_sets: Any  # a module's own parity sets at other shapes (graph_shape_sets: a multi-graph component)
+    recorded_batch: dict[str, Any]  # the batch sizes the recorded calls varied, by input (low, high)
+    output_axes: dict[str, dict[int, str]]  # {output: {axis: dimension name}}
+    graph_axes: dict[str, dict[int, str]]  # {input: {axis: dimension name}}, for the TorchScript exporter
+    dynamic_shapes: Any  # a module's own torch.export dynamic_shapes
+    dynamic_axes: dict[str, dict[int, str]]  # the axes the model computes at any size (the dynamic stage's defaults)
+    dynamic_ranges: dict[str, Any]  # {input: {axis: [min, max or None]}}
+    task: str  # the task's name (Optimum's)
+    hf: dict[str, Any]  # a Hugging Face model's task, architecture, model_type, dummy input specs, outputs, axes
+    bundle_files: dict[str, bytes]  # {"hf/NAME": bytes}: the files bundle formats carry
+    pickled_module: bool  # the file held a whole pickled module (only when trusted)
+    eos_rows: int | None  # the eos token id when the model pools at it (inputs/eos_rows.py)
+    checkpoint_keys: list[str]  # a checkpoint's keys beside its state_dict
+    epoch: Any  # a checkpoint's epoch
+    optimizer_state: Any  # a checkpoint's optimizer state
+
+
 @dataclass(slots=True)
 class LoadedModel:
     """What a loader returns: the model, inputs stored with it (if any) and where it came from."""
@@ -208,7 +233,7 @@ class LoadedModel:
     example_inputs: dict[str, Any] | None = None
     source_path: str | None = None
     source_sha256: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: LoadedExtras = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -242,8 +267,6 @@ class ExportContext:
     output_names: list[str] = field(default_factory=list)  # the reference's outputs, flattened
     reference_outputs: list[list[Any]] = field(default_factory=list)  # numpy arrays per input set
     onnx_model: Any = None  # the captured onnx.ModelProto (slim, for a large graph)
-    capture_loaded: Any = None  # the exporter's graph onnxruntime already loaded (capture's check skips that load)
-    capture_checked: Any = None  # the exporter's graph onnx's full check already passed, on the file it wrote
     capture: CaptureReport | None = None  # set by the capture stage
     optimize: dict[str, Any] = field(default_factory=dict)  # onnxsim's verdict (manifest.json's "optimize")
     metadata: dict[str, str] = field(default_factory=dict)  # the user's metadata, as strings
@@ -278,7 +301,7 @@ class ExportContext:
     trace_warnings: list[dict[str, Any]] = field(default_factory=list)  # of the chosen exporter's capture
     path_input_sets: list[dict[str, Any]] = field(default_factory=list)  # sign-flipped / scaled examples
     path_reference_outputs: list[list[Any]] = field(default_factory=list)  # the stripped module's on those
-    # a trace kept before its gate ran (capture/trace_deferred.py): parity on the written graph decides it
+    # a trace kept before its gate ran (capture/trace_judged_by_parity.py): parity on the written graph decides it
     trace_rewind: bool = False  # the stages run validate after capture, so they can go back to it
     trace_deferred: dict[str, Any] | None = None  # {"exporter", "reason"?} until validate has judged it
     traces_rejected: dict[str, str] = field(default_factory=dict)  # exporter -> why its trace was not kept

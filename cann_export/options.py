@@ -82,7 +82,7 @@ class Tolerance:
     noise_share: float = 5e4
     probe_rtol: float = 1e-2
     probe_min_cosine: float = 0.999
-    # device-precision (fp16/bf16 emulation) policy, see validators/device_policy.py: an output fails on
+    # device-precision (fp16/bf16 emulation) policy, see validators/device_verdict.py: an output fails on
     # inf/nan where fp32 is finite, on cosine < device_fail_cosine, or on cosine < device_min_cosine with
     # max abs error above its noise floor max(device_atol, eps x max |reference|)
     device_min_cosine: float = 0.99
@@ -233,7 +233,7 @@ class ExportOptions:
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
         if self.kv_cache is not None:
-            from .components.plan import parse_kv_cache
+            from .hf.graph_plans import parse_kv_cache
 
             parse_kv_cache(self.kv_cache)
         mib = self.stored_parity_mib
@@ -266,7 +266,7 @@ class ExportOptions:
     def check_input_files(self) -> None:
         """--example-inputs, --parity-data and --calibration-data name regular files (no device, FIFO,
         socket or directory), refused by stat alone before the model is loaded."""
-        from .inputs.files import check_input_file
+        from .inputs.tensor_files import check_input_file
 
         for flag, path in (("--example-inputs", self.example_inputs_file), ("--parity-data", self.parity_data),
                            ("--calibration-data", self.calibration_data)):

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ..capture import module_paths as mp
+from ..graph import module_paths as mp
 from .findings import DEFAULT_DOMAINS, QDQ, _Findings, _graph_opset
 
 COMPUTE = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # scenario 1: Q/DQ on the activation and on the weight

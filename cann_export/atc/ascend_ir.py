@@ -58,7 +58,7 @@ def onnx_spelling(entry: str) -> str | None:
 
 def node_types(model: Any) -> dict[str, str]:
     """Node name -> the Ascend IR type ATC gives it (by its first input's rank where that picks the type)."""
-    from ..capture.onnx_utils import inferred_values
+    from ..graph.onnx_helpers import inferred_values
 
     ranks = {}
     for v in inferred_values(model):

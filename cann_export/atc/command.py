@@ -205,7 +205,7 @@ def aipp_prototxt(blocks: list[dict[str, Any]]) -> str:
 
 def render(ctx: Any, bundle: Path, model_file: str = "model.onnx", output_stem: str = "model") -> list[Path]:
     """Write atc/convert.sh and the cfg files the hints need; record the ATC options in ctx.reports.atc."""
-    from ..capture.onnx_utils import describe_values
+    from ..graph.onnx_helpers import describe_values
     from . import amct_run, precision_cfg
     from .dynamic_form import atc_form
     from .hints import effective_precision

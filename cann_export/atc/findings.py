@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..capture import module_paths as mp
+from ..graph import module_paths as mp
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 QDQ = ("QuantizeLinear", "DequantizeLinear")

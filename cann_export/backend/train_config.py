@@ -98,7 +98,7 @@ def check_all(settings: Any) -> None:
 
 
 def reconcile_all(settings: Any) -> None:
-    """The session's settings changed (qat/session.py): remember them, and bring every tracked model to them."""
+    """The session's settings changed (qat/library_config.py): remember them, and bring every tracked model to them."""
     _current[0] = settings
     for model in list(_tracked):
         reconcile(model, settings)

@@ -1,13 +1,13 @@
 """The annotate stage: metadata, provenance, ATC hints and module paths into the graph's metadata_props."""
 from __future__ import annotations
 
-from ..capture import module_paths
+from ..graph import module_paths
 from ..context import ExportContext
 from ..hooks import manager
 
 
 def annotate(ctx: ExportContext) -> str | None:
-    from ..capture.onnx_utils import set_metadata
+    from ..graph.onnx_helpers import set_metadata
     from ..fs.jsonio import dumps
 
     ctx.provenance = manager.registry().provenance(ctx)

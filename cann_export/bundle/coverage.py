@@ -41,7 +41,7 @@ def _axes(manifest: dict[str, Any]) -> tuple[str | None, dict[str, dict[str, Any
             if a["gears"] is None and 0 < a["min"] <= a["max"] <= 1 << 20:
                 a["gears"] = range_gears(a["min"], a["max"])
     if not named:  # a multi-graph component: its ranges are in its ATC command's hints
-        from ..components.shape_check import range_bounds
+        from .graph_shape_check import range_bounds
 
         bounds = range_bounds(manifest) or {}
         named = {name: {"min": low, "max": high, "gears": None} for name, (low, high) in bounds.items()}

@@ -64,7 +64,7 @@ def _describe_bundle(directory: Path, container: Container | None) -> tuple[dict
 def _describe(onnx_path: Path, manifest: dict[str, Any] | None) -> dict[str, Any]:
     import onnx
 
-    from ..capture.onnx_utils import describe_values, op_histogram, opset_of
+    from ..graph.onnx_helpers import describe_values, op_histogram, opset_of
 
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)

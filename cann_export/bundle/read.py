@@ -139,8 +139,8 @@ def manifest_problems(manifest: Any) -> list[str]:
     problems += _parity_problems(manifest.get("parity"))
     if has_atc(manifest) or manifest.get("atc") is not None and not isinstance(manifest.get("atc"), dict):
         problems += atc_problems(manifest["atc"])
-    if not problems:  # the common shape holds: the sections' names, types and agreement (bundle/manifest_keys.py)
-        from .manifest_keys import section_problems
+    if not problems:  # the common shape holds: the sections' names, types and agreement (bundle/manifest_schema.py)
+        from .manifest_schema import section_problems
 
         problems = section_problems(manifest)
     return problems

@@ -60,7 +60,7 @@ def check_bundle(directory: Path, *, container: Container | None = None, raise_o
                  stage: str | None = None) -> CheckedBundle:
     """Check a bundle directory against its manifest; see the module docstring. ``container``: the single
     file it came from (see ``read.open_bundle``), checked by the Format that unpacked it."""
-    from ..capture import module_paths
+    from ..graph import module_paths
     from .program_check import program_differences
     from .read import file_problems, has_atc, read_bundle
 
@@ -111,7 +111,7 @@ def _load_graph(directory: Path, model_file: str, diffs: list[str]) -> Any:
 
 def graph_differences(model: Any, manifest: dict[str, Any]) -> list[str]:
     """What the manifest says about the graph against the graph itself."""
-    from ..capture.onnx_utils import describe_values, op_histogram, opset_of
+    from ..graph.onnx_helpers import describe_values, op_histogram, opset_of
     from ..fs.atomic import is_safe_relpath
     from ..fs.jsonio import strip_ansi
 
@@ -380,7 +380,7 @@ def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any], left_
     """The recorded verdicts (overall, fp32 graph, per output, per device output) against the re-derived
     ones, like with like: the manifest stores the summary (fp32 outputs on top, device apart). A shape whose sets
     the parity data left out (``left_out``) has no re-derived verdict to compare."""
-    from .manifest import summarize_parity
+    from .manifest_build import summarize_parity
 
     diffs = []
     if recorded.get("passed") != report["passed"]:

@@ -1,6 +1,7 @@
-"""What the stages before commit staged, checked again by the process that commits it (``pipeline/write.commit``,
-``components/confined``). Those stages run the model's code (in the sandboxed child, or here with --no-sandbox),
-which may have written anything into its staging directory; nothing of it is committed on the child's word.
+"""What the stages before commit staged, checked again by the process that commits it (``pipeline/write_stage.commit``,
+``pipeline/sandboxed_directory``). Those stages run the model's code (in the sandboxed child, or here with
+--no-sandbox), which may have written anything into its staging directory; nothing of it is committed on the
+child's word.
 One rule for a single graph and for each graph of a multi-graph bundle (``staged_problems``):
 
 - every entry is a plain directory or a regular file with one link: no symlink, hardlink, device, FIFO, socket;
@@ -37,7 +38,7 @@ def shown(rel: str) -> str:
 
 def carried_names() -> tuple[str, ...]:
     """The files a loader may carry into a bundle (hf/: a model directory's allow-listed companions)."""
-    from ..hf.files import BUNDLE_FOLDER, COMPANIONS
+    from ..hf.directory_files import BUNDLE_FOLDER, COMPANIONS
 
     return tuple(f"{BUNDLE_FOLDER}/{name}" for name in COMPANIONS)
 

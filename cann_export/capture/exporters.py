@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import large_graph
-from .module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
+from . import attempt_scratch, large_graph
+from ..graph.module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
 
@@ -251,7 +251,7 @@ def _down_convert(held: list, opset: int, ctx: Any) -> Any:
             _same_outputs(converted, kept, ctx)
         except OpsetConversionError as e:
             ctx.capture_notes = [*ctx.capture_notes, f"dynamo: opset {opset}: {e}"]
-            ctx.capture_loaded = None
+            attempt_scratch.note_loaded(None)
             return onnx.load(str(kept)) if isinstance(kept, Path) else kept
     stamp_origins(converted, origins)
     return converted
@@ -263,7 +263,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     import numpy as np
 
     from ..validators.metrics import all_pass, compare
-    from .onnx_utils import session
+    from ..graph.onnx_helpers import session
     from .opset_convert import OpsetConversionError
 
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}
@@ -276,7 +276,7 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         after = run(converted)
     except Exception as e:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
-    ctx.capture_loaded = converted  # onnxruntime loaded it: the capture's check need not load it again
+    attempt_scratch.note_loaded(converted)  # onnxruntime loaded it: the capture's check need not load it again
     reference = ctx.reference_outputs
     # the usual case: the opset-18 graph is never run
     if reference and all_pass(after, reference[0], ctx.options.tolerance):
@@ -333,9 +333,9 @@ class TorchScriptExporter:
                 # 0.7 s and 500 MB of writes per graph); only our module stamps change it after this
 
                 onnx.checker.check_model(str(path), full_check=True)
-                ctx.capture_checked = graph
+                attempt_scratch.note_checked(graph)
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
-        from .trace_check import tracer_findings
+        from .trace_warnings import tracer_findings
 
         ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph

@@ -129,7 +129,7 @@ def load_captured(path: Path, ctx: Any) -> Any:
 
     large = state(ctx)
     if large is None:  # read one weight at a time: no second copy of the file's bytes
-        from .onnx_stream import load
+        from ..graph.onnx_stream import load
 
         return load(path)
     model = onnx.load(str(path), load_external_data=False)

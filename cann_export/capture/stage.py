@@ -8,16 +8,18 @@ from ..context import ExportContext
 from ..hooks import manager
 from ..inputs.reference import reference_outputs
 from ..context import CaptureAttempt, CaptureReport
-from . import large_graph, module_paths
+from . import attempt_scratch, large_graph
+from ..graph import module_paths
 
 
 def capture(ctx: ExportContext) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    from . import trace_deferred, trace_gate
+    from . import trace_judged_by_parity
+    from . import exporter_choice
 
-    exporters = trace_gate.ordered(ctx, manager.registry().exporters())
+    exporters = exporter_choice.ordered(ctx, manager.registry().exporters())
     attempts: list[CaptureAttempt] = []
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
     checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
@@ -31,7 +33,7 @@ def capture(ctx: ExportContext) -> str | None:
     name, ctx.onnx_model = chosen
     if ctx.trace_deferred and ctx.trace_deferred["exporter"] != name:
         ctx.trace_deferred = None
-    if why := trace_deferred.fixed(ctx, name):  # known now: no need to wait for validate
+    if why := trace_judged_by_parity.fixed(ctx, name):  # known now: no need to wait for validate
         ctx.traces_rejected[name] = why
         return capture(ctx)
     from .dynamic_dims import name_dims
@@ -53,12 +55,12 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
     """(exporter, graph) of the first of ``exporters`` whose graph is at the requested opset, else the first at
     an opset the format accepts, else the first the trace gate rejected; None when none wrote a graph. Those in
     ``skip`` (traces validate rejected) are recorded as set aside, not run."""
-    from . import trace_gate
+    from . import exporter_choice
 
     fallback = rejected = None
     for i, exporter in enumerate(exporters):
         if exporter.name in skip:
-            attempts.append(CaptureAttempt(exporter.name, note=trace_gate.note({"reason": ctx.traces_rejected[
+            attempts.append(CaptureAttempt(exporter.name, note=exporter_choice.note({"reason": ctx.traces_rejected[
                 exporter.name]})))
             continue
         later = any(e.name not in skip and e.supports(ctx.model) for e in exporters[i + 1:])  # a trace is deferred
@@ -67,7 +69,7 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
         if model is None:
             continue
         if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
-            attempts[-1].note = trace_gate.note(checked.pop(exporter.name))  # only if none gives one
+            attempts[-1].note = exporter_choice.note(checked.pop(exporter.name))  # only if none gives one
             rejected = rejected or (exporter.name, model)
             continue
         if attempts[-1].opset == ctx.options.opset:
@@ -82,8 +84,9 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
     """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
     the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
-    from . import trace_deferred, trace_gate
-    from .onnx_utils import check_graph, opset_of
+    from . import trace_judged_by_parity
+    from . import exporter_choice
+    from ..graph.onnx_helpers import check_graph, opset_of
 
     if not exporter.supports(ctx.model):
         attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
@@ -91,12 +94,14 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
     ctx.capture_notes = []
     try:
         ctx.trace_warnings = []
-        model = exporter.export(ctx.model, ctx)
+        with attempt_scratch.attempt() as scratch:
+            model = exporter.export(ctx.model, ctx)
         traced[exporter.name] = ctx.trace_warnings
-        loaded, ctx.capture_loaded = model is ctx.capture_loaded, None
-        checked_file, ctx.capture_checked = model is ctx.capture_checked, None
-        if ctx.trace_warnings and trace_gate.gated(ctx):  # judged by validate's parity, else by the gate now
-            check = (deferrable and trace_deferred.defer(ctx, exporter.name)) or trace_gate.check(ctx, model)
+        loaded, checked_file = model is scratch.loaded, model is scratch.checked
+        scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
+        if ctx.trace_warnings and exporter_choice.gated(ctx):  # judged by validate's parity, else by the gate now
+            deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name)
+            check = deferred or exporter_choice.check(ctx, model)
             checked[exporter.name] = check
             loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         if large_graph.state(ctx):
@@ -107,7 +112,6 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
         attempts.append(CaptureAttempt(exporter.name, error=f"{type(e).__name__}: {_gist(e, 300)}"))
         return None
     finally:
-        ctx.capture_loaded = ctx.capture_checked = None
         to_eval(ctx.model, ctx.loaded.kind)  # exporters may restore a training flag on the way out
     opset = opset_of(model)
     attempts.append(CaptureAttempt(exporter.name, opset=opset))
@@ -120,7 +124,7 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
 def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
             traced: dict[str, list[dict[str, Any]]], checked: dict[str, Any] | None = None) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
-    from .onnx_utils import opset_of
+    from ..graph.onnx_helpers import opset_of
 
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
@@ -152,12 +156,12 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
 def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
     """A traced graph that warned: record it (``checked``: the trace gate's passed check), and the reference on
     inputs that may take other paths (from the stripped module, which is what was traced) unless the gate made it."""
-    from . import trace_check
+    from . import trace_warnings
 
-    trace_check.record(ctx, ctx.trace_warnings, checked)
+    trace_warnings.record(ctx, ctx.trace_warnings, checked)
     if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets \
-            and not trace_check.prepared_paths(ctx):  # else parity judges them among the prepared sets
-        ctx.path_input_sets = trace_check.path_variants(ctx.example_inputs)
+            and not trace_warnings.prepared_paths(ctx):  # else parity judges them among the prepared sets
+        ctx.path_input_sets = trace_warnings.path_variants(ctx.example_inputs)
         if ctx.path_input_sets:
             _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
                                                               list(ctx.input_names), ctx.path_input_sets)

@@ -124,7 +124,7 @@ def bundle_manifest(bundle: str) -> dict[str, Any]:
 def component_manifests(bundle: str | Path) -> dict[str, dict[str, Any]]:
     """``{component: its manifest}`` of a written multi-graph bundle (a directory or a zip), in the bundle's
     order."""
-    from ..components.check import opened_multi
+    from ..bundle.multi_check import opened_multi
     from ..fs.jsonio import loads_strict
 
     with opened_multi(Path(bundle)) as directory:

@@ -16,7 +16,7 @@ from ..validators.cost import checks_line
 from .ci_reports import CiReports, bundle_manifest, ci_options, component_manifests
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
-from .options import export_options, to_api_kwargs
+from .export_options import export_options, to_api_kwargs
 from .progress_view import ProgressView
 from .warnings_view import print_warnings, quiet_progress_bars
 from ..usage.spellings import model_option, one_model
@@ -177,7 +177,7 @@ def _print_result(result: Any, verbose: bool = False) -> None:
     if parity.get("first_divergence"):
         click.echo(terminal(parity["first_divergence"]["message"]))
     if parity.get("trace_specialized"):
-        from ..capture.trace_check import short_line
+        from ..capture.trace_warnings import short_line
 
         click.echo(terminal(short_line(parity["trace_specialized"])))
     _print_fix(parity)
@@ -237,7 +237,7 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
     bundle differs from its manifest (each difference is listed) or is malformed."""
 
     from .. import api
-    from ..bundle.manifest import summarize_parity
+    from ..bundle.manifest_build import summarize_parity
 
     ci = CiReports("validate", bundle, summary_file, junit_file, as_json)
     with ci.refusal():
@@ -270,7 +270,7 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
 
 def _validated(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     """The re-derived verdict in a manifest's shape, with the bundle's (re-derived, equal) ATC command."""
-    from ..bundle.manifest import summarize_parity
+    from ..bundle.manifest_build import summarize_parity
 
     return {"model": manifest.get("model"), "atc": manifest.get("atc"), "parity": summarize_parity(report),
             **({"socs": report["socs"]} if "socs" in report else {})}
@@ -287,7 +287,7 @@ def _stored_note(parity: dict[str, Any]) -> str:
 
 
 def _print_multi_validate(bundle: str, report: dict[str, Any], as_json: bool) -> int:
-    from ..bundle.manifest import summarize_parity
+    from ..bundle.manifest_build import summarize_parity
 
     parts = {name: {"passed": r["passed"], "manifest_sha256": r["manifest_sha256"], "parity": summarize_parity(r),
                     **({"socs": r["socs"]} if "socs" in r else {})} for name, r in report["components"].items()}

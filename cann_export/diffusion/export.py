@@ -65,7 +65,7 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
 
 def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: Any, options: dict[str, Any]) -> Any:
     """Export ``model`` (a pipeline or a pipeline directory) with ``export_one`` (api.export) into ``output``."""
-    from ..components.bundle import check_request, export_plan
+    from ..bundle.multi_write import check_request, export_plan
 
     if isinstance(model, (str, Path)):
         from .directory import read_index
@@ -77,7 +77,7 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
     options.pop("task", None)
     options.pop("known_task", None)
     if isinstance(model, (str, Path)):
-        from ..components.confined import export_directory
+        from ..pipeline.sandboxed_directory import export_directory
 
         def plan_directory(path: Path, given: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
             from .directory import load_pipeline

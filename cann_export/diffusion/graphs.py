@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..components.wrappers import _Graph
+from ..hf.cache_wrappers import _Graph
 
 MAX_BATCH = 64
 MAX_SIDE = 1024  # latent pixels per side

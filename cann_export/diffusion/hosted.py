@@ -128,7 +128,7 @@ def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
     mode, ``keep`` (its keep_dtype nodes) in fp32: the emulation its device parity used."""
     import onnx
 
-    from ..validators.device_check import expand_keep
+    from ..validators.device_parity_run import expand_keep
     from ..validators.precision import Emulator
 
     model = onnx.load(path)

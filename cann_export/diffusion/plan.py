@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..components.plan import Component, Plan
+from ..plan import Component, Plan
 from ..errors import OptionsError
 from .table import KIND, PIPELINES, components_of, tokenizer_of
 

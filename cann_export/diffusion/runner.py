@@ -19,7 +19,7 @@ def load(bundle: str | Path, device: bool = False) -> Any:
     """The pipeline of the bundle at ``bundle`` (a directory or a single-file bundle) running its graphs in
     onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32."""
     from ..bundle.rederive import BundleMismatchError
-    from ..components.check import check_multi, opened_multi
+    from ..bundle.multi_check import check_multi, opened_multi
 
     path = Path(bundle)
     with opened_multi(path) as directory:

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ..context import LoadedModel
-from . import files as hf_files
+from . import directory_files as hf_files
 
 # Optimum's capture: a TorchScript trace, kept only after the capture stage's trace gate checked it (a trace that
-# warned and disagrees on any prepared input set falls back to dynamo); capture/trace_gate.py. Every task: a float
+# warned and disagrees on any prepared input set falls back to dynamo); capture/exporter_choice.py. Every task: a float
 # input (pixels, audio) adds the four sign-flipped / scaled copies as probes, two forwards more than the random probe
 # draws they replace (inputs/stage.py), which the trace's saving outweighs. Measured with torch on one thread (CPU
 # seconds are then the work; medians of 2, interleaved): ViT-small at batch 1 16.7 s CPU and 827 MiB traced first
@@ -33,7 +33,7 @@ EXPORTER_ORDER = ("torchscript", "dynamo")
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None,
             options: Any = None) -> LoadedModel:
-    from .inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
+    from .dummy_inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
     from .model import forward_parameters, task_module
 
     model_type = str(config.get("model_type", ""))
@@ -88,7 +88,7 @@ class HfDirectoryLoader:
         import os
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub is first imported (its constants)
-        from .config import read_config, read_json
+        from .config_json import read_config, read_json
         from .model import load_pretrained
         from .tasks import TASKS, detect
         from .weights import checked_weights, stored_elements
@@ -171,7 +171,7 @@ class HfDirectoryLoader:
 
 
 def _directory_config(path: Path, trust_remote_code: bool) -> tuple[dict[str, Any], Path]:
-    from .config import read_config
+    from .config_json import read_config
 
     directory, roots = hf_files.resolve(path)
     where = hf_files.check_inside(directory / hf_files.CONFIG, roots)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import LoadError
 from ..fs.jsonio import loads_strict as strict_json
-from .config import read_json
+from .config_json import read_json
 
 SAFE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLED, PICKLED_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -28,7 +28,7 @@ def checked_weights(directory: Path, roots: list[Path], trust_pickle: bool) -> t
     """``weight_files`` of a resolved model directory (``files.resolve``), every weight and index file inside
     ``roots``: the one check every loader of a directory runs before ``from_pretrained``. A peft adapter
     (``adapter_config.json``: transformers would load its base model and adapter weights unchecked) is refused."""
-    from .files import WEIGHT_NAMES, check_inside
+    from .directory_files import WEIGHT_NAMES, check_inside
 
     if (directory / ADAPTER).exists() or (directory / ADAPTER).is_symlink():
         raise LoadError(f"the directory holds a peft adapter ({ADAPTER}), whose base model and adapter weights "
@@ -44,7 +44,7 @@ def weight_files(directory: Path, trust_pickle: bool, roots: list[Path] | None =
     """(safetensors?, the weight files) in transformers' own order (the file checked is the file it loads):
     model.safetensors, its index, then pytorch_model.bin, its index; pickled files refused unless
     ``trust_pickle``. ``roots``: where every file must lie, checked before it is opened."""
-    from .files import check_inside
+    from .directory_files import check_inside
 
     def inside(path: Path) -> Path:
         return check_inside(path, roots) if roots is not None else path

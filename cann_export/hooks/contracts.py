@@ -182,7 +182,7 @@ class FormatOptional(Protocol):
 
     exporter_order: tuple[str, ...]
     """The exporters ``--exporter auto`` tries first for this format, in order, before a loader's
-    ``extras["exporter_order"]`` (capture/trace_gate.py). Default: none (the loader's, else priority)."""
+    ``extras["exporter_order"]`` (capture/exporter_choice.py). Default: none (the loader's, else priority)."""
 
     def component_format(self) -> str | None:
         """The registered format each graph of a multi-graph export in this format is written in (a directory

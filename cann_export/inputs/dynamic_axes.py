@@ -253,7 +253,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from . import eos_rows
     from .reference import reference_outputs
 
-    from ..capture.trace_gate import traced_first
+    from ..capture.exporter_choice import traced_first
 
     failed: dict[str, str] = {}
     if ctx.options.validate or traced_first(ctx):  # without validation: the sets the trace gate checks

@@ -1,6 +1,6 @@
 """Parity sets at other shapes that a module makes itself (``graph_shape_sets``, declared with
 ``graph_input_names``: a multi-graph component, whose inputs at another size must be consistent across its
-graphs, components/gears.py): appended to the input sets with their reference outputs, each labelled with its
+graphs, bundle/graph_shapes.py): appended to the input sets with their reference outputs, each labelled with its
 shape, so the per-shape verdicts (validators/shape_parity.py) are those of a dynamic single graph."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from .reference import reference_outputs
     from .tensors import set_label
 
-    from ..capture.trace_gate import traced_first
+    from ..capture.exporter_choice import traced_first
 
     make = ctx.loaded.extras.get("shape_sets")
     if not callable(make) or not (ctx.options.validate or traced_first(ctx)):  # without parity: for the trace gate
@@ -39,7 +39,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets.append(feed)
             ctx.input_set_labels.append(label)
         ctx.reference_outputs += outputs
-        if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (components/reuse.py)
+        if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (bundle/parity_reuse)
             make.keep(point, names, outputs)
     ctx.reports.reference.input_sets["shapes"] = count
     if notes:

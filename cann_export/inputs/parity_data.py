@@ -28,7 +28,7 @@ _LAYOUT = ("name the tensors after the forward's inputs, each with a leading sam
 def read_tensors(path: Path, max_elements: int | None = None) -> dict[str, Any]:
     """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files), each
     of at most ``max_elements`` elements, checked from the file's header before anything is allocated."""
-    from .files import check_input_file, read_npz_tensors
+    from .tensor_files import check_input_file, read_npz_tensors
 
     check_input_file(path, "--parity-data", PrepareError)
     if path.suffix == ".npz":

@@ -15,7 +15,7 @@ def reference_outputs(ctx: ExportContext, model: Any, source: str, accepted: lis
     A model past ``external_data_threshold`` keeps each set's outputs on disk, mapped when read (inputs/spill.py)."""
     import torch
 
-    from ..backend.placement import pipeline_device, to_device
+    from ..backend.device_choice import pipeline_device, to_device
     from .spill import spill_for
 
     device = pipeline_device(ctx.options.backend) if ctx.loaded.kind == "module" else "cpu"

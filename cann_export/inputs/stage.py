@@ -61,12 +61,12 @@ def prepare(ctx: ExportContext) -> str | None:
 
 
 def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:
-    """The forward arguments the inputs leave out that change the outputs (inputs/frozen.py), named in the
+    """The forward arguments the inputs leave out that change the outputs (inputs/frozen_arguments.py), named in the
     manifest's warnings. Not for a Hugging Face task model (its config declares its inputs), a model whose forward
     moves quantization observers, nor a multi-graph component (its inputs are its graph's)."""
     import torch
 
-    from .frozen import candidates, changed_outputs, frozen_message
+    from .frozen_arguments import candidates, changed_outputs, frozen_message
 
     extras = ctx.loaded.extras
     if ctx.loaded.kind != "module" or not isinstance(ctx.model, torch.nn.Module) or "hf" in extras \
@@ -91,7 +91,7 @@ def fake_quantized(model: Any) -> bool:
 def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, Any], str]:
     """The first answer of the input providers (in priority order), on the CPU, checked against the model's
     inputs and ordered as it takes them; a PrepareError naming the flags to pass when none answers."""
-    from ..backend.placement import cpu_copy
+    from ..backend.device_choice import cpu_copy
     from .shape_inference import no_inputs_message
 
     answer = next((a for p in manager.registry().input_providers() if (a := p.provide(ctx)) is not None), None)
@@ -136,7 +136,7 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
                                         **({"trace_path": len(paths)} if paths else {})}
     labels = tensors.variant_labels(feed, len(variants), 1, kinds)
     labels += [tensors.set_label("parity_data", f"sample {k}", 1 + len(variants) + k) for k in range(len(samples))]
-    from ..capture.trace_check import PATH_SCALES
+    from ..capture.trace_warnings import PATH_SCALES
 
     first = 1 + len(variants) + len(samples)
     labels += [tensors.set_label("trace_path", f"example x {scale:g}", first + k, probe=True)
@@ -147,15 +147,15 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
 def _gate_sets_only(ctx: ExportContext) -> bool:
     """--no-validate with a checkable trace first: the sets the trace gate judges are still made (the random
     draws, the probes, the dynamic axes' shape sets), for the gate alone (no parity, no noise)."""
-    from ..capture.trace_gate import traced_first
+    from ..capture.exporter_choice import traced_first
 
     return not ctx.options.validate and traced_first(ctx)
 
 
 def _path_sets(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
     """Sign-flipped / scaled copies of the example when capture will first try a trace the gate checks on them
-    (capture/trace_gate.py): built here, they share the reference's one forward each with parity."""
-    from ..capture.trace_check import path_variants
-    from ..capture.trace_gate import traced_first
+    (capture/exporter_choice.py): built here, they share the reference's one forward each with parity."""
+    from ..capture.trace_warnings import path_variants
+    from ..capture.exporter_choice import traced_first
 
     return path_variants(feed) if traced_first(ctx) else []

@@ -93,7 +93,7 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
 def read_example_inputs(path: str | Path, flag: str = "--example-inputs") -> dict[str, Any]:
     """Load named tensors from a safetensors file or an .npz (a regular file, see inputs.files; no pickle;
     an .npz read within bounds: its zip directory, then each array's header against its member)."""
-    from .files import check_input_file, read_npz_tensors
+    from .tensor_files import check_input_file, read_npz_tensors
 
     path = check_input_file(path, flag, LoadError)
     if path.suffix == ".npz":

@@ -75,7 +75,7 @@ def declared_inputs(module: Any) -> dict[str, Any]:
         extras["dynamic_shapes"] = shapes()
         extras.update(_declared_axes(module))
     sets = getattr(module, "graph_shape_sets", None)
-    if callable(sets):  # seed -> parity's input sets at other sizes (components/gears.py)
+    if callable(sets):  # seed -> parity's input sets at other sizes (bundle/graph_shapes.py)
         extras["shape_sets"] = sets
     return extras
 
@@ -83,7 +83,7 @@ def declared_inputs(module: Any) -> dict[str, Any]:
 def _declared_axes(module: Any) -> dict[str, Any]:
     """The same axes by name for the TorchScript exporter (``graph_dynamic_axes``: ``{input: {axis: name}}``, and
     ``graph_output_axes()``: the outputs'), and the exporters the module asks ``--exporter auto`` to try first
-    (``graph_exporter_order``; the trace gate still checks a trace that warned, capture/trace_gate.py)."""
+    (``graph_exporter_order``; the trace gate still checks a trace that warned, capture/exporter_choice.py)."""
     out: dict[str, Any] = {}
     order = getattr(module, "graph_exporter_order", None)
     if not (isinstance(order, (list, tuple)) and order and all(isinstance(n, str) for n in order)):
@@ -127,7 +127,7 @@ def _private_copy(module: Any, share_weights: bool = False) -> Any:
     wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) the copy's CPU
     parameters and buffers are new tensors over the caller's storage: no pass writes weights in place, and a
     large model is not held twice."""
-    from ..backend.placement import cpu_copy
+    from ..backend.device_choice import cpu_copy
 
     try:
         return cpu_copy(module, large_graph.shared_weights_memo(module) if share_weights else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ZooConflictError, ZooError, ZooIntegrityError
+from .zoo_errors import ZooConflictError, ZooError, ZooIntegrityError
 
 __all__ = ["ZooConflictError", "ZooError", "ZooIntegrityError", "gc", "keygen", "list_models", "load_model",
            "open_store", "publish", "pull", "set_alias", "show", "verify"]
@@ -17,7 +17,7 @@ __all__ = ["ZooConflictError", "ZooError", "ZooIntegrityError", "gc", "keygen", 
 
 def __getattr__(name: str) -> Any:
     if name in ("gc", "list_models", "load_model", "open_store", "publish", "pull", "set_alias", "show", "verify"):
-        from . import api
+        from . import zoo_api as api
 
         return getattr(api, name)
     if name == "keygen":

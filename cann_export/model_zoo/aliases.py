@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .clock import utc_now
-from .errors import ZooError, ZooIntegrityError
+from .zoo_errors import ZooError, ZooIntegrityError
 
 SCHEMA = "cann-export/zoo-alias/1"
 Recorder = Callable[[str, str, str, int], dict[str, Any]]

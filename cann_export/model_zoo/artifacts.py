@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 from .layout import BUNDLE_PROGRAM, PROGRAM
 
 
@@ -27,7 +27,7 @@ def stage_artifact(staged: Any, path: Path) -> None:
 
     if path.suffix == ".onnx" and path.is_file():
         return _stage_onnx(staged, path)
-    from ..components.check import opened_multi
+    from ..bundle.multi_check import opened_multi
 
     with opened_multi(path) as directory:  # a directory, or one file (x.zip): the zoo keeps the directory form
         if directory is not None:
@@ -119,7 +119,7 @@ def _stage_multi(staged: Any, path: Path, shown: Path) -> None:
     the top-level manifest, every component's manifest digest and files, and every component's graph and ATC
     options checked before anything is copied."""
     from ..bundle.rederive import check_bundle
-    from ..components.check import check_multi
+    from ..bundle.multi_check import check_multi
     from ..errors import ValidateError
 
     try:

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import ZooIntegrityError
+from .zoo_errors import ZooIntegrityError
 
 BLOCK = 8 << 20
 

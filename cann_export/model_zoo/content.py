@@ -9,8 +9,8 @@ from typing import Any
 
 from . import card as cards
 from .artifacts import stage_artifact
-from .errors import ZooError
-from .files import copy_hashed, fsync_file, hash_file
+from .zoo_errors import ZooError
+from .file_copies import copy_hashed, fsync_file, hash_file
 from .layout import PROGRAM, WEIGHTS
 
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
@@ -199,7 +199,7 @@ def _stage_pickle(staged: Staged, path: Path, model_class: str | None, model_kwa
 
     import torch
 
-    from ..load.loaders import split_checkpoint
+    from ..load.file_loaders import split_checkpoint
 
     _tools(staged)
     staged.source["sha256"] = hash_file(path)["sha256"]
@@ -275,7 +275,7 @@ def _save_state(staged: Staged, obj: Any, converted_from: str) -> None:
 
 
 def _import(spec: str) -> Any:
-    from ..load.loaders import import_callable
+    from ..load.file_loaders import import_callable
 
     try:
         return import_callable(spec)

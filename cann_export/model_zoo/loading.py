@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 
 ENV_ALLOW = "CANN_MODEL_ZOO_ALLOW_MODULES"
 
@@ -77,7 +77,7 @@ def _build(root: Path, name: str, version: str, manifest: dict[str, Any], model_
                        "'pkg.module:Callable' (and model_kwargs=) to load_model, or framework='onnx'")
     if arch["kind"] == "torch.export":
         return _load_program(root / arch["file"], name, version)
-    from ..load.loaders import import_callable
+    from ..load.file_loaders import import_callable
 
     try:
         factory = import_callable(arch["callable"])
@@ -100,7 +100,7 @@ def _meta_load(root: Path, manifest: dict[str, Any], arch: dict[str, Any], path:
     import torch
     from safetensors.torch import load_file
 
-    from ..load.loaders import import_callable
+    from ..load.file_loaders import import_callable
 
     try:
         factory = import_callable(arch["callable"])

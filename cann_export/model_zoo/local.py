@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .clock import utc_now
-from .errors import ZooConflictError, ZooError
-from .files import clean_stale, fsync_dir, new_staging, write_json
+from .zoo_errors import ZooConflictError, ZooError
+from .file_copies import clean_stale, fsync_dir, new_staging, write_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
@@ -214,7 +214,7 @@ class LocalStore:
 
     def read_manifest(self, name: str, version: str) -> tuple[dict[str, Any], str]:
         """The checked manifest and the sha256 of its bytes (which must match the index's when recorded)."""
-        from .errors import ZooIntegrityError
+        from .zoo_errors import ZooIntegrityError
         from .names import check_name, check_version
         from .schema import check_manifest
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 
 ENV_ZOO = "CANN_MODEL_ZOO"
 ENV_ENDPOINT = "CANN_MODEL_ZOO_ENDPOINT"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 
 MAX_NAME = 128
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

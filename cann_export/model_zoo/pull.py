@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError
+from .zoo_errors import ZooError
 from .resolve import copy_verified, open_store, parse_ref, pick_target
 
 

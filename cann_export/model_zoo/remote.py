@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .clock import utc_now
-from .errors import ZooConflictError, ZooError, ZooIntegrityError
-from .files import clean_stale, manifest_bytes, new_staging
+from .zoo_errors import ZooConflictError, ZooError, ZooIntegrityError
+from .file_copies import clean_stale, manifest_bytes, new_staging
 from .location import remote_cache_dir
 from .names import check_name, check_version, is_sha256
 
@@ -319,7 +319,7 @@ class RemoteStore:
         removed = [f".tmp/{n}" for n in clean_stale(self.cache / ".tmp")]
         blobs = self.cache / "blobs"
         if blobs.is_dir():
-            from .files import pid_alive
+            from .file_copies import pid_alive
 
             for part in blobs.glob(".*.part"):
                 fields = part.name.split(".")

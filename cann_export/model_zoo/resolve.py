@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError, ZooIntegrityError
+from .zoo_errors import ZooError, ZooIntegrityError
 from .names import LATEST, check_name, split_ref
 
 

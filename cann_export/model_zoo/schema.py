@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import ZooIntegrityError
-from .files import manifest_digest
+from .zoo_errors import ZooIntegrityError
+from .file_copies import manifest_digest
 from .names import is_relpath, is_sha256
 
 _TARGET = re.compile(r"^[A-Za-z0-9._+-]{1,200}$")

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError, ZooIntegrityError
+from .zoo_errors import ZooError, ZooIntegrityError
 
 SCHEMA = "cann-export/zoo-signature/1"
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError, ZooIntegrityError
+from .zoo_errors import ZooError, ZooIntegrityError
 
 ENV_TRUST = "CANN_MODEL_ZOO_TRUST"
 SCHEMA = "cann-export/zoo-trust/1"

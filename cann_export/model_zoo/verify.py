@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .files import hash_file
+from .file_copies import hash_file
 
 
 def selected(manifest: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:

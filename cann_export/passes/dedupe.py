@@ -324,7 +324,7 @@ def graft(base: Any, simplified: Any, names: list[str]) -> Any:
 
 
 def _copy_field(message: Any, field: Any, value: Any) -> None:
-    from ..capture.onnx_stream import copy_field
+    from ..graph.onnx_stream import copy_field
 
     copy_field(message, field, value)
 

@@ -48,7 +48,7 @@ def optimize(ctx: ExportContext) -> str | None:
 
 
 def _optimize(ctx: ExportContext) -> str | None:
-    from ..capture.onnx_utils import weights_bytes
+    from ..graph.onnx_helpers import weights_bytes
 
     ctx.onnx_model, _ = _apply(ctx, "apply_graph", ctx.onnx_model)
     if large_graph.state(ctx) is not None:  # the graph's weights are on disk: no copy of them in memory
@@ -85,8 +85,8 @@ def _simplify(ctx: ExportContext) -> tuple[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from ..capture.onnx_stream import load
-    from ..capture.onnx_utils import save_model
+    from ..graph.onnx_stream import load
+    from ..graph.onnx_helpers import save_model
     from .dedupe import graft, without
 
     from ..capture.dynamic_dims import input_dim_names, restore_input_dims
@@ -125,8 +125,8 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     import numpy as np
     import onnxsim
 
-    from ..capture.onnx_stream import load
-    from ..capture.onnx_utils import session
+    from ..graph.onnx_stream import load
+    from ..graph.onnx_helpers import session
     from ..validators.metrics import all_pass
     from .dedupe import feeds
 
@@ -141,7 +141,7 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     if added:  # a fusion this list does not know yet: the unsimplified graph is standard ONNX
         return f"rejected: simplified graph holds op(s) ATC does not parse ({', '.join(added)})", None
     del simplified  # what is kept is the file the checks below run, read back once they pass
-    from ..pipeline.memory import give_back
+    from ..pipeline.heap_release import give_back
 
     give_back()  # onnxsim's working set, before onnxruntime's
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}

@@ -1,5 +1,5 @@
 """The stages in order, and back to capture once validate rejects a trace kept there before its check
-(capture/trace_deferred.py): the context goes back to what it was before capture (``snapshot`` / ``restore``),
+(capture/trace_judged_by_parity.py): the context goes back to what it was before capture (``snapshot`` / ``restore``),
 what the write stage staged is discarded, and capture runs with that trace set aside."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ KEPT = {"stage_seconds", "stage_peak_mib", "traces_rejected", "model", "halted",
 def in_order(ctx: ExportContext, stages: tuple[Stage, ...], start: int = 0,
              stop: int | None = None) -> Iterator[tuple[int, Stage]]:
     """(index, stage) for ``stages[start:stop]``; after validate rejected the deferred trace, capture's again."""
-    from ..capture import trace_deferred
+    from ..capture import trace_judged_by_parity
 
     stop = len(stages) if stop is None else stop
     names = [s.name for s in stages]
@@ -29,7 +29,7 @@ def in_order(ctx: ExportContext, stages: tuple[Stage, ...], start: int = 0,
         if index == at:
             saved = snapshot(ctx)
         yield index, stages[index]
-        rejected = trace_deferred.rejected(ctx) if stages[index].name == "validate" and saved else None
+        rejected = trace_judged_by_parity.rejected(ctx) if stages[index].name == "validate" and saved else None
         if rejected is not None:
             restore(ctx, saved)
             ctx.traces_rejected[rejected[0]] = rejected[1]

@@ -9,7 +9,9 @@ from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
-from . import chatter, confined, memory, rewind
+from . import chatter, rewind
+from . import heap_release
+from . import sandboxed_file as confined
 from .stage import ProgressFn, Stage
 from .table import STAGES
 
@@ -59,7 +61,7 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
         finally:
             if heard:
                 ctx.reports.warnings.third_party = (ctx.reports.warnings.third_party or []) + heard
-            memory.give_back()
+            heap_release.give_back()
     else:
         status = "skipped"
         ctx.stage_seconds[stage.name] = 0.0

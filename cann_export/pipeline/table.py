@@ -12,7 +12,7 @@ from ..options import ExportOptions
 from ..passes import stage as passes
 from ..qat import stage as qat
 from ..validators import stage as validators
-from . import write
+from . import write_stage as write
 from .stage import Stage
 
 
@@ -21,9 +21,9 @@ def _lint(ctx: ExportContext) -> str | None:
 
 
 def _validate(ctx: ExportContext) -> str | None:
-    from ..capture import trace_deferred
+    from ..capture import trace_judged_by_parity
 
-    return trace_deferred.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
+    return trace_judged_by_parity.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
 
 
 def _quantizing(options: ExportOptions) -> bool:

@@ -1,7 +1,7 @@
 """Built-in formats: a plain .onnx file, the atc_ready bundle and the onnx_bundle directory."""
 from __future__ import annotations
 
-from ..bundle.formats import AtcReadyFormat, OnnxBundleFormat, OnnxFormat
+from ..bundle.format_writers import AtcReadyFormat, OnnxBundleFormat, OnnxFormat
 from ..hooks.specs import hookimpl
 
 

@@ -13,6 +13,6 @@ def register_loaders(register):
 
 @hookimpl
 def register_input_providers(register):
-    from ..hf.inputs import TaskDummyInputs
+    from ..hf.dummy_inputs import TaskDummyInputs
 
     register(TaskDummyInputs())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atc.lint import lint_model, parse_cann_version
-from ..capture import module_paths
+from ..graph import module_paths
 from ..hooks.specs import hookimpl
 from ..safe_text import terminal
 
@@ -67,7 +67,7 @@ def load_for_lint(path: Path, extra_hints: dict[str, Any]) -> tuple[Any, dict[st
 def lint_components(directory: Path, shown: Path, cann_version: str, extra: dict[str, Any]) -> dict[str, Any]:
     """The lint of every graph of a multi-graph bundle (checked against its top-level manifest first), by name."""
     from ..bundle.rederive import BundleMismatchError
-    from ..components.check import check_multi
+    from ..bundle.multi_check import check_multi
 
     manifest, diffs = check_multi(directory)
     if diffs:
@@ -113,7 +113,7 @@ def register_commands(cli):
         if parse_cann_version(cann_version) is None:
             raise LintError(f"--cann-version {cann_version!r} is not a version like 8.0 or 7.0.RC1", path=path)
         from ..bundle.read import open_artifact
-        from ..components.check import opened_multi
+        from ..bundle.multi_check import opened_multi
         from ..errors import ValidateError
         from ..fs.jsonio import dumps
 

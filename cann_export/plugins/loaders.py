@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..hooks.specs import hookimpl
-from ..load.loaders import ExportedProgramLoader, SafetensorsLoader, TorchSaveLoader, TorchScriptLoader
+from ..load.file_loaders import ExportedProgramLoader, SafetensorsLoader, TorchSaveLoader, TorchScriptLoader
 
 
 @hookimpl

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..bundle.om import OmFormat, convert
+from ..bundle.om_format import OmFormat, convert
 from ..hooks.specs import hookimpl
 from ..safe_text import terminal
 

@@ -1,5 +1,5 @@
 """``cann-export report BUNDLE``: report.html of a finished bundle, its per-layer curve re-derived from the
-bundle's stored inputs (report/write.py)."""
+bundle's stored inputs (report/write_report.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +28,7 @@ def register_commands(cli):
         """Write report.html for an atc_ready / om bundle: the verdict, metrics per output and shape, the
         per-layer precision curve (re-derived), lint findings, the ATC command and the capture attempts. A
         multi-graph bundle gives one page, a section per component."""
-        from ..report.write import regenerate
+        from ..report.write_report import regenerate
 
         result = regenerate(Path(bundle), Path(output) if output else None)
         if as_json:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..hooks.specs import hookimpl
 from ..passes.dedupe import DedupeInitializersPass
-from ..passes.strip import ConvBnPass, DropoutPass, GraphCleanupPass, IdentityPass, UnwrapCheckpointPass
+from ..passes.strip_passes import ConvBnPass, DropoutPass, GraphCleanupPass, IdentityPass, UnwrapCheckpointPass
 
 
 @hookimpl

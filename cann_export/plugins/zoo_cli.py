@@ -61,10 +61,10 @@ def publish_command(click: Any) -> Any:
                     trust_pickle: bool, sign: str | None, zoo: str | None, as_json: bool) -> int:
         """Publish PATH (weights/checkpoint file, .pt2, or an exported bundle / .onnx / om-stub)."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
         from ..options import parse_key_values
 
-        record = api.publish(model=path, name=name, version=version,
+        record = zoo_api.publish(model=path, name=name, version=version,
                              metadata=parse_key_values(metadata, "--metadata"), card=card, zoo=zoo,
                              alias=list(aliases), model_class=model_class, model_kwargs=_kwargs(model_kwargs),
                              trust_pickle=trust_pickle, artifacts=list(artifacts), sign=sign)
@@ -86,9 +86,9 @@ def list_command(click: Any) -> Any:
     def list_cmd(zoo: str | None, as_json: bool) -> int:
         """List the models with their versions and aliases."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        rows = api.list_models(zoo=zoo)
+        rows = zoo_api.list_models(zoo=zoo)
         if as_json:
             _echo_json({"ok": True, "models": rows})
             return 0
@@ -137,9 +137,9 @@ def show_command(click: Any) -> Any:
     def show_cmd(ref: str, zoo: str | None, as_json: bool) -> int:
         """Show NAME[@VERSION|@ALIAS]: versions, aliases and their history, the manifest and its sha256."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        info = api.show(ref, zoo=zoo)
+        info = zoo_api.show(ref, zoo=zoo)
         if as_json:
             _echo_json({"ok": True, **info})
         else:
@@ -163,9 +163,9 @@ def pull_command(click: Any) -> Any:
                  as_json: bool) -> int:
         """Copy NAME[@VERSION|@ALIAS] (verified) into a directory."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        result = api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo, verify_signature=key)
+        result = zoo_api.pull(ref, output, target=target, overwrite=overwrite, zoo=zoo, verify_signature=key)
         if as_json:
             _echo_json(result)
         else:
@@ -188,9 +188,9 @@ def alias_command(click: Any) -> Any:
     def alias_cmd(name: str, alias: str, version: str, sign: str | None, zoo: str | None, as_json: bool) -> int:
         """Point ALIAS of NAME at VERSION (logged with time, the previous target and a sequence number)."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        result = api.set_alias(name, alias, version, zoo=zoo, sign=sign)
+        result = zoo_api.set_alias(name, alias, version, zoo=zoo, sign=sign)
         if as_json:
             _echo_json({"ok": True, **result})
         else:
@@ -211,9 +211,9 @@ def verify_command(click: Any) -> Any:
         """Check the sha256 of every file of NAME (all versions) or NAME@VERSION, and with --key its signature."""
 
         from ..errors import EXIT_PARITY_FAILED
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        report = api.verify(ref, zoo=zoo, key=key)
+        report = zoo_api.verify(ref, zoo=zoo, key=key)
         if as_json:
             _echo_json(report)
         else:
@@ -260,9 +260,9 @@ def gc_command(click: Any) -> Any:
         """Remove stale staging left by killed processes: the zoo's staging directories, killed commits and
         partial downloads of processes that are gone."""
 
-        from ..model_zoo import api
+        from ..model_zoo import zoo_api
 
-        result = api.gc(zoo=zoo)
+        result = zoo_api.gc(zoo=zoo)
         if as_json:
             _echo_json(result)
         else:

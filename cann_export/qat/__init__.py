@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_NAMES = {"QuantConfig": "config", "parse": "config", "prepare": "wrapping", "qat_state": "wrapping",
+_NAMES = {"QuantConfig": "quant_config", "parse": "quant_config", "prepare": "wrapping", "qat_state": "wrapping",
           "calibrate": "train", "finetune": "train"}
 __all__ = sorted(_NAMES)
 

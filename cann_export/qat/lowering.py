@@ -25,7 +25,7 @@ class LowerFakeQuant:
         layers = quant_layers(model) if hasattr(model, "named_modules") else {}
         if not layers:
             return model
-        from .frozen import FrozenQuantLayer, arithmetic_form
+        from .frozen_fake_quant import FrozenQuantLayer, arithmetic_form
         from .wrapping import fold_batchnorm, kept_batchnorms, replace
 
         frozen: dict[str, tuple[float, int, int]] = {}
@@ -53,7 +53,7 @@ class LowerFakeQuant:
         return model
 
     def apply_final_graph(self, model: Any, ctx: Any) -> Any:
-        from .placement import place_for_amct, quantized_ops
+        from .qdq_placement import place_for_amct, quantized_ops
 
         if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
             if ctx.quant_table:

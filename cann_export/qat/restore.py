@@ -30,7 +30,7 @@ def align(model: Any, state: dict[str, Any], where: str) -> tuple[dict[str, Any]
     after QAT went in); returns it and whether it carries QAT observers."""
     from ..errors import OptionsError
     from .fake_quant import quant_layers
-    from .session import SESSION
+    from .library_config import SESSION
     from .wrapping import wrap_paths
 
     saved = wrapped_paths(state)

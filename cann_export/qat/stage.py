@@ -70,7 +70,7 @@ def prepare_quantization(ctx: ExportContext, source: str, accepted: list[str]) -
 def train(ctx: ExportContext) -> str | None:
     """QAT: distillation fine-tuning of the fake-quant model against the float one; then the references."""
     from .. import qat
-    from ..backend.placement import pipeline_device, to_device
+    from ..backend.device_choice import pipeline_device, to_device
     from ..inputs.reference import reference_outputs
     from .train import ensure_distributed
 

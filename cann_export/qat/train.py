@@ -45,7 +45,7 @@ def split_batches(tensors: dict[str, torch.Tensor], batch_size: int,
     with ``dataloader_workers`` worker processes."""
     from torch.utils.data import DataLoader, Dataset
 
-    from .session import current
+    from .library_config import current
 
     names = list(tensors)
 
@@ -104,7 +104,7 @@ def distill_loss(student: list[torch.Tensor], teacher: list[torch.Tensor], kind:
 def finetune(student: nn.Module, teacher: nn.Module, batches: list[dict[str, torch.Tensor]], steps: int,
              lr: float, loss: str = "mse", on_step: StepFn | None = None) -> list[float]:
     """Train the fake-quant ``student`` to match the float ``teacher``'s outputs (no labels needed)."""
-    from .session import current
+    from .library_config import current
 
     settings = current()
     rank, world = ensure_distributed()

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import QuantConfig, parse
+from .quant_config import QuantConfig, parse
 from .fake_quant import QuantLayer, quant_layers
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)

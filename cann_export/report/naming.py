@@ -1,5 +1,5 @@
 """The model a multi-graph export's component pages name (report.html of ``components/NAME`` names the bundle's
-model too): set around each component's export by components/bundle.py, read by report/write.py."""
+model too): set around each component's export by bundle/multi_write.py, read by report/write_report.py."""
 from __future__ import annotations
 
 import contextlib

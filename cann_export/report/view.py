@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import Any
 
-from ..capture import module_paths
+from ..graph import module_paths
 
 
 def node_places(model: Any) -> dict[str, dict[str, str | None]]:

@@ -10,7 +10,7 @@ import numpy as np
 
 def _shapes(model: Any) -> dict[str, list[int]]:
     """Static shapes (-1 for an unknown dim) of every value shape inference can type, weights included."""
-    from ..capture.onnx_utils import inferred_values
+    from ..graph.onnx_helpers import inferred_values
 
     out = {}
     for v in inferred_values(model):

@@ -3,7 +3,7 @@ computes it (the emulation of the precision mode, keep_dtype applied) against fp
 and max relative error, with the node, op, PyTorch module and source line that made it. Polygraphy's
 ``--onnx-outputs mark all`` and msprobe's per-node table give the same numbers; a curve shows the knee.
 
-The metrics are the device rule's (device_policy.judge), computed in float32 (BLAS sums): a curve over
+The metrics are the device rule's (device_verdict.judge), computed in float32 (BLAS sums): a curve over
 every value of a ResNet-50 stays within the report's time budget (benchmarks/bench_precision.py)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..capture import module_paths
-from .device_policy import DevicePolicy, judge
+from ..graph import module_paths
+from .device_verdict import DevicePolicy, judge
 from .origin import float_values, value_pairs
 from .precision import Emulator
 

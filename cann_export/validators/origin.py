@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..capture import module_paths
-from .device_policy import DevicePolicy, judge
+from ..graph import module_paths
+from .device_verdict import DevicePolicy, judge
 from .precision import DATA_MOVEMENT, Emulator, Session, value_types
 
 BUDGET = 1 << 24  # float elements of intermediates exposed per localisation run (bounds memory: 64 MiB of fp32)

@@ -241,7 +241,7 @@ class ParityValidator:
     formats = "*"
 
     def check(self, ctx: Any) -> ParityReport:
-        from ..capture.trace_check import apply_verdict
+        from ..capture.trace_warnings import apply_verdict
 
         try:
             report = self.check_graph(ctx)
@@ -251,7 +251,7 @@ class ParityValidator:
             other = None
             if ctx.path_input_sets and ctx.path_reference_outputs:  # a traced graph: inputs that take other paths
                 other = _graph_runs(ctx, lambda: path_probe_report(ctx))
-        except _Unrunnable as e:  # a deferred trace that fails on a set: rejected (capture/trace_deferred.py)
+        except _Unrunnable as e:  # a deferred trace that fails on a set: rejected (capture/trace_judged_by_parity.py)
             return _unrunnable(ctx, e.__cause__)
         return ParityReport.from_dict(apply_verdict(report, ctx, other))
 
@@ -334,8 +334,8 @@ def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, 
 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
     """The traced graph on sign-flipped / scaled copies of the example, judged as specialisation probes;
-    shaped as trace_check.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
-    from ..capture.trace_check import PATH_SCALES
+    shaped as trace_warnings.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
+    from ..capture.trace_warnings import PATH_SCALES
     from ..inputs.tensors import set_label
 
     feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]
@@ -356,12 +356,12 @@ def with_device_parity(report: dict[str, Any], model: Any, mode: str, keep: list
                        custom: Any = None) -> dict[str, Any]:
     """Add the device-precision run to an fp32 parity report; the verdict needs both. ``soc``: the target SoC,
     whose overflow mode the emulation follows (``overflow`` replaces it: what an older bundle recorded).
-    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_policy.within_int8_noise).
+    ``float_expected``: a Q/DQ graph's float-model outputs on the same sets (device_verdict.within_int8_noise).
     ``layers``: the device run's per-layer curve goes in ``report["layers"]`` (report.html's plot). ``mixlist``: the
     checked --modify-mixlist edits of the SoC's mixed-precision lists (a mixed mode's); ``custom``: the
     customize_dtypes entries (atc/customize.py), emulated with their own dtypes."""
     from ..options import ExportOptions, soc_model
-    from .device_parity import device_report, fix_precision
+    from .fix_precision import device_report, fix_precision
     from .int8_device import deq_scale_for
     from .precision import emulation_for
 

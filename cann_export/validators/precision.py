@@ -140,7 +140,7 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
 def value_types(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[set[str], dict[str, int]]:
     """Float32 value names and, where static, element counts, by type inference on a weight-free copy of the
     graph; ``input_shapes``: at these input shapes (a dynamic graph's values then get concrete sizes)."""
-    from ..capture.onnx_utils import inferred_values
+    from ..graph.onnx_helpers import inferred_values
 
     floats, sizes = set(), {}
     for v in inferred_values(model, input_shapes):

@@ -49,7 +49,7 @@ def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | No
 def device_check(model: Any, mode: str, keep: list[str], feeds: list, expected: list, names: list[str],
                  tolerance: Any, paths: dict[str, str], overflow: str, deq_scale: str, lists: Any = None) -> Any:
     """indices -> the device verdict on those sets alone (one emulator for every shape)."""
-    from .device_check import device_report
+    from .device_parity_run import device_report
     from .precision import Emulator
 
     emulator = Emulator(model, mode, overflow, deq_scale, lists)

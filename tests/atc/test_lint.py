@@ -13,7 +13,7 @@ from torch import nn
 import cann_export
 from cann_export import errors
 from cann_export.atc import lint as atc_lint
-from cann_export.capture.module_paths import KEY
+from cann_export.graph.module_paths import KEY
 from cann_export.cli.main import _register_plugin_commands, cli
 
 

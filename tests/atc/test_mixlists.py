@@ -311,7 +311,7 @@ def test_healthy_pass_and_sick_are_caught_under_each_mode(name, mode, soc, overf
     The sick ones overflow fp16's range, which
     bf16 (fp32's exponent) does not: under mixed_bfloat16 they pass, as they would on the device."""
     from cann_export.options import Tolerance
-    from cann_export.validators.device_check import device_report
+    from cann_export.validators.device_parity_run import device_report
     from cann_export.validators.parity import mixed_lists
     from cann_export.validators.precision import emulate, emulation_for, run
 

@@ -15,7 +15,7 @@ from helpers.fake_atc import ERROR_LINE, fake_atc, path_without_atc
 from helpers.toy_models import make_mlp
 
 import cann_export
-from cann_export.bundle import om
+from cann_export.bundle import om_format as om
 from cann_export.cli.main import cli
 from cann_export.errors import ValidateError
 from cann_export.hooks.manager import get_plugin_manager

@@ -12,7 +12,7 @@ from torch import nn
 import cann_export
 from cann_export import errors
 from cann_export.atc import lint as atc_lint
-from cann_export.capture.module_paths import KEY
+from cann_export.graph.module_paths import KEY
 
 TRAP_RULES = {"topk-int64", "empty-slice-concat", "avgpool-ksize", "conv1d-transdata", "reflect-pad",
               "int64-shape-subgraph", "parser-attribute", "input-name"}

@@ -1,5 +1,5 @@
 """A single-graph manifest.json is checked name by name against what its writer produces
-(bundle/manifest_keys.py): a field the writer never writes, a section of the wrong type, a capture report that
+(bundle/manifest_schema.py): a field the writer never writes, a section of the wrong type, a capture report that
 names another exporter or opset than the model, a lint that passed beside an error, a forged sandbox record, a
 format that writes no directory, an opset or exporter the graph contradicts. Each edit (made as an attacker
 would: the file table left intact, since manifest.json is not in it) is refused by ``validate`` naming the
@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from helpers.fake_atc import two_inputs_bundle
 
-from cann_export.bundle.manifest_keys import TOP, sandbox_problems
+from cann_export.bundle.manifest_schema import TOP, sandbox_problems
 from cann_export.cli.main import cli
-from cann_export.pipeline.confined import DENIES
+from cann_export.pipeline.sandboxed_file import DENIES
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 from cann_export.fs.jsonio import loads_strict, sanitize
 from cann_export.report import html, view
-from cann_export.validators.device_policy import DevicePolicy
+from cann_export.validators.device_verdict import DevicePolicy
 from cann_export.validators.layers import metrics
 
 ROOT = Path(__file__).resolve().parents[2]

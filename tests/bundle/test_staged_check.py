@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from cann_export import errors
-from cann_export.bundle import formats
+from cann_export.bundle import format_writers as formats
 from cann_export.cli.main import cli
 from cann_export.sandbox import confine
 from helpers.staged_payload import Plant

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cann_export
 from cann_export import errors
-from cann_export.capture import module_paths
-from cann_export.capture.onnx_utils import cleanup_graph, opset_of
+from cann_export.graph import module_paths
+from cann_export.graph.onnx_helpers import cleanup_graph, opset_of
 from cann_export.capture.opset_convert import OpsetConversionError, convert
 
 

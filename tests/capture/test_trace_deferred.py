@@ -1,5 +1,5 @@
-"""The trace gate's check deferred to validate (capture/trace_deferred.py, pipeline/rewind.py): a warned trace is
-kept at capture without an onnxruntime run; parity judges it on the written graph; a failure there sends the
+"""The trace gate's check deferred to validate (capture/trace_judged_by_parity.py, pipeline/rewind.py): a warned
+trace is kept at capture without an onnxruntime run; parity judges it on the written graph; a failure there sends the
 stages back to capture with the trace set aside, and nothing of the rejected graph is left."""
 import pytest
 from helpers.branchy import branchy_loader
@@ -9,7 +9,7 @@ import cann_export
 
 @pytest.fixture
 def gate_calls(monkeypatch):
-    from cann_export.capture import trace_gate
+    from cann_export.capture import exporter_choice as trace_gate
 
     calls = []
     real = trace_gate.check

@@ -1,5 +1,5 @@
 """A loader's exporter order (``LoadedModel.extras["exporter_order"]``) under ``--exporter auto``, and the trace
-gate (capture/trace_gate.py): a Hugging Face directory is traced first, as Optimum does, and its trace, which
+gate (capture/exporter_choice.py): a Hugging Face directory is traced first, as Optimum does, and its trace, which
 warned in transformers' mask code, is kept only after it agreed with the model on every prepared input set; a
 module whose trace is wrong at another size of its dynamic axis falls back to dynamo, and the manifest says why."""
 import numpy as np
@@ -72,7 +72,7 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     itself, so the branchy trace (wrong at seq=1) is still refused and dynamo writes the graph."""
     from types import SimpleNamespace
 
-    from cann_export.capture.trace_gate import check, ordered
+    from cann_export.capture.exporter_choice import check, ordered
 
     _branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")

@@ -1,5 +1,5 @@
 """When a checkable trace comes first for a float-input model, the prepare stage builds the trace gate's
-sign-flipped / scaled copies of the example as its specialisation probes (capture/trace_gate.py ``traced_first``),
+sign-flipped / scaled copies of the example as its specialisation probes (capture/exporter_choice.py ``traced_first``),
 so the gate and parity judge them on the one reference: one eager forward per input set, none added. A
 data-dependent branch the trace kept is still rejected on them, and dynamo runs. Pixel models are traced first by
 default, as text models are (hf/loader.py ``EXPORTER_ORDER``: measured, the trace saves more than the probes cost)."""

@@ -98,7 +98,8 @@ def test_a_bad_option_is_refused_before_torch_is_imported(tmp_path, model, bad):
                          ids=["export-file", "export-dir", "lint"])
 def test_a_missing_path_is_refused_before_torch_or_onnx_is_imported(tmp_path, argv):
     env = _no_torch_env(tmp_path)
-    (tmp_path / "no_torch" / "onnx.py").write_text("raise SystemExit('onnx was imported before the path was checked')\n")
+    fake_onnx = "raise SystemExit('onnx was imported before the path was checked')\n"
+    (tmp_path / "no_torch" / "onnx.py").write_text(fake_onnx)
     run = subprocess.run([sys.executable, "-m", "cann_export", *argv[:1], str(tmp_path / argv[1])], env=env,
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode == 2, run.stderr + run.stdout

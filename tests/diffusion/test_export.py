@@ -164,7 +164,7 @@ def test_a_failing_end_to_end_record_fails_validate_and_the_export_verdict(sd3, 
     import shutil
 
     import cann_export
-    from cann_export.components.bundle import multi_ok
+    from cann_export.bundle.multi_write import multi_ok
 
     _, root = sd3
     bundle = tmp_path / "failing"

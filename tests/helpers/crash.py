@@ -28,9 +28,9 @@ LOCAL = "cann_export.model_zoo.local:LocalStore"
 # Each point of a publish, in order, named by the function the product calls there.
 POINTS = {
     # the first block of a weights file is written (the copy's writeback hook runs after every block)
-    "copy": Point("cann_export.model_zoo.files", "_START_WRITEBACK"),
+    "copy": Point("cann_export.model_zoo.file_copies", "_START_WRITEBACK"),
     # every staged file is on disk and hashed, no manifest yet
-    "staged": Point("cann_export.model_zoo.files", "file_table"),
+    "staged": Point("cann_export.model_zoo.file_copies", "file_table"),
     # manifest.json written into staging, not yet renamed into models/
     "manifest": Point("cann_export.model_zoo.local", "write_json"),
     # the version directory renamed into place (and its parent fsynced), no index row yet

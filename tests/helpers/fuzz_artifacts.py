@@ -245,7 +245,7 @@ ZOO_OPS = st.tuples(st.lists(st.one_of(
 def forge_zoo_manifest(zoo: Path, ops: list[tuple], forge: bool, ctx: Context) -> None:
     """Edit version 1 of model ``m`` as someone with write access to the store; ``forge``: recompute the
     manifest's digest and the index's digest and sha256 so that only the content checks are left."""
-    from cann_export.model_zoo.files import manifest_digest
+    from cann_export.model_zoo.file_copies import manifest_digest
 
     path = zoo / "models" / "m" / "1" / "manifest.json"
     raw = path.read_bytes()

@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from cann_export.capture.module_paths import KEY
+from cann_export.graph.module_paths import KEY
 
 
 class QdqGraph:

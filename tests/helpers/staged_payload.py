@@ -64,7 +64,7 @@ def plant(kind: str, staging: Path) -> None:
 
 
 def install(kind: str):
-    from cann_export.bundle import formats
+    from cann_export.bundle import format_writers as formats
 
     originals = {cls: cls.__dict__["finalize"] for cls in (formats.OnnxFormat, formats.AtcReadyFormat)}
 

@@ -22,7 +22,7 @@ def saved(tmp_path_factory):
 
 def _single_graph_runs(directory, task):
     """The load stage's module called on the task's dummy inputs returns the task's outputs."""
-    from cann_export.hf.inputs import tensors
+    from cann_export.hf.dummy_inputs import tensors
     from cann_export.hf.loader import HfDirectoryLoader
     from cann_export.options import ExportOptions
 
@@ -35,8 +35,8 @@ def _single_graph_runs(directory, task):
 
 def _several_graphs_run(directory, task):
     """The multi-graph plan of the task builds, and each of its graphs runs on its example inputs."""
-    from cann_export.components.plan import plan_for
-    from cann_export.components.source import load_directory
+    from cann_export.hf.graph_plans import plan_for
+    from cann_export.hf.directory_source import load_directory
 
     model, name, _ = load_directory(directory, task, {})
     plan = plan_for(model, name)

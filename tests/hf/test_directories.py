@@ -71,7 +71,7 @@ def test_directory_exports_with_optimum_names_and_matches_transformers(name, exp
 def test_raw_audio_length_is_dynamic_from_the_feature_encoders_receptive_field(exported):
     """Wav2Vec2's input_values: batch and length symbolic (Optimum's axes), the length's range starting at the conv
     feature encoder's receptive field (10 + 3 x 5 samples for this config's kernels 10, 4 and strides 5, 4)."""
-    from cann_export.hf.inputs import receptive_field
+    from cann_export.hf.dummy_inputs import receptive_field
 
     _, out = exported("wav2vec2")
     dims = onnx.load(str(out), load_external_data=False).graph.input[0].type.tensor_type.shape.dim

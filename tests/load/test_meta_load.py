@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cann_export.errors import LoadError
-from cann_export.load.loaders import build_from_state_dict
+from cann_export.load.file_loaders import build_from_state_dict
 from cann_export.load.meta_build import build_skeleton, parameters_on_meta
 from cann_export.options import ExportOptions
 from helpers import meta_models

@@ -1,4 +1,4 @@
-"""The element budget of a multi-graph component's parity shapes (components/budget.py): a shape whose one input
+"""The element budget of a multi-graph component's parity shapes (bundle/parity_budget.py): a shape whose one input
 set (inputs + outputs, with the graphs run to feed it) passes it is not run, a range end gives way to the largest
 size within it, what was left out is recorded in the component's manifest (``parity.shape_budget``) with how to
 run it, ``validate`` re-derives the same shapes from the graphs and the recorded budget, and
@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from cann_export import api
 from cann_export.cli.main import cli
-from cann_export.components import budget
-from cann_export.components.budget import budget_for, dim_size
-from cann_export.components.shape_check import component_shape_problems
+from cann_export.bundle import parity_budget as budget
+from cann_export.bundle.graph_shape_check import component_shape_problems
+from cann_export.bundle.parity_budget import budget_for, dim_size
 from cann_export.inputs.activations import largest
 from helpers.hf_models import tiny_decoder_gpt2
 
@@ -136,7 +136,7 @@ def test_validate_refuses_a_range_widened_past_the_budgets_cap(budgeted):
 def test_hostile_dims_and_feeding_loops_are_counted_cheaply(budgeted):
     """Element counts stop past the ceiling (a manifest's huge dims) and each feeder is built once (a loop of
     connections among many components)."""
-    from cann_export.components.shape_check import graph_elements
+    from cann_export.bundle.graph_shape_check import graph_elements
     from helpers.deadline import deadline
 
     huge = budget.shape_elements([[10 ** 4000, 2] * 2000, ["n"] * 5000], dim_size)

@@ -161,7 +161,7 @@ def test_onnx_format_writes_validated_onnx_components_that_generate(bundles, tmp
     assert conv.exit_code == 2 and "--format atc_ready" in " ".join(conv.output.split()), conv.output
     assert not (tmp_path / "om").exists()
     from cann.model_zoo import load_model
-    from cann_export.model_zoo import api as zoo
+    from cann_export.model_zoo import zoo_api as zoo
 
     assert zoo.publish(str(bundle), name="gpt2-onnx", zoo=str(tmp_path / "zoo"))["targets"] == ["onnx"]
     assert api.validate(load_model("gpt2-onnx", framework="onnx", zoo=str(tmp_path / "zoo")))["passed"] is True
@@ -302,7 +302,7 @@ def test_validate_inspect_cli_and_zoo_round_trip(bundles, tmp_path):
     assert all(c["passed"] for c in report["components"].values())
     res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
     assert res.exit_code == 0 and "decode" in res.output and "past_key_values.0.key" in res.output
-    from cann_export.model_zoo import api as zoo
+    from cann_export.model_zoo import zoo_api as zoo
 
     zoo_dir = tmp_path / "zoo"
     published = zoo.publish(str(bundle), name="gpt2-kv", zoo=str(zoo_dir))
@@ -349,7 +349,7 @@ def test_connection_to_an_unknown_output_is_refused(bundles, tmp_path):
     out = _refused(bundle)
     assert "present.9.key" in out and "manifest.json connections[0].from" in out
     with pytest.raises(ExportError):
-        from cann_export.model_zoo import api as zoo
+        from cann_export.model_zoo import zoo_api as zoo
 
         zoo.publish(str(bundle), name="bad", zoo=str(tmp_path / "zoo"))
 
@@ -467,8 +467,8 @@ def test_wiring_kind_and_run_notes_are_re_derived(bundles, tmp_path, name, edit,
 
 
 def test_confined_result_comes_from_the_checked_manifest_not_the_child(bundles, tmp_path, monkeypatch):
-    from cann_export.components import confined
-    from cann_export.components.bundle import MultiResult
+    from cann_export.pipeline import sandboxed_directory as confined
+    from cann_export.bundle.multi_write import MultiResult
     from cann_export.sandbox import confine
 
     if not confine.probe().available:

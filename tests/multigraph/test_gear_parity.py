@@ -56,7 +56,7 @@ def test_component_parity_runs_at_each_dimensions_ends_and_middle(dynamic_bundle
 
 
 def test_a_component_range_widened_after_parity_is_refused(dynamic_bundle):
-    from cann_export.components.shape_check import component_shape_problems
+    from cann_export.bundle.graph_shape_check import component_shape_problems
 
     own = _manifest(dynamic_bundle, "decode")
     assert component_shape_problems("decode", own) == []
@@ -87,8 +87,8 @@ def test_component_shape_sets_are_consistent_across_the_graphs(dynamic_bundle):
 
 
 def test_seq2seq_shapes_feed_each_graph_from_the_one_before():
-    from cann_export.components import gears
-    from cann_export.components.plan import seq2seq_plan
+    from cann_export.bundle import graph_shapes as gears
+    from cann_export.hf.graph_plans import seq2seq_plan
 
     torch.manual_seed(2)
     cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
@@ -111,8 +111,8 @@ def test_seq2seq_shapes_feed_each_graph_from_the_one_before():
 
 def test_gear_hints_give_the_components_sizes():
     from cann_export.atc.hint_gears import hint_sizes
-    from cann_export.components import gears
-    from cann_export.components.plan import decoder_plan
+    from cann_export.bundle import graph_shapes as gears
+    from cann_export.hf.graph_plans import decoder_plan
 
     plan = decoder_plan(_gpt2())
     decode = plan.components[1]
@@ -256,7 +256,7 @@ def test_a_million_gear_hint_in_a_component_manifest_is_no_million_shapes(dynami
     """A hostile dynamic_batch_size of 200k gears (ATC takes 2..100) re-derives no shapes from it, at once."""
     import time
 
-    from cann_export.components.shape_check import component_shape_problems
+    from cann_export.bundle.graph_shape_check import component_shape_problems
 
     own = _manifest(dynamic_bundle, "decode")
     own["atc"]["hints"]["dynamic_batch_size"] = ",".join(map(str, range(1, 200_000)))

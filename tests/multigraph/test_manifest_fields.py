@@ -1,4 +1,4 @@
-"""Every field of a multi-graph bundle's top-level manifest.json is one its writer (components/bundle.py
+"""Every field of a multi-graph bundle's top-level manifest.json is one its writer (bundle/multi_write.py
 build_manifest, export_plan's sandbox record) could have produced: strict JSON (no NaN / Infinity, no key twice),
 allow-listed names, each value's type, and every value that can be re-derived from the components' own manifests
 (atc.soc_version, atc.script, provenance, input and output names, parity names, file paths, whether a sandbox
@@ -46,7 +46,7 @@ def _flip_kind(m):
 
 
 def _denies():
-    from cann_export.components.confined import DENIES
+    from cann_export.pipeline.sandboxed_directory import DENIES
 
     return list(DENIES)
 
@@ -124,10 +124,9 @@ def test_the_writers_bundles_validate(bundles):
 
 
 def test_the_sandbox_denies_lists_agree():
-    """manifest_fields checks a confined record's denies against pipeline/confined.py's list (importing
-    components/confined.py from the checker would be an import cycle): both writers must record the same."""
-    from cann_export.components.confined import DENIES as multi
-    from cann_export.pipeline.confined import DENIES as single
+    """Both confined runs (one file, a model directory) record the one list the manifest schemas check."""
+    from cann_export.pipeline.sandboxed_directory import DENIES as multi
+    from cann_export.pipeline.sandboxed_file import DENIES as single
 
     assert list(multi) == list(single)
 

@@ -30,8 +30,8 @@ def _profile(slots, batch, past):
 def narrowed(tmp_path_factory):
     """GPT-2 (positions 16): batch 1..8 and sequence 1..12 everywhere, decode's past 4..10, and ATC gears
     (dynamic_dims) for decode alone."""
-    from cann_export.components import gears
-    from cann_export.components.plan import decoder_plan
+    from cann_export.bundle import graph_shapes as gears
+    from cann_export.hf.graph_plans import decoder_plan
 
     model = _gpt2()
     slots = gears.slots(decoder_plan(model).components[1].module)
@@ -107,8 +107,8 @@ def test_cli_refuses_a_bad_range_before_the_model_loads(tmp_path):
 def test_atc_ranges_follow_a_dim_the_exported_graph_fixed(tmp_path):
     """T5's decoder captured at one token (its example before it took two): torch.export fixes the length, and
     the ATC command says 1 there, not the module's declared 1~4096."""
-    from cann_export.components import gears
-    from cann_export.components.plan import seq2seq_plan
+    from cann_export.bundle import graph_shapes as gears
+    from cann_export.hf.graph_plans import seq2seq_plan
 
     torch.manual_seed(2)
     cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
@@ -125,7 +125,7 @@ def test_atc_ranges_follow_a_dim_the_exported_graph_fixed(tmp_path):
     assert own["atc"]["hints"]["input_shape"].startswith("input_ids:1~64,1;")
     assert "input_ids:1~64,1;" in (tmp_path / "dec" / "atc" / "convert.sh").read_text()
     assert result.ok and api.validate(tmp_path / "dec")["passed"] is True
-    from cann_export.components.shape_check import component_shape_problems
+    from cann_export.bundle.graph_shape_check import component_shape_problems
 
     assert component_shape_problems("decoder", own) == []
     own["atc"]["hints"]["input_shape"] = hints["input_shape"]  # the declared range back on the fixed dim: refused

@@ -1,4 +1,4 @@
-"""Decode's parity sets take their past from prefill's own parity references (components/reuse.py), sliced to
+"""Decode's parity sets take their past from prefill's own parity references (bundle/parity_reuse.py), sliced to
 each decode shape, instead of running prefill eagerly again for every decode shape and draw; the slice equals
 prefill run on that batch and prompt (rows independent, the cache causal)."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 import transformers
 
 from cann_export import api
-from cann_export.components import wrappers
-from cann_export.components.plan import plan_for
-from cann_export.components.reuse import keeper, reused
+from cann_export.hf import cache_wrappers as wrappers
+from cann_export.hf.graph_plans import plan_for
+from cann_export.bundle.parity_reuse import keeper, reused
 
 
 def _gpt2():

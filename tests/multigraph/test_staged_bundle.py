@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cann_export import api
-from cann_export.components import confined
+from cann_export.pipeline import sandboxed_directory as confined
 from cann_export.errors import ExportError
 from cann_export.sandbox import confine
 from helpers.hf_models import tiny_decoder_gpt2

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from cann_export import api
-from cann_export.components.gears import shape_sets
-from cann_export.components.plan import decoder_plan
-from cann_export.components.wrappers import DecoderPrefill
+from cann_export.bundle.graph_shapes import shape_sets
+from cann_export.hf.graph_plans import decoder_plan
+from cann_export.hf.cache_wrappers import DecoderPrefill
 from helpers.bundle_runs import component_session, run_named
 from helpers.hf_models import tiny_decoder_gpt2
 

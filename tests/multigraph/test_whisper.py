@@ -135,7 +135,7 @@ def test_validate_inspect_and_convert_take_the_bundle(whisper, tmp_path, monkeyp
     assert report["ok"] is True and set(report["components"]) == {"encoder", "decoder", "decoder_with_past"}
     res = runner.invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
     assert res.exit_code == 0 and "input_features" in res.output
-    from cann_export.model_zoo import api as zoo
+    from cann_export.model_zoo import zoo_api as zoo
 
     assert zoo.publish(str(bundle), name="whisper-kv", zoo=str(tmp_path / "zoo"))["kinds"] == ["atc_ready"]
     assert zoo.verify("whisper-kv", zoo=str(tmp_path / "zoo"))["ok"] is True

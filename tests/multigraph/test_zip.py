@@ -75,7 +75,7 @@ def test_convert_writes_one_om_per_graph_beside_the_zip(exported, tmp_path, monk
 
 
 def test_the_zoo_publishes_the_zip_as_the_bundle(exported, tmp_path):
-    from cann_export.model_zoo import api as zoo
+    from cann_export.model_zoo import zoo_api as zoo
 
     published = zoo.publish(str(exported / "gpt2.zip"), name="gpt2-zip", zoo=str(tmp_path / "zoo"))
     assert published["targets"] == ["atc_ready-Ascend310P3-force_fp16"]  # the default SoC and precision
@@ -84,7 +84,7 @@ def test_the_zoo_publishes_the_zip_as_the_bundle(exported, tmp_path):
 
 
 def test_report_of_a_zipped_multi_graph_bundle_is_one_page(exported, tmp_path):
-    from cann_export.report.write import regenerate
+    from cann_export.report.write_report import regenerate
 
     result = regenerate(exported / "gpt2.zip", tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()

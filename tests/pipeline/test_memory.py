@@ -1,4 +1,4 @@
-"""Between stages the export hands freed heap back to the operating system (pipeline/memory.py), so a stage's
+"""Between stages the export hands freed heap back to the operating system (pipeline/heap_release.py), so a stage's
 peak RSS does not stack on what the stage before it freed (a graph's serialised copy, onnxruntime's arenas)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 CODE = """
 import sys
-from cann_export.pipeline import memory
+from cann_export.pipeline import heap_release
 
 def rss():
     with open('/proc/self/status') as f:
@@ -19,7 +19,7 @@ chunks = [bytes(1000) + bytes([i % 251]) for i in range(80_000)]  # ~80 MiB of m
 kept = chunks[::16]  # a survivor every 16 blocks: the freed ones are inside the heap, not at its top
 del chunks
 before = rss()
-memory.give_back()
+heap_release.give_back()
 print(before, rss(), len(kept))
 """
 
@@ -60,8 +60,8 @@ def _rich_model():
 def test_the_streamed_graph_is_the_bytes_onnx_writes(tmp_path):
     import onnx
 
-    from cann_export.capture import onnx_stream
-    from cann_export.capture.onnx_utils import save_model
+    from cann_export.graph import onnx_stream
+    from cann_export.graph.onnx_helpers import save_model
 
     model = _rich_model()
     onnx.checker.check_model(model, full_check=True)
@@ -76,8 +76,8 @@ def test_the_streamed_graph_is_the_bytes_onnx_writes(tmp_path):
 PEAK = """
 import numpy as np, onnx
 from onnx import TensorProto, helper, numpy_helper
-from cann_export.capture.onnx_utils import save_model
-from cann_export.pipeline import memory
+from cann_export.graph.onnx_helpers import save_model
+from cann_export.pipeline import heap_release
 
 def status(key):
     with open('/proc/self/status') as f:
@@ -89,7 +89,7 @@ graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", Tensor
                           [helper.make_tensor_value_info("h23", TensorProto.FLOAT, [1024, 1024])], inits)
 model = helper.make_model(graph)
 del inits
-memory.give_back()
+heap_release.give_back()
 with open('/proc/self/clear_refs', 'w') as f:
     f.write('5')  # VmHWM := VmRSS
 base = status('VmRSS')
@@ -111,7 +111,7 @@ def test_writing_a_graph_holds_no_second_copy_of_its_weights(tmp_path):
 def test_the_graph_read_one_weight_at_a_time_is_what_onnx_reads(tmp_path):
     import onnx
 
-    from cann_export.capture import onnx_stream
+    from cann_export.graph import onnx_stream
 
     model = _rich_model()
     onnx.save_model(model, str(tmp_path / "m.onnx"))

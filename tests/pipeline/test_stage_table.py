@@ -42,7 +42,7 @@ class RaisingFormat:
             raise RuntimeError(f"disk quota in {where}")
 
     def write(self, ctx, staging: Path):
-        from cann_export.capture.onnx_utils import save_model
+        from cann_export.graph.onnx_helpers import save_model
 
         self._maybe_fail("write")
         files = save_model(ctx.onnx_model, staging / "model.onnx", external=False)

@@ -24,7 +24,7 @@ class TextFormat:
     lint = False
 
     def write(self, ctx, staging: Path):
-        from cann_export.capture.onnx_utils import save_model
+        from cann_export.graph.onnx_helpers import save_model
 
         files = save_model(ctx.onnx_model, staging / "model.onnx", external=False)
         ctx.onnx_path = files[0]
@@ -59,7 +59,7 @@ def test_third_party_format(plugin, tmp_path):
 def test_duplicate_names_are_an_error(plugin):
     @hookimpl
     def register_formats(register):
-        from cann_export.bundle.formats import OnnxFormat
+        from cann_export.bundle.format_writers import OnnxFormat
 
         register(OnnxFormat())
 

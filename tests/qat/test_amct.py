@@ -27,7 +27,7 @@ import cann_export
 from cann_export import errors
 from cann_export.atc import amct_run
 from cann_export.atc.amct import check_qdq
-from cann_export.capture import module_paths
+from cann_export.graph import module_paths
 from cann_export.cli.main import cli
 from cann_export.hooks.manager import get_plugin_manager
 

@@ -192,7 +192,7 @@ def test_qat_on_torchscript_is_refused(digits_files, tmp_path):
 
 @pytest.fixture
 def training_settings():
-    from cann_export.qat.session import SESSION
+    from cann_export.qat.library_config import SESSION
 
     saved = SESSION.train
     yield SESSION
@@ -264,7 +264,7 @@ def test_conv_subclasses_are_quantized_and_compute_as_written():
     forward (timm's Conv2dSame pads first) keeps computing what its forward does under fake quantization."""
     from torch.nn import functional as F
 
-    from cann_export.qat.config import parse
+    from cann_export.qat.quant_config import parse
     from cann_export.qat.fake_quant import compute
     from cann_export.qat.wrapping import layer_kind, wrap_layers
 

@@ -15,7 +15,7 @@ import cann.torch
 import cann_export
 from cann_export.options import Tolerance
 from cann_export.validators import int8_device
-from cann_export.validators.device_parity import device_report
+from cann_export.validators.fix_precision import device_report
 from cann_export.validators.precision import Emulator
 
 RNG = np.random.default_rng(7)

@@ -1,6 +1,6 @@
 """The int8 parity policy's two noise rules, on numbers built to sit either side of them: a Q/DQ graph within
 twice the fake-quant model's own rounding noise (metrics.compare_quantized), and a device int8 result no
-further from the float model than 1.5x the fake-quant model is (device_policy.within_int8_noise). The corpus
+further from the float model than 1.5x the fake-quant model is (device_verdict.within_int8_noise). The corpus
 (tests/qat/test_corpus.py) runs both on real architectures; this file pins their edges and the bundle reader."""
 import json
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cann_export.inputs.quant_noise import pooled, well_formed
-from cann_export.validators.device_policy import DevicePolicy, within_int8_noise
+from cann_export.validators.device_verdict import DevicePolicy, within_int8_noise
 from cann_export.validators.metrics import compare_quantized
 
 RNG = np.random.default_rng(0)

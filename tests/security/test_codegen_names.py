@@ -162,7 +162,7 @@ def test_a_bundle_with_a_hostile_program_is_refused_by_validate_publish_and_load
 
 
 def _forge_file_table(zoo: Path, name: str, version: str, rel: str, data: bytes) -> None:
-    from cann_export.model_zoo.files import manifest_bytes, manifest_digest
+    from cann_export.model_zoo.file_copies import manifest_bytes, manifest_digest
 
     path = zoo / "models" / name / version / "manifest.json"
     manifest = json.loads(path.read_text())

@@ -48,7 +48,7 @@ def test_pickle_inside_pt2_never_runs(tmp_path):
 
 def test_edited_manifest_is_refused(tmp_path):
     from cann.model_zoo import load_model, publish, verify
-    from cann_export.model_zoo import errors as zoo_errors
+    from cann_export.model_zoo import zoo_errors
 
     zoo = tmp_path / "z"
     publish(model=str(files.state_dict(tmp_path)), name="mlp", model_class=files.MLP_CLASS, zoo=str(zoo))

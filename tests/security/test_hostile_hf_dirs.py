@@ -11,7 +11,7 @@ import pytest
 from helpers import hf_dirs
 
 from cann_export.errors import LoadError
-from cann_export.hf import files as hf_files
+from cann_export.hf import directory_files as hf_files
 from cann_export.hf.loader import HfDirectoryLoader
 from cann_export.hf.weights import checked_weights
 
@@ -95,7 +95,7 @@ def test_model_safetensors_beside_an_index_is_the_file_checked(saved, tmp_path):
 
 
 def test_multi_graph_source_refuses_an_index_linking_out(saved, tmp_path):
-    from cann_export.components.source import load_directory
+    from cann_export.hf.directory_source import load_directory
 
     directory = _copy(saved, "gpt2_sharded", tmp_path)
     model, task, carried = load_directory(directory, "text-generation-with-past", {})  # sound: loads
@@ -108,7 +108,7 @@ def test_multi_graph_source_refuses_an_index_linking_out(saved, tmp_path):
 
 
 def test_dummy_inputs_past_the_element_cap_are_refused():
-    from cann_export.hf.inputs import dummy_specs
+    from cann_export.hf.dummy_inputs import dummy_specs
 
     with pytest.raises(LoadError, match="image_size and num_channels") as e:
         dummy_specs(["pixel_values"], {"image_size": 16384, "num_channels": 1024}, "image-classification")
@@ -119,7 +119,7 @@ def test_dummy_inputs_past_the_element_cap_are_refused():
 
 
 def test_patch_size_is_bounded_like_the_other_fields(saved, tmp_path):
-    from cann_export.hf.config import read_config
+    from cann_export.hf.config_json import read_config
 
     directory = _copy(saved, "bert", tmp_path)
     for bad in (1 << 20, [16, -1], "16"):

@@ -14,7 +14,7 @@ import pytest
 from helpers import hf_dirs
 
 from cann_export.errors import LoadError, OptionsError
-from cann_export.hf import files as hf_files
+from cann_export.hf import directory_files as hf_files
 from cann_export.hf.loader import HfDirectoryLoader
 from cann_export.hf.weights import checked_weights
 

@@ -164,7 +164,7 @@ def test_zoo_show_prints_hostile_card_and_metadata_escaped(tmp_path, monkeypatch
     from helpers.toy_models import make_mlp
 
     from cann.model_zoo import publish
-    from cann_export.model_zoo import api as zoo_api
+    from cann_export.model_zoo import zoo_api
 
     monkeypatch.setattr(zoo_api, "check_printable", lambda *args: None)
     zoo = tmp_path / "zoo"

@@ -20,7 +20,7 @@ from helpers.toy_models import make_mlp
 from cann.model_zoo import ZooError, ZooIntegrityError, load_model, publish, pull, show, verify
 from cann_export.cli.main import cli
 from cann_export.hooks.manager import get_plugin_manager
-from cann_export.model_zoo.files import manifest_bytes, manifest_digest
+from cann_export.model_zoo.file_copies import manifest_bytes, manifest_digest
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -314,7 +314,7 @@ def test_pull_overwrite_replaces_only_an_earlier_pull(tmp_path, monkeypatch):
 
 
 def test_gc_sweeps_stale_staging_of_dead_processes(tmp_path):
-    from cann_export.model_zoo import files
+    from cann_export.model_zoo import file_copies as files
 
     zoo = tmp_path / "zoo"
     publish(model=make_mlp(), name="m", zoo=str(zoo), model_class="helpers.toy_models:MLP")

@@ -152,7 +152,7 @@ def test_what_a_compromised_child_sends_cannot_move_the_commit(tmp_path):
     declare, is refused before anything is renamed."""
     from cann_export.api import _context
     from cann_export.options import ExportOptions
-    from cann_export.pipeline import confined
+    from cann_export.pipeline import sandboxed_file as confined
     from cann_export.sandbox import child
 
     ctx = _context(str(tmp_path / "m.pt2"), tmp_path / "out", ExportOptions(export_format="onnx"), None)

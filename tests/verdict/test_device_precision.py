@@ -14,10 +14,10 @@ from helpers.reference_emulation import run_device, values
 from torch import nn
 
 import cann_export
-from cann_export.capture.module_paths import collect
+from cann_export.graph.module_paths import collect
 from cann_export.options import Tolerance
-from cann_export.validators.device_parity import device_report, fix_precision
-from cann_export.validators.device_policy import DevicePolicy, judge, topk_agreement
+from cann_export.validators.fix_precision import device_report, fix_precision
+from cann_export.validators.device_verdict import DevicePolicy, judge, topk_agreement
 from cann_export.validators.precision import Emulator, emulate, emulation_for, run
 
 FP16_MAX = 65504.0

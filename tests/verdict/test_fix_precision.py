@@ -14,11 +14,11 @@ from helpers.reference_emulation import run_device, values
 from onnx import helper
 from safetensors.numpy import load_file
 
-from cann_export.capture.module_paths import collect
+from cann_export.graph.module_paths import collect
 from cann_export.cli.main import _print_fix, cli
 from cann_export.options import Tolerance
 from cann_export.validators import flops
-from cann_export.validators.device_parity import fix_precision
+from cann_export.validators.fix_precision import fix_precision
 from cann_export.validators.precision import emulate, emulation_for, run
 
 NORMS = ["layers.0.attn_norm", "layers.0.mlp_norm", "layers.1.attn_norm", "layers.1.mlp_norm", "norm"]

@@ -166,7 +166,7 @@ def test_device_verdict_runs_on_the_realistic_sets_only(tmp_path):
     emulated = json.loads((out / "parity.json").read_text())["device"]["outputs"][0]
     assert emulated["non_finite"] is False
     # the same graph judged on every set (as before the split) overflows on a probe
-    from cann_export.validators.device_parity import device_report
+    from cann_export.validators.fix_precision import device_report
 
     path, feeds, expected, _ = _stored(out)
     every = device_report(onnx.load(str(path)), "force_fp16", [], feeds, expected, ["output"],

@@ -12,7 +12,7 @@ from helpers.fp16_origin import first_wrong_module
 
 import cann_export
 from cann_export.options import Tolerance
-from cann_export.validators.device_parity import device_report
+from cann_export.validators.fix_precision import device_report
 from cann_export.validators.precision import emulate, emulation_for, run
 
 

@@ -20,7 +20,7 @@ from helpers.reference_emulation import run_device
 import cann_export
 from cann_export.cli.main import cli
 from cann_export.options import KNOWN_SOCS, Tolerance, soc_model
-from cann_export.validators.device_parity import device_report
+from cann_export.validators.fix_precision import device_report
 from cann_export.validators.precision import FP16, Emulator, atc_convert, emulate, emulation_for, run
 
 MODES = ("saturation", "inf_nan")

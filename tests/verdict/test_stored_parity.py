@@ -215,7 +215,7 @@ def _shape_cells(page: str) -> dict[str, str]:
 
 def test_report_html_marks_the_shapes_it_did_not_store(capped, tmp_path):
     exported = _shape_cells((capped / "report.html").read_text())
-    from cann_export.report.write import regenerate  # what `cann-export report` runs
+    from cann_export.report.write_report import regenerate  # what `cann-export report` runs
 
     assert regenerate(capped, tmp_path / "again.html")["passed"]
     for cells in (exported, _shape_cells((tmp_path / "again.html").read_text())):

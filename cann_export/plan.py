@@ -1,0 +1,72 @@
+"""The plan of a bundle, whatever model it came from: the graphs (components) to export with their example
+inputs, and how they connect. A planner (hf/graph_plans.py for transformers decoders and encoder-decoders) makes
+a ``Plan``; the bundle writer exports it and the checker re-derives its connections through ``KINDS``, the table of
+bundle kinds: a new kind of bundle (a diffusers pipeline) is a new planner and one entry here."""
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a component's name: its directory, components/<name>
+
+
+@dataclass
+class Component:
+    """One graph of a multi-graph bundle: its name (its directory, ``components/<name>``), its role, the module
+    to export and its example inputs, by graph input name."""
+
+    name: str
+    role: str
+    module: Any
+    example_inputs: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """The graphs and the ``connections`` between them: each ``(from component, output, to component, input)``
+    says which output feeds which input (a component feeding itself is a loop, such as decode's cache)."""
+
+    kind: str
+    components: list[Component]
+    connections: list[tuple[str, str, str, str]]
+    notes: dict[str, Any] = field(default_factory=dict)
+    kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # bundle/parity_reuse.py
+    # connections through a host step (a diffusers pipeline's scheduler, concatenation, guidance): recorded in the
+    # manifest, never fed as is to a later graph's parity inputs
+    host_connections: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # after the graphs are written (staging directory, results): extra top-level manifest sections and whether
+    # they pass (a pipeline's end-to-end check)
+    finish: Any = field(default=None, repr=False, compare=False)
+
+
+# the table of bundle kinds: each kind's components in order (each one's role is its name) ...
+KINDS: dict[str, tuple[str, ...]] = {
+    "decoder-with-past": ("prefill", "decode"),
+    "decoder-with-static-cache": ("prefill", "decode"),
+    "encoder-decoder": ("encoder", "decoder"),
+    "encoder-decoder-with-past": ("encoder", "decoder", "decoder_with_past"),
+}
+# ... and the module of the planner that wires it (``wiring(kind, outputs)``, ``run_notes(kind, ...)``: the rule
+# export wrote the manifest with, which validate re-derives it with); a module name from this table, never a file
+PLANNERS: dict[str, str] = dict.fromkeys(KINDS, "cann_export.hf.graph_plans")
+
+
+def _planner(kind: str) -> Any:
+    return importlib.import_module(PLANNERS[kind])
+
+
+def wiring(kind: str, outputs: list[str]) -> list[tuple[str, str, str, str]]:
+    """The connections of a ``kind`` bundle from the output names of its first graph, by its planner's rule."""
+    return _planner(kind).wiring(kind, outputs)
+
+
+def wiring_source(kind: str) -> str:
+    """The component whose output names the connections of a ``kind`` bundle are derived from, by its planner."""
+    return _planner(kind).wiring_source(kind)
+
+
+def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
+    """The ``run`` notes of a ``kind`` bundle, by its planner."""
+    return _planner(kind).run_notes(kind, cache_length, batch)
