@@ -207,7 +207,7 @@ def graphs(model: Any, options: dict[str, Any]) -> str | None:
     (the model decides which), or None for a single graph. ``kv_cache`` no loader claims still asks for several
     graphs (export_multi then says what it takes)."""
     from .diffusion.export import is_pipeline
-    from .diffusion.table import TASK as PIPELINE_TASK
+    from .diffusion.known_pipelines import TASK as PIPELINE_TASK
     from .hooks.contracts import Loader
 
     if is_pipeline(model):  # a diffusers pipeline or its directory: one graph per component (diffusion/)
@@ -233,7 +233,7 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     per graph).
     ``options``: export()'s keyword options, for every component. Returns a ``MultiResult``."""
     from .bundle.multi_write import check_request, export_plan
-    from .diffusion.table import TASK as PIPELINE_TASK
+    from .diffusion.known_pipelines import TASK as PIPELINE_TASK
     from .hf.graph_plans import plan_for
 
     if (task or options.get("known_task")) == PIPELINE_TASK:  # a diffusers pipeline: planned in diffusion/

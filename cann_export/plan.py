@@ -70,3 +70,21 @@ def wiring_source(kind: str) -> str:
 def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
     """The ``run`` notes of a ``kind`` bundle, by its planner."""
     return _planner(kind).run_notes(kind, cache_length, batch)
+
+
+# bundle kinds whose components vary with the model (a diffusers pipeline: SD3's six graphs, a UNet pipeline's
+# four) and so are not rows of KINDS: the module that checks such a bundle's wiring (``wiring_problems(manifest,
+# owns)``) and names the files it carries beside its graphs (``carried_file(rel)``); a module name, never a file
+CHECKERS: dict[str, str] = {"diffusion-pipeline": "cann_export.diffusion.check"}
+
+
+def checker(kind: Any) -> Any:
+    """The checking module of a bundle kind outside KINDS, or None."""
+    return importlib.import_module(CHECKERS[kind]) if isinstance(kind, str) and kind in CHECKERS else None
+
+
+def carried_file(kind: Any, rel: str) -> bool:
+    """Whether ``rel`` is a file a ``kind`` bundle carries beside its graphs (a pipeline's configs, tokenizers)."""
+    found = checker(kind)
+    return bool(found is not None and found.carried_file(rel))
+

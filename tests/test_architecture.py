@@ -361,3 +361,7 @@ def test_every_bundle_kind_has_a_planner_that_wires_it():
         planner = importlib.import_module(module)
         assert all(callable(getattr(planner, f, None)) for f in ("wiring", "wiring_source", "run_notes")), kind
         assert plan.wiring_source(kind) in plan.KINDS[kind]
+    assert not set(plan.CHECKERS) & set(plan.KINDS)  # a kind with its own checker has no fixed components
+    for kind, module in plan.CHECKERS.items():
+        checks = importlib.import_module(module)
+        assert all(callable(getattr(checks, f, None)) for f in ("wiring_problems", "carried_file")), kind

@@ -26,7 +26,7 @@ class Session:
             device_alias.install()
             _complete_torch_npu()
         tracking.enable_global()
-        from ..diffusion import facade
+        from . import pipeline_facade as facade
 
         facade.install()  # a diffusers pipeline's parameters(), as the article calls it
         return chosen.name
@@ -39,7 +39,7 @@ class Session:
         from .npu_sim import uninstall
 
         tracking.disable_global()
-        from ..diffusion import facade
+        from . import pipeline_facade as facade
 
         facade.uninstall()
         device_alias.uninstall()

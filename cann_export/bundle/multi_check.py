@@ -14,7 +14,7 @@ from ..bundle.read import load_manifest_file
 from ..errors import ValidateError
 from .multi_write import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
 from .multi_manifest_schema import field_problems, key_problems
-from ..plan import KINDS, NAME, run_notes, wiring, wiring_source
+from ..plan import KINDS, NAME, checker, run_notes, wiring, wiring_source
 
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
@@ -274,12 +274,8 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     """The components (names, roles), connections and run notes re-derived from ``kind`` and the graphs'
     output names (``plan.wiring``, the rule export wrote them with), against the manifest's."""
     kind = manifest.get("kind")
-    from ..diffusion.table import KIND as PIPELINE_KIND
-
-    if kind == PIPELINE_KIND:  # a diffusers pipeline: its table re-derives it
-        from ..diffusion.check import wiring_problems as pipeline_problems
-
-        return pipeline_problems(manifest, owns)
+    if (own_rule := checker(kind)) is not None:  # a diffusers pipeline: its own table re-derives it
+        return own_rule.wiring_problems(manifest, owns)
     if kind not in KINDS:
         return [f"manifest.json kind: {str(kind)[:80]!r} is not one of {', '.join(KINDS)}"]
     recorded = [(c["name"], c.get("role")) for c in manifest["components"]]

@@ -127,12 +127,11 @@ def _file_paths(manifest: dict[str, Any], names: list[str]) -> list[str]:
     """Every path of the file table is one the writer puts there: inside a listed component, the top-level ATC
     script, or a carried companion file of a model directory."""
     from ..hf.directory_files import COMPANIONS
-
-    from ..diffusion.files import allowed as pipeline_file
+    from ..plan import carried_file
 
     allowed = {CONVERT, *(f"{CARRIED_DIR}/{n}" for n in COMPANIONS)}
-    pipeline = "pipeline" in manifest  # its pipeline/ files: diffusion/check.py names each
-    stray = [rel for rel in manifest["files"] if rel not in allowed and not (pipeline and pipeline_file(rel))
+    kind = manifest.get("kind")  # a pipeline's pipeline/ files: its kind's checker names each (plan.CHECKERS)
+    stray = [rel for rel in manifest["files"] if rel not in allowed and not carried_file(kind, rel)
              and not any(rel.startswith(f"{COMPONENTS_DIR}/{n}/") for n in names)]
     return [f"manifest.json files[{rel[:200]!r}]: not a file a multi-graph export writes (refused)"
             for rel in stray[:SHOWN]]

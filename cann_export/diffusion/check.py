@@ -8,13 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from .files import MODEL_INDEX, PIPELINE_DIR, allowed
-from .table import PIPELINES, components_of
+from .known_pipelines import PIPELINES, components_of
 
 SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings")
 
 
+def carried_file(rel: str) -> bool:
+    """Whether ``rel`` is a pipeline file (pipeline/: model_index.json, a part's configs, tokenizer files) a
+    pipeline bundle may carry beside its graphs (plan.carried_file)."""
+    return allowed(rel)
+
+
 def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
-    from .plan import run_notes, wiring
+    from .planner import run_notes, wiring
 
     run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
     cls = run.get("pipeline")

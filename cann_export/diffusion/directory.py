@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import LoadError
 from .files import MODEL_INDEX, PART, read_json
-from .table import ALLOWED, OPTIONAL_PARTS, PIPELINES, components_of, tokenizer_of
+from .known_pipelines import ALLOWED, OPTIONAL_PARTS, PIPELINES, components_of, tokenizer_of
 
 EXTRA = "pip install 'cann-export[diffusers]'"
 TOKENIZER_MARKS = ("tokenizer.json", "vocab.json", "spiece.model")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .table import PIPELINES, components_of
+from .known_pipelines import PIPELINES, components_of
 
 PROMPT = "a photo of a cat"
 STEPS = 2

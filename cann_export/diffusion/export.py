@@ -24,7 +24,7 @@ def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | Non
             warnings: list[str] | None = None) -> dict[str, Any]:
     """The manifest's ``pipeline`` section: what the runner rebuilds the pipeline from, and the end-to-end check
     (None: --no-validate)."""
-    from .plan import pipeline_class
+    from .planner import pipeline_class
 
     by_part: dict[str, list[str]] = {}
     for rel in sorted(files):
@@ -42,8 +42,8 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     import warnings
 
     from .end_to_end import check
-    from .hints import pipeline_hints
-    from .plan import pipeline_plan
+    from .component_hints import pipeline_hints
+    from .planner import pipeline_plan
 
     validate = options.get("validate", True) is not False
     options["atc_hints"], said = pipeline_hints(pipe, options.get("atc_hints"))

@@ -49,7 +49,7 @@ class HostedTextEncoder(Hosted):
         from transformers.models.clip.modeling_clip import CLIPTextModelOutput
 
         out = self.call(input_ids=input_ids.to(torch.int64))
-        from .plan import hidden_state_names
+        from .planner import hidden_state_names
 
         hidden = tuple(out[k] for k in hidden_state_names(list(out))) or None
         if "text_embeds" in out:
@@ -147,7 +147,7 @@ def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], confi
     scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs)."""
     import diffusers
 
-    from .table import PIPELINES
+    from .known_pipelines import PIPELINES
 
     encoders, denoiser = PIPELINES[cls]
     modules: dict[str, Any] = {e: HostedTextEncoder(e, runs[e], configs[e]) for e in encoders}

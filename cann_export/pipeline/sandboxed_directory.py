@@ -170,10 +170,10 @@ def staged_multi_problems(directory: Path, manifest: dict[str, Any]) -> list[str
     inner = component_format(manifest.get("format"))
     files, folders, problems = walk(directory)
     homes = [c["path"] for c in manifest["components"]]
-    from ..diffusion.files import allowed as pipeline_file
+    from ..plan import carried_file
 
     top = {MANIFEST, *carried_names(), *([CONVERT] if atc_headed(inner) else [])}
-    top |= {rel for rel in manifest["files"] if "pipeline" in manifest and pipeline_file(rel)}  # diffusion/
+    top |= {rel for rel in manifest["files"] if carried_file(manifest.get("kind"), rel)}  # a pipeline's files
     for rel in files:
         if rel not in top and not any(rel.startswith(f"{home}/") for home in homes):
             problems.append(f"{shown(rel)}: not a file a multi-graph bundle holds")

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import OptionsError
 from .files import PIPELINE_DIR, read_json
-from .table import KIND, PIPELINES, SCHEDULERS, components_of
+from .known_pipelines import KIND, PIPELINES, SCHEDULERS, components_of
 
 
 def load(bundle: str | Path, device: bool = False) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..plan import Component, Plan
 from ..errors import OptionsError
-from .table import KIND, PIPELINES, components_of, tokenizer_of
+from .known_pipelines import KIND, PIPELINES, components_of, tokenizer_of
 
 EXAMPLE_BATCH = 2  # torch.export must not specialize the batch to 1
 EXAMPLE_PROMPTS = ["a photo of a cat", "a dog"]

@@ -26,7 +26,7 @@ class CallableParameters(dict):
         self.pipe = pipe
 
     def __call__(self, recurse: bool = True) -> Iterator[Any]:
-        from .table import PIPELINES
+        from ..diffusion.known_pipelines import PIPELINES
 
         name = type(self.pipe).__name__
         denoiser = PIPELINES.get(name, ((), "transformer"))[1]
@@ -77,7 +77,7 @@ def install() -> None:
 
 
 def _patch(cls: Any) -> None:
-    from ..backend.device_alias import _method_to
+    from .device_alias import _method_to
 
     own = cls.__dict__.get("parameters") if cls is not None else None
     if cls is None or _INSTALLED or not isinstance(own, property):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .table import PIPELINES, components_of
+from .known_pipelines import PIPELINES, components_of
 
 MODULE_HINTS = ("insert_teacache", "keep_dtype")
 LAYOUT = ("ATC has no memory_layout option (no 'nhwc_optimized'): an ONNX graph's --input_format is NCHW, NCDHW "
