@@ -124,7 +124,6 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
         progress = StageTimeline(trace).wrap(progress)
     check_options(export_format, options)
-    _check_model_path(model)
     with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
         several = graphs(model, options)  # transformers' import: seconds the live line names
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
@@ -132,6 +131,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return export_multi(model, output_path, export_format=export_format, progress=progress,
                             known_task=several, **options)
     ctx = _context(model, Path(output_path), _options(export_format, dict(options)), example_inputs)
+    _check_model_path(model)  # after the output's checks, before the sandbox child's torch import
     pipeline.run(ctx, progress)
     if ctx.halted:  # e.g. a DDP rank other than 0: it trained, rank 0 writes
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
