@@ -27,10 +27,8 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 TARGET = 2.0
@@ -103,23 +101,12 @@ print("raw ok", [o.shape for o in outs])
 
 
 def measured(cmd: list[str], env: dict, log: Path, timeout: float = 1800) -> dict:
-    """Spawn ``cmd`` (stdout+stderr to ``log``), reap it with os.wait4: wall seconds, peak RSS MiB, CPU s, rc."""
-    with open(log, "wb") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > timeout:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.01)
-        wall = time.perf_counter() - start
-    kib = usage.ru_maxrss / 1024 if sys.platform == "darwin" else usage.ru_maxrss
-    return {"wall_s": round(wall, 2), "peak_mib": round(kib / 1024, 1), "rc": os.waitstatus_to_exitcode(status),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
+    """Spawn ``cmd`` (stdout+stderr to ``log``), reaped with os.wait4: wall seconds, peak RSS MiB, CPU s, rc
+    (bench_vs_optimum's measurement, so both tables count the same way)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_vs_optimum import run_measured
+
+    return run_measured(cmd, env, log, timeout)
 
 
 def our_cli() -> list[str]:
