@@ -186,7 +186,10 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if whole and not wired:  # the shape check follows the connections: only the plan's own (no loops)
         from .graph_shape_check import component_shape_problems
 
-        diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, manifest["connections"])]
+        # a kind with its own checker (a pipeline) connects its graphs through the host (scheduler, guidance): no
+        # graph's parity sets are fed by another's, as its planner's Plan.connections is empty
+        fed_by = [] if checker(manifest.get("kind")) is not None else manifest["connections"]
+        diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, fed_by)]
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
