@@ -186,10 +186,7 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if whole and not wired:  # the shape check follows the connections: only the plan's own (no loops)
         from .graph_shape_check import component_shape_problems
 
-        # a kind with its own checker (a pipeline) connects its graphs through the host (scheduler, guidance): no
-        # graph's parity sets are fed by another's, as its planner's Plan.connections is empty
-        fed_by = [] if checker(manifest.get("kind")) is not None else manifest["connections"]
-        diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, fed_by)]
+        diffs += [d for n, own in owns.items() for d in component_shape_problems(n, own, owns, _feeding(manifest))]
     if len(verdicts) == len(manifest["components"]) and manifest["parity"]["passed"] is not all(verdicts):
         diffs.append(f"manifest.json parity.passed: records {manifest['parity']['passed']}, its components "
                      f"{'all' if all(verdicts) else 'do not all'} pass")
@@ -271,6 +268,12 @@ def placement_problems(directory: Path, files: dict[str, Any]) -> list[str]:
             elif name in names and rel not in files:
                 problems.append(f"{rel[:200]}: not in the top-level file table of manifest.json")
     return problems
+
+
+def _feeding(manifest: dict[str, Any]) -> list[Any]:
+    """The connections that feed a graph's parity sets: none for a kind with its own checker (a pipeline connects
+    its graphs through the host: scheduler, guidance; its planner's Plan.connections is empty)."""
+    return [] if checker(manifest.get("kind")) is not None else manifest["connections"]
 
 
 def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
