@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ExportError, OptionsError
 from ..bundle.multi_write import MultiResult, place
-from .sandboxed_file import DENIES
+from .sandboxed_file import DENIES, relay
 
 
 def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
@@ -108,22 +108,9 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
 
 
 def _events(progress: Any) -> Any:
-    from ..sandbox import child
-
+    """The child's progress messages, re-emitted here (each names its graph)."""
     def on_event(message: dict[str, Any]) -> None:
-        if "event" in message:  # a stage's start, end or countable work (naming its graph), re-emitted here
-            from .. import progress as events
-
-            try:
-                events.emit(events.ProgressEvent.from_dict(message["event"]))
-            except ValueError as e:
-                raise child.ChildFailed(f"the sandboxed child sent a malformed progress event ({e})") from e
-            return
-        event = message.get("progress")
-        if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
-            raise child.ChildFailed("the sandboxed child sent a malformed progress event")
-        if progress:
-            progress(event[0], str(event[1]), str(event[2]), float(event[3]))
+        relay(message, progress)
 
     return on_event
 

@@ -85,20 +85,9 @@ def run_confined(ctx: ExportContext, stages: tuple[Stage, ...], progress: Progre
         return _outcome(ctx)
 
     def on_event(message: dict[str, Any]) -> None:
-        if "event" in message:  # a stage's start, end or countable work, re-emitted here
-            from .. import progress as events
-
-            try:
-                events.emit(events.ProgressEvent.from_dict(message["event"]))
-            except ValueError as e:
-                raise child.ChildFailed(f"the sandboxed child sent a malformed progress event ({e})") from e
-            return
-        event = message.get("progress")
-        if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
-            raise child.ChildFailed("the sandboxed child sent a malformed progress event")
-        reached[0] = event[0]
-        if progress:
-            progress(event[0], str(event[1]), str(event[2]), float(event[3]))
+        index = relay(message, progress)
+        if index is not None:
+            reached[0] = index
 
     try:
         data = child.run(body, [box], confine.probe(), on_event)
@@ -187,3 +176,25 @@ def _declared_target(ctx: ExportContext, name: str) -> Path:
 
 def cleanup(ctx: ExportContext) -> None:
     atomic.discard(ctx.sandbox_dir)
+
+
+def relay(message: dict[str, Any], progress: ProgressFn | None) -> int | None:
+    """Re-emit one progress message of the sandboxed child here (a stage's start, end or countable work; or a
+    stage's end for ``progress``); the index of the stage that ended, None for an event. A malformed message
+    fails the child's run."""
+    from ..sandbox import child
+
+    if "event" in message:
+        from .. import progress as events
+
+        try:
+            events.emit(events.ProgressEvent.from_dict(message["event"]))
+        except ValueError as e:
+            raise child.ChildFailed(f"the sandboxed child sent a malformed progress event ({e})") from e
+        return None
+    event = message.get("progress")
+    if not (isinstance(event, list) and len(event) == 4 and isinstance(event[0], int)):
+        raise child.ChildFailed("the sandboxed child sent a malformed progress event")
+    if progress:
+        progress(event[0], str(event[1]), str(event[2]), float(event[3]))
+    return event[0]
