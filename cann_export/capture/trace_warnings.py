@@ -44,7 +44,8 @@ def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
         seen.add(key)
         message = " ".join(str(w.message).split())
         kind = next((k for word, k in _KINDS if word in message.lower()), "other")
-        out.append({"file": w.filename, "line": w.lineno, "code": linecache.getline(w.filename, w.lineno).strip(),
+        code = linecache.getline(w.filename, w.lineno).strip()
+        out.append({"file": _library_relative(w.filename), "line": w.lineno, "code": code,
                     "kind": kind, "message": message.split(". ")[0].rstrip(".")})
     return out
 
@@ -54,16 +55,25 @@ def where(finding: dict[str, Any]) -> str:
     return f"{short_file(finding['file'])}:{finding['line']}{code} ({finding['message']})"
 
 
+def _library_relative(path: str) -> str:
+    """An installed library's file from its package on (the record names no venv or home directory), else as given."""
+    import os
+
+    for marker in ("site-packages", "dist-packages"):
+        head, sep, tail = str(path).rpartition(os.sep + marker + os.sep)
+        if sep:
+            return tail
+    return str(path)
+
+
 def short_file(path: Any) -> str:
     """A source file as a user reads it: from its package on (``transformers/masking_utils.py``) for an installed
     library, relative to the working directory for the user's own code, else as given."""
     import os
 
-    text = str(path)
-    for marker in ("site-packages", "dist-packages"):
-        head, sep, tail = text.rpartition(os.sep + marker + os.sep)
-        if sep:
-            return tail
+    text = _library_relative(str(path))
+    if text != str(path):
+        return text
     relative = os.path.relpath(text) if os.path.isabs(text) else text
     return relative if not relative.startswith("..") else text
 
