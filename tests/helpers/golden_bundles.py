@@ -6,7 +6,8 @@ Only what differs from run to run on the same code is normalised: the run's temp
 ``provenance.created_utc``, the per-stage wall times (``stage_seconds``), the checks' own cost (``parity.checks``:
 wall seconds and peak RSS), every sha256 (the graphs and parity
 files carry run-specific bytes, the manifests carry the times) and the byte size of a ``manifest.json`` (it holds
-the times) and of a ``model.onnx`` (its metadata holds the source's path) in a file table, and the line numbers
+the times), of a ``model.onnx`` (its metadata holds the source's path) and of a ``torch/program.pt2`` (its stack
+traces hold the absolute paths of the tool's own source files) in a file table, and the line numbers
 of trace warnings inside an installed library (they move with its release). Everything else, key
 order and formatting included, must be identical."""
 from __future__ import annotations
@@ -50,7 +51,7 @@ def normalise(text: str, root: str) -> str:
     # where tracing warned inside an installed library: its line numbers move with the library's release
     text = re.sub(r"(\"file\": \"[^\"/][^\"]*\",\s*\"line\": )\d+", r"\1<line>", text)
     text = re.sub(r"(\"(?:manifest_)?sha256\": )\"[0-9a-f]{64}\"", r'\1"<sha>"', text)
-    return re.sub(r"((?:manifest\.json|model\.onnx)\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+", r"\1<n>", text)
+    return re.sub(r"((?:manifest\.json|model\.onnx|program\.pt2)\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+", r"\1<n>", text)
 
 
 def run_cases(root: Path) -> dict[str, dict[str, str]]:
