@@ -99,7 +99,7 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
 
 def _static_where_widened(graph: Any, ctx: Any, wide: dict[str, Any]) -> bool:
     """The graph fixed an axis the widened example doubled (at the doubled size, not the example's)."""
-    from .dynamic_dims import graph_dims
+    from ..graph.onnx_helpers import graph_dims
 
     dims = graph_dims(graph) if hasattr(graph, "graph") else {}
     for name, t in wide.items():

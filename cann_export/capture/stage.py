@@ -19,6 +19,7 @@ def capture(ctx: ExportContext) -> str | None:
     from . import trace_judged_by_parity
     from . import exporter_choice
 
+    large_graph.state(ctx)  # a large graph's work directory, or a graph past protobuf's limit refused
     exporters = exporter_choice.ordered(ctx, manager.registry().exporters())
     attempts: list[CaptureAttempt] = []
     traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
@@ -156,12 +157,13 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
 def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
     """A traced graph that warned: record it (``checked``: the trace gate's passed check), and the reference on
     inputs that may take other paths (from the stripped module, which is what was traced) unless the gate made it."""
+    from ..inputs import path_probes
     from . import trace_warnings
 
     trace_warnings.record(ctx, ctx.trace_warnings, checked)
     if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets \
-            and not trace_warnings.prepared_paths(ctx):  # else parity judges them among the prepared sets
-        ctx.path_input_sets = trace_warnings.path_variants(ctx.example_inputs)
+            and not path_probes.prepared_paths(ctx):  # else parity judges them among the prepared sets
+        ctx.path_input_sets = path_probes.path_variants(ctx.example_inputs)
         if ctx.path_input_sets:
             _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
                                                               list(ctx.input_names), ctx.path_input_sets)
