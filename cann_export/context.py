@@ -285,7 +285,6 @@ class ExportContext:
     stage_peak_mib: dict[str, float] = field(default_factory=dict)  # stage -> the process's peak RSS at its end
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     module_origins: dict[str, dict[str, str]] = field(default_factory=dict)  # stamp key -> {node: value}
-    capture_notes: list[str] = field(default_factory=list)  # why an exporter missed the requested opset
     large_graph: LargeGraph | None = None  # weights past external_data_threshold: the graph lives on disk
     # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)
     teacher: Any = None  # the float model

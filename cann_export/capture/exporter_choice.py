@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..judging import GraphJudge
+
 
 def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
     """The exporters to try, in order (``exporters`` come in descending priority)."""
@@ -60,7 +62,7 @@ def unchecked(ctx: Any) -> str | None:
     return None
 
 
-def check(ctx: Any, model: Any) -> dict[str, Any]:
+def check(ctx: Any, model: Any, judge: GraphJudge) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
@@ -73,7 +75,7 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     chosen = _chosen(labels)
     done = coverage(labels, chosen)
     try:
-        report = _judged(ctx, model, chosen, sets, labels, reference)
+        report = _judged(ctx, model, judge, chosen, sets, labels, reference)
     except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
         return {**done, "passed": False, "reason": f"the traced graph fails on an input set: {type(e).__name__}: "
                                                    f"{' '.join(str(e).split())[:200]}"}
@@ -129,16 +131,15 @@ def _chosen(labels: list[dict[str, Any]]) -> list[int]:
     return chosen
 
 
-def _judged(ctx: Any, model: Any, chosen: list[int], sets: list, labels: list, reference: list) -> dict[str, Any]:
-    """parity_report on the traced graph (written to a temporary file) for the ``chosen`` sets, at the verdict
-    rule's floor when the reference's noise was deferred (a disagreement there rejects the trace: dynamo is the
-    safe side)."""
+def _judged(ctx: Any, model: Any, judge: GraphJudge, chosen: list[int], sets: list, labels: list,
+            reference: list) -> dict[str, Any]:
+    """``judge``'s parity report on the traced graph (written to a temporary file) for the ``chosen`` sets, at the
+    verdict rule's floor when the reference's noise was deferred (a disagreement there rejects the trace: dynamo is
+    the safe side)."""
     import tempfile
     from pathlib import Path
 
     import onnx
-
-    from ..validators.parity import parity_report, to_numpy
 
     count = len(ctx.input_sets)
     noise = list(ctx.reference_noise) if len(ctx.reference_noise) == count else None
@@ -150,13 +151,13 @@ def _judged(ctx: Any, model: Any, chosen: list[int], sets: list, labels: list, r
 
         noise = float_noise.least_floor(ctx)
     noise = [*noise, *[None] * (len(sets) - len(noise))] if noise is not None else None
-    feeds = [{n: to_numpy(t) for n, t in sets[i].items()} for i in chosen]
+    feeds = [{n: t.detach().cpu().numpy() for n, t in sets[i].items()} for i in chosen]
     with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
         path = Path(tmp) / "traced.onnx"
         onnx.save(model, str(path))
-        return parity_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
-                             "the model on the prepared input sets (trace check)", labels=[labels[i] for i in chosen],
-                             noise=[noise[i] for i in chosen] if noise is not None else None)
+        return judge.graph_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
+                                  "the model on the prepared input sets (trace check)", [labels[i] for i in chosen],
+                                  [noise[i] for i in chosen] if noise is not None else None)
 
 
 def note(result: dict[str, Any]) -> str:
