@@ -96,15 +96,10 @@ def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], lis
     """The prepared input sets with their labels and reference (no new forward), plus the path variants and
     theirs unless prepare built them among its sets (``Decisions.trace_first``); else one forward each, for float inputs
     only, kept in the context for parity."""
-    from ..inputs.reference import reference_outputs
+    from ..inputs.path_probes import PATH_SCALES, add_path_references
     from ..inputs.tensors import set_label
-    from ..inputs.path_probes import PATH_SCALES, path_variants, prepared_paths
 
-    if not ctx.path_input_sets and not prepared_paths(ctx):
-        ctx.path_input_sets = path_variants(ctx.example_inputs)
-        if ctx.path_input_sets:
-            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
-                                                              list(ctx.input_names), ctx.path_input_sets)
+    add_path_references(ctx)
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)

@@ -8,7 +8,6 @@ from .. import errors
 from ..context import CaptureAttempt, CaptureReport, ExportContext
 from ..graph import module_paths
 from ..hooks import manager
-from ..inputs.reference import reference_outputs
 from ..judging import GraphJudge
 from . import attempt_scratch, large_graph
 
@@ -170,12 +169,8 @@ def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
     from . import trace_warnings
 
     trace_warnings.record(ctx, ctx.trace_warnings, checked)
-    if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets \
-            and not path_probes.prepared_paths(ctx):  # else parity judges them among the prepared sets
-        ctx.path_input_sets = path_probes.path_variants(ctx.example_inputs)
-        if ctx.path_input_sets:
-            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
-                                                              list(ctx.input_names), ctx.path_input_sets)
+    if ctx.options.validate and not ctx.quant_table:  # parity judges them (among the prepared sets, when there)
+        path_probes.add_path_references(ctx)
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:

@@ -21,3 +21,17 @@ def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:
 def prepared_paths(ctx: Any) -> bool:
     """Whether the prepare stage built the path variants among its input sets (probes labelled ``trace_path``)."""
     return any(label.get("source") == "trace_path" for label in ctx.input_set_labels)
+
+
+def add_path_references(ctx: Any) -> None:
+    """The path variants of the example and the model's outputs on them into ``ctx.path_input_sets`` /
+    ``ctx.path_reference_outputs`` (one forward each, float inputs only), unless prepare built them among its sets
+    or they are there already: the trace check and parity judge a warned trace on them."""
+    from .reference import reference_outputs
+
+    if ctx.path_input_sets or prepared_paths(ctx):
+        return
+    ctx.path_input_sets = path_variants(ctx.example_inputs)
+    if ctx.path_input_sets:
+        _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
+                                                          list(ctx.input_names), ctx.path_input_sets)
