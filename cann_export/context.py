@@ -13,6 +13,7 @@ from .options import ExportOptions
 
 if TYPE_CHECKING:
     from .capture.large_graph import LargeGraph
+    from .decisions import Decisions
 
 # What a Validator.check returns: "passed", usually "findings", and the validator's own keys.
 ValidatorReport = dict[str, Any]
@@ -245,6 +246,7 @@ class ExportContext:
     source: Any  # a path or an in-memory model
     output_path: Path  # the artifact's path (a format may add its suffix)
     loaded: LoadedModel | None = None  # what the load stage got from the source
+    decisions: Decisions | None = None  # what the stages after load do, decided once after load (decisions.py)
     model: Any = None  # the model the next stage works on (eval, stripped, fake-quant)
     explicit_inputs: Any = None  # export(example_inputs=...): a tensor, a tuple, a dict or a file path
     input_names: list[str] = field(default_factory=list)  # the graph's inputs, in order
@@ -283,9 +285,7 @@ class ExportContext:
     stage_peak_mib: dict[str, float] = field(default_factory=dict)  # stage -> the process's peak RSS at its end
     module_paths: dict[str, str] = field(default_factory=dict)  # onnx node name -> torch module path
     module_origins: dict[str, dict[str, str]] = field(default_factory=dict)  # stamp key -> {node: value}
-    capture_notes: list[str] = field(default_factory=list)  # why an exporter missed the requested opset
     large_graph: LargeGraph | None = None  # weights past external_data_threshold: the graph lives on disk
-    large_graph_decided: bool = False  # large_graph was decided (once, before the first capture)
     # quantization (--qat / --ptq, or a model prepared with cann_export.qat.prepare)
     teacher: Any = None  # the float model
     float_reference_outputs: list[list[Any]] = field(default_factory=list)  # the float model's, per input set

@@ -266,12 +266,11 @@ def _package_pairs(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 # package pairs that still import each other (issue 42 lists 17); the list only ever shrinks
 KNOWN_PACKAGE_PAIRS = {
-    ("cann_export.atc", "cann_export.capture"), ("cann_export.backend", "cann_export.inputs"),
-    ("cann_export.backend", "cann_export.qat"), ("cann_export.bundle", "cann_export.pipeline"),
-    ("cann_export.bundle", "cann_export.report"), ("cann_export.capture", "cann_export.inputs"),
-    ("cann_export.capture", "cann_export.validators"), ("cann_export.hooks", "cann_export.pipeline"),
-    ("cann_export.inputs", "cann_export.load"), ("cann_export.inputs", "cann_export.qat"),
-    ("cann_export.inputs", "cann_export.validators"), ("cann_export.passes", "cann_export.pipeline"),
+    ("cann_export.backend", "cann_export.inputs"), ("cann_export.backend", "cann_export.qat"),
+    ("cann_export.bundle", "cann_export.pipeline"), ("cann_export.bundle", "cann_export.report"),
+    ("cann_export.hooks", "cann_export.pipeline"), ("cann_export.inputs", "cann_export.load"),
+    ("cann_export.inputs", "cann_export.qat"), ("cann_export.inputs", "cann_export.validators"),
+    ("cann_export.passes", "cann_export.pipeline"),
 }
 
 
@@ -305,10 +304,93 @@ def test_the_graph_helpers_every_stage_uses_depend_on_no_stage():
     assert not {t for t in reached if t.split(".")[1] in stages}
 
 
+# the stage packages in the order the table runs them (passes holds strip, before capture, and optimize, after it)
+STAGE_ORDER = ("load", "inputs", "qat", "passes", "capture", "validators")
+# imports from a stage package into one that runs later; the list only ever shrinks
+KNOWN_LOOKAHEAD = {
+    ("cann_export.inputs.float_noise", "cann_export.qat.fake_quant"),  # the quantized model's own noise
+    ("cann_export.inputs.float_noise", "cann_export.qat.wrapping"),
+    ("cann_export.inputs.providers", "cann_export.qat.stage"),  # --calibration-data gives the example
+    ("cann_export.inputs.stage", "cann_export.qat.stage"),  # --qat / --ptq: the reference is the fake-quant model
+    ("cann_export.inputs.stage", "cann_export.qat.wrapping"),
+    ("cann_export.inputs.float_noise", "cann_export.validators.metrics"),  # the verdict rule's floor
+    ("cann_export.inputs.quant_noise", "cann_export.validators.metrics"),
+    ("cann_export.load.program_extras", "cann_export.inputs.calling"),
+    ("cann_export.load.stage", "cann_export.capture"),
+    ("cann_export.load.stage", "cann_export.capture.large_graph"),  # a private copy sharing the weights
+    ("cann_export.load.stage", "cann_export.inputs.tracking"),
+    ("cann_export.passes.dedupe", "cann_export.capture"),  # optimize (after capture) on the captured graph
+    ("cann_export.passes.dedupe", "cann_export.capture.large_graph"),
+    ("cann_export.passes.stage", "cann_export.capture"),
+    ("cann_export.passes.stage", "cann_export.capture.dynamic_dims"),
+    ("cann_export.passes.stage", "cann_export.capture.large_graph"),
+    ("cann_export.passes.stage", "cann_export.validators.metrics"),
+}
+
+
+def _lookahead(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, target) where a stage package's module imports a package of a stage that runs after it."""
+    def stage(mod: str) -> int | None:
+        name = _package(mod).removeprefix("cann_export.")
+        return STAGE_ORDER.index(name) if name in STAGE_ORDER else None
+
+    return {(m, t) for m, targets in graph.items() for t in targets
+            if stage(m) is not None and stage(t) is not None and stage(t) > stage(m)}
+
+
+def test_a_stage_asks_no_later_stage_what_it_will_do():
+    """What the stages after load do is decided once (cann_export/decisions.py: ``ExportContext.decisions``), so
+    prepare (inputs/) never asks capture whether it will trace first or how large the weights are; capture is handed
+    parity's rules as a ``GraphJudge`` (cann_export/judging.py) and never imports validators/. No other import of a
+    later stage may start."""
+    graph = _import_graph()
+    found = _lookahead(graph)
+    assert found <= KNOWN_LOOKAHEAD, sorted(found - KNOWN_LOOKAHEAD)
+    assert not {(m, t) for m, t in found if m.startswith("cann_export.inputs.") and ".capture" in t}
+    assert not {(m, t) for m, t in found if m.startswith("cann_export.capture.")}
+
+
+def test_the_decisions_and_the_judge_are_neutral():
+    """decisions.py and judging.py sit below the stages that read them: the judge's interface imports nothing of
+    the project, the decisions only what tells a quantized model (qat/)."""
+    graph = _import_graph()
+    assert graph["cann_export.judging"] == set()
+    assert graph["cann_export.decisions"] <= {"cann_export.qat.torch_ao", "cann_export.qat.wrapping"}
+    assert "cann_export.decisions" in graph["cann_export.load.stage"]  # made right after load
+
+
+# ExportContext fields one package alone reads and writes, each crossing stages inside that package
+ONE_PACKAGE_FIELDS = {
+    "teacher", "calibration_batches",  # qat/: written by prepare's quantization, read by the train stage
+    "finalized", "sandbox_dir",  # pipeline/: written by the sandboxed run, read by commit and its cleanup
+}
+
+
+def test_the_context_carries_only_what_crosses_stages():
+    """A field of ExportContext is read or written in two packages or more (what one stage alone keeps, such as an
+    exporter attempt's notes or whether the large-graph state was decided, lives in that stage's own state:
+    capture/attempt_scratch.py, capture/stage.py's CaptureRun, the Decisions)."""
+    import re
+
+    from cann_export.context import ExportContext
+
+    texts = {mod: path.read_text(encoding="utf-8") for mod, path in _modules().items() if mod != "cann_export.context"}
+    alone = set()
+    for name in ExportContext.__dataclass_fields__:
+        used = re.compile(rf"\.{name}\b")
+        packages = {_package(mod) for mod, text in texts.items() if used.search(text)}
+        if len(packages) < 2:
+            alone.add(name)
+    assert alone == ONE_PACKAGE_FIELDS
+
+
 def test_the_rule_checks_see_a_shared_name_and_a_package_pair():
     assert _package_pairs({"cann_export.a.x": {"cann_export.b.y"}, "cann_export.b.y": {"cann_export.a.z"}}) == \
         {("cann_export.a", "cann_export.b")}
     assert _package_pairs({"cann_export.a.x": {"cann_export.b.y"}, "cann_export.b.y": set()}) == set()
+    assert _lookahead({"cann_export.inputs.x": {"cann_export.capture.y"}, "cann_export.capture.y": set()}) == \
+        {("cann_export.inputs.x", "cann_export.capture.y")}
+    assert _lookahead({"cann_export.capture.y": {"cann_export.inputs.x"}, "cann_export.inputs.x": set()}) == set()
 
 
 def _extras_keys_used() -> dict[str, set[str]]:

@@ -203,14 +203,3 @@ def restore_input_dims(model: Any, named: dict[tuple[str, int], str]) -> None:
     unique = {old: new.pop() for old, new in renames.items() if len(new) == 1 and old not in taken}
     if unique:
         _rename(model, unique)
-
-
-def graph_dims(model: Any) -> dict[str, list[int | str]]:
-    """{input: [size or dim name]} of a graph's inputs (initializers left out)."""
-    initializers = {i.name for i in model.graph.initializer}
-    out: dict[str, list[int | str]] = {}
-    for v in model.graph.input:
-        if v.name in initializers or not v.type.HasField("tensor_type"):
-            continue
-        out[v.name] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-    return out

@@ -1,70 +1,55 @@
 """Which exporters the capture stage tries, in what order, and whether a traced graph that warned is kept.
 
-Order: ``--exporter NAME`` tries that one only. ``auto`` follows the format's declared ``exporter_order``, else the
-loader's (``LoadedModel.extras["exporter_order"]``; the Hugging Face loader asks for TorchScript first, as Optimum
-traces), each named exporter first and the rest by priority; where the gate below could not check a trace (a graph
-past the large-graph threshold, a quantized export) the priority order stays, so no trace is run only to be thrown
-away.
+Order: ``--exporter NAME`` tries that one only. ``auto`` follows ``Decisions.exporter_order`` (the format's declared
+``exporter_order``, else the loader's ``LoadedModel.extras["exporter_order"]``; the Hugging Face loader asks for
+TorchScript first, as Optimum traces), each named exporter first and the rest by priority; where the gate below could
+not check a trace (a graph past the large-graph threshold, a quantized export) the priority order stays, so no trace
+is run only to be thrown away.
 
 Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
 kept: onnxruntime runs it on the input sets the prepare stage built (at the example's shape all of them: the example,
 the random variants; at each dynamic axis' range ends and middle the first set of that shape, ``_chosen``) and on
 sign-flipped / scaled copies of the example, judged by parity's own rule (parity_report); parity judges every set
-again on the written graph. When a checkable trace comes first (``traced_first``), prepare builds those copies itself as
-its specialisation probes, in place of the heavy-tailed random draws (laplace, wide_normal: x4 / x-4 reach further
-off the example's range), so the gate and parity judge them on the one reference and add no forward. All agree:
-kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
+again on the written graph. When a checkable trace comes first (``Decisions.trace_first``), prepare builds those
+copies itself as its specialisation probes, in place of the heavy-tailed random draws (laplace, wide_normal: x4 / x-4
+reach further off the example's range), so the gate and parity judge them on the one reference and add no forward. All
+agree: kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
 (a quantized export): rejected, the next exporter runs, and the attempt names why. Under --no-validate, when a
-checkable trace comes first, prepare still builds the sets the gate checks (the example, the realistic random
-draws, the probes, one set at each dynamic axis' range ends and middle; a multi-graph component's shape sets) and
-the gate judges every verdict set at the least floor (nothing measured), so skipping parity keeps a checked trace
-(dynamo was slower: ViT-small 19-25 s against 16 s validated; GPT-2 small's two graphs 62 s against 55 s).
-When the stages run validate after capture (an export's usual run) the check waits for it (trace_deferred.py):
-parity judges the same sets on the written graph, and a failure there sends the stages back to capture with the
-trace rejected, so onnxruntime runs the sets once, not twice.
-``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
+checkable trace comes first, prepare still builds the sets the gate checks (the example, the realistic random draws,
+the probes, one set at each dynamic axis' range ends and middle; a multi-graph component's shape sets) and the gate
+judges every verdict set at the least floor (nothing measured), so skipping parity keeps a checked trace (dynamo was
+slower: ViT-small 19-25 s against 16 s validated; GPT-2 small's two graphs 62 s against 55 s). When the stages run
+validate after capture (an export's usual run) the check waits for it (trace_deferred.py): parity judges the same sets
+on the written graph, and a failure there sends the stages back to capture with the trace rejected, so onnxruntime
+runs the sets once, not twice. ``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
 ``--accept-trace-specialization``.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from . import large_graph
+from ..judging import GraphJudge
 
 
 def ordered(ctx: Any, exporters: list[Any]) -> list[Any]:
     """The exporters to try, in order (``exporters`` come in descending priority)."""
     if ctx.options.exporter != "auto":
         return [e for e in exporters if e.name == ctx.options.exporter]
-    wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
-    if not wanted or large_graph.state(ctx) is not None or (gated(ctx) and unchecked(ctx)):
+    wanted = ctx.decisions.exporter_order
+    if not wanted or ctx.decisions.large_graph or (gated(ctx) and unchecked(ctx)):
         return exporters
     rank = {name: i for i, name in enumerate(wanted)}
     return sorted(exporters, key=lambda e: rank.get(e.name, len(rank)))  # stable: the rest keep their priority
 
 
-def traced_first(ctx: Any) -> bool:
-    """Whether capture will first try a trace the gate can check (asked before capture, by the prepare stage, which
-    then builds the path variants among its input sets: ``trace_warnings.prepared_paths``)."""
-    if not gated(ctx) or ctx.options.quantize:
-        return False
-    wanted = list(getattr(ctx.format, "exporter_order", None) or ctx.loaded.extras.get("exporter_order") or ())
-    if not wanted or wanted[0] != "torchscript":
-        return False
-    if ctx.large_graph_decided:
-        return ctx.large_graph is None
-    opts = ctx.options
-    return opts.external_data == "never" or large_graph.module_bytes(ctx.model) <= opts.external_data_threshold
-
-
 def gated(ctx: Any) -> bool:
     """Whether a traced graph that warned must pass the check to be kept (``auto``, not accepted by the user)."""
-    return ctx.options.exporter == "auto" and not ctx.options.accept_trace_specialization
+    return ctx.decisions.trace_gated
 
 
 def _prepared(ctx: Any) -> bool:
     """Whether prepare built sets for the gate beyond the example (under --no-validate it does only when the trace
-    comes first: ``traced_first``; a trace tried after another exporter failed finds the example alone)."""
+    comes first: ``Decisions.trace_first``; a trace tried after another exporter failed finds the example alone)."""
     return any(label.get("source") in ("random", "shape", "trace_path") for label in ctx.input_set_labels)
 
 
@@ -72,12 +57,12 @@ def unchecked(ctx: Any) -> str | None:
     """Why the gate cannot check a trace in this export (then a preferred trace would only be thrown away)."""
     if ctx.options.quantize or ctx.quant_table:
         return "not checked: a quantized export"
-    if large_graph.state(ctx) is not None:
+    if ctx.decisions.large_graph:
         return "not checked: a large graph"
     return None
 
 
-def check(ctx: Any, model: Any) -> dict[str, Any]:
+def check(ctx: Any, model: Any, judge: GraphJudge) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
     stay in the context for parity (which judges the written graph on them again)."""
@@ -90,7 +75,7 @@ def check(ctx: Any, model: Any) -> dict[str, Any]:
     chosen = _chosen(labels)
     done = coverage(labels, chosen)
     try:
-        report = _judged(ctx, model, chosen, sets, labels, reference)
+        report = _judged(ctx, model, judge, chosen, sets, labels, reference)
     except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
         return {**done, "passed": False, "reason": f"the traced graph fails on an input set: {type(e).__name__}: "
                                                    f"{' '.join(str(e).split())[:200]}"}
@@ -109,17 +94,12 @@ def coverage(labels: list[dict[str, Any]], chosen: list[int]) -> dict[str, Any]:
 
 def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
     """The prepared input sets with their labels and reference (no new forward), plus the path variants and
-    theirs unless prepare built them among its sets (``traced_first``); else one forward each, for float inputs
+    theirs unless prepare built them among its sets (``Decisions.trace_first``); else one forward each, for float inputs
     only, kept in the context for parity."""
-    from ..inputs.reference import reference_outputs
+    from ..inputs.path_probes import PATH_SCALES, add_path_references
     from ..inputs.tensors import set_label
-    from .trace_warnings import PATH_SCALES, path_variants, prepared_paths
 
-    if not ctx.path_input_sets and not prepared_paths(ctx):
-        ctx.path_input_sets = path_variants(ctx.example_inputs)
-        if ctx.path_input_sets:
-            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
-                                                              list(ctx.input_names), ctx.path_input_sets)
+    add_path_references(ctx)
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)
@@ -146,16 +126,15 @@ def _chosen(labels: list[dict[str, Any]]) -> list[int]:
     return chosen
 
 
-def _judged(ctx: Any, model: Any, chosen: list[int], sets: list, labels: list, reference: list) -> dict[str, Any]:
-    """parity_report on the traced graph (written to a temporary file) for the ``chosen`` sets, at the verdict
-    rule's floor when the reference's noise was deferred (a disagreement there rejects the trace: dynamo is the
-    safe side)."""
+def _judged(ctx: Any, model: Any, judge: GraphJudge, chosen: list[int], sets: list, labels: list,
+            reference: list) -> dict[str, Any]:
+    """``judge``'s parity report on the traced graph (written to a temporary file) for the ``chosen`` sets, at the
+    verdict rule's floor when the reference's noise was deferred (a disagreement there rejects the trace: dynamo is
+    the safe side)."""
     import tempfile
     from pathlib import Path
 
     import onnx
-
-    from ..validators.parity import parity_report, to_numpy
 
     count = len(ctx.input_sets)
     noise = list(ctx.reference_noise) if len(ctx.reference_noise) == count else None
@@ -167,13 +146,13 @@ def _judged(ctx: Any, model: Any, chosen: list[int], sets: list, labels: list, r
 
         noise = float_noise.least_floor(ctx)
     noise = [*noise, *[None] * (len(sets) - len(noise))] if noise is not None else None
-    feeds = [{n: to_numpy(t) for n, t in sets[i].items()} for i in chosen]
+    feeds = [{n: t.detach().cpu().numpy() for n, t in sets[i].items()} for i in chosen]
     with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
         path = Path(tmp) / "traced.onnx"
         onnx.save(model, str(path))
-        return parity_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
-                             "the model on the prepared input sets (trace check)", labels=[labels[i] for i in chosen],
-                             noise=[noise[i] for i in chosen] if noise is not None else None)
+        return judge.graph_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
+                                  "the model on the prepared input sets (trace check)", [labels[i] for i in chosen],
+                                  [noise[i] for i in chosen] if noise is not None else None)
 
 
 def note(result: dict[str, Any]) -> str:

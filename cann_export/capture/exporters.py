@@ -93,13 +93,13 @@ def _dynamo_graph(model: Any, args: tuple, kwargs: dict, opset: int, ctx: Any) -
             return graph
         return _dynamo_attempt(model, args, kwargs, opset, ctx, shapes)  # a widened axis the model fixed
     except Exception as e:  # noqa: BLE001 - torch.onnx's symbolic-shape failures: the static graph may still export
-        ctx.capture_notes = [*ctx.capture_notes, f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
+        attempt_scratch.note(f"dynamic graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
     return _dynamo_attempt(model, args, kwargs, opset, ctx, None)
 
 
 def _static_where_widened(graph: Any, ctx: Any, wide: dict[str, Any]) -> bool:
     """The graph fixed an axis the widened example doubled (at the doubled size, not the example's)."""
-    from .dynamic_dims import graph_dims
+    from ..graph.onnx_helpers import graph_dims
 
     dims = graph_dims(graph) if hasattr(graph, "graph") else {}
     for name, t in wide.items():
@@ -172,7 +172,7 @@ def _program(model: Any, args: tuple, kwargs: dict, shapes: dict | None, ctx: An
             return torch.export.export(model, args, kwargs=kwargs, strict=False, dynamic_shapes=shapes)
         except Exception as e:  # noqa: BLE001 - torch's constraint violations and guard failures alike
             text = " ".join(str(e).split())
-            ctx.capture_notes = [*ctx.capture_notes, f"dynamic shapes: {text[:300]}"]
+            attempt_scratch.note(f"dynamic shapes: {text[:300]}")
             fixed = set(re.findall(r"You marked (\w+) as dynamic but your code specialized it", text))
             if not fixed:
                 break
@@ -250,7 +250,7 @@ def _down_convert(held: list, opset: int, ctx: Any) -> Any:
             del graph
             _same_outputs(converted, kept, ctx)
         except OpsetConversionError as e:
-            ctx.capture_notes = [*ctx.capture_notes, f"dynamo: opset {opset}: {e}"]
+            attempt_scratch.note(f"dynamo: opset {opset}: {e}")
             attempt_scratch.note_loaded(None)
             return onnx.load(str(kept)) if isinstance(kept, Path) else kept
     stamp_origins(converted, origins)
@@ -262,7 +262,6 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
     file) does; OpsetConversionError otherwise."""
     import numpy as np
 
-    from ..validators.metrics import all_pass, compare
     from ..graph.onnx_helpers import session
     from .opset_convert import OpsetConversionError
 
@@ -278,15 +277,16 @@ def _same_outputs(converted: Any, original: Any, ctx: Any) -> None:
         raise OpsetConversionError(f"the converted graph does not run: {type(e).__name__}: {e}") from e
     attempt_scratch.note_loaded(converted)  # onnxruntime loaded it: the capture's check need not load it again
     reference = ctx.reference_outputs
+    judge = attempt_scratch.judge()
     # the usual case: the opset-18 graph is never run
-    if reference and all_pass(after, reference[0], ctx.options.tolerance):
+    if reference and len(after) == len(reference[0]) and all(judge.outputs_agree(after, reference[0],
+                                                                                 ctx.options.tolerance)):
         return
     try:
         before = run(original)
     except Exception as e:
         raise OpsetConversionError(f"the opset-18 graph does not run: {type(e).__name__}: {e}") from e
-    bad = [i for i, (a, b) in enumerate(zip(after, before, strict=False))
-           if not compare(a, b, ctx.options.tolerance)["passed"]]
+    bad = [i for i, same in enumerate(judge.outputs_agree(after, before, ctx.options.tolerance)) if not same]
     if bad:
         raise OpsetConversionError(f"the converted graph changes output(s) {bad}")
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..decisions import module_bytes
+
 _ALIGN = 4096  # page-aligned tensors let onnxruntime map them instead of copying
 _EMBED_LIMIT = 1024  # tensors below this stay inside the proto
 _PROTO_LIMIT = 2_000_000_000
@@ -34,24 +36,6 @@ class LargeGraph:
         self.directory = self.workdir
 
 
-def module_bytes(model: Any) -> int:
-    """Bytes of a torch module's parameters and buffers (shared storages counted once)."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        return 0
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        try:
-            key = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            key = id(t)
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 def shared_weights_memo(module: Any) -> dict[int, Any]:
     """A deepcopy memo that gives each parameter and buffer a new tensor over the same storage."""
     import torch
@@ -65,22 +49,23 @@ def shared_weights_memo(module: Any) -> dict[int, Any]:
 
 
 def state(ctx: Any) -> LargeGraph | None:
-    """The large-graph state of this export, decided once (before capture) from the module's weights."""
-    if ctx.large_graph_decided:
+    """The large-graph state of this export (``Decisions.large_graph``, decided after load from the module's
+    weights), its work directory made at the first call; capture calls it before its first exporter, so a graph
+    past protobuf's limit under --external-data never is refused there."""
+    if ctx.large_graph is not None or ctx.decisions is None:
         return ctx.large_graph
-    from ..fs import atomic
-
-    size = module_bytes(ctx.model)
-    if ctx.options.external_data == "never" and size > _PROTO_LIMIT:
+    if ctx.options.external_data == "never" and ctx.decisions.module_bytes > _PROTO_LIMIT:
         from ..errors import CaptureError
 
-        raise CaptureError(f"the model has {size} bytes of weights, past protobuf's 2 GB limit for one .onnx "
-                           "file; use --external-data auto (or always)", path=ctx.loaded.source_path)
-    large = None
-    if ctx.options.external_data != "never" and size > ctx.options.external_data_threshold:
-        large = LargeGraph(atomic.staging_dir(ctx.output_path), size)
-    ctx.large_graph, ctx.large_graph_decided = large, True
-    return large
+        size = module_bytes(ctx.model)
+        if size > _PROTO_LIMIT:
+            raise CaptureError(f"the model has {size} bytes of weights, past protobuf's 2 GB limit for one .onnx "
+                               "file; use --external-data auto (or always)", path=ctx.loaded.source_path)
+    if ctx.decisions.large_graph:
+        from ..fs import atomic
+
+        ctx.large_graph = LargeGraph(atomic.staging_dir(ctx.output_path), module_bytes(ctx.model))
+    return ctx.large_graph
 
 
 def cleanup(ctx: Any) -> None:

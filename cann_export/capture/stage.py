@@ -1,41 +1,51 @@
 """The capture stage: exporters tried in priority order until one writes a valid graph at the asked opset."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
-from ..context import ExportContext
-from ..hooks import manager
-from ..inputs.reference import reference_outputs
-from ..context import CaptureAttempt, CaptureReport
-from . import attempt_scratch, large_graph
+from ..context import CaptureAttempt, CaptureReport, ExportContext
 from ..graph import module_paths
+from ..hooks import manager
+from ..judging import GraphJudge
+from . import attempt_scratch, large_graph
 
 
-def capture(ctx: ExportContext) -> str | None:
+@dataclass
+class CaptureRun:
+    """One run of the capture stage: what it tried and learned, private to the stage (the context gets the chosen
+    graph and its report)."""
+
+    judge: GraphJudge  # parity's rules, as the stage table hands them (the trace check, the opset check)
+    attempts: list[CaptureAttempt] = field(default_factory=list)
+    traced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # exporter -> its graph's TracerWarnings
+    checked: dict[str, dict[str, Any]] = field(default_factory=dict)  # exporter -> the trace gate's check
+
+
+def capture(ctx: ExportContext, judge: GraphJudge) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
-    last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3)."""
-    from . import trace_judged_by_parity
-    from . import exporter_choice
+    last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3). ``judge``:
+    parity's rules, for the trace check and the opset conversion's check."""
+    from . import exporter_choice, trace_judged_by_parity
 
+    large_graph.state(ctx)  # a large graph's work directory, or a graph past protobuf's limit refused
     exporters = exporter_choice.ordered(ctx, manager.registry().exporters())
-    attempts: list[CaptureAttempt] = []
-    traced: dict[str, list[dict[str, Any]]] = {}  # exporter -> the TracerWarnings of its graph
-    checked: dict[str, dict[str, Any]] = {}  # exporter -> the trace gate's check of its graph
+    run = CaptureRun(judge)
     ctx.trace_deferred = None
     set_aside = [e for e in exporters if e.name in ctx.traces_rejected]  # traces validate rejected: last resort
-    chosen = _first_graph(ctx, exporters, attempts, traced, checked, {e.name for e in set_aside})
+    chosen = _first_graph(ctx, exporters, run, {e.name for e in set_aside})
     if chosen is None and set_aside:
-        chosen = _first_graph(ctx, set_aside, attempts, traced, checked, set())
+        chosen = _first_graph(ctx, set_aside, run, set())
     if chosen is None:
-        raise _no_graph(ctx, attempts)
+        raise _no_graph(ctx, run.attempts)
     name, ctx.onnx_model = chosen
     if ctx.trace_deferred and ctx.trace_deferred["exporter"] != name:
         ctx.trace_deferred = None
     if why := trace_judged_by_parity.fixed(ctx, name):  # known now: no need to wait for validate
         ctx.traces_rejected[name] = why
-        return capture(ctx)
+        return capture(ctx, judge)
     from .dynamic_dims import name_dims
     from .unused_inputs import restore_unused_inputs
 
@@ -46,17 +56,16 @@ def capture(ctx: ExportContext) -> str | None:
 
         drop_unfit_sets(ctx)
         fix_ranges_to_graph(ctx)
-    return _record(ctx, name, attempts, traced, checked.get(name))
+    return _record(ctx, name, run)
 
 
-def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[CaptureAttempt],
-                 traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]],
-                 skip: set[str]) -> tuple[str, Any] | None:
+def _first_graph(ctx: ExportContext, exporters: list[Any], run: CaptureRun, skip: set[str]) -> tuple[str, Any] | None:
     """(exporter, graph) of the first of ``exporters`` whose graph is at the requested opset, else the first at
     an opset the format accepts, else the first the trace gate rejected; None when none wrote a graph. Those in
     ``skip`` (traces validate rejected) are recorded as set aside, not run."""
     from . import exporter_choice
 
+    attempts, checked = run.attempts, run.checked
     fallback = rejected = None
     for i, exporter in enumerate(exporters):
         if exporter.name in skip:
@@ -65,7 +74,7 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
             continue
         later = any(e.name not in skip and e.supports(ctx.model) for e in exporters[i + 1:])  # a trace is deferred
         # only with a fallback left
-        model = _attempt(exporter, ctx, attempts, traced, checked, later)
+        model = _attempt(exporter, ctx, run, later)
         if model is None:
             continue
         if exporter.name in checked and not checked[exporter.name]["passed"]:  # the next exporter; this graph
@@ -79,30 +88,30 @@ def _first_graph(ctx: ExportContext, exporters: list[Any], attempts: list[Captur
     return fallback or rejected
 
 
-def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
-             traced: dict[str, list[dict[str, Any]]], checked: dict[str, dict[str, Any]], deferrable: bool) -> Any:
-    """One exporter's try, recorded in ``attempts``: its valid graph, or None. A trace that warned goes through
-    the trace gate first (``checked``), whose onnxruntime run spares the check a second load of the graph."""
+def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: bool) -> Any:
+    """One exporter's try, recorded in ``run.attempts``: its valid graph, or None. A trace that warned goes through
+    the trace gate first (``run.checked``), whose onnxruntime run spares the check a second load of the graph."""
     from ..backend.eval_mode import to_eval
-    from . import trace_judged_by_parity
-    from . import exporter_choice
     from ..graph.onnx_helpers import check_graph, opset_of
+    from . import exporter_choice, trace_judged_by_parity
 
+    attempts = run.attempts
     if not exporter.supports(ctx.model):
         attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
         return None
-    ctx.capture_notes = []
+    notes: list[str] = []
     try:
         ctx.trace_warnings = []
-        with attempt_scratch.attempt() as scratch:
+        with attempt_scratch.attempt(run.judge) as scratch:
+            notes = scratch.notes
             model = exporter.export(ctx.model, ctx)
-        traced[exporter.name] = ctx.trace_warnings
+        run.traced[exporter.name] = ctx.trace_warnings
         loaded, checked_file = model is scratch.loaded, model is scratch.checked
         scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
         if ctx.trace_warnings and exporter_choice.gated(ctx):  # judged by validate's parity, else by the gate now
             deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name)
-            check = deferred or exporter_choice.check(ctx, model)
-            checked[exporter.name] = check
+            check = deferred or exporter_choice.check(ctx, model, run.judge)
+            run.checked[exporter.name] = check
             loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         if large_graph.state(ctx):
             large_graph.check(model, ctx)
@@ -116,16 +125,16 @@ def _attempt(exporter: Any, ctx: ExportContext, attempts: list[CaptureAttempt],
     opset = opset_of(model)
     attempts.append(CaptureAttempt(exporter.name, opset=opset))
     if opset != ctx.options.opset:
-        why = " ".join(("; ".join(ctx.capture_notes) or "the exporter wrote another opset").split())
+        why = " ".join(("; ".join(notes) or "the exporter wrote another opset").split())
         attempts[-1].note = f"wrote opset {opset}, asked {ctx.options.opset} ({why[:300]})"
     return model
 
 
-def _record(ctx: ExportContext, name: str, attempts: list[CaptureAttempt],
-            traced: dict[str, list[dict[str, Any]]], checked: dict[str, Any] | None = None) -> str:
+def _record(ctx: ExportContext, name: str, run: CaptureRun) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
     from ..graph.onnx_helpers import opset_of
 
+    attempts, traced, checked = run.attempts, run.traced, run.checked.get(name)
     ctx.module_paths = module_paths.collect(ctx.onnx_model)
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
@@ -156,15 +165,12 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
 def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
     """A traced graph that warned: record it (``checked``: the trace gate's passed check), and the reference on
     inputs that may take other paths (from the stripped module, which is what was traced) unless the gate made it."""
+    from ..inputs import path_probes
     from . import trace_warnings
 
     trace_warnings.record(ctx, ctx.trace_warnings, checked)
-    if ctx.options.validate and not ctx.quant_table and not ctx.path_input_sets \
-            and not trace_warnings.prepared_paths(ctx):  # else parity judges them among the prepared sets
-        ctx.path_input_sets = trace_warnings.path_variants(ctx.example_inputs)
-        if ctx.path_input_sets:
-            _, ctx.path_reference_outputs = reference_outputs(ctx, ctx.model, "the sign-flipped / scaled examples",
-                                                              list(ctx.input_names), ctx.path_input_sets)
+    if ctx.options.validate and not ctx.quant_table:  # parity judges them (among the prepared sets, when there)
+        path_probes.add_path_references(ctx)
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:

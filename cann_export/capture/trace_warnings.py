@@ -11,7 +11,6 @@ from __future__ import annotations
 import linecache
 from typing import Any
 
-PATH_SCALES = (-1.0, 4.0, -4.0, 0.25)  # multipliers of the example's float inputs
 _KINDS = (("boolean", "bool"), ("integer", "int"), ("float", "float"), ("index", "int"), ("list", "list"),
           ("iterating", "iteration"))
 
@@ -97,21 +96,6 @@ def short_line(spec: dict[str, Any]) -> str:
         state = "accepted unchecked" if spec.get("accepted") else "not accepted"
     return (f"traced graph, specialised to the example's path at {len(found)} place(s): {places}{more}; {state} "
             "(`cann-export inspect` shows the code)")
-
-
-def path_variants(example: dict[str, Any]) -> list[dict[str, Any]]:
-    """Copies of the example whose float inputs are sign-flipped and scaled, so data-dependent
-    branches (``if x.sum() > 0``, thresholds) see values the example did not give them."""
-    sets = []
-    for scale in PATH_SCALES:
-        one = {n: (t * scale).to(t.dtype) if t.dtype.is_floating_point else t.clone() for n, t in example.items()}
-        sets.append(one)
-    return sets if any(t.dtype.is_floating_point for t in example.values()) else []
-
-
-def prepared_paths(ctx: Any) -> bool:
-    """Whether the prepare stage built the path variants among its input sets (probes labelled ``trace_path``)."""
-    return any(label.get("source") == "trace_path" for label in ctx.input_set_labels)
 
 
 def record(ctx: Any, findings: list[dict[str, Any]], checked: dict[str, Any] | None = None) -> None:

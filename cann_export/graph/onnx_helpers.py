@@ -205,3 +205,14 @@ def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None 
         return list(inferred.value_info) + list(inferred.output) + list(inferred.input)
     except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
         return list(g.value_info) + list(g.output) + list(g.input) + inits
+
+
+def graph_dims(model: Any) -> dict[str, list[int | str]]:
+    """{input: [size or dim name]} of a graph's inputs (initializers left out)."""
+    initializers = {i.name for i in model.graph.initializer}
+    out: dict[str, list[int | str]] = {}
+    for v in model.graph.input:
+        if v.name in initializers or not v.type.HasField("tensor_type"):
+            continue
+        out[v.name] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    return out

@@ -253,10 +253,8 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from . import eos_rows
     from .reference import reference_outputs
 
-    from ..capture.exporter_choice import traced_first
-
     failed: dict[str, str] = {}
-    if ctx.options.validate or traced_first(ctx):  # without validation: the sets the trace gate checks
+    if ctx.options.validate or ctx.decisions.trace_first:  # without validation: the sets the trace gate checks
         feed = ctx.example_inputs
         example = example_point(ctx.dynamic_axes, feed)
         for point, sets, labels in _point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)):

@@ -15,10 +15,8 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     from .reference import reference_outputs
     from .tensors import set_label
 
-    from ..capture.exporter_choice import traced_first
-
-    make = ctx.loaded.extras.get("shape_sets")
-    if not callable(make) or not (ctx.options.validate or traced_first(ctx)):  # without parity: for the trace gate
+    make = ctx.decisions.shape_sets
+    if not callable(make) or not (ctx.options.validate or ctx.decisions.trace_first):  # no parity: for the trace gate
         return
     example, found, notes, budget = make(ctx.options.seed)
     ctx.reports.reference.shape_budget = budget
@@ -75,7 +73,7 @@ def drop_unfit_sets(ctx: Any) -> None:
 
 def fixed_dims(ctx: Any) -> set[str]:
     """The dimensions the input sets vary (their labels' ``shape``) that the captured graph holds at one size."""
-    from ..capture.dynamic_dims import graph_dims
+    from ..graph.onnx_helpers import graph_dims
 
     labels = ctx.input_set_labels
     if not labels or not isinstance(labels[0].get("shape"), dict):
@@ -94,7 +92,7 @@ def fix_ranges_to_graph(ctx: Any) -> None:
     """After capture: the ATC ranges a component's module declared (``input_shape`` / ``input_shape_range`` with
     ``~``) follow the exported graph, so a dimension the exporter fixed gets its fixed size in the ATC command
     (T5's decoder once declared 1~4096 on an input the graph held at 1)."""
-    from ..capture.dynamic_dims import graph_dims
+    from ..graph.onnx_helpers import graph_dims
 
     hints = ctx.options.atc_hints or {}
     key = next((k for k in ("input_shape", "input_shape_range") if "~" in str(hints.get(k) or "")), None)

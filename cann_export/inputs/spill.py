@@ -57,7 +57,7 @@ _OPEN: weakref.WeakValueDictionary[int, SpillDir] = weakref.WeakValueDictionary(
 def spill_for(ctx: Any, model: Any) -> SpillDir | None:
     """Where ``model``'s reference outputs go: the export's SpillDir when its weights are past
     ``external_data_threshold`` (the large-model path), else None (kept in memory)."""
-    from ..capture.large_graph import module_bytes
+    from ..decisions import module_bytes
 
     opts = ctx.options
     if opts.external_data == "never" or ctx.output_path is None:

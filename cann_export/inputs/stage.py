@@ -8,6 +8,7 @@ from .. import errors
 from ..context import ExportContext
 from ..hooks import manager
 from . import eos_rows, tensors
+from .path_probes import PATH_SCALES, path_variants
 from .providers import accepted_names
 from .reference import reference_outputs
 
@@ -53,7 +54,7 @@ def prepare(ctx: ExportContext) -> str | None:
     float_model = (state or {}).get("float_model") or (float_twin(ctx.model) if state else None)
     if float_model is not None:  # a model prepared for QAT in Python: int8 vs float is reported too
         _, ctx.float_reference_outputs = reference_outputs(ctx, float_model, source, accepted)
-    if ctx.options.validate and (state or fake_quantized(ctx.model)):
+    if ctx.options.validate and (state or ctx.decisions.fake_quantized):
         from .quant_noise import int8_noise
 
         ctx.int8_noise = int8_noise(ctx, ctx.model)
@@ -71,21 +72,12 @@ def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:
     extras = ctx.loaded.extras
     if ctx.loaded.kind != "module" or not isinstance(ctx.model, torch.nn.Module) or "hf" in extras \
             or extras.get("positional") or extras.get("shape_sets") or ctx.options.quantize \
-            or fake_quantized(ctx.model):
+            or ctx.decisions.fake_quantized:
         return ""
     found = sorted(changed_outputs(ctx.model, feed, candidates(ctx.model, feed), ctx.options.seed))
     if found:
         ctx.reports.warnings.frozen = frozen_message(found)
     return ", ".join(found)
-
-
-def fake_quantized(model: Any) -> bool:
-    """A model with torch.ao eager fake quantization (prepare_qat), whose export is a Q/DQ graph."""
-    try:
-        from torch.ao.quantization import FakeQuantizeBase
-    except ImportError:
-        return False
-    return hasattr(model, "modules") and any(isinstance(m, FakeQuantizeBase) for m in model.modules())
 
 
 def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, Any], str]:
@@ -112,16 +104,15 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
 def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The seeded random variants, the --parity-data samples and (a trace checked first) the path variants with
     their labels (what each set is), and their counts in the reference report."""
-    from ..qat.wrapping import prepared_state
     from .signature import feed_embedding_rows
 
     opts = ctx.options
     # a Q/DQ graph is judged within one quantization step of the fake-quant model: inputs far outside the
     # calibration range sit on clamp boundaries where rounding ties differ by a step, so it keeps the normal
-    quantized = bool(opts.quantize or prepared_state(ctx.model))
+    quantized = ctx.decisions.quantized
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples, paths, count = [], [], [], opts.num_random_inputs
-    if opts.validate or _gate_sets_only(ctx):
+    if opts.validate or ctx.decisions.trace_first:  # without validation: the sets the trace gate checks
         paths = [] if quantized else _path_sets(ctx, feed)
         if paths:  # the path variants are the probes: the random draws keep the realistic distributions
             count = sum(1 for k in range(count) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
@@ -136,26 +127,13 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
                                         **({"trace_path": len(paths)} if paths else {})}
     labels = tensors.variant_labels(feed, len(variants), 1, kinds)
     labels += [tensors.set_label("parity_data", f"sample {k}", 1 + len(variants) + k) for k in range(len(samples))]
-    from ..capture.trace_warnings import PATH_SCALES
-
     first = 1 + len(variants) + len(samples)
     labels += [tensors.set_label("trace_path", f"example x {scale:g}", first + k, probe=True)
                for k, scale in enumerate(PATH_SCALES[:len(paths)])]
     return variants + samples + paths, labels
 
 
-def _gate_sets_only(ctx: ExportContext) -> bool:
-    """--no-validate with a checkable trace first: the sets the trace gate judges are still made (the random
-    draws, the probes, the dynamic axes' shape sets), for the gate alone (no parity, no noise)."""
-    from ..capture.exporter_choice import traced_first
-
-    return not ctx.options.validate and traced_first(ctx)
-
-
 def _path_sets(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
     """Sign-flipped / scaled copies of the example when capture will first try a trace the gate checks on them
     (capture/exporter_choice.py): built here, they share the reference's one forward each with parity."""
-    from ..capture.trace_warnings import path_variants
-    from ..capture.exporter_choice import traced_first
-
-    return path_variants(feed) if traced_first(ctx) else []
+    return path_variants(feed) if ctx.decisions.trace_first else []

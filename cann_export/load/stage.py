@@ -7,6 +7,7 @@ from typing import Any
 from .. import errors
 from ..capture import large_graph
 from ..context import ExportContext, LoadedModel
+from ..decisions import decide
 from ..hooks import manager
 
 
@@ -41,6 +42,7 @@ def load(ctx: ExportContext) -> str | None:
                                   "save_pretrained directory) or an in-memory transformers model; this model has "
                                   "no tasks. Drop --task", path=str(src) if isinstance(src, (str, Path)) else None)
     ctx.model = ctx.loaded.model
+    ctx.decisions = decide(ctx)  # what the later stages do, decided once here
     return ctx.loaded.kind
 
 

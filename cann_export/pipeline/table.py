@@ -12,8 +12,13 @@ from ..options import ExportOptions
 from ..passes import stage as passes
 from ..qat import stage as qat
 from ..validators import stage as validators
+from ..validators.graph_judge import PARITY_JUDGE
 from . import write_stage as write
 from .stage import Stage
+
+
+def _capture(ctx: ExportContext) -> str | None:
+    return capture.capture(ctx, PARITY_JUDGE)  # capture judges a graph by parity's rules, handed to it here
 
 
 def _lint(ctx: ExportContext) -> str | None:
@@ -43,7 +48,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("prepare", inputs.prepare, errors.PrepareError),
     Stage("train", qat.train, errors.TrainError, _quantizing),
     Stage("strip", passes.strip, errors.StripError),
-    Stage("capture", capture.capture, errors.CaptureError),
+    Stage("capture", _capture, errors.CaptureError),
     Stage("optimize", passes.optimize, errors.OptimizeError),
     Stage("annotate", annotate.annotate, errors.AnnotateError),
     Stage("lint", _lint, errors.LintError),

@@ -24,6 +24,15 @@ def fake_quant_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {p: m for p, m in model.named_modules() if isinstance(m, FakeQuantizeBase)}
 
 
+def fake_quantized(model: Any) -> bool:
+    """A model with torch.ao eager fake quantization (prepare_qat), whose export is a Q/DQ graph."""
+    try:
+        from torch.ao.quantization import FakeQuantizeBase
+    except ImportError:
+        return False
+    return hasattr(model, "modules") and any(isinstance(m, FakeQuantizeBase) for m in model.modules())
+
+
 def freeze_observers(model: nn.Module) -> int:
     """Stop every torch.ao fake-quant module from updating its range; returns how many there are."""
     from torch.ao.quantization import disable_observer

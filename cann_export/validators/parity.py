@@ -335,7 +335,7 @@ def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, 
 def path_probe_report(ctx: Any) -> dict[str, Any]:
     """The traced graph on sign-flipped / scaled copies of the example, judged as specialisation probes;
     shaped as trace_warnings.apply_verdict reads it (``outputs`` are the probes' per-output verdicts)."""
-    from ..capture.trace_warnings import PATH_SCALES
+    from ..inputs.path_probes import PATH_SCALES
     from ..inputs.tensors import set_label
 
     feeds = [{n: to_numpy(t) for n, t in s.items()} for s in ctx.path_input_sets]

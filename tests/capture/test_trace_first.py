@@ -73,6 +73,8 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     from types import SimpleNamespace
 
     from cann_export.capture.exporter_choice import check, ordered
+    from cann_export.decisions import decide
+    from cann_export.validators.graph_judge import PARITY_JUDGE
 
     _branchy_loader(plugin, ["torchscript", "dynamo"])
     (tmp_path / "m.branch").write_text("")
@@ -83,15 +85,17 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert "differs from the model" in first["note"] and "seq=1" in first["note"], first["note"]
     assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
     ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
-    assert check(ctx, None) == {"passed": False, "reason": "not checked: a quantized export"}
+    assert check(ctx, None, PARITY_JUDGE) == {"passed": False, "reason": "not checked: a quantized export"}
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]
     loaded = LoadedModel(None, "module", extras={"exporter_order": ["torchscript", "dynamo"]})
-    ctx = SimpleNamespace(options=cann_export.ExportOptions(), loaded=loaded, format=None, quant_table={},
-                          large_graph_decided=True, large_graph=None)
+    ctx = SimpleNamespace(options=cann_export.ExportOptions(), loaded=loaded, format=None, quant_table={}, model=None,
+                          large_graph=None)
+    ctx.decisions = decide(ctx)
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript", "dynamo"]
     ctx.format = SimpleNamespace(exporter_order=("dynamo",))  # a format's order comes before a loader's
+    ctx.decisions = decide(ctx)
     assert [e.name for e in ordered(ctx, exporters)] == ["dynamo", "torchscript"]
 
 

@@ -32,7 +32,7 @@ def set_metrics(actual: np.ndarray, expected: np.ndarray, kind: str, noise: floa
 
 
 def probe_sets(example: dict, model) -> list[tuple[str, dict]]:
-    from cann_export.capture.trace_warnings import path_variants
+    from cann_export.inputs.path_probes import path_variants
     from cann_export.inputs import tensors
     from cann_export.inputs.signature import feed_embedding_rows
 
