@@ -41,8 +41,6 @@ Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 """
 from __future__ import annotations
 
-import sys
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -124,11 +122,8 @@ def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
     """fp32 -> fp16/bf16 -> fp32 (round to nearest even; past the range is inf)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == FP16:
-        torch = sys.modules.get("torch")  # torch's vectorised conversion where it is loaded (an export), else numpy's
-        if torch is not None and arr.size >= 4096:
-            with warnings.catch_warnings():  # a read-only array (a weight's bytes): torch only reads it here
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(arr).half().float().numpy()
+        # numpy's conversion, one thread: torch's (multi-threaded) left its OpenMP threads spinning against the
+        # onnxruntime run that follows, 2.5-4x the check's time on a loaded machine (benchmarks/bench_precision.py)
         with np.errstate(over="ignore"):
             return arr.astype(np.float16).astype(np.float32)
     bits = arr.view(np.uint32)
