@@ -118,8 +118,17 @@ def _precision_file_flags() -> dict[str, Flag]:
     }
 
 
+def _fix_flags() -> dict[str, Flag]:
+    """The fixes an export may apply to what it writes."""
+    return {
+        "fix_lint": Flag("Apply the ATC lint's mechanical, value-preserving fixes to the graph (an empty Slice feeding "
+                         "Concat, a whole-input AveragePool over 255, a rank-5 reflect Pad); parity judges the fixed "
+                         "graph and the manifest records each fix (lint.atc-lint.fixes)."),
+    }
+
+
 def flags() -> dict[str, Flag]:
-    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(),
+    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(), **_fix_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),
@@ -148,9 +157,6 @@ def flags() -> dict[str, Flag]:
                      choices=opts_mod.LINT_MODES),
         "fix_precision": Flag("Keep the nodes (or whole modules) where device precision diverges in fp32 until "
                               "parity passes; says so when it cannot."),
-        "fix_lint": Flag("Apply the ATC lint's mechanical, value-preserving fixes to the graph (an empty Slice feeding "
-                         "Concat, a whole-input AveragePool over 255, a rank-5 reflect Pad); parity judges the fixed "
-                         "graph and the manifest records each fix (lint.atc-lint.fixes)."),
         "soc_version": Flag("ATC --soc_version, e.g. Ascend310P3 or Ascend910B1; its float overflow mode (saturation, "
                             "or Inf/NaN on 910B*/910_93*) is the one device-precision parity emulates."),
         "allow_unknown_soc": Flag("Export for a --soc-version outside the tool's list of ATC's SoC names (one newer "

@@ -108,14 +108,17 @@ def atc_convert(arr: np.ndarray, dtype: int) -> np.ndarray:
     range, inf or NaN becomes the largest finite value of its sign (fp16_t's saturation; bf16 assumed alike)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     largest = np.float32(LARGEST[dtype])
-    if arr.size and not (np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= largest):
+    if not in_range(arr, dtype):
         arr = np.where(np.isnan(arr), np.copysign(largest, arr), np.clip(arr, -largest, largest)).astype(np.float32)
     return round_array(arr, dtype)
 
 
 def in_range(arr: np.ndarray, dtype: int) -> bool:
     """Whether every element of ``arr`` is finite and within ``dtype``'s range (converting it saturates nothing)."""
-    return not arr.size or bool(np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= LARGEST[dtype])
+    if not arr.size:
+        return True
+    largest = LARGEST[dtype]  # min and max, no temporary array: NaN makes either comparison false, as inf does
+    return bool(-largest <= float(arr.min()) and float(arr.max()) <= largest)
 
 
 def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
