@@ -9,6 +9,8 @@ For each model: export to ONNX once, then time, alternating the two so both see 
   emulated  (shown apart) the emulated graph, its session and the run alone: device minus verdict and
           localisation
 
+Both run with numpy's BLAS on one thread, as in an export (``measured``).
+
 The target (issue 17): device parity <= 3x one onnxruntime run (TARGET); each row records its median ratio
 and whether it is within the target. Results go to ``benchmarks/results/precision.json``.
 
@@ -139,6 +141,15 @@ def measure(path: str, feeds: dict, repeat: int, overflow: str = "saturation", m
             "localised": bool(first), "first_divergence": first.get("message")}
 
 
+def measured(*args) -> dict:
+    """``measure`` with numpy's BLAS on one thread, as every export and validate runs the check
+    (pipeline/blas_threads.py): OpenBLAS's spinning threads otherwise slow the verdict's dot products 100x on a
+    loaded machine, a cost no export pays."""
+    from cann_export.pipeline.blas_threads import one_blas_thread
+
+    return one_blas_thread(measure)(*args)
+
+
 def main() -> None:
     import cann_export
 
@@ -154,8 +165,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             result = cann_export.export(model, Path(tmp) / "m.onnx", "onnx", example_inputs=inputs)
             feeds = {k: v.numpy() for k, v in inputs.items()}
-            rows.append({"model": name, **measure(result.onnx["path"], feeds, args.repeat, args.overflow, args.mode,
-                                                  args.soc)})
+            rows.append({"model": name, **measured(result.onnx["path"], feeds, args.repeat, args.overflow, args.mode,
+                                                   args.soc)})
     target = rows[0]["target"]
     print(f"mode {args.mode}" + (f", {rows[0]['soc_lists']} lists" if rows[0]["soc_lists"] else ""))
     print(f"{'model':34} {'plain ORT s':>11} {'device parity s':>15} {'ratio':>6} {'<= ' + str(target):>6} "

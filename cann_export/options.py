@@ -141,6 +141,7 @@ class ExportOptions:
     cann_version: str = "8.0"  # target CANN release for the ATC lint
     lint: str = "error"  # "error": lint errors fail the export; "warn": they are reported only; "off"
     fix_precision: bool = False  # add diverging nodes to keep_dtype until device-precision parity passes
+    fix_lint: bool = False  # apply the lint traps' mechanical, value-preserving fixes (atc/lint_fixes.py) to the graph
     soc_version: str = "Ascend310P3"
     allow_unknown_soc: bool = False  # a soc_version outside KNOWN_SOCS is exported with a warning, not refused
     precision_mode: str = "force_fp16"

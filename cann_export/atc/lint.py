@@ -292,5 +292,13 @@ class AtcLint:
 
     def check(self, ctx: Any) -> dict[str, Any]:
         opts = ctx.options
-        return lint_model(ctx.onnx_model, opts.cann_version, opts.atc_hints, opts.precision_mode, ctx.module_paths,
-                          ctx.dynamic_axes)
+
+        def lint() -> dict[str, Any]:
+            return lint_model(ctx.onnx_model, opts.cann_version, opts.atc_hints, opts.precision_mode, ctx.module_paths,
+                              ctx.dynamic_axes)
+
+        if not opts.fix_lint:
+            return lint()
+        from .lint_fixes import fixed_lint
+
+        return fixed_lint(ctx, lint)

@@ -103,7 +103,9 @@ def _topk(node: Any, module_paths: dict[str, str], findings: _Findings) -> None:
                  "TopK takes its K as int64 and gives int64 indices (ONNX's only types), while the Ascend TopK "
                  "kernel takes int32: ATC may find no kernel for it (EZ3002) or run it on AI CPU. Fix: cast K to "
                  "int32 before TopK and the indices back to int64 after it, as msit surgeon's KnowledgeTopkFix "
-                 "does (torch.topk cannot take int32 itself)", node, module_paths, atc_code="EZ3002")
+                 "does (torch.topk cannot take int32 itself; --fix-lint does not apply it: ONNX's TopK takes an "
+                 "int64 K only, so onnxruntime and parity could not run the cast graph)", node, module_paths,
+                 atc_code="EZ3002")
 
 
 def _empty_slice(node: Any, shapes: dict[str, list[int | None]], consumers: dict[str, list[Any]],

@@ -118,8 +118,17 @@ def _precision_file_flags() -> dict[str, Flag]:
     }
 
 
+def _fix_flags() -> dict[str, Flag]:
+    """The fixes an export may apply to what it writes."""
+    return {
+        "fix_lint": Flag("Apply the ATC lint's mechanical, value-preserving fixes to the graph (an empty Slice feeding "
+                         "Concat, a whole-input AveragePool over 255, a rank-5 reflect Pad); parity judges the fixed "
+                         "graph and the manifest records each fix (lint.atc-lint.fixes)."),
+    }
+
+
 def flags() -> dict[str, Flag]:
-    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(),
+    return {**_model_flags(), **_parity_flags(), **_precision_file_flags(), **_fix_flags(),
         "export_format": Flag("atc_ready (directory bundle for ATC; a file name such as x.pth writes it as one zip), "
                               "om (the bundle plus model.om: real with atc on PATH, else an om-stub) or onnx (one "
                               ".onnx file).", decls=("-f", "--format"), choices=_registered("formats")),

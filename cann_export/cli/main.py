@@ -19,6 +19,7 @@ from .guard import DefaultCommandGroup
 from .export_options import export_options, to_api_kwargs
 from .progress_view import ProgressView
 from .warnings_view import print_warnings, quiet_progress_bars
+from .lint_fix_view import print_lint_fixes
 from ..usage.spellings import model_option, one_model
 from ..usage.surface import as_cli
 
@@ -141,6 +142,7 @@ def _print_result(result: Any, verbose: bool = False) -> None:
     click.echo(f"wrote {terminal(info.label or result.format)}: {terminal(result.output)} "
                f"({terminal(result.onnx['exporter'])} exporter, opset {result.onnx['opset']})")
     print_warnings(result.manifest, verbose)
+    print_lint_fixes(result.manifest)
     for note in info.notes:
         click.echo(terminal(note))
     parity = result.parity

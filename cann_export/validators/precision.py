@@ -41,8 +41,6 @@ Modes (ATC precision_mode / precision_mode_v2) and the nodes they reduce:
 """
 from __future__ import annotations
 
-import sys
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -110,25 +108,25 @@ def atc_convert(arr: np.ndarray, dtype: int) -> np.ndarray:
     range, inf or NaN becomes the largest finite value of its sign (fp16_t's saturation; bf16 assumed alike)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     largest = np.float32(LARGEST[dtype])
-    if arr.size and not (np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= largest):
+    if not in_range(arr, dtype):
         arr = np.where(np.isnan(arr), np.copysign(largest, arr), np.clip(arr, -largest, largest)).astype(np.float32)
     return round_array(arr, dtype)
 
 
 def in_range(arr: np.ndarray, dtype: int) -> bool:
     """Whether every element of ``arr`` is finite and within ``dtype``'s range (converting it saturates nothing)."""
-    return not arr.size or bool(np.all(np.isfinite(arr)) and float(np.abs(arr).max()) <= LARGEST[dtype])
+    if not arr.size:
+        return True
+    largest = LARGEST[dtype]  # min and max, no temporary array: NaN makes either comparison false, as inf does
+    return bool(-largest <= float(arr.min()) and float(arr.max()) <= largest)
 
 
 def round_array(arr: np.ndarray, dtype: int) -> np.ndarray:
     """fp32 -> fp16/bf16 -> fp32 (round to nearest even; past the range is inf)."""
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == FP16:
-        torch = sys.modules.get("torch")  # torch's vectorised conversion where it is loaded (an export), else numpy's
-        if torch is not None and arr.size >= 4096:
-            with warnings.catch_warnings():  # a read-only array (a weight's bytes): torch only reads it here
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(arr).half().float().numpy()
+        # numpy's conversion, one thread: torch's (multi-threaded) left its OpenMP threads spinning against the
+        # onnxruntime run that follows, 2.5-4x the check's time on a loaded machine (benchmarks/bench_precision.py)
         with np.errstate(over="ignore"):
             return arr.astype(np.float16).astype(np.float32)
     bits = arr.view(np.uint32)
