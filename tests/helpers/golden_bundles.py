@@ -51,7 +51,8 @@ def normalise(text: str, root: str) -> str:
     # where tracing warned inside an installed library: its line numbers move with the library's release
     text = re.sub(r"(\"file\": \"[^\"/][^\"]*\",\s*\"line\": )\d+", r"\1<line>", text)
     text = re.sub(r"(\"(?:manifest_)?sha256\": )\"[0-9a-f]{64}\"", r'\1"<sha>"', text)
-    return re.sub(r"((?:manifest\.json|model\.onnx|program\.pt2)\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+", r"\1<n>", text)
+    sized = r"((?:manifest\.json|model\.onnx|program\.pt2)\": \{\s*\"sha256\": \"<sha>\",\s*\"size\": )\d+"
+    return re.sub(sized, r"\1<n>", text)
 
 
 def run_cases(root: Path) -> dict[str, dict[str, str]]:
