@@ -126,6 +126,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
     check_options(export_format, options)
     with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
         several = graphs(model, options)  # transformers' import: seconds the live line names
+    _check_decode_graph(model, several, options)
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
         _check_defaulted(model, several, output_path, export_format, options)
         return export_multi(model, output_path, export_format=export_format, progress=progress,
@@ -137,6 +138,18 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
         return ExportResult(ok=True, format=ctx.options.export_format, output="", files=[], onnx={}, parity=None,
                             manifest={"halted": ctx.halted})
     return _result(ctx)
+
+
+def _check_decode_graph(model: Any, several: str | None, options: dict[str, Any]) -> None:
+    """``decode_tokens`` sizes a decode graph: refused for an export that has none (one graph, a pipeline)."""
+    from .diffusion.known_pipelines import TASK as PIPELINE_TASK
+
+    tokens = options.get("decode_tokens", 1)
+    if tokens != 1 and (several is None or several == PIPELINE_TASK):
+        what = "a diffusers pipeline" if several else "one graph"
+        name = model if isinstance(model, (str, Path)) else "the model"
+        raise errors.OptionsError(f"--decode-tokens {tokens} sizes the decode graph of a decoder with past or an "
+                                  f"encoder-decoder with past; {name} exports as {what}; drop --decode-tokens")
 
 
 def _directory(model: Any) -> bool:
@@ -243,6 +256,7 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     options.pop("trust_remote_code", None)
     kv_cache = options.pop("kv_cache", None) if kv_cache is None else kv_cache
     task = options.pop("task", None) if task is None else task
+    tokens = options.pop("decode_tokens", 1)
     carried: dict[str, bytes] = {}
     fmt = options.get("export_format", "atc_ready")
     check_request(task or "a decoder with past / encoder-decoder", fmt, Path(output_path), options)  # before loads
@@ -255,10 +269,10 @@ def export_multi(model: Any, output_path: str | Path, *, task: str | None = None
     if isinstance(model, (str, Path)):  # a model directory: loaded and exported in the load sandbox
         from .pipeline.sandboxed_directory import export_directory
 
-        plan_for(None, task=task, kv_cache=kv_cache, check_only=True)  # bad options refused before the load
-        return export_directory(Path(model), Path(output_path), export, (task, kv_cache, sequence_length), progress,
-                                options)
-    plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length)
+        plan_for(None, task=task, kv_cache=kv_cache, check_only=True, decode_tokens=tokens)  # refused before the load
+        return export_directory(Path(model), Path(output_path), export, (task, kv_cache, sequence_length, tokens),
+                                progress, options)
+    plan = plan_for(model, task=task, kv_cache=kv_cache, sequence_length=sequence_length, decode_tokens=tokens)
     return export_plan(plan, output_path, export, progress=progress, carried=carried, **options)
 
 

@@ -159,6 +159,9 @@ class ExportOptions:
     trust_remote_code: bool = False  # a directory whose config.json has an auto_map (its own Python) may load
     # a decoder's cache for a multi-graph export: None / "dynamic" (growing) or "static:N" (N fixed slots)
     kv_cache: str | None = None
+    # the new tokens a multi-graph export's decode graph takes on the cache (decode / decoder_with_past): 1, or N
+    # for chunked prefill and speculative decoding's drafts (hf/graph_plans.py)
+    decode_tokens: int = 1
     parity_full_ranges: bool = False  # a multi-graph component's parity at its range ends, past the element budget
     parity_coverage: str = "axes"  # "full": also every gear (range-end) combination ATC builds (bundle/coverage.py)
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
@@ -233,10 +236,9 @@ class ExportOptions:
             raise OptionsError(f"--parity (parity_coverage) must be axes or full, not {self.parity_coverage!r}")
         if self.sandbox not in SANDBOX_MODES:
             raise OptionsError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}")
-        if self.kv_cache is not None:
-            from .hf.graph_plans import parse_kv_cache
+        from .hf.graph_plans import check_decode_tokens  # the cache's form, and the decode graph's new tokens
 
-            parse_kv_cache(self.kv_cache)
+        check_decode_tokens(self.decode_tokens, self.kv_cache)
         mib = self.stored_parity_mib
         if mib is not None and mib != "auto" and (type(mib) is not int or mib < 0):
             raise OptionsError(f"stored_parity_mib must be 'auto', whole MiB >= 0 or None (every set), not {mib!r}")

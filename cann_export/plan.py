@@ -67,9 +67,9 @@ def wiring_source(kind: str) -> str:
     return _planner(kind).wiring_source(kind)
 
 
-def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
-    """The ``run`` notes of a ``kind`` bundle, by its planner."""
-    return _planner(kind).run_notes(kind, cache_length, batch)
+def run_notes(kind: str, cache_length: int | None = None, batch: int = 1, decode_tokens: int = 1) -> dict[str, Any]:
+    """The ``run`` notes of a ``kind`` bundle, by its planner (``decode_tokens``: what its loop graph takes)."""
+    return _planner(kind).run_notes(kind, cache_length, batch, decode_tokens)
 
 
 # bundle kinds whose components vary with the model (a diffusers pipeline: SD3's six graphs, a UNet pipeline's

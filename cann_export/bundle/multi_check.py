@@ -303,11 +303,21 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
         shape = shapes.get("past_key_values.0.key")
         length = shape[2] if isinstance(shape, list) and len(shape) == 4 else None
         batch = shape[0] if length is not None and isinstance(shape[0], int) else 1
-    if manifest.get("run") != run_notes(kind, length, batch):
+    if manifest.get("run") != run_notes(kind, length, batch, _decode_tokens(kind, owns)):
         problems.append(f"manifest.json run: not the run notes of a {kind} bundle "
                         f"{'with ' + str(length) + ' cache slots ' if length is not None else ''}"
                         "(re-derived from its graphs)")
     return problems
+
+
+def _decode_tokens(kind: str, owns: dict[str, dict[str, Any]]) -> int:
+    """The new tokens the loop graph of a growing-cache bundle takes: its ``input_ids``' fixed length (1 when that
+    axis is symbolic or the kind has no such graph)."""
+    loop = {"decoder-with-past": "decode", "encoder-decoder-with-past": "decoder_with_past"}.get(kind)
+    inputs = owns[loop]["model"]["inputs"] if loop in owns else []
+    shape = next((v.get("shape") for v in inputs if v.get("name") == "input_ids"), None)
+    length = shape[1] if isinstance(shape, list) and len(shape) == 2 else 1
+    return length if type(length) is int and length > 1 else 1
 
 
 def validate_multi(directory: Path, path: Path, validate_one: Any, **validate_options: Any) -> dict[str, Any]:

@@ -64,6 +64,18 @@ def _mib(raw: Any) -> int | str | None:
     return int(text)
 
 
+def _whole(flag: str) -> Callable[[Any], Any]:
+    """A flag's whole number, read as text so a non-number is the options' refusal (exit 2, named), not click's;
+    its range is ExportOptions.check's."""
+    def parse(raw: Any) -> Any:
+        text = str(raw).strip()
+        if not re.fullmatch(r"-?[0-9]{1,9}", text):
+            raise opts_mod.OptionsError(f"{flag} {raw!r} is not a whole number")
+        return int(text)
+
+    return parse
+
+
 def _registered(name: str, extra: tuple[str, ...] = ()) -> Any:
     return Registered(name, extra)
 
@@ -77,6 +89,10 @@ def _model_flags() -> dict[str, Flag]:
                          "symbolic lengths) or 'static:N[,batch=B]' (N fixed slots, B fixed rows, default 1: every "
                          "shape static, for ATC's static path). Implies --task text-generation-with-past.",
                          decls=("--kv-cache",)),
+        "decode_tokens": Flag("New tokens the decode graph takes per step (a decoder's decode, an encoder-decoder's "
+                              "decoder_with_past): 1, or N for chunked prefill or speculative decoding's drafts "
+                              "(input_ids, position_ids and the mask sized for N; parity checks it at N).",
+                              parse=_whole("--decode-tokens")),
         "parity_full_ranges": Flag("Run a multi-graph component's parity at its dimensions' full range ends even where "
                                    "one input set there passes the element budget (a third of the weights; the "
                                    "shapes left out are listed in parity.shape_budget). Slower, more memory."),

@@ -85,7 +85,7 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
             pipe, index = load_pipeline(path)
             return planned(pipe, index, given)
 
-        return export_directory(Path(model), Path(output), export_one, (None, None, 0), progress, options,
+        return export_directory(Path(model), Path(output), export_one, (None, None, 0, 1), progress, options,
                                 planner=plan_directory)
     with on_cpu(model):
         plan, files = planned(model, None, options)

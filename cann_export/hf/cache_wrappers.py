@@ -84,6 +84,13 @@ class _Graph(nn.Module):
         for name in ("past_sequence_length", "past_decoder_sequence_length"):
             self.dim_bounds[name] = (1, seq - 1 if window is None else min(seq - 1, window - 2))
 
+    def take_tokens(self, tokens: int) -> None:
+        """A decode graph of ``tokens`` new tokens per step: the past holds ``tokens - 1`` fewer at most, so past and
+        new together stay within the position table (or the sliding window)."""
+        for name in ("past_sequence_length", "past_decoder_sequence_length"):
+            low, high = self.dim_bounds[name]
+            self.dim_bounds[name] = (low, high - (tokens - 1))
+
     def graph_dynamic_shapes(self) -> tuple[dict[int, Any], ...]:
         """``graph_dynamic_axes`` as torch.export Dims, one dict per input in order (for torch.onnx.export)."""
         from torch.export import Dim
@@ -179,10 +186,11 @@ def _cache_of(out: Any) -> Any:
         else getattr(out, "cache", None)
 
 
-# Optimum's capture for a decoder's graphs (``graph_exporter_order``, passed on by the load stage as
-# ``extras["exporter_order"]``): a TorchScript trace with the declared axes; one that warned (the cache and mask code
-# do) is kept only after the trace gate checked it at the example and at each dimension's range points
-# (capture/exporter_choice.py), else dynamo runs; parity judges every set on the written graph either way
+# Optimum's capture for a decoder's and an encoder-decoder's graphs (``graph_exporter_order``, passed on by the load
+# stage as ``extras["exporter_order"]``): a TorchScript trace with the declared axes; one that warned (the cache and
+# mask code do) is kept only after the trace gate checked it at the example and at each dimension's range points
+# (capture/exporter_choice.py), else dynamo runs; parity judges every set on the written graph either way (tiny T5:
+# its three graphs' capture 52 s under dynamo, 7 s traced)
 TRACE_FIRST = ("torchscript", "dynamo")
 
 
@@ -214,16 +222,19 @@ class DecoderPrefill(_Graph):
 
 class DecoderStep(_Graph):
     """``input_ids (new tokens), attention_mask (past + new), position_ids, past_key_values.* -> logits,
-    present.*``: a decode step on a growing cache (``present`` = past + the new tokens)."""
+    present.*``: a decode step on a growing cache (``present`` = past + the new tokens); ``tokens``: how many new
+    tokens it takes (one by default; N for chunked prefill and speculative decoding's drafts)."""
 
     graph_exporter_order = TRACE_FIRST
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, tokens: int = 1):
         super().__init__(model)
+        self.tokens = tokens
+        self.take_tokens(tokens)
         self.past = kv_names(num_layers(model.config), "past_key_values")
         self.graph_input_names = ("input_ids", "attention_mask", "position_ids", *self.past)
         self.graph_dynamic_axes = {"input_ids": {0: "batch_size"}, "position_ids": {0: "batch_size"},
-                                   "attention_mask": {0: "batch_size", 1: "past_sequence_length + 1"},
+                                   "attention_mask": {0: "batch_size", 1: f"past_sequence_length + {tokens}"},
                                    **{n: {0: "batch_size", 2: "past_sequence_length"} for n in self.past}}
 
     def graph_output_axes(self) -> dict[str, dict[int, str]]:
@@ -231,7 +242,8 @@ class DecoderStep(_Graph):
         if not self.graph_dynamic_axes:
             return {}
         present = [n.replace("past_key_values.", "present.", 1) for n in self.past]
-        return {"logits": {0: "batch_size"}, **{n: {0: "batch_size", 2: "past_sequence_length + 1"} for n in present}}
+        total = f"past_sequence_length + {self.tokens}"
+        return {"logits": {0: "batch_size"}, **{n: {0: "batch_size", 2: total} for n in present}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _dynamic_cache([feed[n] for n in self.past], self.model.config)
@@ -303,6 +315,13 @@ class Seq2SeqEncoder(_Graph):
         self.graph_input_names = tuple(inputs)
         self.graph_dynamic_axes = {n: dict(axes) for n, axes in inputs.items()}
 
+    graph_exporter_order = TRACE_FIRST
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """``last_hidden_state``: the batch, and the sequence where the inputs' is dynamic."""
+        length = next((a[1] for a in self.graph_dynamic_axes.values() if a.get(1) == "encoder_sequence_length"), None)
+        return {"last_hidden_state": {0: "batch_size", **({1: length} if length else {})}}
+
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = self.model.get_encoder()(**{n: feed[n] for n in self.graph_input_names})
         return {"last_hidden_state": out.last_hidden_state}
@@ -321,6 +340,18 @@ class Seq2SeqDecoder(_Graph):
         self.graph_dynamic_axes = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
                                    **{n: {0: "batch_size", 1: "encoder_sequence_length"} for n in mask},
                                    "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"}}
+
+    graph_exporter_order = TRACE_FIRST
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """``logits`` and the self-attention cache along the decoder's tokens, the cross-attention cache along the
+        encoder's."""
+        layers = num_layers(self.model.config)
+        own, cross = kv_names(layers, "present", ("decoder",)), kv_names(layers, "present", ("encoder",))
+        encoder = self.graph_dynamic_axes["encoder_hidden_states"].get(1)
+        return {"logits": {0: "batch_size", 1: "decoder_sequence_length"},
+                **{n: {0: "batch_size", 2: "decoder_sequence_length"} for n in own},
+                **{n: {0: "batch_size", **({2: encoder} if encoder else {})} for n in cross}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cache = _seq2seq_cache([], [], self.cache_config)
@@ -349,13 +380,15 @@ def _seq2seq_present(cache: Any, encoder: bool = True) -> dict[str, torch.Tensor
 
 
 class Seq2SeqDecoderWithPast(_Graph):
-    """``input_ids (one token), encoder_attention_mask, past_key_values.{i}.decoder/encoder.* -> logits,
+    """``input_ids (the new tokens), encoder_attention_mask, past_key_values.{i}.decoder/encoder.* -> logits,
     present.{i}.decoder.*`` (Optimum's decoder_with_past_model: the cross-attention keys/values come from the
-    first decoder step, so the encoder's hidden states are not an input); ``masked=False``: no mask (Whisper)."""
+    first decoder step, so the encoder's hidden states are not an input); ``masked=False``: no mask (Whisper);
+    ``tokens``: how many new tokens it takes (one by default)."""
 
-    def __init__(self, model: nn.Module, masked: bool = True):
+    def __init__(self, model: nn.Module, masked: bool = True, tokens: int = 1):
         super().__init__(model)
-        self.masked, self.cache_config = masked, cache_config(model.config)
+        self.masked, self.cache_config, self.tokens = masked, cache_config(model.config), tokens
+        self.take_tokens(tokens)
         layers = num_layers(model.config)
         self.past = kv_names(layers, "past_key_values", ("decoder", "encoder"))
         mask = ("encoder_attention_mask",) if masked else ()
@@ -364,6 +397,14 @@ class Seq2SeqDecoderWithPast(_Graph):
                                    **{n: {0: "batch_size", 1: "encoder_sequence_length"} for n in mask},
                                    **{n: {0: "batch_size", 2: "past_decoder_sequence_length" if ".decoder." in n
                                           else "encoder_sequence_length"} for n in self.past}}
+
+    graph_exporter_order = TRACE_FIRST
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """``logits`` per row, the self-attention cache ``tokens`` longer than the past."""
+        own = [n.replace("past_key_values.", "present.", 1) for n in self.past if ".decoder." in n]
+        total = f"past_decoder_sequence_length + {self.tokens}"
+        return {"logits": {0: "batch_size"}, **{n: {0: "batch_size", 2: total} for n in own}}
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = [feed[n] for n in self.past if ".decoder." in n]

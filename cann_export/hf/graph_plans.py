@@ -13,6 +13,7 @@ from ..errors import OptionsError
 
 MAX_STATIC_LENGTH = 32768
 MAX_STATIC_BATCH = 2048  # ATC's batch limit
+MAX_DECODE_TOKENS = 4096  # the longest position table a decode graph's new tokens could fill (T5's relative ones)
 DECODER_TASKS = ("text-generation-with-past",)
 TEXT2TEXT_TASKS = ("text2text-generation-with-past", "text2text-generation")
 SEQ2SEQ_TASKS = (*TEXT2TEXT_TASKS, "automatic-speech-recognition-with-past", "automatic-speech-recognition",
@@ -42,11 +43,25 @@ def _static(value: Any) -> tuple[int, int]:
     return length, batch
 
 
+def check_decode_tokens(value: Any, kv_cache: Any = None) -> int:
+    """``--decode-tokens N``: the new tokens the decode graph takes, a whole number in 1..MAX_DECODE_TOKENS; more
+    than one only on a growing cache (a static window shifts by one token per step). ``kv_cache`` is checked too."""
+    static = parse_kv_cache(kv_cache)
+    if type(value) is not int or not 1 <= value <= MAX_DECODE_TOKENS:
+        raise OptionsError(f"--decode-tokens (decode_tokens) {value!r} is not a whole number in 1..{MAX_DECODE_TOKENS}"
+                           " (the new tokens the decode graph takes per step; 1 is the default)")
+    if value != 1 and static is not None:
+        raise OptionsError(f"--decode-tokens {value} with --kv-cache {kv_cache}: the static cache's decode graph takes "
+                           "one token per step (its window shifts by one); drop one of them")
+    return value
+
+
 def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence_length: int = 7,
-             check_only: bool = False) -> Plan | None:
+             check_only: bool = False, decode_tokens: int = 1) -> Plan | None:
     """The plan for a transformers model: a decoder-only model (``is_encoder_decoder`` false, with an LM head)
-    or an encoder-decoder; ``task`` (Optimum's name) must agree when given. ``check_only``: only check the
-    options (no model yet)."""
+    or an encoder-decoder; ``task`` (Optimum's name) must agree when given; ``decode_tokens``: the new tokens its
+    decode graph takes. ``check_only``: only check the options (no model yet)."""
+    check_decode_tokens(decode_tokens, kv_cache)
     if check_only:
         parse_kv_cache(kv_cache)
         if task is not None and task not in (*DECODER_TASKS, *SEQ2SEQ_TASKS):
@@ -69,8 +84,12 @@ def plan_for(model: Any, task: str | None = None, kv_cache: Any = None, sequence
         if length is not None:
             raise OptionsError("--kv-cache static:N is for decoder-only models; an encoder-decoder exports "
                                "encoder, decoder and decoder_with_past")
-        return seq2seq_plan(model, sequence_length, with_past=task is None or task.endswith("-with-past"))
-    return decoder_plan(model, sequence_length) if length is None else \
+        with_past = task is None or task.endswith("-with-past")
+        if not with_past and decode_tokens != 1:
+            raise OptionsError(f"--decode-tokens {decode_tokens} sizes the decoder_with_past graph, which task {task} "
+                               f"does not export; drop it or use {task}-with-past")
+        return seq2seq_plan(model, sequence_length, with_past=with_past, tokens=decode_tokens)
+    return decoder_plan(model, sequence_length, decode_tokens) if length is None else \
         static_decoder_plan(model, length, static_batch(kv_cache))
 
 
@@ -149,34 +168,47 @@ def wiring_source(kind: str) -> str:
     return "prefill" if "prefill" in KINDS[kind] else "decoder"
 
 
-def run_notes(kind: str, cache_length: int | None = None, batch: int = 1) -> dict[str, Any]:
+def run_notes(kind: str, cache_length: int | None = None, batch: int = 1, decode_tokens: int = 1) -> dict[str, Any]:
     """The ``run`` notes of a ``kind`` bundle (``cache_length``: the static cache's slots, ``batch``: its fixed
-    batch, recorded when more than 1)."""
+    batch, recorded when more than 1; ``decode_tokens``: the new tokens the loop graph takes, when more than 1)."""
     if kind == "decoder-with-static-cache":
         rows = {"batch": batch} if batch != 1 else {}
         return {"loop": "decode", "logits": "logits", "cache": f"static:{cache_length}"
                 + (f",batch={batch}" if rows else ""), "cache_length": cache_length, **rows,
                 "padding": "left", "mask": "attention_mask covers the cache slots and the new token (length + 1)"}
     loop = {"decoder-with-past": "decode", "encoder-decoder": "decoder"}.get(kind, "decoder_with_past")
-    return {"loop": loop, "logits": "logits", "cache": "none" if kind == "encoder-decoder" else "dynamic"}
+    tokens = {"decode_tokens": decode_tokens} if decode_tokens != 1 else {}
+    return {"loop": loop, "logits": "logits", "cache": "none" if kind == "encoder-decoder" else "dynamic", **tokens}
+
+
+def _too_long(step: Any, prompt: int, tokens: int, what: str) -> None:
+    """Refuse a decode graph of ``tokens`` new tokens that cannot follow the ``prompt`` the graphs are captured at
+    within the model's positions (``what``: the table or window that bounds them)."""
+    past = step.dim_bounds.get("past_sequence_length", (1, 0))[1]
+    if tokens != 1 and past < prompt:
+        raise OptionsError(f"--decode-tokens {tokens}: the model's {what} is too short for {tokens} new tokens after "
+                           f"the {prompt}-token prompt the graphs are captured at; give --decode-tokens <= "
+                           f"{max(1, past + tokens - prompt)}")
 
 
 # the example batch of the graphs with dynamic axes: 2, so torch.export does not specialize the batch to 1
 EXAMPLE_BATCH = 2
 
 
-def decoder_plan(model: Any, prompt: int = 7) -> Plan:
-    """``prefill`` (the prompt) then ``decode`` (one token on a growing cache); batch and lengths dynamic."""
+def decoder_plan(model: Any, prompt: int = 7, tokens: int = 1) -> Plan:
+    """``prefill`` (the prompt) then ``decode`` (``tokens`` new tokens, one by default, on a growing cache); batch
+    and lengths dynamic."""
     import torch
 
     from .cache_wrappers import DecoderPrefill, DecoderStep, sliding_window
 
     model = model.eval()
-    prefill, step = DecoderPrefill(model), DecoderStep(model)
+    prefill, step = DecoderPrefill(model), DecoderStep(model, tokens)
     if step.dim_bounds["past_sequence_length"][1] < prompt:
         window = sliding_window(model.config)
         what = (f"sliding window ({window} tokens: its cache keeps only the last window - 1)" if window else
                 f"position table ({step.dim_bounds['sequence_length'][1]} tokens)")
+        _too_long(step, prompt, tokens, what)
         raise OptionsError(f"the model's {what} is too short for the {prompt}-token prompt its graphs are captured "
                            "at; export one graph with --task text-generation (no cache)")
     batch = EXAMPLE_BATCH
@@ -184,12 +216,12 @@ def decoder_plan(model: Any, prompt: int = 7) -> Plan:
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
             "position_ids": torch.arange(prompt)[None].repeat(batch, 1)}
     present = {k: v for k, v in _run_prompt(prefill, feed).items() if k != "logits"}
-    nxt = {"input_ids": _ids(model.config, (batch, 1), 1),
-           "attention_mask": torch.ones(batch, prompt + 1, dtype=torch.long),
-           "position_ids": torch.full((batch, 1), prompt), **_past(present)}
+    nxt = {"input_ids": _ids(model.config, (batch, tokens), 1),
+           "attention_mask": torch.ones(batch, prompt + tokens, dtype=torch.long),
+           "position_ids": torch.arange(prompt, prompt + tokens)[None].repeat(batch, 1), **_past(present)}
     kind = "decoder-with-past"
     return Plan(kind, [Component("prefill", "prefill", prefill, feed), Component("decode", "decode", step, nxt)],
-                wiring(kind, list(present)), run_notes(kind))
+                wiring(kind, list(present)), run_notes(kind, decode_tokens=tokens))
 
 
 def _run_prompt(graph: Any, feed: dict[str, Any], part: str = "decoder") -> dict[str, Any]:
@@ -267,9 +299,10 @@ def _check_static_size(config: Any, length: int, batch: int, weights: int = 0) -
                            f"at, more than the model's weights or 1 GiB; give fewer slots or a smaller batch")
 
 
-def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
+def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True, tokens: int = 1) -> Plan:
     """``encoder`` (its inputs: ``encoder_inputs``), ``decoder`` (the first decoder step, which also yields the
-    cross-attention cache) and ``decoder_with_past`` (one token on the cache); the decoders take an
+    cross-attention cache) and ``decoder_with_past`` (``tokens`` new tokens, one by default, on the cache); the
+    decoders take an
     ``encoder_attention_mask`` only where the encoder takes a mask (text)."""
     import torch
 
@@ -279,7 +312,7 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
     enc_feed, enc_axes = encoder_inputs(model, source)
     masked = "attention_mask" in enc_feed
     encoder = Seq2SeqEncoder(model, enc_axes)
-    decoder, stepper = Seq2SeqDecoder(model, masked), Seq2SeqDecoderWithPast(model, masked)
+    decoder, stepper = Seq2SeqDecoder(model, masked), Seq2SeqDecoderWithPast(model, masked, tokens)
     batch = EXAMPLE_BATCH
     mask = {"encoder_attention_mask": enc_feed["attention_mask"]} if masked else {}
     start = getattr(model.config, "decoder_start_token_id", None)
@@ -293,9 +326,12 @@ def seq2seq_plan(model: Any, source: int = 7, with_past: bool = True) -> Plan:
     if not any("encoder_sequence_length" in axes.values() for axes in enc_axes.values()):
         for graph in (decoder, stepper):  # a pixel / feature encoder of one input size: one output length
             graph.dim_bounds["encoder_sequence_length"] = (1, int(hidden.shape[1]))
-    past_feed = {"input_ids": _ids(model.config, (batch, 1), 1), **mask, **_past(present)}
+    if tokens != 1 and stepper.dim_bounds["past_decoder_sequence_length"][1] < first.shape[1]:
+        raise OptionsError(f"--decode-tokens {tokens}: the decoder's position table is too short for {tokens} new "
+                           f"tokens after the {first.shape[1]}-token decoder prompt the graphs are captured at")
+    past_feed = {"input_ids": _ids(model.config, (batch, tokens), 1), **mask, **_past(present)}
     kind = "encoder-decoder-with-past" if with_past else "encoder-decoder"
     parts = [Component("encoder", "encoder", encoder, enc_feed), Component("decoder", "decoder", decoder, dec_feed)]
     if with_past:
         parts.append(Component("decoder_with_past", "decoder_with_past", stepper, past_feed))
-    return Plan(kind, parts, wiring(kind, list(present)), run_notes(kind))
+    return Plan(kind, parts, wiring(kind, list(present)), run_notes(kind, decode_tokens=tokens if with_past else 1))

@@ -89,7 +89,7 @@ def _declared_axes(module: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     order = getattr(module, "graph_exporter_order", None)
     if not (isinstance(order, (list, tuple)) and order and all(isinstance(n, str) for n in order)):
-        return out  # a module that does not ask for a trace keeps the exporters' own axes (T5, Whisper)
+        return out  # a module that does not ask for a trace keeps the exporters' own axes
     out["exporter_order"] = list(order)
     axes, outputs = getattr(module, "graph_dynamic_axes", None), getattr(module, "graph_output_axes", None)
     try:

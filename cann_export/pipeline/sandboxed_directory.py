@@ -16,10 +16,10 @@ from ..bundle.multi_write import MultiResult, place
 from .sandboxed_file import DENIES, relay
 
 
-def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int, int], progress: Any,
                      options: dict[str, Any], planner: Any = None) -> MultiResult:
-    """Load ``path`` and export its graphs (``what``: task, kv_cache, sequence length) with ``export_one``
-    (api.export) into ``output``; confined when the machine can (``sandbox`` option: auto, require, off).
+    """Load ``path`` and export its graphs (``what``: task, kv_cache, sequence length, decode tokens) with
+    ``export_one`` (api.export) into ``output``; confined when the machine can (``sandbox`` option: auto, require, off).
     ``planner``: ``(path, options) -> (plan, carried files)`` for a directory of another kind (a diffusers
     pipeline: diffusion/export.py), loaded and planned in the same sandbox."""
     if planner is not None:
@@ -38,7 +38,7 @@ def export_directory(path: Path, output: Path, export_one: Any, what: tuple[str 
     return _confined(path, output, export_one, what, progress, support, options)
 
 
-def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int, int], progress: Any,
             record: dict[str, Any], options: dict[str, Any], model_name: str | None = None) -> MultiResult:
     from ..bundle.multi_write import export_plan
     from ..hf.graph_plans import plan_for
@@ -46,7 +46,7 @@ def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, A
 
     from .. import progress as events
 
-    task, kv_cache, length = what
+    task, kv_cache, length, tokens = what
     planner = options.pop("_planner", None)
     if planner is not None:
         with events.step("load and plan the pipeline directory"):
@@ -56,12 +56,12 @@ def _export(path: Path, output: Path, export_one: Any, what: tuple[str | None, A
     with events.step("load model directory"):
         model, found, carried = load_directory(path, task, options)
     with events.step("plan graphs"):
-        plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=length)
+        plan = plan_for(model, task=found, kv_cache=kv_cache, sequence_length=length, decode_tokens=tokens)
     return export_plan(plan, output, export_one, progress=progress, carried=carried, sandbox_record=record,
                        model_name=model_name, **options)
 
 
-def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int], progress: Any,
+def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None, Any, int, int], progress: Any,
               support: Any, options: dict[str, Any], why: str | None = None) -> MultiResult:
     """Stage the bundle in a directory beside ``output`` (in the confined child unless ``support`` is None:
     then here, unconfined, for ``why``), check it, rename it into place."""

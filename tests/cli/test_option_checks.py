@@ -62,7 +62,8 @@ def test_an_allowed_unknown_soc_is_exported_with_the_warning_recorded(tmp_path):
 
 
 BAD_OPTIONS = [["--opset", "99"], ["--soc-version", "Ascnd910B"], ["--soc-version", "Ascend310P9"],
-               ["--precision-mode", "bogus"], ["--input-shape", "x:a,b"], ["--dynamic", "batch_size=8..1"]]
+               ["--precision-mode", "bogus"], ["--input-shape", "x:a,b"], ["--dynamic", "batch_size=8..1"],
+               ["--decode-tokens", "0"], ["--decode-tokens", "x"]]
 
 
 def _no_torch_env(tmp_path: Path) -> dict:
