@@ -272,7 +272,11 @@ def _keep_dtype(ctx: Any, atc_dir: Path, write: Any) -> tuple[list[Path], list[s
     lines, warnings = precision_cfg.ascend_keep_lines(lines, ctx.onnx_model)
     warnings += precision_cfg.fused_name_warnings(list(ctx.options.atc_hints.get("keep_dtype", [])), ctx.onnx_model)
     files = [write(atc_dir / "keep_dtype.cfg", "\n".join(lines) + "\n")]
-    report = {"keep_dtype": {"nodes": lines, "module_paths": mapping}}
+    report: dict[str, Any] = {"keep_dtype": {"nodes": lines, "module_paths": mapping}}
+    if fixed_lines:  # the same set in the form Huawei's recipes write (offered beside keep_dtype.cfg)
+        custom = precision_cfg.fix_customize(lines, ctx.onnx_model, ctx.options.atc_hints.get("customize_dtypes"))
+        files.append(write(atc_dir / precision_cfg.FIX_CUSTOMIZE, custom))
+        report["keep_dtype"]["customize_dtypes"] = f"atc/{precision_cfg.FIX_CUSTOMIZE}"
     return files, ["--keep_dtype=atc/keep_dtype.cfg"], report, warnings
 
 

@@ -106,3 +106,40 @@ def check_names(entries: list[Custom], model: Any) -> list[str]:
                             "which then ignores its entry (ATC's documented rule): name the op it fuses into or "
                             "use an OpType:: entry")
     return warnings
+
+
+# ONNX element types -> the dtype names customize_dtypes lines use (a kept node reads and writes them as they are)
+ONNX_DTYPES = {1: "float", 10: "float16", 16: "bfloat16", 11: "double", 7: "int64", 6: "int32", 5: "int16", 3: "int8",
+               2: "uint8", 9: "bool"}
+
+
+def kept_in_fp32(lines: list[str], model: Any, given: list[Custom] | None = None) -> list[Custom]:
+    """keep_dtype.cfg's ``lines`` (node names, ``OpType::<Ascend IR type>``) as customize_dtypes entries under
+    which those nodes read and write fp32: every input and output of a float type as ``float``, the others as
+    their own type (an ``OpType::`` line with the signature of its first node in the graph). ``given``: the
+    customize_dtypes hint's entries, first; a target they name keeps their dtypes."""
+    from ..graph.onnx_helpers import inferred_values
+    from .ascend_ir import node_types
+
+    types = {v.name: v.type.tensor_type.elem_type for v in inferred_values(model)}
+    ascend = node_types(model) if any(ln.startswith("OpType::") for ln in lines) else {}
+    nodes = {n.name: n for n in model.graph.node if n.name}
+
+    def dtypes(values: list[str]) -> tuple[str, ...]:
+        return tuple(ONNX_DTYPES.get(types.get(v, 1), "float") for v in values)
+
+    out = list(given or [])
+    named = {e.target for e in out}
+    for line in lines:
+        if line.startswith("OpType::"):
+            node = next((nodes[n] for n, t in ascend.items() if f"OpType::{t}" == line and n in nodes), None)
+        else:
+            node = nodes.get(line)
+        if node is None or line in named:
+            continue
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:  # absent trailing optional inputs are not listed
+            inputs.pop()
+        out.append(Custom(line, dtypes(inputs), dtypes(list(node.output))))
+        named.add(line)
+    return out

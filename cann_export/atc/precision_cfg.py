@@ -10,6 +10,12 @@ from typing import Any
 from .mixlists import BF16_MIXED, FP16_MIXED
 
 NO_KEEP_MODES = ("must_keep_origin_dtype", "origin")  # modes under which ATC ignores keep_dtype
+FIX_CUSTOMIZE = "customize_dtypes.fix.cfg"  # --fix-precision's keep set as customize_dtypes entries
+FIX_CUSTOMIZE_HEAD = (
+    "# keep_dtype.cfg (with --fix-precision's keep set) as --customize_dtypes entries, the form Huawei's own recipes\n"
+    "# write: each kept node reads and writes float. ATC takes it in place of keep_dtype.cfg: in atc/convert.sh,\n"
+    "# replace --keep_dtype=atc/keep_dtype.cfg (and --customize_dtypes=..., whose entries lead this file) with\n"
+    "# --customize_dtypes=atc/customize_dtypes.fix.cfg\n")
 
 
 def ascend_keep_lines(lines: list[str], model: Any) -> tuple[list[str], list[str]]:
@@ -105,3 +111,12 @@ def fix_entries(kept: list[str], model: Any) -> tuple[list[str], dict[str, list[
     covered = set().union(*(by_type[t] for t in as_type)) if as_type else set()
     names = [n for n in kept if n not in covered]
     return names + [f"OpType::{t}" for t in as_type], {"op_types": as_type, "names": names}
+
+
+def fix_customize(lines: list[str], model: Any, hint: Any = None) -> str:
+    """customize_dtypes.fix.cfg: keep_dtype.cfg's ``lines`` as customize_dtypes entries that keep each node in fp32,
+    after the customize_dtypes ``hint``'s own entries (one file ATC can take instead of both flags)."""
+    from .customize import kept_in_fp32, parse
+
+    entries = kept_in_fp32(lines, model, parse(hint) if hint else None)
+    return FIX_CUSTOMIZE_HEAD + "\n".join(e.line() for e in entries) + "\n"

@@ -43,7 +43,8 @@ def _finalize_parity(ctx: ExportContext, staging: Path) -> None:
 MODEL_FILES = ("model.onnx", "model.onnx.data")  # the graph, and its weights past external_data_threshold
 PARITY_FILES = ("parity.json", "parity/inputs.safetensors", "parity/expected.safetensors")
 ATC_FILES = ("atc/convert.sh", "atc/keep_dtype.cfg", "atc/fusion_switch.cfg", "atc/aipp.cfg",
-             "atc/modify_mixlist.json", "atc/customize_dtypes.cfg")
+             "atc/modify_mixlist.json", "atc/customize_dtypes.cfg",
+             "atc/customize_dtypes.fix.cfg")
 TRAINING_FILES = ("training/weights.safetensors", "training/optimizer.safetensors")
 
 

@@ -363,7 +363,8 @@ def describe_multi(directory: Path, inspect_one: Any, shown: Path | None = None)
             "size_bytes": (directory / "manifest.json").stat().st_size + sum(
                 int(f.get("size") or 0) for f in manifest["files"].values() if isinstance(f, dict)),
             "atc_script": (manifest.get("atc") or {}).get("script"),
-            **({"pipeline": manifest["pipeline"]} if "pipeline" in manifest else {})}
+            **({"pipeline": manifest["pipeline"]} if "pipeline" in manifest else {}),
+            **({"precision_fix": manifest["precision_fix"]} if "precision_fix" in manifest else {})}
 
 
 def convert_multi(path: Path, output: str | Path | None, soc_version: str | None, overwrite: bool,

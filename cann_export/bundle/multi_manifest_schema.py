@@ -5,8 +5,9 @@ fills, each value's type; then every value that can be re-derived, re-derived: `
 components are headed for ATC: the script path this tool writes and the first component's soc_version),
 ``provenance`` (the first component's), each component's input and output names in its graph's order, the
 parity map's names, the file table's paths (the components', ``atc/convert.sh`` and a model directory's
-carried ``hf/`` files), and ``sandbox`` in one of the shapes ``pipeline/sandboxed_directory.py`` records,
-present exactly when the bundle carries a model directory's files. Each difference is a string naming the field."""
+carried ``hf/`` files), ``sandbox`` in one of the shapes ``pipeline/sandboxed_directory.py`` records,
+present exactly when the bundle carries a model directory's files, and ``precision_fix`` (``multi_precision.py``)
+from the components' own --fix-precision records. Each difference is a string naming the field."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,7 +16,7 @@ from .manifest_schema import SHOWN, sandbox_problems, unknown_names
 from .multi_write import COMPONENTS_DIR, CONVERT, atc_headed, component_format
 
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")
-TOP_OPTIONAL = ("atc", "sandbox", "pipeline")  # pipeline: a diffusers pipeline's (diffusion/check.py)
+TOP_OPTIONAL = ("atc", "sandbox", "pipeline", "precision_fix")  # pipeline: a diffusers pipeline's (diffusion/check.py)
 COMPONENT_KEYS = ("name", "role", "path", "manifest_sha256", "inputs", "outputs")
 CONNECTION_ENDS = {"from": ("component", "output"), "to": ("component", "input")}
 PARITY_KEYS = ("passed", "components")
@@ -96,6 +97,10 @@ def field_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) ->
     if recorded != sorted(names):
         diffs.append(f"manifest.json parity.components: names {', '.join(n[:40] for n in recorded[:SHOWN])}, not "
                      f"the components {', '.join(names)}")
+    if len(owns) == len(names):  # --fix-precision's summary, from every component's own record
+        from .multi_precision import fix_problems
+
+        diffs += fix_problems(manifest, owns)
     return diffs + _file_paths(manifest, names) + _sandbox_presence(manifest)
 
 

@@ -38,7 +38,8 @@ class MultiResult:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "format": self.format, "output": self.output, "kind": self.kind,
                 "components": self.components, "connections": self.manifest.get("connections", []),
-                "parity": self.manifest.get("parity", {}), "manifest_sha256": self.manifest_sha256}
+                "parity": self.manifest.get("parity", {}), "manifest_sha256": self.manifest_sha256,
+                **({"precision_fix": self.manifest["precision_fix"]} if "precision_fix" in self.manifest else {})}
 
 
 def convert_script(names: list[str]) -> str:
@@ -241,6 +242,7 @@ def multi_ok(manifest: dict[str, Any]) -> bool:
 
 def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "atc_ready") -> dict[str, Any]:
     from ..fs import digests
+    from .multi_precision import precision_fixes
 
     components = []
     for comp in plan.components:
@@ -253,6 +255,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
     verdicts = {c.name: component_summary(results[c.name].manifest, c.name) for c in plan.components}
     first = results[plan.components[0].name].manifest
     extra = plan.finish(root, results) if plan.finish is not None else {}  # a pipeline's end-to-end check (diffusion/)
+    fixes = precision_fixes({c.name: results[c.name].manifest for c in plan.components})  # --fix-precision's
     return {
         "schema": SCHEMA,
         "format": fmt,
@@ -267,6 +270,7 @@ def build_manifest(plan: Plan, results: dict[str, Any], root: Path, fmt: str = "
            if (root / CONVERT).is_file() else {}),
         "provenance": dict(first.get("provenance") or {}),
         "files": _file_table(plan, results, root),
+        **({"precision_fix": fixes} if fixes is not None else {}),
         **extra,
     }
 

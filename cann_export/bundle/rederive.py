@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 SOC_PATTERN = _options.SOC_PATTERN  # the pattern an export checks --soc-version against
 CFG_FILES = ("convert.sh", "keep_dtype.cfg", "fusion_switch.cfg", "aipp.cfg", "modify_mixlist.json",
-             "customize_dtypes.cfg")
+             "customize_dtypes.cfg", "customize_dtypes.fix.cfg")
 OUTPUT_STEM = "model"
 _DOTTED = re.compile(r".*\..*")
 

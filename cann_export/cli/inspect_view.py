@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from .fix_view import component_fix_line, fix_rerun_line
+
 TOOL_METADATA = ("onnxsim.", "cann_export.", "pkg.")  # what the tool stamps; --json shows it
 TOP_OPS = 8
 
@@ -209,6 +211,10 @@ def _multi(info: dict[str, Any]) -> list[str]:
         sub = _graph(comp, "  ") + _target(comp, "  ") + _parity(comp.get("parity"), "  ", bundle=True)
         sub += _coverage(comp.get("coverage"), "    ")
         lines += [line for line in sub if line] + _lint(comp.get("lint"), "  ")[1:]
+        if name in (info.get("precision_fix") or {}):
+            lines.append(f"  {component_fix_line(info['precision_fix'][name])}")
+    if line := fix_rerun_line((info.get("pipeline") or {}).get("end_to_end")):
+        lines += ["", line]
     feeds: dict[str, int] = {}
     for c in info["connections"]:
         key = f"{c['from']['component']} -> {c['to']['component']}"

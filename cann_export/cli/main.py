@@ -17,6 +17,7 @@ from .ci_reports import CiReports, bundle_manifest, ci_options, component_manife
 from ..usage.examples import examples
 from .guard import DefaultCommandGroup
 from .export_options import export_options, to_api_kwargs
+from .fix_view import component_fix_line, fix_rerun_line
 from .progress_view import ProgressView
 from .warnings_view import print_warnings, quiet_progress_bars
 from .lint_fix_view import print_lint_fixes
@@ -113,6 +114,12 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
         click.echo(f"  {terminal(name)}: {verdict} (fp32 {'ok' if c['fp32_passed'] else 'FAIL'}{device})")
         if cost := checks_line(((manifests.get(name) or {}).get("parity") or {}).get("checks")):
             click.echo(f"    {cost}")
+        if name in (result.manifest.get("precision_fix") or {}):
+            click.echo(f"    {component_fix_line(result.manifest['precision_fix'][name])}")
+    if result.manifest.get("precision_fix") == {}:
+        click.echo("--fix-precision: every component passes its device verdict without a keep set")
+    if line := fix_rerun_line((result.manifest.get("pipeline") or {}).get("end_to_end")):
+        click.echo(line)
     return 0 if result.ok else EXIT_PARITY_FAILED
 
 

@@ -42,18 +42,46 @@ def graph_path(root: Path, name: str) -> str:
     return str(root / "components" / name / str(own["model"]["file"]))
 
 
-def device_runs(root: Path, names: tuple[str, ...]) -> dict[str, Any]:
-    """Each component under the device emulation its own parity used (its mode, the SoC's overflow, keep_dtype)."""
+def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True) -> dict[str, Any]:
+    """Each component under the device emulation its own parity used (its mode, the SoC's overflow, keep_dtype);
+    ``fixed=False``: without the nodes --fix-precision added to its keep set."""
     from ..bundle.read import load_manifest_file
     from .hosted import emulated_run
 
     runs = {}
     for name in names:
         own = load_manifest_file(root / "components" / name / "manifest.json")
-        precision = (own.get("parity") or {}).get("precision") or {}
+        parity = own.get("parity") or {}
+        precision = parity.get("precision") or {}
         mode, overflow = str(precision.get("mode") or "force_fp16"), str(precision.get("overflow") or "saturation")
-        runs[name] = emulated_run(graph_path(root, name), mode, overflow, list(precision.get("keep_dtype") or []))
+        added = set() if fixed else set(parity.get("fixed_by_keep_dtype") or [])
+        keep = [n for n in precision.get("keep_dtype") or [] if n not in added]
+        runs[name] = emulated_run(graph_path(root, name), mode, overflow, keep)
     return runs
+
+
+def fix_kept(root: Path, names: tuple[str, ...]) -> list[str]:
+    """The components whose keep set --fix-precision grew (their parity records ``fixed_by_keep_dtype``)."""
+    from ..bundle.read import load_manifest_file
+
+    return [n for n in names if (load_manifest_file(root / "components" / n / "manifest.json").get("parity") or {})
+            .get("fixed_by_keep_dtype")]
+
+
+def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> dict[str, Any]:
+    """The image of ``pipe``'s loop over the emulated ``runs`` against diffusers' ``eager_image``: finite, no
+    component's NaN / Inf, cosine distance under the bar (and its PSNR)."""
+    from .hosted import nonfinite
+
+    device = hosted_like(pipe, runs)
+    image = generate(device, "np")
+    counts = nonfinite(device)
+    bad = {n: counts[n] for n in components_of(type(pipe).__name__) if n in counts}  # in the pipeline's order
+    finite = bool(np.isfinite(image).all())
+    distance = cosine_distance(image, eager_image) if finite else 1.0
+    return {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
+            "cosine_distance": distance, "psnr_db": psnr(image, eager_image) if finite else None,
+            "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
 
 
 def generate(pipe: Any, output_type: str, steps: int = STEPS, prompt: str = PROMPT) -> np.ndarray:
@@ -95,14 +123,10 @@ def check(pipe: Any, root: Path) -> dict[str, Any]:
                   "latents_max_abs": float(np.max(np.abs(latents - eager_latents))),
                   "image_max_abs": float(np.max(np.abs(image - eager_image))),
                   "tolerance": {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}, "nonfinite": nonfinite(fp32)}
-    device = hosted_like(pipe, device_runs(root, names))
-    device_image = generate(device, "np")
-    bad = nonfinite(device)
-    finite = bool(np.isfinite(device_image).all())
-    distance = cosine_distance(device_image, eager_image) if finite else 1.0
-    device_entry = {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
-                    "cosine_distance": distance, "psnr_db": psnr(device_image, eager_image) if finite else None,
-                    "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    device_entry = device_verdict(pipe, device_runs(root, names), eager_image)
+    if fixed := fix_kept(root, names):  # rerun with the fix: the loop as it was without the keep sets it added
+        unfixed = device_verdict(pipe, device_runs(root, names, fixed=False), eager_image)
+        device_entry["before_fix"] = {**unfixed, "fixed_components": fixed}
     return {"passed": fp32_entry["passed"] and device_entry["passed"], "prompt": PROMPT, "steps": STEPS,
             "guidance_scale": GUIDANCE, "seed": SEED, "image_shape": list(eager_image.shape),
             "fp32": fp32_entry, "device": device_entry, "seconds": round(time.perf_counter() - started, 3)}

@@ -179,13 +179,15 @@ def fix_precision(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     if reason is None and kept:
         kept = sorted(shrink(trial, kept), key=order)
     report = trial.report(kept, layers=layers)
-    report["precision"]["fix"] = _fix_summary(model, report, kept, steps, paths, trial.runs, reason)
+    shapes = {name: tuple(np.shape(value)) for name, value in feeds[0].items()} if feeds else None
+    report["precision"]["fix"] = _fix_summary(model, report, kept, steps, paths, trial.runs, reason, shapes)
     return report, kept
 
 
 def _fix_summary(model: Any, report: dict[str, Any], kept: list[str], steps: list[dict[str, Any]],
-                 paths: dict[str, str], runs: int, reason: str | None) -> dict[str, Any]:
-    per_node = flops.node_flops(model)
+                 paths: dict[str, str], runs: int, reason: str | None,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    per_node = flops.node_flops(model, shapes)  # a dynamic graph weighed at the first parity set's shapes
     ops = sum(1 for n in model.graph.node if n.op_type != "Constant")
     summary = {"fixed": bool(report["passed"]) and reason is None, "kept": kept,
                "kept_modules": _whole_modules(kept, paths), "kept_ops": len(kept), "graph_ops": ops,

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 
 
-def _shapes(model: Any) -> dict[str, list[int]]:
-    """Static shapes (-1 for an unknown dim) of every value shape inference can type, weights included."""
+def _shapes(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, list[int]]:
+    """Static shapes (-1 for an unknown dim) of every value shape inference can type, weights included; a dynamic
+    graph's at ``input_shapes``."""
     from ..graph.onnx_helpers import inferred_values
 
     out = {}
-    for v in inferred_values(model):
+    for v in inferred_values(model, input_shapes):
         t = v.type.tensor_type
         if t.HasField("shape"):
             out[v.name] = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
@@ -39,9 +40,10 @@ def _node_flops(node: Any, shapes: dict[str, list[int]]) -> int:
     return _count(out)
 
 
-def node_flops(model: Any) -> dict[str, int]:
-    """``{node name: estimated FLOPs}`` for every named node (Constants count 0)."""
-    shapes = _shapes(model)
+def node_flops(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
+    """``{node name: estimated FLOPs}`` for every named node (Constants count 0); a dynamic graph's at
+    ``input_shapes`` (its dynamic dims are otherwise unknown, and their nodes would weigh nothing)."""
+    shapes = _shapes(model, input_shapes)
     return {n.name: 0 if n.op_type == "Constant" else _node_flops(n, shapes) for n in model.graph.node if n.name}
 
 

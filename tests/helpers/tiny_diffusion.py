@@ -123,6 +123,20 @@ def sd_pipeline(seed: int = 0) -> Any:
     return StableDiffusionPipeline(**_eval(sd_components(seed)), requires_safety_checker=False).to("cpu")
 
 
+def overflow_t5(pipe: Any, factor: float = 5e4) -> Any:
+    """``pipe``'s T5 (text_encoder_3) with every feed-forward's ``wi`` scaled up by ``factor`` and ``wo`` down by it:
+    ReLU is positively homogeneous, so the fp32 output is unchanged, while the activations between ``wi`` and
+    ``wo`` pass fp16's 65504 (T5-XXL's known fp16 damage, in a tiny model). The weights stay within fp16's range."""
+    import torch
+
+    with torch.no_grad():
+        for block in pipe.text_encoder_3.encoder.block:
+            feed_forward = block.layer[1].DenseReluDense
+            feed_forward.wi.weight.mul_(factor)
+            feed_forward.wo.weight.div_(factor)
+    return pipe
+
+
 def save(pipe: Any, where: Path) -> Path:
     pipe.save_pretrained(where, safe_serialization=True)
     return where

@@ -103,7 +103,8 @@ def test_the_report_says_how_many_ops_and_what_share_of_the_flops(rms_fixed):
     cfg = _cfg_nodes(bundle, graph)
     assert fix["fixed"] and fix["kept_ops"] == len(cfg) and fix["graph_ops"] < len(graph.graph.node) + 1
     assert 0 < fix["kept_flops_share"] < 0.05  # norms: elementwise work, no MatMul
-    assert fix["kept_flops_share"] == pytest.approx(flops.share(cfg, flops.node_flops(graph)), abs=1e-6)
+    shapes = {name: value.shape for name, value in _input_sets(bundle)[0].items()}  # weighed at the parity shapes
+    assert fix["kept_flops_share"] == pytest.approx(flops.share(cfg, flops.node_flops(graph, shapes)), abs=1e-6)
     assert fix["rounds"][0]["because"].startswith("first divergence: layers.0.attn_norm (Pow)")
     assert (f"--fix-precision kept {len(cfg)} of {fix['graph_ops']} ops in fp32 ({fix['kept_flops_share']:.1%} "
             "of the graph's FLOPs)") in result.stdout
@@ -144,6 +145,51 @@ def test_flops_estimate_weighs_the_cube_ops():
     per_node = flops.node_flops(model)
     assert per_node == {"mm": 2 * 2 * 32 * 16, "r": 2 * 32}
     assert flops.share(["mm"], per_node) == pytest.approx(2048 / 2112)
+
+
+
+def test_a_dynamic_graph_weighs_its_flops_at_the_parity_shapes():
+    """A dynamic batch leaves every size unknown: weighed at the first parity set's shapes, not as 0 for all."""
+    x = helper.make_tensor_value_info("x", 1, ["batch_size", 16])
+    y = helper.make_tensor_value_info("y", 1, ["batch_size", 32])
+    w = onnx.numpy_helper.from_array(np.ones((16, 32), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="r")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]))
+    assert flops.share(["mm"], flops.node_flops(model)) == 0.0  # what --fix-precision reported for such a graph
+    per_node = flops.node_flops(model, {"x": (2, 16)})
+    assert per_node == {"mm": 2 * 2 * 32 * 16, "r": 2 * 32}
+    feed = {"x": np.full((2, 16), 5000.0, np.float32)}  # 5000 * 16 = 80000 overflows fp16 at the MatMul
+    report, kept = fix_precision(model, "force_fp16", [], [feed], [_fp32(model, feed)], ["y"],
+                                 Tolerance().device_policy(), {"mm": "proj", "r": "act"}, overflow="inf_nan")
+    fix = report["precision"]["fix"]
+    assert report["passed"] and "mm" in kept and fix["kept_flops_share"] >= 2048 / 2112 - 1e-6, fix
+
+
+def test_the_keep_set_is_offered_as_customize_dtypes_entries_that_mend_the_graph(rms_fixed):
+    """atc/customize_dtypes.fix.cfg: keep_dtype.cfg's entries in the --customize_dtypes form (every float input
+    and output ``float``); emulated as ATC reads that form, with no keep_dtype, the graph is as healthy as with it."""
+    from cann_export.atc.customize import parse
+    from cann_export.atc.mixlists import lists_for
+    from cann_export.validators.precision import Emulator
+
+    _, bundle = rms_fixed
+    lines = (bundle / "atc" / "keep_dtype.cfg").read_text().split()
+    text = (bundle / "atc" / "customize_dtypes.fix.cfg").read_text()
+    entries = parse(text)
+    assert [e.target for e in entries] == lines and all(set(e.outputs) == {"float"} for e in entries)
+    assert "--customize_dtypes=atc/customize_dtypes.fix.cfg" in text  # says how to use it instead
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["atc"]["keep_dtype"]["customize_dtypes"] == "atc/customize_dtypes.fix.cfg"
+    assert "atc/customize_dtypes.fix.cfg" in manifest["files"]
+    graph = onnx.load(str(bundle / "model.onnx"))
+    names = [o.name for o in graph.graph.output]
+    feed = _input_sets(bundle)[0]
+    plain = Emulator(graph, "force_fp16", "inf_nan").session(set()).run(feed, names)
+    custom = Emulator(graph, "force_fp16", "inf_nan", lists=lists_for("Ascend910B1", None, text))
+    mended = custom.session(set()).run(feed, names)
+    reference = _fp32(graph, feed)
+    assert not all(np.isfinite(p).all() and _cosine(p, r) >= 0.99 for p, r in zip(plain, reference, strict=True))
+    assert all(np.isfinite(m).all() and _cosine(m, r) >= 0.99 for m, r in zip(mended, reference, strict=True))
 
 
 @pytest.mark.slow
