@@ -211,8 +211,10 @@ def load_model(name: str, version: str | int | None = None, framework: str = "py
     """``framework="pytorch"``: the module, from the stored torch.export program (loaded weights-only) or
     rebuilt from ``model_class`` with verified weights. A callable architecture recorded in the manifest is
     imported only when its module is allowed (``allow_modules=`` or CANN_MODEL_ZOO_ALLOW_MODULES); the
-    manifest alone never names code to run. ``framework="onnx"``: the path of the verified ONNX file or
-    bundle for ``target`` (a soc_version or a target key). ``version`` is a version, an alias or None (the
+    manifest alone never names code to run. ``framework="onnx"``: for ``target`` (a soc_version or a target
+    key), a bundle's runner in onnxruntime (``cann_export.load`` of the verified bundle: a graph called with its
+    input names, a multi-graph bundle's components by name, a pipeline called like the pipeline; a graph's runner
+    is also the bundle's path, ``os.fspath(runner)``), or the path of a published ONNX file or om-stub. ``version`` is a version, an alias or None (the
     latest); ``name@ref`` works too. ``verify_signature``: an ed25519 public key the version must be signed
     with (unsigned or otherwise signed versions are refused); ``name@alias`` then also needs a signed alias
     record that matches and is not older than the newest this client saw (kept in ``trust_state``, default
@@ -227,8 +229,10 @@ def load_model(name: str, version: str | int | None = None, framework: str = "py
         art = manifest["artifacts"][key]
         root = verified_dir(store, name, chosen, manifest, [art["path"]])
         base = root / art["path"]
-        if art.get("bundle"):
-            return str(base)
+        if art.get("bundle"):  # run back (bundle/graph_runner.py): a graph's runner, path-like, or a pipeline
+            from ..bundle.graph_runner import load
+
+            return load(base)
         return str(base / art["model_file"])
     if framework != "pytorch":
         raise ZooError(f"unknown framework {framework!r}; use 'pytorch' (an nn.Module) or 'onnx' (the artifact path)")
