@@ -77,8 +77,9 @@ def hosted_like(pipe: Any, runs: dict[str, Any]) -> Any:
     return hosted_pipeline(cls, parts, runs, configs)
 
 
-def check(pipe: Any, root: Path) -> dict[str, Any]:
-    """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written)."""
+def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written);
+    ``images`` receives the three images compared (``eager``, ``fp32``, ``device``) for the report."""
     import time
 
     from .hosted import nonfinite, ort_run
@@ -103,6 +104,8 @@ def check(pipe: Any, root: Path) -> dict[str, Any]:
     device_entry = {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
                     "cosine_distance": distance, "psnr_db": psnr(device_image, eager_image) if finite else None,
                     "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    if images is not None:
+        images.update(eager=eager_image, fp32=image, device=device_image)
     return {"passed": fp32_entry["passed"] and device_entry["passed"], "prompt": PROMPT, "steps": STEPS,
             "guidance_scale": GUIDANCE, "seed": SEED, "image_shape": list(eager_image.shape),
             "fp32": fp32_entry, "device": device_entry, "seconds": round(time.perf_counter() - started, 3)}
