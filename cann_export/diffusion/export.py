@@ -55,7 +55,7 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     def finish(staging: Path, results: dict[str, Any]) -> dict[str, Any]:
         from .. import progress as events
         from .e2e_images import write_images
-        from .weights import carries_weights, write_weights
+        from .source_weights import carries_weights, write_weights
 
         images: dict[str, Any] = {}
         with events.step("end-to-end check (diffusers loop, onnxruntime)"):

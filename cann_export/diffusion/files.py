@@ -1,6 +1,6 @@
 """The pipeline files a bundle carries under ``pipeline/`` (what the runner rebuilds the pipeline from, without
 weights): ``model_index.json``, the scheduler's config, each tokenizer's files and each model part's config;
-an atc_ready bundle also carries each part's safetensors (weights.py) and the end-to-end check's images
+an atc_ready bundle also carries each part's safetensors (source_weights.py) and the end-to-end check's images
 (e2e_images.py). Names are an allow-list; every file is bounded."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ CONFIGS = ("config.json", "scheduler_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "spiece.model", "added_tokens.json")
 MAX_FILE = 64 << 20  # a tokenizer.json of a large vocabulary is tens of MB
-# the source weights a bundle may carry (diffusion/weights.py): what save_pretrained writes, sharded past its limit
+# the source weights a bundle may carry (source_weights.py): what save_pretrained writes, sharded past its limit
 WEIGHT_FILE = re.compile(r"(model|diffusion_pytorch_model)((-\d{5}-of-\d{5})?\.safetensors|\.safetensors\.index\.json)")
 IMAGE_FILE = re.compile(r"images/(eager|fp32|device)\.png")  # the end-to-end check's images (e2e_images.py)
 

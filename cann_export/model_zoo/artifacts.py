@@ -149,7 +149,7 @@ def _stage_multi(staged: Any, path: Path, shown: Path) -> None:
     }
     if manifest.get("kind") == PIPELINE_KIND and staged.architecture is None and any(
             rel.startswith("pipeline/") and rel.endswith(".safetensors") for rel in manifest["files"]):
-        # the source pipeline's safetensors (diffusion/weights.py): load_model(framework="pytorch") rebuilds it
+        # the source pipeline's safetensors (diffusion/source_weights.py): load_model(framework="pytorch") rebuilds it
         staged.architecture = {"kind": PIPELINE_ARCH, "file": f"{base}/pipeline/model_index.json",
                                "from_artifact": key}
     staged.lineage.append({"target": key, "components": {
