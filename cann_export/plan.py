@@ -78,6 +78,16 @@ def run_notes(kind: str, cache_length: int | None = None, batch: int = 1, decode
 CHECKERS: dict[str, str] = {"diffusion-pipeline": "cann_export.diffusion.check"}
 
 
+# bundle kinds run back by a runner of their own (cann_export.load: ``runner(directory, manifest, path, **options)``);
+# every other bundle runs as its graphs (bundle/graph_runner.py)
+RUNNERS: dict[str, str] = {"diffusion-pipeline": "cann_export.diffusion.bundle_runner"}
+
+
+def runner_module(kind: Any) -> Any:
+    """The module that runs a ``kind`` bundle back as one model, or None (its components are run by name)."""
+    return importlib.import_module(RUNNERS[kind]) if isinstance(kind, str) and kind in RUNNERS else None
+
+
 def checker(kind: Any) -> Any:
     """The checking module of a bundle kind outside KINDS, or None."""
     return importlib.import_module(CHECKERS[kind]) if isinstance(kind, str) and kind in CHECKERS else None

@@ -17,24 +17,24 @@ from .known_pipelines import KIND, PIPELINES, SCHEDULERS, components_of
 
 def load(bundle: str | Path, device: bool = False) -> Any:
     """The pipeline of the bundle at ``bundle`` (a directory or a single-file bundle) running its graphs in
-    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32."""
-    from ..bundle.rederive import BundleMismatchError
-    from ..bundle.multi_check import check_multi, opened_multi
+    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32. Checked as
+    ``cann_export.load`` checks every bundle (bundle/graph_runner.py)."""
+    from ..bundle.graph_runner import load as load_bundle
 
-    path = Path(bundle)
-    with opened_multi(path) as directory:
-        if directory is None:
-            raise OptionsError(f"{path} is not a multi-graph bundle; cann_export.load runs a diffusers pipeline "
-                               "bundle (cann-export PIPELINE_DIR)", path=path)
-        manifest, diffs = check_multi(directory)
-        if diffs:
-            raise BundleMismatchError(diffs, path=path, stage="load")
-        if manifest.get("kind") != KIND:
-            raise OptionsError(f"{path} is a {manifest.get('kind')} bundle; cann_export.load runs a diffusers "
-                               "pipeline bundle", path=path)
-        # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
-        root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
-        return build(root, manifest, device)
+    found = load_bundle(bundle, device=device)
+    if not any(c.__name__ == "DiffusionPipeline" for c in type(found).__mro__):
+        raise OptionsError(f"{bundle} is not a diffusers pipeline bundle (cann-export PIPELINE_DIR)", path=bundle)
+    return found
+
+
+def runner(directory: Path, manifest: dict[str, Any], path: Path, device: bool = False) -> Any:
+    """The pipeline of the checked bundle ``directory`` (unpacked from ``path`` when a single file)."""
+    if manifest.get("kind") != KIND:
+        raise OptionsError(f"{path} is a {manifest.get('kind')} bundle; this runs a diffusers pipeline bundle",
+                           path=path)
+    # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
+    root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
+    return build(root, manifest, device)
 
 
 def _copied(directory: Path, into: Path) -> Path:

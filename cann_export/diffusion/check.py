@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .files import MODEL_INDEX, PIPELINE_DIR, allowed
+from .files import IMAGE_FILE, MODEL_INDEX, PIPELINE_DIR, allowed
 from .known_pipelines import PIPELINES, components_of
 
 SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings")
@@ -63,6 +63,11 @@ def section_problems(manifest: dict[str, Any], cls: str) -> list[str]:
     problems += [f"manifest.json files[{rel[:120]!r}]: not a pipeline file a bundle carries (refused)"
                  for rel in carried if not allowed(rel)][:5]
     problems += end_to_end_problems(section.get("end_to_end"))
+    images = (section.get("end_to_end") or {}).get("images") if isinstance(section.get("end_to_end"), dict) else None
+    if images is not None and not (isinstance(images, dict) and all(
+            isinstance(rel, str) and IMAGE_FILE.fullmatch(rel.removeprefix(f"{PIPELINE_DIR}/")) and rel in carried
+            for rel in images.values())):
+        problems.append("manifest.json pipeline.end_to_end.images: not the end-to-end images of the file table")
     return problems
 
 

@@ -68,9 +68,9 @@ def fix_kept(root: Path, names: tuple[str, ...]) -> list[str]:
             .get("fixed_by_keep_dtype")]
 
 
-def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> dict[str, Any]:
+def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """The image of ``pipe``'s loop over the emulated ``runs`` against diffusers' ``eager_image``: finite, no
-    component's NaN / Inf, cosine distance under the bar (and its PSNR)."""
+    component's NaN / Inf, cosine distance under the bar (and its PSNR); with the image itself."""
     from .hosted import nonfinite
 
     device = hosted_like(pipe, runs)
@@ -79,9 +79,10 @@ def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> 
     bad = {n: counts[n] for n in components_of(type(pipe).__name__) if n in counts}  # in the pipeline's order
     finite = bool(np.isfinite(image).all())
     distance = cosine_distance(image, eager_image) if finite else 1.0
-    return {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
-            "cosine_distance": distance, "psnr_db": psnr(image, eager_image) if finite else None,
-            "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    entry = {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
+             "cosine_distance": distance, "psnr_db": psnr(image, eager_image) if finite else None,
+             "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    return entry, image
 
 
 def generate(pipe: Any, output_type: str, steps: int = STEPS, prompt: str = PROMPT) -> np.ndarray:
@@ -105,8 +106,9 @@ def hosted_like(pipe: Any, runs: dict[str, Any]) -> Any:
     return hosted_pipeline(cls, parts, runs, configs)
 
 
-def check(pipe: Any, root: Path) -> dict[str, Any]:
-    """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written)."""
+def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written);
+    ``images`` receives the three images compared (``eager``, ``fp32``, ``device``) for the report."""
     import time
 
     from .hosted import nonfinite, ort_run
@@ -123,10 +125,12 @@ def check(pipe: Any, root: Path) -> dict[str, Any]:
                   "latents_max_abs": float(np.max(np.abs(latents - eager_latents))),
                   "image_max_abs": float(np.max(np.abs(image - eager_image))),
                   "tolerance": {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}, "nonfinite": nonfinite(fp32)}
-    device_entry = device_verdict(pipe, device_runs(root, names), eager_image)
+    device_entry, device_image = device_verdict(pipe, device_runs(root, names), eager_image)
     if fixed := fix_kept(root, names):  # rerun with the fix: the loop as it was without the keep sets it added
-        unfixed = device_verdict(pipe, device_runs(root, names, fixed=False), eager_image)
+        unfixed, _ = device_verdict(pipe, device_runs(root, names, fixed=False), eager_image)
         device_entry["before_fix"] = {**unfixed, "fixed_components": fixed}
+    if images is not None:
+        images.update(eager=eager_image, fp32=image, device=device_image)
     return {"passed": fp32_entry["passed"] and device_entry["passed"], "prompt": PROMPT, "steps": STEPS,
             "guidance_scale": GUIDANCE, "seed": SEED, "image_shape": list(eager_image.shape),
             "fp32": fp32_entry, "device": device_entry, "seconds": round(time.perf_counter() - started, 3)}

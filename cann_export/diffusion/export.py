@@ -54,10 +54,19 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
 
     def finish(staging: Path, results: dict[str, Any]) -> dict[str, Any]:
         from .. import progress as events
+        from .e2e_images import write_images
+        from .source_weights import carries_weights, write_weights
 
+        images: dict[str, Any] = {}
         with events.step("end-to-end check (diffusers loop, onnxruntime)"):
-            result = check(pipe, staging) if validate else None
-        return {"pipeline": section(pipe, files, result, said)}
+            result = check(pipe, staging, images) if validate else None
+        if result is not None:
+            result["images"] = write_images(images, staging)
+        written = list((result or {}).get("images", {}).values())
+        if carries_weights(str(options.get("export_format") or "atc_ready")):
+            with events.step("the source weights (safetensors, for load_model framework='pytorch')"):
+                written += write_weights(pipe, staging)
+        return {"pipeline": section(pipe, {**files, **dict.fromkeys(written, b"")}, result, said)}
 
     plan.finish = finish
     return plan, files

@@ -1,6 +1,7 @@
 """The pipeline files a bundle carries under ``pipeline/`` (what the runner rebuilds the pipeline from, without
-weights): ``model_index.json``, the scheduler's config, each tokenizer's files and each model part's config.
-Names are an allow-list; every file is bounded."""
+weights): ``model_index.json``, the scheduler's config, each tokenizer's files and each model part's config;
+an atc_ready bundle also carries each part's safetensors (source_weights.py) and the end-to-end check's images
+(e2e_images.py). Names are an allow-list; every file is bounded."""
 from __future__ import annotations
 
 import re
@@ -16,6 +17,9 @@ CONFIGS = ("config.json", "scheduler_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "spiece.model", "added_tokens.json")
 MAX_FILE = 64 << 20  # a tokenizer.json of a large vocabulary is tens of MB
+# the source weights a bundle may carry (source_weights.py): what save_pretrained writes, sharded past its limit
+WEIGHT_FILE = re.compile(r"(model|diffusion_pytorch_model)((-\d{5}-of-\d{5})?\.safetensors|\.safetensors\.index\.json)")
+IMAGE_FILE = re.compile(r"images/(eager|fp32|device)\.png")  # the end-to-end check's images (e2e_images.py)
 
 
 def allowed(rel: str) -> bool:
@@ -25,7 +29,10 @@ def allowed(rel: str) -> bool:
         return False
     if len(parts) == 2:
         return parts[1] == MODEL_INDEX
-    return len(parts) == 3 and bool(PART.fullmatch(parts[1])) and parts[2] in (*CONFIGS, *TOKENIZER_FILES)
+    if len(parts) != 3 or not PART.fullmatch(parts[1]):
+        return False
+    return parts[2] in (*CONFIGS, *TOKENIZER_FILES) or bool(WEIGHT_FILE.fullmatch(parts[2])) \
+        or bool(IMAGE_FILE.fullmatch(f"{parts[1]}/{parts[2]}"))
 
 
 def pipeline_files(pipe: Any, model_index: bytes | None = None) -> dict[str, bytes]:
@@ -33,10 +40,9 @@ def pipeline_files(pipe: Any, model_index: bytes | None = None) -> dict[str, byt
     pipeline's config; the scheduler's and each model part's config; each tokenizer's files."""
     import tempfile
 
-    from ..fs.jsonio import dumps
-
     files: dict[str, bytes] = {}
-    index = model_index if model_index is not None else dumps(_plain(dict(pipe.config))).encode()
+    # diffusers' own model_index.json text (its _class_name and _diffusers_version with the parts)
+    index = model_index if model_index is not None else pipe.to_json_string().encode()
     files[f"{PIPELINE_DIR}/{MODEL_INDEX}"] = index
     for name, part in pipe.components.items():
         if part is None or not PART.fullmatch(name):
@@ -54,14 +60,6 @@ def pipeline_files(pipe: Any, model_index: bytes | None = None) -> dict[str, byt
             text = config.to_json_string() if hasattr(config, "to_json_string") else part.to_json_string()
             files[f"{PIPELINE_DIR}/{name}/config.json"] = text.encode()
     return files
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .zoo_errors import ZooError
-from .layout import BUNDLE_PROGRAM, PROGRAM
+from .layout import BUNDLE_PROGRAM, PIPELINE_ARCH, PIPELINE_KIND, PROGRAM
 
 
 def target_key(fmt: str, soc: str | None, precision: str | None) -> str:
@@ -147,6 +147,11 @@ def _stage_multi(staged: Any, path: Path, shown: Path) -> None:
         "path": base, "model_file": "manifest.json", "bundle": True, "multi_graph": manifest.get("kind"),
         "components": [c["name"] for c in manifest["components"]], "parity": manifest.get("parity"),
     }
+    if manifest.get("kind") == PIPELINE_KIND and staged.architecture is None and any(
+            rel.startswith("pipeline/") and rel.endswith(".safetensors") for rel in manifest["files"]):
+        # the source pipeline's safetensors (diffusion/source_weights.py): load_model(framework="pytorch") rebuilds it
+        staged.architecture = {"kind": PIPELINE_ARCH, "file": f"{base}/pipeline/model_index.json",
+                               "from_artifact": key}
     staged.lineage.append({"target": key, "components": {
         c["name"]: {"manifest_sha256": c["manifest_sha256"],
                     "onnx_sha256": (manifest["files"].get(f"{c['path']}/model.onnx") or {}).get("sha256")}

@@ -147,6 +147,8 @@ def rebuild(store: Any, name: str, version: str, manifest: dict[str, Any], model
     recorded = manifest.get("architecture") or {}
     if not model_class and recorded.get("kind") == "torch.export":
         return load_program(store, name, version, manifest)
+    if recorded.get("kind") == "diffusers-pipeline":
+        return load_pipeline_entry(store, name, version, manifest)
     if not model_class and recorded.get("kind") == "callable":
         check_allowed(recorded["callable"], allow_modules, name, version)
     weights = manifest.get("weights")
@@ -182,3 +184,21 @@ def _fill(root: Path, name: str, version: str, manifest: dict[str, Any], arch: d
         raise ZooError(f"{name} version {version}: the weights do not fit the architecture "
                        f"(missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]})")
     return module
+
+
+def load_pipeline_entry(store: Any, name: str, version: str, manifest: dict[str, Any]) -> Any:
+    """The diffusers pipeline of a pipeline bundle's entry: its ``pipeline/`` folder (model_index.json, configs,
+    tokenizers, safetensors) copied privately and verified, then read as an untrusted pipeline directory is
+    (diffusion/directory.py: every class allow-listed, safetensors only, offline)."""
+    from ..errors import ExportError, gist
+    from .resolve import private_copy
+
+    folder = str(manifest["architecture"]["file"]).rpartition("/")[0]
+    with private_copy(store, name, version, manifest, [folder]) as root:
+        from ..diffusion.directory import load_pipeline
+
+        try:
+            pipe, _ = load_pipeline(root / folder)
+        except ExportError as e:
+            raise ZooError(f"{name} version {version}: its pipeline does not load ({gist(e, 300)})") from e
+    return pipe

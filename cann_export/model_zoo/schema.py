@@ -10,7 +10,7 @@ from .file_copies import manifest_digest
 from .names import is_relpath, is_sha256
 
 _TARGET = re.compile(r"^[A-Za-z0-9._+-]{1,200}$")
-ARCH_KINDS = ("torch.export", "callable")
+ARCH_KINDS = ("torch.export", "callable", "diffusers-pipeline")
 
 
 def _refuse(where: str, what: str) -> ZooIntegrityError:
@@ -50,6 +50,10 @@ def _check_sections(manifest: dict[str, Any], where: str) -> None:
             raise _refuse(where, f"has an unknown architecture kind ({str(arch)[:80]})")
         if arch["kind"] == "torch.export":
             _listed(files, arch.get("file"), where, "torch.export program")
+        elif arch["kind"] == "diffusers-pipeline":  # the model_index.json of an artifact's pipeline/ folder
+            _listed(files, arch.get("file"), where, "pipeline")
+            if arch["file"] != f"artifacts/{arch.get('from_artifact')}/pipeline/model_index.json":
+                raise _refuse(where, "names a pipeline outside its artifact's pipeline/ folder")
         elif not isinstance(arch.get("callable"), str) or not isinstance(arch.get("kwargs", {}), dict):
             raise _refuse(where, "has a malformed callable architecture")
     arts = manifest.get("artifacts") or {}

@@ -56,7 +56,7 @@ def publish(model: Any = None, name: str | None = None, version: str | int | Non
         from .file_copies import file_table, manifest_digest
 
         files = file_table(staging, staged.known)
-        runnable = staged.weights or (staged.architecture or {}).get("kind") == "torch.export"
+        runnable = staged.weights or (staged.architecture or {}).get("kind") in ("torch.export", "diffusers-pipeline")
         kinds = (["pytorch"] if runnable else []) + sorted({a["format"] for a in staged.artifacts.values()})
         manifest: dict[str, Any] = {
             "schema": MANIFEST_SCHEMA, "name": name, "version": version,
@@ -209,14 +209,18 @@ def load_model(name: str, version: str | int | None = None, framework: str = "py
                allow_modules: list[str] | tuple[str, ...] | None = None, verify_signature: Any = None,
                trust_state: str | os.PathLike | None = None) -> Any:
     """``framework="pytorch"``: the module, from the stored torch.export program (loaded weights-only) or
-    rebuilt from ``model_class`` with verified weights. A callable architecture recorded in the manifest is
-    imported only when its module is allowed (``allow_modules=`` or CANN_MODEL_ZOO_ALLOW_MODULES); the
-    manifest alone never names code to run. ``framework="onnx"``: the path of the verified ONNX file or
-    bundle for ``target`` (a soc_version or a target key). ``version`` is a version, an alias or None (the
-    latest); ``name@ref`` works too. ``verify_signature``: an ed25519 public key the version must be signed
-    with (unsigned or otherwise signed versions are refused); ``name@alias`` then also needs a signed alias
-    record that matches and is not older than the newest this client saw (kept in ``trust_state``, default
-    $CANN_MODEL_ZOO_TRUST or ~/.cache/cann-export/zoo-trust.json)."""
+    rebuilt from ``model_class`` with verified weights; a pipeline bundle's entry gives the diffusers pipeline,
+    rebuilt from its model_index.json, configs and safetensors (classes allow-listed, never pickle). A callable
+    architecture recorded in the manifest is imported only when its module is allowed (``allow_modules=`` or
+    CANN_MODEL_ZOO_ALLOW_MODULES); the manifest alone never names code to run. ``framework="onnx"``: for
+    ``target`` (a soc_version or a target key), a bundle's runner in onnxruntime (``cann_export.load`` of the
+    verified bundle: a graph called with its input names, a multi-graph bundle's components by name, a pipeline
+    called like the pipeline; a graph's runner is also the bundle's path, ``os.fspath(runner)``), or the path of
+    a published ONNX file or om-stub. ``version`` is a version, an alias or None (the latest); ``name@ref``
+    works too. ``verify_signature``: an ed25519 public key the version must be signed with (unsigned or
+    otherwise signed versions are refused); ``name@alias`` then also needs a signed alias record that matches
+    and is not older than the newest this client saw (kept in ``trust_state``, default $CANN_MODEL_ZOO_TRUST or
+    ~/.cache/cann-export/zoo-trust.json)."""
     from .aliases import resolve_checked
 
     store = open_store(zoo)
@@ -227,8 +231,10 @@ def load_model(name: str, version: str | int | None = None, framework: str = "py
         art = manifest["artifacts"][key]
         root = verified_dir(store, name, chosen, manifest, [art["path"]])
         base = root / art["path"]
-        if art.get("bundle"):
-            return str(base)
+        if art.get("bundle"):  # run back (bundle/graph_runner.py): a graph's runner, path-like, or a pipeline
+            from ..bundle.graph_runner import load
+
+            return load(base)
         return str(base / art["model_file"])
     if framework != "pytorch":
         raise ZooError(f"unknown framework {framework!r}; use 'pytorch' (an nn.Module) or 'onnx' (the artifact path)")

@@ -24,7 +24,9 @@ svg .panel{fill:#fbfbfd;stroke:#ccd}svg .grid{stroke:#e6e6ee}svg .tick,svg .labe
 svg .trace{fill:none;stroke:#8aa2c8;stroke-width:1}svg .pt{fill:#2962ff;cursor:pointer}
 svg .pt.fail{fill:#c62828}svg .pt.kept{fill:#fff;stroke:#ef6c00;stroke-width:2}
 svg .first{stroke:#c62828;stroke-dasharray:4 3;stroke-width:1.5}svg .gap{font-size:10px;fill:#ef6c00;cursor:pointer}
-.nonfinite{color:#ef6c00;font-weight:600}section.component{border-top:3px solid #dde;margin-top:32px}
+.nonfinite{color:#ef6c00;font-weight:600}.images{display:flex;gap:16px}figure{margin:0;text-align:center}
+figure img{image-rendering:pixelated;border:1px solid #dde}figcaption{font-size:12px;color:#556}
+section.component{border-top:3px solid #dde;margin-top:32px}
 #tip{position:fixed;display:none;background:#1d2330;color:#fff;padding:6px 9px;border-radius:4px;font-size:12px;
 pointer-events:none;max-width:460px;white-space:pre-line}
 """
@@ -67,18 +69,26 @@ def render(view: dict[str, Any]) -> str:
     return _page(name, "\n".join([_heading(view), *_sections(view, "curve", 0)]), view)
 
 
-def render_multi(model: str, fmt: Any, views: list[dict[str, Any]]) -> str:
+def render_multi(model: str, fmt: Any, views: list[dict[str, Any]], pipeline: dict[str, Any] | None = None) -> str:
     """One page for a multi-graph bundle: a section per component (each naming the model and the component),
-    in the bundle's order; the embedded JSON is ``{"model_name", "format", "components": [view, ...]}``."""
+    in the bundle's order; the embedded JSON is ``{"model_name", "format", "components": [view, ...]}``.
+    ``pipeline``: a pipeline bundle's end-to-end section (report/pipeline_view.py), shown first."""
+    from . import pipeline_view
+
     index = "".join(f'<li><a href="#component-{escape(v["component"])}">{escape(v["component"])}</a> '
                     f'{_badge(v["verdict"]["passed"]) if v["verdict"]["validated"] else ""}</li>' for v in views)
     parts = [f"<h1>{escape(model)} <small>({escape(str(fmt))}, {len(views)} components)</small></h1>",
              f'<ul id="components">{index}</ul>']
+    if pipeline is not None:
+        parts.append(pipeline_view.render(pipeline, _badge, _num))
     for k, v in enumerate(views):
         parts.append(f'<section class="component" id="component-{escape(v["component"])}">{_heading(v)}')
         parts += _sections(v, f"curve-{k}", k)
         parts.append("</section>")
-    return _page(model, "\n".join(parts), {"model_name": model, "format": fmt, "components": views})
+    data = {"model_name": model, "format": fmt, "components": views}
+    if pipeline is not None:  # the numbers, not the images (they are in the page once)
+        data["pipeline"] = {k: v for k, v in pipeline.items() if k != "images"}
+    return _page(model, "\n".join(parts), data)
 
 
 def _heading(view: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..fs import atomic
-from . import html, view
+from . import html, pipeline_view, view
 from .naming import current_model
 
 if TYPE_CHECKING:
@@ -93,8 +93,10 @@ def _multi_page(bundle: Path) -> tuple[str, bool, int]:
             raise BundleMismatchError(diffs, path=bundle)
         views = [_component_view(directory / c["path"], c["name"], model, c["name"], shown=bundle)
                  for c in manifest["components"]]
+        pipeline = pipeline_view.build(directory, manifest)
     values = sum(len((v.get("layers") or {}).get("points") or []) for v in views)
-    return html.render_multi(model, manifest.get("format"), views), manifest["parity"]["passed"] is True, values
+    passed = manifest["parity"]["passed"] is True and (pipeline or {}).get("end_to_end", {}).get("passed") is not False
+    return html.render_multi(model, manifest.get("format"), views, pipeline), passed, values
 
 
 def _component_view(bundle: Path, title: str, model: str | None, component: str | None,

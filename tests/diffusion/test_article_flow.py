@@ -91,3 +91,5 @@ def test_article_flow_on_npu_sim_trains_exports_with_hints_and_publishes(enabled
     record = cann.model_zoo.publish(model=str(tmp_path / "sd3_brand_v1.pth"), name="sd3-brand",
                                     zoo=str(tmp_path / "zoo"))
     assert record["version"] and cann.model_zoo.verify("sd3-brand", zoo=str(tmp_path / "zoo"))
+    assert record["kinds"] == ["pytorch", "atc_ready"]  # the .pth carries the safetensors load_model rebuilds from
+
