@@ -12,12 +12,15 @@ from typing import Any
 
 from ..errors import OptionsError
 from .files import PIPELINE_DIR, read_json
-from .known_pipelines import KIND, PIPELINES, SCHEDULERS, components_of
+from .cache_spec import bundle_components, from_section
+from .known_pipelines import KIND, PIPELINES, SCHEDULERS
 
 
-def load(bundle: str | Path, device: bool = False) -> Any:
+def load(bundle: str | Path, device: bool = False, cache: bool = True) -> Any:
     """The pipeline of the bundle at ``bundle`` (a directory or a single-file bundle) running its graphs in
-    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32."""
+    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32; ``cache``: the
+    denoiser applies the cache the bundle records (``pipeline.cache``, from insert_teacache), False: every step
+    in full."""
     from ..bundle.rederive import BundleMismatchError
     from ..bundle.multi_check import check_multi, opened_multi
 
@@ -34,7 +37,7 @@ def load(bundle: str | Path, device: bool = False) -> Any:
                                "pipeline bundle", path=path)
         # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
         root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
-        return build(root, manifest, device)
+        return build(root, manifest, device, cache)
 
 
 def _copied(directory: Path, into: Path) -> Path:
@@ -45,7 +48,7 @@ def _copied(directory: Path, into: Path) -> Path:
     return target
 
 
-def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
+def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: bool = True) -> Any:
     import diffusers
     import transformers
 
@@ -54,7 +57,8 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
 
     cls = manifest["pipeline"]["class"]
     encoders, denoiser = PIPELINES[cls]
-    names = components_of(cls)
+    spec = from_section(manifest["pipeline"].get("cache")) if cache else None
+    names = bundle_components(cls, spec)
     index = read_json(root / PIPELINE_DIR / "model_index.json", "pipeline/model_index.json")
     parts: dict[str, Any] = {}
     scheduler = index.get("scheduler")
@@ -72,7 +76,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
                                                                   local_files_only=True)
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
-    return hosted_pipeline(cls, parts, runs, configs)
+    return hosted_pipeline(cls, parts, runs, configs, spec)
 
 
 def _config(root: Path, part: str) -> Any:
