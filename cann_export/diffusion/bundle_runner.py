@@ -52,6 +52,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     import diffusers
     import transformers
 
+    from .cached_denoiser import cached_denoiser
     from .end_to_end import device_runs, graph_path
     from .hosted import hosted_pipeline, ort_run
 
@@ -76,7 +77,8 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
                                                                   local_files_only=True)
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
-    return hosted_pipeline(cls, parts, runs, configs, spec)
+    cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
+    return hosted_pipeline(cls, parts, runs, configs, cached)
 
 
 def _config(root: Path, part: str) -> Any:

@@ -22,6 +22,12 @@ def off(spec: CacheSpec) -> CacheSpec:
     return dataclasses.replace(spec, policy=policy)
 
 
+def with_measure(end_to_end: dict[str, Any], pipe: Any, root: Path, spec: CacheSpec) -> dict[str, Any]:
+    """The end-to-end section with the cache's measure added (``cache``); it passes only if the measure does."""
+    measured = measure(pipe, root, spec)
+    return {**end_to_end, "passed": end_to_end["passed"] and measured["passed"], "cache": measured}
+
+
 def measure(pipe: Any, root: Path, spec: CacheSpec) -> dict[str, Any]:
     """The ``cache`` entry of the end-to-end section for a pipeline bundle staged at ``root``."""
     from .cached_denoiser import skipped_steps

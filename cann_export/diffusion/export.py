@@ -41,6 +41,7 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place."""
     import warnings
 
+    from .cache_measure import with_measure
     from .end_to_end import check
     from .component_hints import pipeline_hints
     from .planner import pipeline_plan
@@ -57,7 +58,10 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
         from .. import progress as events
 
         with events.step("end-to-end check (diffusers loop, onnxruntime)"):
-            result = check(pipe, staging, cache) if validate else None
+            result = check(pipe, staging) if validate else None
+        if result is not None and cache is not None:
+            with events.step("cache measure (cache off, and at the recorded setting)"):
+                result = with_measure(result, pipe, staging, cache)
         return {"pipeline": section(pipe, files, result, said, cache)}
 
     plan.finish = finish
