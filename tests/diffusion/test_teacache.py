@@ -117,7 +117,8 @@ def test_a_bad_teacache_hint_is_refused_naming_the_hint_exit_2_nothing_written(s
 def test_a_threshold_without_a_range_is_refused(sd3_directory, tmp_path):
     res = CliRunner().invoke(cli, [str(sd3_directory), "-o", str(tmp_path / "out"), "--atc-hint",
                                    "teacache_threshold=0.2"])
-    assert res.exit_code == 2 and "insert_teacache" in res.output, res.output
+    assert res.exit_code == 2 and "teacache_threshold / teacache_interval set without insert_teacache" in \
+        res.output, res.output
     assert not (tmp_path / "out").exists()
 
 
