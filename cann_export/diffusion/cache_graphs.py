@@ -16,10 +16,32 @@ from .cache_spec import BLOCKS, MID, CacheSpec, residual_names
 from .graphs import PipelineGraph, SD3Transformer, UNet
 
 
-class _RangeFill(nn.Module):
-    """DiT blocks ``blocks`` run as one, their residual kept in ``store`` (one dict per graph, read after the call)."""
+class Residuals:
+    """The tensors a stand-in and its graph pass each other during one call. Not a dict on the module: torch.export
+    restores a module's tensor attributes after a failed attempt (a copy), which would part the two."""
 
-    def __init__(self, blocks: list[nn.Module], store: dict[str, torch.Tensor]):
+    __slots__ = ("_tensors",)
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._tensors[name] = value
+
+    def clear(self) -> None:
+        self._tensors = {}
+
+    def update(self, values: dict[str, torch.Tensor]) -> None:
+        self._tensors.update(values)
+
+
+class _RangeFill(nn.Module):
+    """DiT blocks ``blocks`` run as one, their residual kept in ``store`` (one per graph, read after the call)."""
+
+    def __init__(self, blocks: list[nn.Module], store: Residuals):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.store = store
@@ -40,7 +62,7 @@ class _RangeFill(nn.Module):
 class _RangeSkip(nn.Module):
     """The range not run: its inputs plus the stored residuals (``store``, set from the graph's inputs)."""
 
-    def __init__(self, context_pre_only: bool, store: dict[str, torch.Tensor]):
+    def __init__(self, context_pre_only: bool, store: Residuals):
         super().__init__()
         self.context_pre_only = context_pre_only
         self.store = store
@@ -52,7 +74,7 @@ class _RangeSkip(nn.Module):
 
 
 class _MidFill(nn.Module):
-    def __init__(self, mid: nn.Module, store: dict[str, torch.Tensor]):
+    def __init__(self, mid: nn.Module, store: Residuals):
         super().__init__()
         self.mid = mid
         self.store = store
@@ -65,7 +87,7 @@ class _MidFill(nn.Module):
 
 
 class _MidSkip(nn.Module):
-    def __init__(self, has_cross_attention: bool, store: dict[str, torch.Tensor]):
+    def __init__(self, has_cross_attention: bool, store: Residuals):
         super().__init__()
         self.store = store
         self.has_cross_attention = has_cross_attention
@@ -90,13 +112,13 @@ def _cached_blocks(model: nn.Module, spec: CacheSpec) -> list[nn.Module]:
     return list(getattr(model, BLOCKS))[spec.start:spec.end]
 
 
-def _fill_model(model: nn.Module, spec: CacheSpec, store: dict[str, torch.Tensor]) -> nn.Module:
+def _fill_model(model: nn.Module, spec: CacheSpec, store: Residuals) -> nn.Module:
     if spec.module == MID:
         return _swapped(model, spec, _MidFill(getattr(model, MID), store))
     return _swapped(model, spec, _RangeFill(_cached_blocks(model, spec), store))
 
 
-def _skip_model(model: nn.Module, spec: CacheSpec, store: dict[str, torch.Tensor]) -> nn.Module:
+def _skip_model(model: nn.Module, spec: CacheSpec, store: Residuals) -> nn.Module:
     if spec.module == MID:
         return _swapped(model, spec, _MidSkip(getattr(getattr(model, MID), "has_cross_attention", False), store))
     return _swapped(model, spec, _RangeSkip(_cached_blocks(model, spec)[-1].context_pre_only, store))
@@ -109,7 +131,7 @@ def _residual_axes(names: tuple[str, ...]) -> dict[str, dict[int, str]]:
 class _Fill:
     """The full denoiser plus the residuals its stand-in kept (``store``)."""
 
-    store: dict[str, torch.Tensor]
+    store: Residuals
     residuals: tuple[str, ...]
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -121,7 +143,7 @@ class _Fill:
 class _Skip:
     """The denoiser whose stand-in adds the residuals given as inputs (``store``)."""
 
-    store: dict[str, torch.Tensor]
+    store: Residuals
     residuals: tuple[str, ...]
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -148,7 +170,7 @@ class SkipUNet(_Skip, UNet):
 
 def full_graph(name: str, model: nn.Module, sides: tuple[int, int], spec: CacheSpec) -> PipelineGraph:
     """The denoiser's graph (Optimum's names) that also outputs the cached range's residuals."""
-    store: dict[str, torch.Tensor] = {}
+    store = Residuals()
     graph = (FullSD3 if name == "transformer" else FullUNet)(_fill_model(model, spec, store), sides)
     graph.store, graph.residuals = store, residual_names(spec)
     return graph
@@ -156,7 +178,7 @@ def full_graph(name: str, model: nn.Module, sides: tuple[int, int], spec: CacheS
 
 def skip_graph(name: str, model: nn.Module, sides: tuple[int, int], spec: CacheSpec) -> PipelineGraph:
     """The denoiser without the cached range: its residuals are inputs, added where the range would have run."""
-    store: dict[str, torch.Tensor] = {}
+    store = Residuals()
     cls = SkipSD3 if name == "transformer" else SkipUNet
     graph = cls(_skip_model(model, spec, store), sides)
     graph.store, graph.residuals = store, residual_names(spec)
