@@ -70,7 +70,7 @@ class _Cached:
         self.previous_t = t
         arrays = {k: v.detach().cpu().numpy() for k, v in feed.items()}
         modulated = self.probe_run(arrays)["modulated_input"] if self.probe_run is not None else None
-        full = not self.residuals or self.step_policy.full(len(self.steps), self._last(t), modulated)
+        full = self.step_policy.full(len(self.steps), self._last(t), modulated) or not self.residuals
         self.steps.append(full)
         if full:
             out = super().call(**feed)  # type: ignore[misc]
