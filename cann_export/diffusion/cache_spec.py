@@ -8,6 +8,7 @@ any pipeline, is refused; the article's ``unet.mid_block`` on SD3 (a denoiser th
 warning, as component_hints says it."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,8 @@ def _number(hints: dict[str, Any], key: str, default: float, kind: type) -> Any:
         value = kind(raw)
     except (TypeError, ValueError) as e:
         raise OptionsError(f"atc_hints {key}={str(raw)[:40]!r} is not a number; write {key}={default}") from e
-    if not value >= 0 or value != value or value in (float("inf"),) or (kind is int and value < 1):
+    low = 1 if kind is int else 0
+    if not math.isfinite(value) or value < low:
         raise OptionsError(f"atc_hints {key}={str(raw)[:40]!r} is out of range; a threshold is >= 0 (0: the cache "
                            "off), an interval >= 1")
     return value
