@@ -12,29 +12,31 @@ from typing import Any
 
 from ..errors import OptionsError
 from .files import PIPELINE_DIR, read_json
-from .known_pipelines import KIND, PIPELINES, SCHEDULERS, components_of
+from .cache_spec import bundle_components, from_section
+from .known_pipelines import KIND, PIPELINES, SCHEDULERS
 
 
-def load(bundle: str | Path, device: bool = False) -> Any:
+def load(bundle: str | Path, device: bool = False, cache: bool = True) -> Any:
     """The pipeline of the bundle at ``bundle`` (a directory or a single-file bundle) running its graphs in
-    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32. Checked as
-    ``cann_export.load`` checks every bundle (bundle/graph_runner.py)."""
+    onnxruntime; ``device``: each graph under the device emulation its parity used instead of fp32; ``cache``: the
+    denoiser applies the cache the bundle records (``pipeline.cache``, from insert_teacache), False: every step
+    in full. Checked as ``cann_export.load`` checks every bundle (bundle/graph_runner.py)."""
     from ..bundle.graph_runner import load as load_bundle
 
-    found = load_bundle(bundle, device=device)
+    found = load_bundle(bundle, device=device, cache=cache)
     if not any(c.__name__ == "DiffusionPipeline" for c in type(found).__mro__):
         raise OptionsError(f"{bundle} is not a diffusers pipeline bundle (cann-export PIPELINE_DIR)", path=bundle)
     return found
 
 
-def runner(directory: Path, manifest: dict[str, Any], path: Path, device: bool = False) -> Any:
+def runner(directory: Path, manifest: dict[str, Any], path: Path, device: bool = False, cache: bool = True) -> Any:
     """The pipeline of the checked bundle ``directory`` (unpacked from ``path`` when a single file)."""
     if manifest.get("kind") != KIND:
         raise OptionsError(f"{path} is a {manifest.get('kind')} bundle; this runs a diffusers pipeline bundle",
                            path=path)
     # a single-file bundle's graphs outlive its unpacked copy: copied to a directory of the runner's own
     root = directory if directory == path else _copied(directory, Path(tempfile.mkdtemp(prefix="cann-runner-")))
-    return build(root, manifest, device)
+    return build(root, manifest, device, cache)
 
 
 def _copied(directory: Path, into: Path) -> Path:
@@ -45,16 +47,18 @@ def _copied(directory: Path, into: Path) -> Path:
     return target
 
 
-def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
+def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: bool = True) -> Any:
     import diffusers
     import transformers
 
+    from .cached_denoiser import cached_denoiser
     from .end_to_end import device_runs, graph_path
     from .hosted import hosted_pipeline, ort_run
 
     cls = manifest["pipeline"]["class"]
     encoders, denoiser = PIPELINES[cls]
-    names = components_of(cls)
+    spec = from_section(manifest["pipeline"].get("cache")) if cache else None
+    names = bundle_components(cls, spec)
     index = read_json(root / PIPELINE_DIR / "model_index.json", "pipeline/model_index.json")
     parts: dict[str, Any] = {}
     scheduler = index.get("scheduler")
@@ -72,7 +76,8 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
                                                                   local_files_only=True)
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
-    return hosted_pipeline(cls, parts, runs, configs)
+    cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
+    return hosted_pipeline(cls, parts, runs, configs, cached)
 
 
 def _config(root: Path, part: str) -> Any:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cache_spec import bundle_components
 from .files import IMAGE_FILE, MODEL_INDEX, PIPELINE_DIR, allowed
-from .known_pipelines import PIPELINES, components_of
+from .known_pipelines import PIPELINES
 
-SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings")
+SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings", "cache")
 
 
 def carried_file(rel: str) -> bool:
@@ -26,14 +27,17 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     cls = run.get("pipeline")
     if cls not in PIPELINES:
         return [f"manifest.json run.pipeline: {str(cls)[:80]!r} is not one of {', '.join(PIPELINES)}"]
-    names = list(components_of(cls))
+    cache, problem = recorded_cache(manifest)
+    if problem:
+        return [problem]
+    names = list(bundle_components(cls, cache))
     recorded = [(c["name"], c.get("role")) for c in manifest["components"]]
     if recorded != [(n, n) for n in names]:
         return [f"manifest.json components: {[n for n, _ in recorded]} are not those of a {cls} bundle "
                 f"({', '.join(names)}, each its own role)"]
     encoders, _ = PIPELINES[cls]
     outputs = {e: [v["name"] for v in owns[e]["model"]["outputs"]] for e in encoders}
-    expected = sorted(wiring(cls, outputs))
+    expected = sorted(wiring(cls, outputs, cache))
     actual = sorted((c["from"]["component"], c["from"]["output"], c["to"]["component"], c["to"]["input"])
                     for c in manifest["connections"])
     problems = []
@@ -42,6 +46,22 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
     if run != run_notes(cls):
         problems.append(f"manifest.json run: not the run notes of a {cls} bundle")
     return problems + section_problems(manifest, cls)
+
+
+def recorded_cache(manifest: dict[str, Any]) -> tuple[Any, str | None]:
+    """(the cache_spec.CacheSpec ``pipeline.cache`` records, or None; a problem with the section, or None)."""
+    from .cache_spec import from_section
+
+    section = (manifest.get("pipeline") or {}).get("cache") if isinstance(manifest.get("pipeline"), dict) else None
+    if section is None:
+        return None, None
+    try:
+        cache = from_section(section)
+    except (KeyError, TypeError, ValueError):
+        return None, "manifest.json pipeline.cache: not a cache section (component, module, range, policy)"
+    if cache is None or cache.section() != section:
+        return None, "manifest.json pipeline.cache: not the section its own range and policy give"
+    return cache, None
 
 
 def section_problems(manifest: dict[str, Any], cls: str) -> list[str]:
@@ -91,8 +111,10 @@ def end_to_end_problems(e2e: Any) -> list[str]:
         elif entry is not None and entry.get("passed") is True and not _under_bar(entry):
             problems.append(f"{where}.{key}.passed: true, but its cosine distance {entry.get('cosine_distance')!r} "
                             f"or NaN / Inf counts fail the bar ({MAX_COSINE_DISTANCE})")
-    if e2e.get("passed") is not (fp32.get("passed") is True and device.get("passed") is True):
-        problems.append(f"{where}.passed: not its fp32 and device verdicts together")
+    cache = e2e.get("cache") if isinstance(e2e.get("cache"), dict) else {"passed": True}
+    if e2e.get("passed") is not (fp32.get("passed") is True and device.get("passed") is True
+                                 and cache.get("passed") is True):
+        problems.append(f"{where}.passed: not its fp32, device (and cache) verdicts together")
     return problems
 
 

@@ -20,7 +20,7 @@ def _blocks(pipe: Any, denoiser: str) -> str:
     blocks = getattr(module, "transformer_blocks", None)
     if blocks is not None:
         return f"{denoiser}.transformer_blocks.0..{len(blocks) - 1}"
-    return f"{denoiser}.mid_block, {denoiser}.down_blocks.N, {denoiser}.up_blocks.N"
+    return f"{denoiser}.mid_block"
 
 
 def _graph_module(pipe: Any, component: str) -> Any:

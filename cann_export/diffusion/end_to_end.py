@@ -94,8 +94,10 @@ def generate(pipe: Any, output_type: str, steps: int = STEPS, prompt: str = PROM
     return images.numpy() if hasattr(images, "numpy") else np.asarray(images)
 
 
-def hosted_like(pipe: Any, runs: dict[str, Any]) -> Any:
-    """``pipe``'s class, scheduler and tokenizers with ``runs`` in place of its model parts."""
+def hosted_like(pipe: Any, runs: dict[str, Any], cache: Any = None) -> Any:
+    """``pipe``'s class, scheduler and tokenizers with ``runs`` in place of its model parts (its denoiser applying
+    ``cache``, a cache_spec.CacheSpec, when given)."""
+    from .cached_denoiser import cached_denoiser
     from .hosted import hosted_pipeline
 
     cls = type(pipe).__name__
@@ -103,7 +105,8 @@ def hosted_like(pipe: Any, runs: dict[str, Any]) -> Any:
     parts = {"scheduler": copy.deepcopy(pipe.scheduler)}
     parts.update({k: v for k, v in pipe.components.items() if k.startswith("tokenizer") and v is not None})
     configs = {n: getattr(pipe, n).config for n in (*encoders, denoiser, "vae")}
-    return hosted_pipeline(cls, parts, runs, configs)
+    cached = cached_denoiser(cache, denoiser, runs, configs[denoiser], parts["scheduler"]) if cache else None
+    return hosted_pipeline(cls, parts, runs, configs, cached)
 
 
 def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[str, Any]:

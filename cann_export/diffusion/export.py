@@ -21,9 +21,9 @@ def is_pipeline(model: Any) -> bool:
 
 
 def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | None,
-            warnings: list[str] | None = None) -> dict[str, Any]:
-    """The manifest's ``pipeline`` section: what the runner rebuilds the pipeline from, and the end-to-end check
-    (None: --no-validate)."""
+            warnings: list[str] | None = None, cache: Any = None) -> dict[str, Any]:
+    """The manifest's ``pipeline`` section: what the runner rebuilds the pipeline from, the end-to-end check
+    (None: --no-validate), and the denoiser's cache (cache_spec.CacheSpec, when insert_teacache asked one)."""
     from .planner import pipeline_class
 
     by_part: dict[str, list[str]] = {}
@@ -33,7 +33,7 @@ def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | Non
             by_part.setdefault(parts[1], []).append(rel)
     return {"class": pipeline_class(pipe), "model_index": f"{PIPELINE_DIR}/{MODEL_INDEX}",
             "scheduler": type(pipe.scheduler).__name__, "parts": by_part, "end_to_end": end_to_end,
-            "warnings": list(warnings or [])}
+            "warnings": list(warnings or []), **({"cache": cache.section()} if cache is not None else {})}
 
 
 def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
@@ -41,15 +41,17 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place."""
     import warnings
 
+    from .cache_measure import with_measure
     from .end_to_end import check
     from .component_hints import pipeline_hints
     from .planner import pipeline_plan
 
     validate = options.get("validate", True) is not False
-    options["atc_hints"], said = pipeline_hints(pipe, options.get("atc_hints"))
+    cache, hints = _cache_asked(pipe, options.get("atc_hints"))
+    options["atc_hints"], said = pipeline_hints(pipe, hints)
     for text in said:
         warnings.warn(text, stacklevel=2)
-    plan = pipeline_plan(pipe)
+    plan = pipeline_plan(pipe, cache)
     files = pipeline_files(pipe, model_index)
 
     def finish(staging: Path, results: dict[str, Any]) -> dict[str, Any]:
@@ -60,16 +62,29 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
         images: dict[str, Any] = {}
         with events.step("end-to-end check (diffusers loop, onnxruntime)"):
             result = check(pipe, staging, images) if validate else None
+        if result is not None and cache is not None:
+            with events.step("cache measure (cache off, and at the recorded setting)"):
+                result = with_measure(result, pipe, staging, cache)
         if result is not None:
             result["images"] = write_images(images, staging)
         written = list((result or {}).get("images", {}).values())
         if carries_weights(str(options.get("export_format") or "atc_ready")):
             with events.step("the source weights (safetensors, for load_model framework='pytorch')"):
                 written += write_weights(pipe, staging)
-        return {"pipeline": section(pipe, {**files, **dict.fromkeys(written, b"")}, result, said)}
+        return {"pipeline": section(pipe, {**files, **dict.fromkeys(written, b"")}, result, said, cache)}
 
     plan.finish = finish
     return plan, files
+
+
+def _cache_asked(pipe: Any, hints: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """(the cache ``insert_teacache`` asks, or None; the other hints, with the entries naming another pipeline's
+    denoiser left for component_hints' warning)."""
+    from .cache_spec import HINT, INTERVAL, THRESHOLD, cache_spec
+
+    cache, elsewhere = cache_spec(pipe, hints)
+    rest = {k: v for k, v in (hints or {}).items() if k not in (HINT, THRESHOLD, INTERVAL)}
+    return cache, {**rest, HINT: elsewhere} if elsewhere else rest
 
 
 def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: Any, options: dict[str, Any]) -> Any:

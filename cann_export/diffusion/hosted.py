@@ -142,16 +142,19 @@ def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
     return run
 
 
-def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any]) -> Any:
+def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any],
+                    cached: Any = None) -> Any:
     """A diffusers ``cls`` pipeline whose model parts are the graphs' ``runs`` (by component name); ``parts``: its
-    scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs)."""
+    scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs); ``cached``: a
+    denoiser applying a cache (cached_denoiser) in place of the plain one."""
     import diffusers
 
     from .known_pipelines import PIPELINES
 
     encoders, denoiser = PIPELINES[cls]
     modules: dict[str, Any] = {e: HostedTextEncoder(e, runs[e], configs[e]) for e in encoders}
-    modules[denoiser] = HOSTED[denoiser](denoiser, runs[denoiser], configs[denoiser])
+    modules[denoiser] = cached if cached is not None else HOSTED[denoiser](denoiser, runs[denoiser],
+                                                                           configs[denoiser])
     modules["vae"] = HostedVae(runs["vae_decoder"], configs["vae"], runs.get("vae_encoder"))
     extra = {"requires_safety_checker": False, "safety_checker": None, "feature_extractor": None} \
         if cls == "StableDiffusionPipeline" else {}

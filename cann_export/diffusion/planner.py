@@ -36,8 +36,9 @@ def hidden_state_names(names: list[str]) -> list[str]:
     return sorted(found, key=lambda n: int(n.split(".")[1]))
 
 
-def wiring(cls: str, outputs: dict[str, list[str]]) -> list[tuple[str, str, str, str]]:
-    """The connections of a ``cls`` bundle from its text encoders' output names (validate re-derives them)."""
+def wiring(cls: str, outputs: dict[str, list[str]], cache: Any = None) -> list[tuple[str, str, str, str]]:
+    """The connections of a ``cls`` bundle from its text encoders' output names, and those of its ``cache``'s graphs
+    (cache_spec.CacheSpec; validate re-derives them)."""
     encoders, denoiser = PIPELINES[cls]
     conns: list[tuple[str, str, str, str]] = []
     for enc in encoders:
@@ -52,11 +53,26 @@ def wiring(cls: str, outputs: dict[str, list[str]]) -> list[tuple[str, str, str,
     conns.append((denoiser, out, "vae_decoder", "latent_sample"))
     conns.append(("vae_encoder", "latent_parameters", denoiser, "hidden_states" if denoiser == "transformer"
                   else "sample"))
-    return conns
+    return conns + (cache_wiring(cache, conns) if cache is not None else [])
 
 
-def pipeline_plan(pipe: Any) -> Plan:
-    """The plan of ``pipe`` (a StableDiffusion3Pipeline or StableDiffusionPipeline, on the CPU, fp32)."""
+def cache_wiring(cache: Any, conns: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """The skip graph takes what the denoiser takes and its residuals; the probe what it needs of the denoiser's."""
+    from .cache_graphs import Probe
+    from .cache_spec import residual_names
+
+    den = cache.component
+    into = [c for c in conns if c[2] == den]
+    out = [(a, o, cache.skip, i) for a, o, _, i in into]
+    out += [(den, n, cache.skip, n) for n in residual_names(cache)]
+    if cache.probe:
+        out += [(a, o, cache.probe, i) for a, o, _, i in into if i in Probe.graph_input_names]
+    return out
+
+
+def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
+    """The plan of ``pipe`` (a StableDiffusion3Pipeline or StableDiffusionPipeline, on the CPU, fp32); ``cache``
+    (cache_spec.CacheSpec): the denoiser's graphs for it (cache_graphs) in place of the plain one."""
     import torch
 
     from .graphs import TextEncoder, VaeDecoder, VaeEncoder, denoiser_graph
@@ -85,10 +101,12 @@ def pipeline_plan(pipe: Any) -> Plan:
         timestep = torch.tensor([500.0, 250.0])
         conditioning = _conditioning(pipe, cls)
         sides = side_range(denoiser, side)
-        graph = denoiser_graph(denoiser_name, denoiser, sides)
         first = "hidden_states" if denoiser_name == "transformer" else "sample"
-        comps.append(Component(denoiser_name, denoiser_name, graph, {first: latents, **conditioning,
-                                                                      "timestep": timestep}))
+        feed = {first: latents, **conditioning, "timestep": timestep}
+        if cache is None:
+            comps.append(Component(denoiser_name, denoiser_name, denoiser_graph(denoiser_name, denoiser, sides), feed))
+        else:
+            comps += _cache_components(cache, denoiser, sides, feed)
         vae = pipe.vae.eval()
         image = torch.rand(EXAMPLE_BATCH, 3, side * scale, side * scale, generator=gen) * 2 - 1
         comps.append(Component("vae_encoder", "vae_encoder", VaeEncoder(vae, sides), {"sample": image}))
@@ -97,7 +115,21 @@ def pipeline_plan(pipe: Any) -> Plan:
     comps = [Component(c.name, c.role, c.module, {n: c.example_inputs[n] for n in c.module.graph_input_names})
              for c in comps]
     outputs = {c.name: list(c.module(**c.example_inputs)) for c in comps[:len(encoders)]}
-    return Plan(KIND, comps, [], run_notes(cls), host_connections=wiring(cls, outputs))
+    return Plan(KIND, comps, [], run_notes(cls), host_connections=wiring(cls, outputs, cache))
+
+
+def _cache_components(cache: Any, denoiser: Any, sides: tuple[int, int], feed: dict[str, Any]) -> list[Component]:
+    """The full denoiser (with the residual outputs), the skip graph fed the residuals of the example, the probe."""
+    from .cache_graphs import Probe, full_graph, skip_graph
+
+    name = cache.component
+    full = full_graph(name, denoiser, sides, cache)
+    residuals = {n: v for n, v in full(**feed).items() if n.startswith("cache_residual")}
+    comps = [Component(name, name, full, feed),
+             Component(cache.skip, cache.skip, skip_graph(name, denoiser, sides, cache), {**feed, **residuals})]
+    if cache.probe:
+        comps.append(Component(cache.probe, cache.probe, Probe(denoiser, sides), feed))
+    return comps
 
 
 def side_range(denoiser: Any, side: int) -> tuple[int, int]:

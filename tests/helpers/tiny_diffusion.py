@@ -41,9 +41,9 @@ def t5_tokenizer() -> Any:
                            extra_ids=0, model_max_length=256)
 
 
-def sd3_components(seed: int = 0) -> dict[str, Any]:
+def sd3_components(seed: int = 0, layers: int = 1) -> dict[str, Any]:
     """diffusers' SD3 fast-test components (StableDiffusion3PipelineFastTests.get_dummy_components), with a local
-    T5 of the tiny-random-t5 sizes and local tokenizers."""
+    T5 of the tiny-random-t5 sizes and local tokenizers; ``layers``: the transformer's blocks (the fast test's 1)."""
     import tempfile
 
     import torch
@@ -51,7 +51,7 @@ def sd3_components(seed: int = 0) -> dict[str, Any]:
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
-    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=1,
+    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=layers,
                                         attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
                                         joint_attention_dim=32, pooled_projection_dim=64, out_channels=4)
     clip = CLIPTextConfig(bos_token_id=0, eos_token_id=1, hidden_size=32, intermediate_size=37, layer_norm_eps=1e-05,
@@ -111,10 +111,10 @@ def _eval(parts: dict[str, Any]) -> dict[str, Any]:
     return {k: v.eval() if hasattr(v, "eval") and hasattr(v, "parameters") else v for k, v in parts.items()}
 
 
-def sd3_pipeline(seed: int = 0) -> Any:
+def sd3_pipeline(seed: int = 0, layers: int = 1) -> Any:
     from diffusers import StableDiffusion3Pipeline
 
-    return StableDiffusion3Pipeline(**_eval(sd3_components(seed))).to("cpu")
+    return StableDiffusion3Pipeline(**_eval(sd3_components(seed, layers))).to("cpu")
 
 
 def sd_pipeline(seed: int = 0) -> Any:
