@@ -51,6 +51,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
 
     from .end_to_end import device_runs, graph_path
     from .hosted import hosted_pipeline, ort_run
+    from .sides import latent_limits
 
     cls = manifest["pipeline"]["class"]
     encoders, denoiser = PIPELINES[cls]
@@ -72,7 +73,15 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False) -> Any:
                                                                   local_files_only=True)
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
-    return hosted_pipeline(cls, parts, runs, configs)
+    return hosted_pipeline(cls, parts, runs, configs, latent_limits({n: _own(root, n) for n in (denoiser,
+                                                                                                 "vae_decoder")}))
+
+
+def _own(root: Path, component: str) -> dict[str, Any]:
+    """A component's manifest (already checked against the bundle's file table by check_multi)."""
+    from ..bundle.multi_write import COMPONENTS_DIR
+
+    return read_json(root / COMPONENTS_DIR / component / "manifest.json", f"{component}/manifest.json")
 
 
 def _config(root: Path, part: str) -> Any:

@@ -44,11 +44,13 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     from .end_to_end import check
     from .component_hints import pipeline_hints
     from .planner import pipeline_plan
+    from .sides import check_asked
 
     validate = options.get("validate", True) is not False
     options["atc_hints"], said = pipeline_hints(pipe, options.get("atc_hints"))
     for text in said:
         warnings.warn(text, stacklevel=2)
+    check_asked(pipe, options.get("dynamic"))
     plan = pipeline_plan(pipe)
     files = pipeline_files(pipe, model_index)
 
