@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import cann_export
 from cann_export.cli.main import cli
 
 CASES = {  # tiny configs, random weights; ResNet's config has no image_size (the example side is 224)
@@ -107,6 +108,7 @@ def test_an_architecture_that_fixes_its_image_size_keeps_it_and_says_why(name, w
     assert fixed["sizes"] == [32, 32] and why in fixed["why"]
     assert manifest["capture"]["exporter"] == "torchscript"  # no capture spent on a dynamic side that cannot be
     assert "--input_shape=pixel_values:1~16,3,32,32" in manifest["atc"]["command"]
+    assert cann_export.validate(bundle)["passed"] is True  # validate takes the recorded reason
 
 
 def test_gears_asked_for_height_and_width_become_atc_dynamic_dims_and_are_each_checked(exported, run_ort):
