@@ -24,8 +24,8 @@ TF_PADDING_WHY = ("MobileNetV2 with tf_padding (config.json) computes each convo
                   "input's size in Python, so a graph holds the example's padding; a model saved with "
                   "tf_padding false keeps height and width dynamic")
 OTHER_WHY = ("{model_type} is not among the architectures known to compute at any image size (ResNet, ConvNeXt, "
-             "MobileNetV2 without tf_padding); give --dynamic height=LO..HI --dynamic width=LO..HI to try others "
-             "(parity checks them at the range's ends and middle)")
+             "MobileNetV2 without tf_padding); give --dynamic pixel_values:2=height:LO..HI,3=width:LO..HI to try "
+             "other sizes (parity checks them at the range's ends and middle)")
 
 
 @dataclass(frozen=True)
