@@ -215,6 +215,7 @@ class LoadedExtras(TypedDict, total=False):
     dynamic_shapes: Any  # a module's own torch.export dynamic_shapes
     dynamic_axes: dict[str, dict[int, str]]  # the axes the model computes at any size (the dynamic stage's defaults)
     dynamic_ranges: dict[str, Any]  # {input: {axis: [min, max or None]}}
+    static_axes: list[dict[str, Any]]  # axes Optimum names dynamic kept fixed: {input, axes, sizes, why}
     task: str  # the task's name (Optimum's)
     hf: dict[str, Any]  # a Hugging Face model's task, architecture, model_type, dummy input specs, outputs, axes
     bundle_files: dict[str, bytes]  # {"hf/NAME": bytes}: the files bundle formats carry

@@ -18,7 +18,8 @@ from ..errors import OptionsError
 from ..plan import KINDS, Plan
 
 DIMENSIONS = ("batch_size", "sequence_length", "past_sequence_length", "decoder_sequence_length",
-              "past_decoder_sequence_length", "encoder_sequence_length")
+              "past_decoder_sequence_length", "encoder_sequence_length",
+              "height", "width", "image_height", "image_width")  # a pipeline's latent and image sides
 COMPONENTS = tuple(dict.fromkeys(n for names in KINDS.values() for n in names))
 _FORM = re.compile(r"(?:(?P<comp>[a-z][a-z0-9_]{0,63}):)?(?P<dim>[A-Za-z_][A-Za-z0-9_]*)=(?P<spec>[^=]*)")
 SYNTAX = ("a multi-graph bundle takes --dynamic DIM=LO..HI or DIM=G1,G2,... (ATC gears; every graph with that "

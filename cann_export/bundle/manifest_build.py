@@ -31,6 +31,7 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
             "inputs": describe_values(model.graph.input),
             "outputs": describe_values(model.graph.output),
             "ops": op_histogram(model),
+            **({"static_axes": fixed} if (fixed := static_axes(ctx, describe_values(model.graph.input))) else {}),
         },
         "metadata": dict(ctx.metadata),
         "provenance": dict(ctx.provenance),
@@ -49,6 +50,16 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
     if root is not None:
         manifest["files"] = file_table(root)
     return manifest
+
+
+def static_axes(ctx: ExportContext, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The loader's axes kept fixed, and why (hf/image_sides.py), where the written graph has them fixed."""
+    shapes = {i["name"]: i["shape"] for i in inputs}
+    loaded = getattr(ctx, "loaded", None)
+    notes = (loaded.extras.get("static_axes") if loaded is not None else None) or []
+    return [note for note in notes if note.get("input") in shapes and all(
+        isinstance(shapes[note["input"]][int(a)], int) for a in note.get("axes", {}) if int(a) < len(
+            shapes[note["input"]]))]
 
 
 def write_manifest(ctx: ExportContext, staging: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from ..context import CaptureAttempt, CaptureReport, QuantizationReport, Warning
 
 TOP = ("schema", "format", "model", "metadata", "provenance", "atc", "capture", "optimize", "parity", "quantization",
        "lint", "sandbox", "warnings", "stage_seconds", "files")
-MODEL_KEYS = ("file", "opset", "opset_requested", "exporter", "inputs", "outputs", "ops")
+MODEL_KEYS = ("file", "opset", "opset_requested", "exporter", "inputs", "outputs", "ops", "static_axes")
 SANDBOX_KEYS = {"none": ("kind", "reason"), "landlock+seccomp": ("kind", "landlock_abi", "denies")}
 SANDBOX_OPTIONAL = {"landlock+seccomp": ("torch_threads",)}  # a single graph's record (pipeline/sandboxed_file.plan)
 MAX_REASON = 4096

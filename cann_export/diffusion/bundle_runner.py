@@ -54,6 +54,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     from .cached_denoiser import cached_denoiser
     from .end_to_end import device_runs, graph_path
     from .hosted import hosted_pipeline, ort_run
+    from .sides import latent_limits
 
     cls = manifest["pipeline"]["class"]
     encoders, denoiser = PIPELINES[cls]
@@ -77,7 +78,15 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
     cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
-    return hosted_pipeline(cls, parts, runs, configs, cached)
+    limits = latent_limits({n: _own(root, n) for n in (denoiser, "vae_decoder")})
+    return hosted_pipeline(cls, parts, runs, configs, cached, limits)
+
+
+def _own(root: Path, component: str) -> dict[str, Any]:
+    """A component's manifest (already checked against the bundle's file table by check_multi)."""
+    from ..bundle.multi_write import COMPONENTS_DIR
+
+    return read_json(root / COMPONENTS_DIR / component / "manifest.json", f"{component}/manifest.json")
 
 
 def _config(root: Path, part: str) -> Any:

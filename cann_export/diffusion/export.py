@@ -45,12 +45,14 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     from .end_to_end import check
     from .component_hints import pipeline_hints
     from .planner import pipeline_plan
+    from .sides import check_asked
 
     validate = options.get("validate", True) is not False
     cache, hints = _cache_asked(pipe, options.get("atc_hints"))
     options["atc_hints"], said = pipeline_hints(pipe, hints)
     for text in said:
         warnings.warn(text, stacklevel=2)
+    check_asked(pipe, options.get("dynamic"))
     plan = pipeline_plan(pipe, cache)
     files = pipeline_files(pipe, model_index)
 

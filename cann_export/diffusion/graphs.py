@@ -45,8 +45,17 @@ class TextEncoder(PipelineGraph):
 
 
 def _latent_axes(name: str) -> dict[int, str]:
-    """The batch only: height and width are fixed at the example (dynamic sides made torch.export's capture of the
-    tiny SD3 transformer run past minutes; ATC's static path takes one size per graph anyway)."""
+    """The batch, and the latent height / width (``side_range``)."""
+    return {0: "batch_size", 2: "height", 3: "width"}
+
+
+def _image_axes(name: str) -> dict[int, str]:
+    """The batch, and the image's height / width in pixels (the latent's times the VAE's scale factor)."""
+    return {0: "batch_size", 2: "image_height", 3: "image_width"}
+
+
+def _fixed_axes(name: str) -> dict[int, str]:
+    """The batch only: SD3's transformer keeps height and width fixed at the example."""
     return {0: "batch_size"}
 
 
@@ -54,7 +63,7 @@ class SD3Transformer(PipelineGraph):
     graph_input_names = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
 
     def __init__(self, model: nn.Module, sides: tuple[int, int]):
-        axes = {"hidden_states": _latent_axes("hidden_states"), "encoder_hidden_states": {0: "batch_size"},
+        axes = {"hidden_states": _fixed_axes("hidden_states"), "encoder_hidden_states": {0: "batch_size"},
                 "pooled_projections": {0: "batch_size"}, "timestep": {0: "batch_size"}}
         super().__init__(model, axes, {"height": sides, "width": sides})
 
@@ -81,8 +90,9 @@ class UNet(PipelineGraph):
 class VaeEncoder(PipelineGraph):
     graph_input_names = ("sample",)
 
-    def __init__(self, vae: nn.Module, sides: tuple[int, int]):
-        super().__init__(vae, {"sample": _latent_axes("sample")}, {"height": sides, "width": sides})
+    def __init__(self, vae: nn.Module, sides: tuple[int, int], scale: int):
+        pixels = (sides[0] * scale, sides[1] * scale)
+        super().__init__(vae, {"sample": _image_axes("sample")}, {"image_height": pixels, "image_width": pixels})
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"latent_parameters": self.model.encode(feed["sample"], return_dict=False)[0].parameters}

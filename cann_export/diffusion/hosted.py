@@ -66,18 +66,34 @@ def _steps(timestep: Any, batch: int) -> torch.Tensor:
     return t.expand(batch).contiguous() if t.numel() == 1 else t
 
 
-class HostedTransformer(Hosted):
+class HostedDenoiser(Hosted):
+    """The denoiser's graph; ``limits``: the latent sides every graph of the loop takes (diffusion/sides.py), checked
+    before a run at a size they cannot take."""
+
+    limits: dict[str, tuple[int, int]] | None = None
+    scale: int = 1
+
+    def check(self, latents: torch.Tensor) -> None:
+        from .sides import check_latents
+
+        if self.limits:
+            check_latents(latents, self.scale, self.limits)
+
+
+class HostedTransformer(HostedDenoiser):
     def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 pooled_projections: torch.Tensor, timestep: Any, return_dict: bool = False, **_: Any) -> Any:
+        self.check(hidden_states)
         out = self.call(hidden_states=hidden_states.float(), encoder_hidden_states=encoder_hidden_states.float(),
                         pooled_projections=pooled_projections.float(),
                         timestep=_steps(timestep, hidden_states.shape[0]))
         return (out["out_hidden_states"],)
 
 
-class HostedUNet(Hosted):
+class HostedUNet(HostedDenoiser):
     def forward(self, sample: torch.Tensor, timestep: Any, encoder_hidden_states: torch.Tensor, *_: Any,
                 return_dict: bool = False, **__: Any) -> Any:
+        self.check(sample)
         out = self.call(sample=sample.float(), timestep=_steps(timestep, sample.shape[0]),
                         encoder_hidden_states=encoder_hidden_states.float())
         return (out["out_sample"],)
@@ -143,10 +159,11 @@ def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
 
 
 def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any],
-                    cached: Any = None) -> Any:
+                    cached: Any = None, limits: dict[str, tuple[int, int]] | None = None) -> Any:
     """A diffusers ``cls`` pipeline whose model parts are the graphs' ``runs`` (by component name); ``parts``: its
     scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs); ``cached``: a
-    denoiser applying a cache (cached_denoiser) in place of the plain one."""
+    denoiser applying a cache (cached_denoiser) in place of the plain one; ``limits``: the latent sides the graphs
+    take (checked before the denoiser runs)."""
     import diffusers
 
     from .known_pipelines import PIPELINES
@@ -160,6 +177,7 @@ def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], confi
         if cls == "StableDiffusionPipeline" else {}
     pipe = getattr(diffusers, cls)(**modules, **parts, **extra)
     pipe.set_progress_bar_config(disable=True)
+    modules[denoiser].limits, modules[denoiser].scale = limits, int(pipe.vae_scale_factor)
     return pipe
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..plan import Component, Plan
 from ..errors import OptionsError
 from .known_pipelines import KIND, PIPELINES, components_of, tokenizer_of
+from .sides import FIXED_SIDES, side_range
 
 EXAMPLE_BATCH = 2  # torch.export must not specialize the batch to 1
 EXAMPLE_PROMPTS = ["a photo of a cat", "a dog"]
@@ -27,7 +28,8 @@ def run_notes(cls: str) -> dict[str, Any]:
     _, denoiser = PIPELINES[cls]
     return {"pipeline": cls, "loop": denoiser, "scheduler": "host (diffusers, pipeline/scheduler)",
             "guidance": f"classifier-free guidance runs {denoiser} on the prompt and negative batch together",
-            "latents": "vae_decoder takes latents / scaling_factor + shift_factor (host)"}
+            "latents": "vae_decoder takes latents / scaling_factor + shift_factor (host)",
+            **({"fixed_sides": {denoiser: FIXED_SIDES[denoiser]}} if denoiser in FIXED_SIDES else {})}
 
 
 def hidden_state_names(names: list[str]) -> list[str]:
@@ -109,7 +111,7 @@ def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
             comps += _cache_components(cache, denoiser, sides, feed)
         vae = pipe.vae.eval()
         image = torch.rand(EXAMPLE_BATCH, 3, side * scale, side * scale, generator=gen) * 2 - 1
-        comps.append(Component("vae_encoder", "vae_encoder", VaeEncoder(vae, sides), {"sample": image}))
+        comps.append(Component("vae_encoder", "vae_encoder", VaeEncoder(vae, sides, scale), {"sample": image}))
         comps.append(Component("vae_decoder", "vae_decoder", VaeDecoder(vae, sides),
                                {"latent_sample": latents}))
     comps = [Component(c.name, c.role, c.module, {n: c.example_inputs[n] for n in c.module.graph_input_names})
@@ -130,16 +132,6 @@ def _cache_components(cache: Any, denoiser: Any, sides: tuple[int, int], feed: d
     if cache.probe:
         comps.append(Component(cache.probe, cache.probe, Probe(denoiser, sides), feed))
     return comps
-
-
-def side_range(denoiser: Any, side: int) -> tuple[int, int]:
-    """The latent height / width the graphs take: half to twice the model's sample size, within SD3's position
-    table (``pos_embed_max_size`` patches)."""
-    high = side * 2
-    table = getattr(denoiser.config, "pos_embed_max_size", None)
-    if isinstance(table, int) and table > 0:
-        high = min(high, table * int(getattr(denoiser.config, "patch_size", 1) or 1))
-    return max(2, side // 2), max(high, side + 1)
 
 
 def _conditioning(pipe: Any, cls: str) -> dict[str, Any]:

@@ -22,9 +22,9 @@ AXES = {
     "input_values": {0: BATCH, 1: SEQ},
 }
 # The axes an export makes dynamic by default (``dynamic_axes``): those the model computes at any size (raw audio's
-# length from the feature encoder's receptive field: ``dynamic_ranges``). Optimum also names height/width/
-# num_channels and Whisper's feature axes, but position embeddings, conv weights and Whisper's fixed 30 s window
-# pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
+# length from the feature encoder's receptive field: ``dynamic_ranges``; an image's height and width where the
+# architecture takes any: ``image_sides``). Optimum also names num_channels and Whisper's feature axes, but conv
+# weights and Whisper's fixed 30 s window pin them: they stay named in ``AXES`` (extras["hf"]["axes"]) and static.
 DEFAULT_DYNAMIC = {"input_ids": (0, 1), "attention_mask": (0, 1), "token_type_ids": (0, 1), "position_ids": (0, 1),
                    "bbox": (0, 1), "pixel_values": (0,), "input_features": (0,), "input_values": (0, 1)}
 
@@ -46,6 +46,7 @@ class InputSpec:
 from ..inputs.eos_rows import DUMMY  # noqa: E402 - the source name the eos rule keys on
 from ..inputs.boxes import box_high, random_boxes  # noqa: E402 - LayoutLM's word boxes
 from .config_json import SUB_CONFIGS  # noqa: E402 - composite models (CLIP) keep their fields in sub-configs
+from .image_sides import image_sides  # noqa: E402 - which architectures take any height and width
 
 
 def _field(config: Any, name: str) -> Any:
@@ -123,14 +124,40 @@ def max_sequence(config: Any) -> int:
     return max(1, int(positions) - 2)
 
 
-def dynamic_ranges(specs: list[InputSpec], config: Any) -> dict[str, dict[int, list[int]]]:
-    """The sizes each default dynamic axis takes: ``{input: {axis: [min, max]}}`` (sequence axes up to
-    ``max_sequence``; batch unbounded here, ``None``)."""
-    longest = max_sequence(config)
-    out = {s.name: {a: [1, longest if a == 1 else None] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+def _pixel_sides(spec: InputSpec, config: Any) -> Any:
+    """``image_sides`` of a ``pixel_values`` spec (its example side: the larger of height and width)."""
+    return image_sides(config, max(spec.shape[2], spec.shape[3]))
+
+
+def _dynamic_of(spec: InputSpec, config: Any) -> tuple[int, ...]:
+    if spec.name == "pixel_values" and config is not None and _pixel_sides(spec, config).sides is not None:
+        return (0, 2, 3)
+    return DEFAULT_DYNAMIC[spec.name]
+
+
+def dynamic_ranges(specs: list[InputSpec], config: Any) -> dict[str, dict[int, list[int | None]]]:
+    """The sizes each default dynamic axis takes: ``{input: {axis: [min, max]}}``, ``None`` where the prepare
+    stage decides (batch; a sequence up to the position table: inputs/dynamic_axes._complete)."""
+    out: dict[str, dict[int, list[int | None]]] = {s.name: {a: [1, None] for a in _dynamic_of(s, config)}
+                                                    for s in specs}
     for s in specs:  # raw audio: from the feature encoder's receptive field (at most the dummy's length) up
         if s.name == "input_values":
             out[s.name][1] = [receptive_field(config, s.shape[1]), None]
+        sides = _pixel_sides(s, config).sides if s.name == "pixel_values" else None
+        if sides is not None:
+            out[s.name].update({2: list(sides), 3: list(sides)})
+    return out
+
+
+def static_axes(specs: list[InputSpec], config: Any) -> list[dict[str, Any]]:
+    """The axes Optimum names dynamic that this export keeps fixed, and why (the manifest's ``model.static_axes``):
+    an image's height and width where the architecture does not take any size."""
+    out = []
+    for s in specs:
+        why = _pixel_sides(s, config).why if s.name == "pixel_values" else None
+        if why is not None:
+            out.append({"input": s.name, "axes": {"2": "height", "3": "width"},
+                        "sizes": [s.shape[2], s.shape[3]], "why": why})
     return out
 
 
@@ -193,9 +220,10 @@ def _axes_of(name: str, task: str | None) -> dict[int, str]:
     return axes
 
 
-def dynamic_axes(specs: list[InputSpec], task: str | None = None) -> dict[str, dict[int, str]]:
-    """The inputs' default dynamic axes, by Optimum's names: ``{input: {axis: axis name}}`` (DEFAULT_DYNAMIC)."""
-    return {s.name: {a: _axes_of(s.name, task)[a] for a in DEFAULT_DYNAMIC[s.name]} for s in specs}
+def dynamic_axes(specs: list[InputSpec], task: str | None = None, config: Any = None) -> dict[str, dict[int, str]]:
+    """The inputs' default dynamic axes, by Optimum's names: ``{input: {axis: axis name}}`` (DEFAULT_DYNAMIC; an
+    image's height and width too where ``config``'s architecture takes any size)."""
+    return {s.name: {a: _axes_of(s.name, task)[a] for a in _dynamic_of(s, config)} for s in specs}
 
 
 def all_axes(specs: list[InputSpec], outputs: dict[str, dict[int, str]],

@@ -5,8 +5,9 @@ a LoadedModel whose module is the task's graph (``model.TaskModule``) with ``ext
 - ``input_names``: Optimum's input names in forward's order;
 - ``dynamic_axes``: ``{input name: {axis: Optimum's axis name}}``, the axes the model computes at any size
   (batch, and sequence for text; ``inputs.DEFAULT_DYNAMIC``): the dynamic-shape stage's defaults;
-- ``dynamic_ranges``: ``{input name: {axis: [min, max or None]}}``, the sizes those axes may take (a sequence
-  up to the position table's length);
+- ``dynamic_ranges``: ``{input name: {axis: [min, max or None]}}``, the sizes those axes may take (raw audio
+  from the receptive field, an image's sides from the total stride to twice the example's: ``image_sides``);
+- ``static_axes``: the axes Optimum names dynamic that stay fixed, and why (the manifest's ``model.static_axes``);
 - ``hf``: task, architecture, model_type, the dummy input specs (``inputs.InputSpec`` dicts), outputs, and
   ``axes``: Optimum's name of every axis of every input and output (``{name: {"0": "batch_size", ...}}``);
 - ``output_axes``: ``{output name: {axis: Optimum's axis name}}`` (a traced graph's output dims take those names);
@@ -33,7 +34,7 @@ EXPORTER_ORDER = ("torchscript", "dynamo")
 
 def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_rate: int | None,
             options: Any = None) -> LoadedModel:
-    from .dummy_inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges
+    from .dummy_inputs import all_axes, dummy_specs, dynamic_axes, dynamic_ranges, static_axes
     from .model import forward_parameters, task_module
 
     model_type = str(config.get("model_type", ""))
@@ -45,8 +46,10 @@ def _loaded(model: Any, config: dict[str, Any], arch: str, task: Any, sampling_r
 
     return LoadedModel(wrapped, "module", extras={KEY: eos_pooled(config, task.name),
                                                  "task": task.name, "input_names": [s.name for s in specs],
-                                                 "dynamic_axes": dynamic_axes(specs, _batches_of(task, options)),
+                                                 "dynamic_axes": dynamic_axes(specs, _batches_of(task, options),
+                                                                              config),
                                                  "dynamic_ranges": dynamic_ranges(specs, config), "hf": hf,
+                                                 "static_axes": static_axes(specs, config),
                                                  "output_axes": {n: dict(a) for n, a in outputs.items()},
                                                  "exporter_order": list(EXPORTER_ORDER)})
 

@@ -27,12 +27,10 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
             label = symbols.setdefault(dim["symbol"], "batch" if axis == 0 else f"{name}_dim{axis}")
             found[(name, axis)] = DynamicAxis(name, axis, label, dim["min"] or 1, dim["max"], source="program")
     shaped = {spec.name for spec in ctx.options.input_shapes}  # the user's --input-shape wins over a loader's axes
-    least = extras.get("dynamic_ranges") or {}  # a loader's smallest size of an axis (raw audio's receptive field)
     for name, axes in (extras.get("dynamic_axes") or {}).items():
         for axis, label in dict(axes).items() if name not in shaped else ():
-            low = ((least.get(name) or {}).get(axis) or (least.get(name) or {}).get(str(axis)) or [None])[0]
-            found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label),
-                                                                  low if type(low) is int and low > 1 else None,
+            low, high = _loader_range(extras, name, axis)
+            found.setdefault((str(name), int(axis)), DynamicAxis(str(name), int(axis), str(label), low, high,
                                                                   source="loader"))
     batch_name = next((a.name for a in found.values() if a.axis == 0 and a.name), "batch")
     for name, (_, high) in (extras.get("recorded_batch") or {}).items():  # the calls of the model varied it
@@ -60,6 +58,15 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     axes = _propagate(axes, feed)
     _check_names(axes)
     return sorted(axes, key=lambda a: (list(feed).index(a.input), a.axis))
+
+
+def _loader_range(extras: dict[str, Any], name: str, axis: Any) -> tuple[int | None, int | None]:
+    """A loader's range of an axis (``dynamic_ranges``: raw audio from its receptive field, an image's sides from
+    the total stride to twice the example's); None where the prepare stage decides (``_complete``)."""
+    ranges = (extras.get("dynamic_ranges") or {}).get(name) or {}
+    pair = ranges.get(axis) or ranges.get(str(axis)) or [None, None]
+    low, high = (list(pair) + [None, None])[:2]
+    return (low if type(low) is int and low > 1 else None), (high if type(high) is int and high > 0 else None)
 
 
 def _hinted_batch(hints: dict[str, Any], found: dict[tuple[str, int], DynamicAxis], feed: dict[str, Any]) -> None:

@@ -178,3 +178,87 @@ def test_a_failing_end_to_end_record_fails_validate_and_the_export_verdict(sd3, 
     report = cann_export.validate(bundle)
     assert report["passed"] is False and report["end_to_end"]["device"]["cosine_distance"] == 0.4
     assert all(r["passed"] for r in report["components"].values())
+
+
+def _own(bundle, name):
+    return json.loads((bundle / "components" / name / "manifest.json").read_text())
+
+
+def _sides(own):
+    """The (min, max) of the first input's height and width in the component's ATC --input_shape."""
+    shape = next(a for a in own["atc"]["command"] if a.startswith("--input_shape=")).split("=", 1)[1]
+    dims = shape.split(";")[0].split(":")[1].split(",")
+    return [tuple(int(v) for v in d.split("~")) for d in dims[2:4]]
+
+
+def test_unet_and_vae_graphs_take_latent_sides_other_than_the_example(sd):
+    """The UNet and VAE graphs keep the latent height / width dynamic (side_range: half to twice the sample size
+    of 32; the VAE encoder's image sides are those times the VAE's scale factor, 2 here); in onnxruntime at a
+    size that is no example they equal diffusers' modules, and the runner makes diffusers' image at that size."""
+    import onnxruntime as ort
+    import torch
+
+    import cann_export
+
+    pipe, root = sd
+    bundle = root / "sd_bundle"
+    for name, first in (("unet", "sample"), ("vae_decoder", "latent_sample")):
+        own = _own(bundle, name)
+        assert own["model"]["inputs"][0] == {"name": first, "shape": ["batch_size", 4, "height", "width"],
+                                             "dtype": "float"}
+        assert _sides(own) == [(16, 64), (16, 64)], name
+    own = _own(bundle, "vae_encoder")
+    assert own["model"]["inputs"][0]["shape"] == ["batch_size", 3, "image_height", "image_width"]
+    assert _sides(own) == [(32, 128), (32, 128)]
+    gen = torch.Generator().manual_seed(5)
+    latents, text = torch.randn(2, 4, 24, 40, generator=gen), torch.randn(2, 77, 32, generator=gen)
+    timestep = torch.tensor([700.0, 20.0])
+    sess = ort.InferenceSession(str(bundle / "components/unet/model.onnx"))
+    got = sess.run(["out_sample"], {"sample": latents.numpy(), "timestep": timestep.numpy(),
+                                    "encoder_hidden_states": text.numpy()})[0]
+    with torch.no_grad():
+        want = pipe.unet(latents, timestep, encoder_hidden_states=text, return_dict=False)[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+    sess = ort.InferenceSession(str(bundle / "components/vae_decoder/model.onnx"))
+    got = sess.run(["sample"], {"latent_sample": latents.numpy()})[0]
+    with torch.no_grad():
+        want = pipe.vae.decode(latents, return_dict=False)[0].numpy()
+    assert got.shape == (2, 3, 48, 80)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+    image = torch.rand(1, 3, 48, 80, generator=gen) * 2 - 1
+    sess = ort.InferenceSession(str(bundle / "components/vae_encoder/model.onnx"))
+    got = sess.run(["latent_parameters"], {"sample": image.numpy()})[0]
+    with torch.no_grad():
+        want = pipe.vae.encode(image, return_dict=False)[0].parameters.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+    runner = cann_export.load(bundle)
+    call = {"prompt": "a cat", "num_inference_steps": 2, "height": 48, "width": 80, "output_type": "np"}
+    got = runner(generator=torch.Generator().manual_seed(2), **call).images
+    want = pipe(generator=torch.Generator().manual_seed(2), **call).images
+    assert got.shape == want.shape == (1, 48, 80, 3)
+    np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_the_runner_refuses_a_size_outside_the_graphs_naming_their_range(sd):
+    import torch
+
+    import cann_export
+    from cann_export.errors import OptionsError
+
+    _, root = sd
+    runner = cann_export.load(root / "sd_bundle")
+    with pytest.raises(OptionsError) as caught:
+        runner(prompt="a cat", num_inference_steps=1, height=160, width=64, output_type="np",
+               generator=torch.Generator().manual_seed(2))
+    text = str(caught.value)
+    assert "height 160" in text and "32..128" in text and "--dynamic height=" in text, text
+
+
+def test_sd3_keeps_the_transformer_sides_fixed_saying_why_and_the_vae_dynamic(sd3):
+    _, root = sd3
+    bundle = root / "sd3_bundle"
+    manifest = _manifest(bundle)
+    assert "transformer" in manifest["run"]["fixed_sides"]
+    assert "position" in manifest["run"]["fixed_sides"]["transformer"]
+    assert _own(bundle, "transformer")["model"]["inputs"][0]["shape"] == ["batch_size", 4, 32, 32]
+    assert _own(bundle, "vae_decoder")["model"]["inputs"][0]["shape"] == ["batch_size", 4, "height", "width"]

@@ -96,3 +96,18 @@ def test_a_one_graph_output_name_is_refused_naming_the_bundle_forms(tmp_path):
     res = CliRunner().invoke(cli, [str(root), "-o", str(tmp_path / "out.onnx")])
     assert res.exit_code == 2 and ".pth" in res.output and "out.onnx" in res.output, res.output
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_side_the_vae_cannot_take_is_refused_naming_the_flag_and_the_multiple(tmp_path):
+    """The tiny UNet pipeline's VAE halves the image once (scale factor 2): an image side of 33 pixels has no
+    latent, so --dynamic image_height=33..128 is refused before any graph is captured."""
+    from helpers.tiny_diffusion import save, sd_pipeline
+
+    directory = save(sd_pipeline(), tmp_path / "sd-dir")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, [str(directory), "-o", str(out), "--dynamic", "image_height=33..128"])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    for word in ("--dynamic image_height=33..128", "multiples of 2", "33"):
+        assert word in res.output, res.output
+    assert not out.exists()
