@@ -102,11 +102,30 @@ def _patch(owner: Any, name: str, make: Any) -> None:
     setattr(owner, name, make(getattr(owner, name)))
 
 
+def _build_torch_factory_tables() -> None:
+    """torch builds some tables of its factory functions lazily, keyed by the function objects: the one
+    ``with torch.device("meta")`` and ``torch.set_default_device`` consult to decide which calls get the device
+    (``torch.utils._device._device_constructors``). Built while the wrappers below stand in ``torch``, it would
+    hold the wrappers, never the functions they call, and those contexts would stop placing tensors, for good
+    (transformers builds models under ``torch.device("meta")``: every buffer would be real memory left unfilled
+    after loading). Built here first, from torch's own functions; rebuilt when it lacks them."""
+    import torch
+    from torch.utils import _device
+
+    tables = getattr(_device, "_device_constructors", None)
+    if tables is None:
+        return
+    if torch.empty not in tables():
+        tables.cache_clear()
+        tables()
+
+
 def install() -> None:
     import torch
 
     if _saved:
         return
+    _build_torch_factory_tables()
     for name in FACTORIES:
         _patch(torch, name, _first_arg_is_device if name == "set_default_device" else _device_kwarg)
     for name in TENSOR_METHODS:

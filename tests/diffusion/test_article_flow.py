@@ -1,7 +1,9 @@
 """The article's flow (seeds/000_014a2e712e2a61aa.txt) on npu-sim with a tiny SD3 pipeline: ``.to("cann")``,
 AdamW over ``pipeline.parameters()`` (which diffusers lacks: given under cann.torch.enable(), with the one-line
 fix named), a training step, ``cann.torch.export(model=pipe, output_path="sd3_brand_v1.pth", ...)`` with the
-article's hints (warnings naming what SD3 has instead, and that ATC has no nhwc_optimized), then the zoo."""
+article's hints (warnings naming what SD3 has instead, and that ATC has no nhwc_optimized), then the zoo: publish,
+and ``load_model(framework="pytorch")`` with the backend still enabled (the article's order), which generates the
+exported image on npu-sim."""
 import json
 import zipfile
 
@@ -92,4 +94,11 @@ def test_article_flow_on_npu_sim_trains_exports_with_hints_and_publishes(enabled
                                     zoo=str(tmp_path / "zoo"))
     assert record["version"] and cann.model_zoo.verify("sd3-brand", zoo=str(tmp_path / "zoo"))
     assert record["kinds"] == ["pytorch", "atc_ready"]  # the .pth carries the safetensors load_model rebuilds from
+
+    # the article's order: still enabled, load the published pipeline back and generate on the device
+    loaded = cann.model_zoo.load_model("sd3-brand", framework="pytorch", zoo=str(tmp_path / "zoo"))
+    assert type(loaded).__name__ == "StableDiffusion3Pipeline"
+    loaded.to("cann")
+    assert {p.device.type for p in loaded.transformer.parameters()} == {"npu"}
+    np.testing.assert_allclose(loaded(generator=torch.Generator().manual_seed(0), **call).images, got, atol=1e-3)
 
