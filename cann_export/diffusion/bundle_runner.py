@@ -78,7 +78,8 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
     cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
-    limits = latent_limits({n: _own(root, n) for n in (denoiser, "vae_decoder")})
+    loop = (denoiser, "vae_decoder", *((spec.skip,) if spec else ()))  # the graphs the loop may call
+    limits = latent_limits({n: _own(root, n) for n in loop})
     return hosted_pipeline(cls, parts, runs, configs, cached, limits)
 
 

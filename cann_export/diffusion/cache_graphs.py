@@ -184,6 +184,8 @@ def skip_graph(name: str, model: nn.Module, sides: tuple[int, int], spec: CacheS
     graph.store, graph.residuals = store, residual_names(spec)
     graph.graph_input_names = (*cls.graph_input_names, *graph.residuals)
     graph.graph_dynamic_axes.update(_residual_axes(graph.residuals))
+    if name != "transformer":  # a UNet's mid-block residual has the latent's sides / 2^k, which no dimension label
+        graph.graph_dynamic_axes["sample"] = {0: "batch_size"}  # (NAME + k) can say: its sides stay the example's
     return graph
 
 
