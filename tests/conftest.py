@@ -7,6 +7,23 @@ import pytest
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `helpers.toy_models:...` for --model-class
 os.environ.setdefault("CANN_EXPORT_LOAD_PLUGINS", "")  # hermetic: no installed third-party plugins
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist each worker (and every process it starts) gets its share of the cores for OpenMP
+    (torch's intra-op pool, numpy's BLAS), unless the user set OMP_NUM_THREADS: by default each process takes every
+    core, and two workers' pools then wait on each other's spinning threads (docs/development.md, "Workers":
+    tests/qat/test_cnn_digits.py 113 -> 34 CPU-seconds)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # a plugin imported torch before this file: its pool already started
+        sys.modules["torch"].set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
 VISION_RUN = ("bash tests/vision_env.sh (its own venv with torch, torchvision and timm; .ci/run runs it after the "
               "main suite)")
 
