@@ -47,11 +47,28 @@ def _why_no_vision() -> str | None:
 # (`-m "not slow"`); .ci/run runs it as its own step (`-m slow`).
 SLOW_FOLDERS = {"multigraph"}
 
+# the quick subset (`-m quick`, docs/development.md): the layout and plugin contracts, the stage table and context,
+# the CLI and the Python API, less their whole real exports (each also in the README's command, which runs them all)
+QUICK_FILES = ("test_architecture.py", "pipeline/test_stage_table.py", "pipeline/test_context.py", "plugins/",
+               "cli/test_cli.py", "api/test_python_api.py")
+NOT_QUICK = ("test_the_articles_model_option_spelling", "test_real_subprocess_export_and_exit_codes",
+             "test_bert_through_cli_with_example_inputs_and_hints",
+             "test_exit_once_torch_is_imported_skips_the_teardown",
+             "test_a_third_party_formats_exception_is_a_write_error",
+             "test_an_export_files_each_report_in_its_typed_place")
+
+
+def _quick(item) -> bool:
+    path = item.path.relative_to(TESTS).as_posix()
+    return path.startswith(QUICK_FILES) and item.originalname not in NOT_QUICK
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.parent.name in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+        if _quick(item):
+            item.add_marker(pytest.mark.quick)
     vision = [item for item in items if item.get_closest_marker("vision")]
     why = _why_no_vision() if vision else None
     for item in vision if why else ():
