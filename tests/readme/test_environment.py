@@ -6,6 +6,7 @@ export whose model does not use torchvision: it is left out with one warning nam
 model that needs it is refused naming that pair. The broken torchvision here is a real package on the
 subprocess's PYTHONPATH whose import fails as PyPI's does, with its own dist-info (version and torch pin)."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -126,3 +127,19 @@ def test_the_pair_follows_the_installed_torch_and_torchvision_s_pin(monkeypatch)
                                    "https://download.pytorch.org/whl/cpu")
     versions["torch"] = "2.14.1"  # PyPI's torch beside a torchvision pinned to another release: torch follows the pin
     assert pair.pair_command() == "pip install --force-reinstall torch==2.13.0 torchvision==0.28.0"
+
+
+def test_the_suites_workers_share_the_cores():
+    """Under pytest-xdist (the README's `-n auto`) a worker's OpenMP pools and those of the processes it starts
+    take its share of the cores, not every core: by default each of n workers ran n threads per pool, which spin
+    while they wait for one another (tests/qat/test_cnn_digits.py: 113 CPU-seconds against 34 on one thread)."""
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        pytest.skip("not run by pytest-xdist's workers")
+    cores = len(os.sched_getaffinity(0))
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True)
+    for threads in (torch.get_num_threads(), int(child.stdout)):
+        assert threads * workers <= max(cores, workers), (threads, workers, cores)
