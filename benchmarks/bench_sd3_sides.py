@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Why SD3's transformer keeps its latent sides fixed (diffusion/sides.py FIXED_SIDES): torch.export of the tiny
-SD3 transformer (diffusers' fast-test sizes, tests/helpers/tiny_diffusion.py) with the batch alone dynamic, with
-height and width dynamic too (diffusers' own code: the position table's crop raises "Constraints violated"), and
+SD3 transformer (diffusers' fast-test sizes, built below as tests/helpers/tiny_diffusion.py builds it) with the
+batch alone dynamic, with height and width dynamic too (diffusers' own code: the position table's crop raises
+"Constraints violated"), and
 with the crop rewritten as a gather (``--gather``: the capture succeeds; ``--onnx`` also times the ONNX translation
 and compares onnxruntime with diffusers at 24 x 40).
 
@@ -17,9 +18,20 @@ import sys
 import tempfile
 import time
 import types
+from typing import Any
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def tiny_sd3_transformer() -> Any:
+    """diffusers' SD3 fast-test transformer (StableDiffusion3PipelineFastTests.get_dummy_components)."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=1, attention_head_dim=8,
+                                 num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                 pooled_projection_dim=64, out_channels=4)
 
 
 def cropped_by_gather(self, height, width):  # noqa: ANN001, ANN201 - diffusers PatchEmbed.cropped_pos_embed's math
@@ -38,9 +50,7 @@ def main() -> None:
     import torch
     from torch.export import Dim
 
-    from helpers.tiny_diffusion import sd3_components
-
-    model = sd3_components()["transformer"].eval()
+    model = tiny_sd3_transformer().eval()
     if "--gather" in sys.argv:
         model.pos_embed.cropped_pos_embed = types.MethodType(cropped_by_gather, model.pos_embed)
 
