@@ -22,8 +22,9 @@ class GraphRunner:
     def __init__(self, graph: Path, name: str, manifest: dict[str, Any], where: Path):
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        from ..graph.onnx_helpers import session_options
+
+        opts = session_options(arena=True)
         self.name = name
         self.manifest = manifest
         self.path = where  # the bundle (or component) the graph came from, as the user named it

@@ -212,9 +212,9 @@ def session(path: Path) -> Any:
     """An onnxruntime CPU session read from ``path`` (external data mapped, no prepacked weight copies)."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.enable_cpu_mem_arena = False  # a run's intermediates go back after it
+    from ..graph.onnx_helpers import session_options
+
+    opts = session_options()
     opts.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

@@ -127,9 +127,9 @@ def ort_run(path: str) -> Run:
     """onnxruntime on the graph at ``path`` (fp32, CPU)."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    from ..graph.onnx_helpers import session_options
+
+    sess = ort.InferenceSession(path, session_options(arena=True), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     wanted = [i.name for i in sess.get_inputs()]
 

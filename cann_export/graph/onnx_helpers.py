@@ -21,13 +21,30 @@ def weights_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
 
 
-def session(model: onnx.ModelProto | str | Path) -> Any:
-    """A CPU onnxruntime session that keeps its warnings (coloured, on stderr) to itself."""
+def session_options(arena: bool = False) -> Any:
+    """The onnxruntime CPU session options every session of the tool starts from: its warnings (coloured, on
+    stderr) kept to itself; no memory arena kept per session unless ``arena`` (a run's intermediates go back after
+    it); and at most ``OMP_NUM_THREADS`` intra-op threads when the user set it. onnxruntime itself ignores that
+    variable and spins a thread per core, which on a shared machine spins against torch's pool and other
+    processes that were told to share the cores."""
+    import os
+
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.enable_cpu_mem_arena = False  # a run's intermediates go back after it (no arena kept per session)
+    options.enable_cpu_mem_arena = arena
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if limit.isdigit() and 0 < int(limit) <= 4096:
+        options.intra_op_num_threads = int(limit)
+    return options
+
+
+def session(model: onnx.ModelProto | str | Path) -> Any:
+    """A CPU onnxruntime session (session_options)."""
+    import onnxruntime as ort
+
+    options = session_options()
     source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

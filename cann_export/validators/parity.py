@@ -26,9 +26,9 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
 
     session = parity_session(Path(path))  # a large export's graph: weights not held twice
     if session is None:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False  # a run's intermediates go back after it (no arena kept per session)
+        from ..graph.onnx_helpers import session_options
+
+        options = session_options()
         disabled = []
         if quantized:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -475,10 +475,10 @@ def session(model: Any) -> Any:
     """An onnxruntime session with graph optimisations off, so Cast pairs are never folded away."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
+    from ..graph.onnx_helpers import session_options
+
+    opts = session_options()  # no arena: the device check's sessions live together, none keeps its largest run
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    opts.enable_cpu_mem_arena = False  # the device check's sessions live together: none keeps its largest run
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

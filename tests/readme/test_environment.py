@@ -143,3 +143,13 @@ def test_the_suites_workers_share_the_cores():
                            capture_output=True, text=True, check=True)
     for threads in (torch.get_num_threads(), int(child.stdout)):
         assert threads * workers <= max(cores, workers), (threads, workers, cores)
+
+
+@pytest.mark.parametrize("value, threads", [("1", 1), ("3", 3), ("", 0), ("two", 0), ("0", 0)])
+def test_onnxruntime_sessions_keep_to_the_users_thread_limit(monkeypatch, value, threads):
+    """onnxruntime ignores OMP_NUM_THREADS and spins a thread per core; the tool's sessions take at most the limit
+    the user set (0: onnxruntime's own choice), so an export sharing the cores spins against nothing."""
+    from cann_export.graph.onnx_helpers import session_options
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert session_options().intra_op_num_threads == threads
