@@ -23,17 +23,6 @@ CALL = {"prompt": "a cat", "num_inference_steps": 2, "guidance_scale": 5.0}
 PARTS = ("text_encoder", "unet", "vae")
 
 
-@pytest.fixture(scope="module")
-def sd(tmp_path_factory):
-    from helpers.tiny_diffusion import sd_pipeline
-
-    root = tmp_path_factory.mktemp("runback")
-    pipe = sd_pipeline()
-    result = cann_export.export(pipe, root / "sd_bundle")
-    assert result.ok, result.to_dict()
-    return pipe, root
-
-
 def _manifest(bundle):
     return json.loads((bundle / "manifest.json").read_text())
 
