@@ -209,11 +209,7 @@ def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], in
     from .parity_budget import fed, with_activations
 
     comp = plan.components[index]
-    sources = []
-    for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
-        j = next(i for i, c in enumerate(plan.components) if c.name == src)
-        example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
-        sources.append((io_elements(plan, j, gen), example))
+    sources = _feeding(plan, comp, gen)
     own, terms = module_elements(plan, comp, gen)
     example = {n: v[0] for n, v in dims(comp.module, comp.example_inputs).items()}
     return with_activations(fed(own, sources), terms, example), terms
@@ -224,12 +220,19 @@ def io_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
     from .parity_budget import fed
 
     comp = plan.components[index]
+    sources = _feeding(plan, comp, gen)
+    return fed(module_elements(plan, comp, gen)[0], sources)
+
+
+def _feeding(plan: Plan, comp: Any, gen: Any) -> list[tuple[Callable[[Point], int], dict[str, int]]]:
+    """The components that feed ``comp``: each one's ``point -> elements`` of its inputs and outputs (io_elements),
+    with its example's sizes."""
     sources = []
     for src in dict.fromkeys(s for s, _, d, _ in plan.connections if d == comp.name and s != comp.name):
         j = next(i for i, c in enumerate(plan.components) if c.name == src)
         example = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
         sources.append((io_elements(plan, j, gen), example))
-    return fed(module_elements(plan, comp, gen)[0], sources)
+    return sources
 
 
 def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
