@@ -31,7 +31,8 @@ def checks_record(seconds: dict[str, float], peaks: dict[str, float]) -> dict[st
         if stage in CHECK_STAGES:
             added += max(0.0, peaks[stage] - before)
         before = max(before, peaks[stage])
-    return {"seconds": round(sum(float(seconds.get(s, 0.0)) for s in CHECK_STAGES), 2),
+    # to 0.1 ms: a tiny model's checks take a few ms on a fast machine, which two decimals recorded as 0.0
+    return {"seconds": round(sum(float(seconds.get(s, 0.0)) for s in CHECK_STAGES), 4),
             "peak_mib": round(max(peaks.values()), 1), "added_mib": round(added, 1)}
 
 

@@ -2,6 +2,7 @@
 no flags but --task where detection picks a multi-graph task: Optimum's input/output names, the graph in
 onnxruntime against transformers' eager outputs; the bundle carries config and tokenizer files; every bad
 directory is refused with exit 2 and nothing written."""
+import hashlib
 import json
 import os
 import struct
@@ -118,6 +119,11 @@ def test_hub_cache_snapshot_exports_an_atc_ready_bundle_carrying_config_and_toke
         assert f"hf/{name}" in manifest["files"]
     assert not (out / "hf" / "notes.md").exists() and not (out / "hf" / "model.safetensors.index.json").exists()
     assert manifest["provenance"]["task"] == "text-classification"
+    # source_sha256 is over what the export read: each weights shard and each carried file, by name and sha256
+    digest = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+    lines = [f"{p.name} {digest(p.read_bytes())}" for p in snapshot.iterdir() if p.name.endswith(".safetensors")]
+    lines += [f"{name} {digest((out / name).read_bytes())}" for name in manifest["files"] if name.startswith("hf/")]
+    assert manifest["provenance"]["source_sha256"] == digest("\n".join(sorted(lines)).encode())
     assert [i["name"] for i in manifest["model"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     assert manifest["parity"]["passed"] is True
     from cann_export.sandbox import confine
