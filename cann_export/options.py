@@ -269,7 +269,7 @@ class ExportOptions:
     def check_input_files(self) -> None:
         """--example-inputs, --parity-data and --calibration-data name regular files (no device, FIFO,
         socket or directory), refused by stat alone before the model is loaded."""
-        from .inputs.tensor_files import check_input_file
+        from .load.tensor_files import check_input_file
 
         for flag, path in (("--example-inputs", self.example_inputs_file), ("--parity-data", self.parity_data),
                            ("--calibration-data", self.calibration_data)):

@@ -315,9 +315,6 @@ KNOWN_LOOKAHEAD = {
     ("cann_export.inputs.stage", "cann_export.qat.wrapping"),
     ("cann_export.inputs.float_noise", "cann_export.validators.metrics"),  # the verdict rule's floor
     ("cann_export.inputs.quant_noise", "cann_export.validators.metrics"),
-    ("cann_export.load.program_extras", "cann_export.inputs.calling"),
-    ("cann_export.load.stage", "cann_export.capture"),
-    ("cann_export.load.stage", "cann_export.capture.large_graph"),  # a private copy sharing the weights
     ("cann_export.load.stage", "cann_export.inputs.tracking"),
     ("cann_export.passes.dedupe", "cann_export.capture"),  # optimize (after capture) on the captured graph
     ("cann_export.passes.dedupe", "cann_export.capture.large_graph"),
@@ -357,6 +354,37 @@ def test_the_decisions_and_the_judge_are_neutral():
     assert graph["cann_export.judging"] == set()
     assert graph["cann_export.decisions"] <= {"cann_export.qat.torch_ao", "cann_export.qat.wrapping"}
     assert "cann_export.decisions" in graph["cann_export.load.stage"]  # made right after load
+
+
+def test_capture_is_handed_the_reference_it_judges_against():
+    """Capture runs no forward of the model: the reference on the trace's path probes is prepare's
+    (inputs/path_probes.py), handed to capture by the stage table as parity's rules are. Following the capture stage's
+    calls never reaches the reference forward, and no capture module imports it."""
+    from helpers.callgraph import call_graph, reach
+
+    graph = _import_graph()
+    forward = {"cann_export.inputs.reference", "cann_export.inputs.spill"}
+    assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.capture.") for t in targets
+                if t in forward}
+    reached = reach(call_graph(), ["cann_export.capture.stage.capture"])
+    assert "cann_export.inputs.path_probes.add_path_references" not in reached
+    assert not {q for q in reached if q.startswith(("cann_export.inputs.reference.", "cann_export.inputs.spill."))}
+
+
+def test_helpers_live_below_the_rooms_that_borrow_them():
+    """How a loaded model is called and the user's tensor files are read live in load/ (prepare, capture, qat and
+    the options borrow them, load asks inputs for neither); freezing torch.ao observers is part of inference mode
+    (backend/eval_mode.py imports nothing of the project, so backend never reaches into qat for it); the private
+    copy's shared-weights memo sits beside cpu_copy (load imports no capture)."""
+    graph = _import_graph()
+    assert not {t for t in graph["cann_export.load.program_extras"] if t.startswith("cann_export.inputs")}
+    assert {"cann_export.load.calling", "cann_export.load.tensor_files"} <= set(graph)
+    assert not {m for m in graph if m in ("cann_export.inputs.calling", "cann_export.inputs.tensor_files")}
+    assert not {t for t in graph["cann_export.options"] if t.startswith("cann_export.inputs")}
+    assert not {t for t in graph["cann_export.qat.stage"] if t == "cann_export.inputs.tensors"}
+    assert graph["cann_export.backend.eval_mode"] == set()
+    assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.load.") for t in targets
+                if t.startswith("cann_export.capture")}
 
 
 # ExportContext fields one package alone reads and writes, each crossing stages inside that package

@@ -54,3 +54,15 @@ def cpu_copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(cpu_copy(v) for v in value)
     return value
+
+
+def shared_weights_memo(module: Any) -> dict[int, Any]:
+    """A deepcopy memo that gives each parameter and buffer a new tensor over the same storage."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo.setdefault(id(p), torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad))
+    for b in module.buffers():
+        memo.setdefault(id(b), b.detach())
+    return memo

@@ -1,7 +1,11 @@
-"""Put any loaded model into inference mode, including graphs unlifted from torch.export archives."""
+"""Put any loaded model into inference mode, including graphs unlifted from torch.export archives and models with
+torch.ao eager fake quantization (their observers frozen)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _DROPOUT_OPS = ("dropout.default", "dropout_.default", "feature_dropout.default", "alpha_dropout.default",
                 "feature_alpha_dropout.default")
@@ -15,8 +19,6 @@ def to_eval(model: Any, kind: str) -> Any:
             model.eval()
         except NotImplementedError:  # an exported graph (torch.export's .module(), a PT2E model): mode is in the graph
             return to_eval(model, "exported_program")
-        from ..qat.torch_ao import freeze_observers
-
         freeze_observers(model)  # a torch.ao QAT model: inference means its ranges stop moving
         return model
     import torch
@@ -38,3 +40,19 @@ def to_eval(model: Any, kind: str) -> Any:
         graph.lint()
         model.recompile()
     return model
+
+
+def fake_quant_modules(model: nn.Module) -> dict[str, nn.Module]:
+    from torch.ao.quantization import FakeQuantizeBase
+
+    return {p: m for p, m in model.named_modules() if isinstance(m, FakeQuantizeBase)}
+
+
+def freeze_observers(model: nn.Module) -> int:
+    """Stop every torch.ao fake-quant module from updating its range; returns how many there are."""
+    from torch.ao.quantization import disable_observer
+
+    found = fake_quant_modules(model)
+    if found:
+        model.apply(disable_observer)
+    return len(found)

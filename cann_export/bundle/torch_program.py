@@ -105,7 +105,7 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
     if loaded.kind == "module":
         args, kwargs = _positional(model, dict(inputs))
     else:
-        from ..inputs.calling import split_call
+        from ..load.calling import split_call
 
         args, kwargs = split_call(loaded.kind, inputs, ctx.input_names, loaded.extras.get("keyword_inputs", ()))
     target = staging / PROGRAM_FILE

@@ -26,6 +26,7 @@ runs the sets once, not twice. ``--exporter torchscript`` keeps the old rule: a 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..judging import GraphJudge
@@ -62,16 +63,17 @@ def unchecked(ctx: Any) -> str | None:
     return None
 
 
-def check(ctx: Any, model: Any, judge: GraphJudge) -> dict[str, Any]:
+def check(ctx: Any, model: Any, judge: GraphJudge, path_references: Callable[[Any], None]) -> dict[str, Any]:
     """The traced ``model`` against the reference on every prepared input set and the path variants:
     ``{"passed", "input_sets", "shapes", "path_variants", "ran"?, "reason"?}``. The path variants and their reference
-    stay in the context for parity (which judges the written graph on them again)."""
+    (``path_references``, handed to capture) stay in the context for parity (which judges the written graph on them
+    again)."""
     why = unchecked(ctx)
     if not why and not ctx.options.validate and not _prepared(ctx):
         why = "not checked: validation is off (--no-validate) and the trace was not the first exporter tried"
     if why:
         return {"passed": False, "reason": why}
-    sets, labels, reference = gate_sets(ctx)
+    sets, labels, reference = gate_sets(ctx, path_references)
     chosen = _chosen(labels)
     done = coverage(labels, chosen)
     try:
@@ -92,14 +94,15 @@ def coverage(labels: list[dict[str, Any]], chosen: list[int]) -> dict[str, Any]:
             "shapes": [dict(s) for i, s in enumerate(shapes) if s not in shapes[:i]]}
 
 
-def gate_sets(ctx: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
+def gate_sets(ctx: Any, path_references: Callable[[Any], None]
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[list[Any]]]:
     """The prepared input sets with their labels and reference (no new forward), plus the path variants and
-    theirs unless prepare built them among its sets (``Decisions.trace_first``); else one forward each, for float inputs
-    only, kept in the context for parity."""
-    from ..inputs.path_probes import PATH_SCALES, add_path_references
+    theirs unless prepare built them among its sets (``Decisions.trace_first``); else ``path_references`` runs one
+    forward each, for float inputs only, kept in the context for parity."""
+    from ..inputs.path_probes import PATH_SCALES
     from ..inputs.tensors import set_label
 
-    add_path_references(ctx)
+    path_references(ctx)
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)

@@ -42,7 +42,7 @@ def call_args(ctx: Any, inputs: dict[str, Any] | None = None) -> tuple[tuple, di
     """Modules take named inputs (those that declare ``graph_input_names`` in order); TorchScript graphs take
     them in order; torch.export programs as captured (by position, and by name those captured as keywords).
     ``inputs``: other tensors than the example's, by the same names."""
-    from ..inputs.calling import split_call
+    from ..load.calling import split_call
 
     feed = ctx.example_inputs if inputs is None else inputs
     if ctx.loaded.kind == "module" and ctx.loaded.extras.get("positional"):

@@ -36,18 +36,6 @@ class LargeGraph:
         self.directory = self.workdir
 
 
-def shared_weights_memo(module: Any) -> dict[int, Any]:
-    """A deepcopy memo that gives each parameter and buffer a new tensor over the same storage."""
-    import torch
-
-    memo: dict[int, Any] = {}
-    for p in module.parameters():
-        memo.setdefault(id(p), torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad))
-    for b in module.buffers():
-        memo.setdefault(id(b), b.detach())
-    return memo
-
-
 def state(ctx: Any) -> LargeGraph | None:
     """The large-graph state of this export (``Decisions.large_graph``, decided after load from the module's
     weights), its work directory made at the first call; capture calls it before its first exporter, so a graph

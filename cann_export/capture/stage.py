@@ -1,6 +1,7 @@
 """The capture stage: exporters tried in priority order until one writes a valid graph at the asked opset."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,21 +19,25 @@ class CaptureRun:
     graph and its report)."""
 
     judge: GraphJudge  # parity's rules, as the stage table hands them (the trace check, the opset check)
+    # prepare's forward on the trace's path probes (inputs/path_probes.py), as the stage table hands it: the model's
+    # outputs on them into the context, unless prepare built them among its sets
+    path_references: Callable[[Any], None]
     attempts: list[CaptureAttempt] = field(default_factory=list)
     traced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # exporter -> its graph's TracerWarnings
     checked: dict[str, dict[str, Any]] = field(default_factory=dict)  # exporter -> the trace gate's check
 
 
-def capture(ctx: ExportContext, judge: GraphJudge) -> str | None:
+def capture(ctx: ExportContext, judge: GraphJudge, path_references: Callable[[Any], None]) -> str | None:
     """Try the exporters in priority order; the first valid graph at the requested opset wins. Without
     --strict-opset a valid graph at another opset the format accepts (ExportOptions.accepts_opset) is the
     last resort, with a warning; with it, no other opset is ever written (CaptureError, exit 3). ``judge``:
-    parity's rules, for the trace check and the opset conversion's check."""
+    parity's rules, for the trace check and the opset conversion's check; ``path_references``: the model's
+    reference on the trace's path probes, for the trace check and parity (capture runs no forward of its own)."""
     from . import exporter_choice, trace_judged_by_parity
 
     large_graph.state(ctx)  # a large graph's work directory, or a graph past protobuf's limit refused
     exporters = exporter_choice.ordered(ctx, manager.registry().exporters())
-    run = CaptureRun(judge)
+    run = CaptureRun(judge, path_references)
     ctx.trace_deferred = None
     set_aside = [e for e in exporters if e.name in ctx.traces_rejected]  # traces validate rejected: last resort
     chosen = _first_graph(ctx, exporters, run, {e.name for e in set_aside})
@@ -45,7 +50,7 @@ def capture(ctx: ExportContext, judge: GraphJudge) -> str | None:
         ctx.trace_deferred = None
     if why := trace_judged_by_parity.fixed(ctx, name):  # known now: no need to wait for validate
         ctx.traces_rejected[name] = why
-        return capture(ctx, judge)
+        return capture(ctx, judge, path_references)
     from .dynamic_dims import name_dims
     from .unused_inputs import restore_unused_inputs
 
@@ -109,8 +114,8 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         loaded, checked_file = model is scratch.loaded, model is scratch.checked
         scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
         if ctx.trace_warnings and exporter_choice.gated(ctx):  # judged by validate's parity, else by the gate now
-            deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name)
-            check = deferred or exporter_choice.check(ctx, model, run.judge)
+            deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
+            check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
             run.checked[exporter.name] = check
             loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         if large_graph.state(ctx):
@@ -141,7 +146,7 @@ def _record(ctx: ExportContext, name: str, run: CaptureRun) -> str:
     ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
     ctx.trace_warnings = traced.get(name, [])
     if ctx.trace_warnings:
-        _specialised(ctx, checked)
+        _specialised(ctx, checked, run.path_references)
     else:  # a rejected trace's path variants: the chosen graph took no path the example decided
         ctx.path_input_sets, ctx.path_reference_outputs = [], []
     if opset != ctx.options.opset:
@@ -162,15 +167,15 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
     return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
 
 
-def _specialised(ctx: ExportContext, checked: dict[str, Any] | None) -> None:
+def _specialised(ctx: ExportContext, checked: dict[str, Any] | None,
+                 path_references: Callable[[Any], None]) -> None:
     """A traced graph that warned: record it (``checked``: the trace gate's passed check), and the reference on
     inputs that may take other paths (from the stripped module, which is what was traced) unless the gate made it."""
-    from ..inputs import path_probes
     from . import trace_warnings
 
     trace_warnings.record(ctx, ctx.trace_warnings, checked)
     if ctx.options.validate and not ctx.quant_table:  # parity judges them (among the prepared sets, when there)
-        path_probes.add_path_references(ctx)
+        path_references(ctx)
 
 
 def _gist(e: BaseException, limit: int = 400) -> str:

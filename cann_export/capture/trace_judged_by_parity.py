@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 
-def defer(ctx: Any, exporter: str) -> dict[str, Any] | None:
+def defer(ctx: Any, exporter: str, path_references: Callable[[Any], None]) -> dict[str, Any] | None:
     """The check record of a trace kept now for validate to judge (``deferred``), or None when the gate must run
-    here (the stages cannot go back, the gate cannot check it, or validate already rejected this exporter's)."""
+    here (the stages cannot go back, the gate cannot check it, or validate already rejected this exporter's).
+    ``path_references``: the model's reference on the path probes (handed to capture), which parity judges too."""
     from ..hooks.contracts import Format, optional
     from . import exporter_choice
 
@@ -26,7 +27,7 @@ def defer(ctx: Any, exporter: str) -> dict[str, Any] | None:
     runs = optional(ctx.format, Format, "runs_programs")
     if runs is not None and runs(ctx.options):  # the write stage runs a program (ATC): not on a graph in doubt
         return None
-    _, labels, _ = exporter_choice.gate_sets(ctx)  # builds the path variants when prepare did not
+    _, labels, _ = exporter_choice.gate_sets(ctx, path_references)  # the path variants, when prepare built none
     ctx.trace_deferred = {"exporter": exporter}
     return {**exporter_choice.coverage(labels, list(range(len(labels)))), "passed": True, "deferred": True}
 

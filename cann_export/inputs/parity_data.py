@@ -26,9 +26,9 @@ _LAYOUT = ("name the tensors after the forward's inputs, each with a leading sam
 
 
 def read_tensors(path: Path, max_elements: int | None = None) -> dict[str, Any]:
-    """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see inputs.files), each
+    """Named tensors of a .safetensors or .npz file (a regular file; no pickle; bounded, see load/tensor_files.py), each
     of at most ``max_elements`` elements, checked from the file's header before anything is allocated."""
-    from .tensor_files import check_input_file, read_npz_tensors
+    from ..load.tensor_files import check_input_file, read_npz_tensors
 
     check_input_file(path, "--parity-data", PrepareError)
     if path.suffix == ".npz":

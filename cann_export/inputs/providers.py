@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
+from ..load.tensor_files import read_example_inputs
 from . import tensors
 
 
@@ -39,7 +40,7 @@ class ExampleInputsFile:
 
     def provide(self, ctx: ExportContext) -> tuple[dict[str, Any], str] | None:
         path = ctx.options.example_inputs_file
-        return (tensors.read_example_inputs(path), str(path)) if path else None
+        return (read_example_inputs(path), str(path)) if path else None
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def as_named(value: Any, accepted: list[str]) -> dict[str, Any]:
     import torch
 
     if isinstance(value, (str, Path)):
-        return tensors.read_example_inputs(value, "example_inputs")
+        return read_example_inputs(value, "example_inputs")
     if isinstance(value, dict):
         return dict(value)
     if isinstance(value, torch.Tensor):

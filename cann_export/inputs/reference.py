@@ -5,7 +5,7 @@ from typing import Any
 
 from .. import errors
 from ..context import ExportContext
-from .calling import call
+from ..load.calling import call
 from .tensors import flatten_outputs
 
 

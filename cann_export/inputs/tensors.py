@@ -1,11 +1,11 @@
-"""Example inputs: parsing ``--input-shape``, reading ``--example-inputs``, naming and seeded variants."""
+"""Example inputs: parsing ``--input-shape``, naming and seeded variants (``--example-inputs`` is read in
+load/tensor_files.py)."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any
 
-from ..errors import LoadError, PrepareError
+from ..errors import PrepareError
 from ..options import InputSpec
 from .signature import graph_embedding_rows, spec_dtypes
 
@@ -88,30 +88,6 @@ def tensors_from_specs(specs: list[InputSpec], model: Any, seed: int = 0) -> dic
             high = min(rows.get(spec.name) or embedding_vocab(model, spec.name), 2**31 - 1)
             out[spec.name] = torch.randint(0, high, spec.example_shape, generator=gen, dtype=torch.int64).to(dtype)
     return out
-
-
-def read_example_inputs(path: str | Path, flag: str = "--example-inputs") -> dict[str, Any]:
-    """Load named tensors from a safetensors file or an .npz (a regular file, see inputs.files; no pickle;
-    an .npz read within bounds: its zip directory, then each array's header against its member)."""
-    from .tensor_files import check_input_file, read_npz_tensors
-
-    path = check_input_file(path, flag, LoadError)
-    if path.suffix == ".npz":
-        tensors = read_npz_tensors(path, flag, LoadError)
-    else:
-        try:
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(path))
-        except Exception as e:  # safetensors raises its own error types for corrupt headers
-            raise LoadError(
-                f"cannot read {flag} as safetensors ({type(e).__name__}: {e}); write the tensors with "
-                "safetensors.torch.save_file({name: tensor}) or numpy.savez(path, name=array)",
-                path=path,
-            ) from e
-    if not tensors:
-        raise LoadError(f"the {flag} file holds no tensors", path=path)
-    return dict(tensors)
 
 
 def check_input_names(names: list[str], accepted: list[str], source: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..inputs.calling import program_keywords
+from .calling import program_keywords
 
 UNBOUNDED = 1 << 62  # sympy's int_oo and anything past it: no upper bound was given
 

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..capture import large_graph
 from ..context import ExportContext, LoadedModel
 from ..decisions import decide
 from ..hooks import manager
@@ -129,10 +128,10 @@ def _private_copy(module: Any, share_weights: bool = False) -> Any:
     wherever the module lives (npu, npu-sim, cuda). Without training (``share_weights``) the copy's CPU
     parameters and buffers are new tensors over the caller's storage: no pass writes weights in place, and a
     large model is not held twice."""
-    from ..backend.device_choice import cpu_copy
+    from ..backend.device_choice import cpu_copy, shared_weights_memo
 
     try:
-        return cpu_copy(module, large_graph.shared_weights_memo(module) if share_weights else None)
+        return cpu_copy(module, shared_weights_memo(module) if share_weights else None)
     except Exception as e:
         raise errors.LoadError(f"cannot copy the module to export it without modifying it ({type(e).__name__}: "
                                f"{_gist(e, 200)}); save it with torch.export.save or its state_dict and export "

@@ -6,6 +6,7 @@ from ..bundle import annotate
 from ..capture import stage as capture
 from ..context import ExportContext
 from ..inputs import stage as inputs
+from ..inputs.path_probes import add_path_references
 from ..load import stage as load
 from ..model_zoo import stage as zoo
 from ..options import ExportOptions
@@ -18,7 +19,9 @@ from .stage import Stage
 
 
 def _capture(ctx: ExportContext) -> str | None:
-    return capture.capture(ctx, PARITY_JUDGE)  # capture judges a graph by parity's rules, handed to it here
+    # capture judges a graph by parity's rules and takes the path probes' reference from prepare's forward, both
+    # handed to it here
+    return capture.capture(ctx, PARITY_JUDGE, add_path_references)
 
 
 def _lint(ctx: ExportContext) -> str | None:

@@ -14,7 +14,7 @@ TRAINABLE_HINT = ("pass a state_dict / checkpoint / .safetensors with --model-cl
 
 def read_calibration(path: str | Path, accepted: list[str]) -> dict[str, Any]:
     """Calibration tensors: named after forward's inputs, all with the same number of samples (dim 0)."""
-    from ..inputs.tensors import read_example_inputs
+    from ..load.tensor_files import read_example_inputs
 
     try:
         tensors = read_example_inputs(path, "--calibration-data")

@@ -2,9 +2,9 @@
 QuantStub / DeQuantStub, fused ConvBn(ReLU) QAT modules) exported as Q/DQ ONNX.
 
 In eval mode their observers are frozen (eval is inference: the ranges must not move between the reference
-and the export), and each FakeQuantize module becomes the fixed arithmetic it computes with its current
-scale and zero point: ``fake_quantize_per_tensor_affine`` / ``fake_quantize_per_channel_affine``, which the
-exporters write as QuantizeLinear -> DequantizeLinear. ONNX's 8-bit types cover (0, 255) and (-128, 127)
+and the export: backend/eval_mode.py), and each FakeQuantize module becomes the fixed arithmetic it computes with
+its current scale and zero point: ``fake_quantize_per_tensor_affine`` / ``fake_quantize_per_channel_affine``, which
+the exporters write as QuantizeLinear -> DequantizeLinear. ONNX's 8-bit types cover (0, 255) and (-128, 127)
 only; a narrower range (``reduce_range``: 0..127) is the same arithmetic after a clamp to the range's
 float bounds, so it is written as Clip + Q/DQ over the full type.
 """
@@ -15,13 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.eval_mode import fake_quant_modules
+
 FULL_RANGES = ((0, 255), (-128, 127))
-
-
-def fake_quant_modules(model: nn.Module) -> dict[str, nn.Module]:
-    from torch.ao.quantization import FakeQuantizeBase
-
-    return {p: m for p, m in model.named_modules() if isinstance(m, FakeQuantizeBase)}
 
 
 def fake_quantized(model: Any) -> bool:
@@ -31,16 +27,6 @@ def fake_quantized(model: Any) -> bool:
     except ImportError:
         return False
     return hasattr(model, "modules") and any(isinstance(m, FakeQuantizeBase) for m in model.modules())
-
-
-def freeze_observers(model: nn.Module) -> int:
-    """Stop every torch.ao fake-quant module from updating its range; returns how many there are."""
-    from torch.ao.quantization import disable_observer
-
-    found = fake_quant_modules(model)
-    if found:
-        model.apply(disable_observer)
-    return len(found)
 
 
 class FixedFakeQuant(nn.Module):

@@ -74,6 +74,7 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
 
     from cann_export.capture.exporter_choice import check, ordered
     from cann_export.decisions import decide
+    from cann_export.inputs.path_probes import add_path_references
     from cann_export.validators.graph_judge import PARITY_JUDGE
 
     _branchy_loader(plugin, ["torchscript", "dynamo"])
@@ -85,7 +86,8 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert "differs from the model" in first["note"] and "seq=1" in first["note"], first["note"]
     assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
     ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
-    assert check(ctx, None, PARITY_JUDGE) == {"passed": False, "reason": "not checked: a quantized export"}
+    assert check(ctx, None, PARITY_JUDGE, add_path_references) == {"passed": False,
+                                                                  "reason": "not checked: a quantized export"}
     exporters = [SimpleNamespace(name="dynamo"), SimpleNamespace(name="torchscript")]
     ctx = SimpleNamespace(options=cann_export.ExportOptions(exporter="torchscript"), loaded=LoadedModel(None, "module"))
     assert [e.name for e in ordered(ctx, exporters)] == ["torchscript"]

@@ -9,7 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExportError, OptionsError, PrepareError
+from ..errors import ExportError, LoadError, OptionsError, PrepareError
 from ..fs.regular import check_regular_file
 
 HINTS = {
@@ -26,11 +26,33 @@ def check_input_file(path: str | Path, flag: str, error: type[ExportError] = Opt
     return Path(path)
 
 
+def read_example_inputs(path: str | Path, flag: str = "--example-inputs") -> dict[str, Any]:
+    """Load named tensors from a safetensors file or an .npz (a regular file, see check_input_file; no pickle;
+    an .npz read within bounds: its zip directory, then each array's header against its member)."""
+    path = check_input_file(path, flag, LoadError)
+    if path.suffix == ".npz":
+        tensors = read_npz_tensors(path, flag, LoadError)
+    else:
+        try:
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise LoadError(
+                f"cannot read {flag} as safetensors ({type(e).__name__}: {e}); write the tensors with "
+                "safetensors.torch.save_file({name: tensor}) or numpy.savez(path, name=array)",
+                path=path,
+            ) from e
+    if not tensors:
+        raise LoadError(f"the {flag} file holds no tensors", path=path)
+    return dict(tensors)
+
+
 def read_npz(path: Path, flag: str = "--parity-data", error: type[ExportError] = PrepareError,
              max_elements: int | None = None) -> dict[str, Any]:
     """The arrays of an .npz (no pickle), each read only after its header was found to fit its member (and to
     hold at most ``max_elements`` elements, when given)."""
-    from ..load.archives import ArchiveError, open_checked
+    from .archives import ArchiveError, open_checked
 
     try:
         archive = open_checked(path, label=f"the {flag} file")
@@ -55,7 +77,7 @@ _HEAD_BYTES = 64 << 10  # an .npy header (numpy writes at most a few hundred byt
 
 def _head(archive: Any, name: str, path: Path, flag: str, error: type[ExportError]) -> bytes:
     """The first bytes of a member (its .npy header), read without inflating the rest."""
-    from ..load.archives import ZIP_READ_ERRORS
+    from .archives import ZIP_READ_ERRORS
 
     try:
         with archive.zf.open(name) as member:
