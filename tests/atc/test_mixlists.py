@@ -7,20 +7,20 @@ processing as its upstream operator") without importing the tool's code: its own
 ops these graphs hold, the list data read as data, the modify_mixlist edits applied as the page documents them.
 Its reduced set drives the node-by-node numpy interpreter of the device rule (helpers/reference_emulation.py)."""
 import json
-import subprocess
-import sys
 from importlib.resources import files
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from click.testing import CliRunner
 from helpers import calibration_models as cm
 from helpers import hf_models
 from helpers.reference_emulation import _constants, run_device
 from onnx import TensorProto, helper, numpy_helper
 
 import cann_export
+from cann_export.cli.main import cli
 
 # the oracle's own ONNX -> Ascend IR names (ATC's parser plugins), for the ops of the graphs below
 ORACLE_TYPES = {"MatMul": "BatchMatMulV2", "Gemm": "MatMulV2", "Conv": "Conv2D", "Softmax": "SoftmaxV2",
@@ -198,15 +198,22 @@ def test_gray_ops_follow_their_producer():
     assert onnx_spelled == plain  # ATC matches Ascend IR types: OpType::MatMul keeps nothing on the device
 
 
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "cann_export", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+def _cli(*args):
+    """The CLI in this process (the interpreter's imports paid once for the module, not once a command: a
+    subprocess's torch import was most of each command's CPU time); tests/cli/ runs it as a real subprocess."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
-def _export_cli(tmp_path, *args):
+@pytest.fixture(scope="module")
+def mlp_pt2(tmp_path_factory):
+    """The exported MLP the CLI tests read (read only: each test writes its bundle in its own tmp_path)."""
     from helpers import files as model_files
 
-    return _cli(model_files.pt2(tmp_path), "-o", tmp_path / "b", *args)
+    return model_files.pt2(tmp_path_factory.mktemp("pt2"))
+
+
+def _export_cli(tmp_path, pt2, *args):
+    return _cli(pt2, "-o", tmp_path / "b", *args)
 
 
 @pytest.mark.parametrize("entry, says", [
@@ -214,24 +221,24 @@ def _export_cli(tmp_path, *args):
     ({"white-list": {"to-add": ["NotAnOp"]}}, "'NotAnOp' is not an Ascend IR op type"),
     ({"grey-list": {"to-add": ["Add"]}}, "unknown list 'grey-list'"),
 ])
-def test_a_bad_mixlist_is_refused_before_any_work(tmp_path, entry, says):
+def test_a_bad_mixlist_is_refused_before_any_work(tmp_path, mlp_pt2, entry, says):
     mixlist = tmp_path / "mix.json"
     mixlist.write_text(json.dumps(entry))
-    out = _export_cli(tmp_path, "--precision-mode", "allow_mix_precision", "--modify-mixlist", mixlist)
-    assert out.returncode == 2, out.stderr
+    out = _export_cli(tmp_path, mlp_pt2, "--precision-mode", "allow_mix_precision", "--modify-mixlist", mixlist)
+    assert out.exit_code == 2, out.stderr
     assert "--modify-mixlist" in out.stderr and says in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "b").exists()
 
 
-def test_mixlist_and_customize_dtypes_are_rendered_emulated_and_validated(tmp_path):
+def test_mixlist_and_customize_dtypes_are_rendered_emulated_and_validated(tmp_path, mlp_pt2):
     mixlist = tmp_path / "mix.json"
     mixlist.write_text(json.dumps({"black-list": {"to-add": ["Relu"]}}))
     custom = tmp_path / "custom.cfg"
     line = "OpType::MatMulV2:InputDtype:float,float,float,OutputDtype:float"
     custom.write_text(line + "\n")
-    out = _export_cli(tmp_path, "--precision-mode", "allow_mix_precision", "--soc-version", "Ascend310P3",
+    out = _export_cli(tmp_path, mlp_pt2, "--precision-mode", "allow_mix_precision", "--soc-version", "Ascend310P3",
                       "--modify-mixlist", mixlist, "--customize-dtypes", custom)
-    assert out.returncode == 0, out.stderr
+    assert out.exit_code == 0, out.stderr
     atc = tmp_path / "b" / "atc"
     assert json.loads((atc / "modify_mixlist.json").read_text()) == {"black-list": {"to-add": ["Relu"]}}
     assert (atc / "customize_dtypes.cfg").read_text() == line + "\n"
@@ -243,7 +250,7 @@ def test_mixlist_and_customize_dtypes_are_rendered_emulated_and_validated(tmp_pa
     assert "Relu" in precision["mixed_lists"]["black"] and precision["mixed_lists"]["family"] == "ascend310p"
     assert precision["customize_dtypes"][0]["target"] == "OpType::MatMulV2"
     assert str(mixlist) not in json.dumps(manifest)  # the checked content is kept, never the path
-    assert _cli("validate", tmp_path / "b").returncode == 0
+    assert _cli("validate", tmp_path / "b").exit_code == 0
 
 
 def test_customize_dtypes_keeps_the_named_node_in_fp32():
@@ -267,11 +274,11 @@ def test_customize_dtypes_keeps_the_named_node_in_fp32():
     assert np.isfinite(Emulator(graph, "force_fp16", lists=by_type).session(expose=["sq"]).run(feed, ["sq"])[0]).all()
 
 
-def test_a_customize_dtypes_name_the_graph_lacks_is_refused(tmp_path):
+def test_a_customize_dtypes_name_the_graph_lacks_is_refused(tmp_path, mlp_pt2):
     custom = tmp_path / "custom.cfg"
     custom.write_text("no_such_node::InputDtype:float,OutputDtype:float\n")
-    out = _export_cli(tmp_path, "--customize-dtypes", custom)
-    assert out.returncode == 2 and "no_such_node" in out.stderr and "not a node of the written graph" in out.stderr
+    out = _export_cli(tmp_path, mlp_pt2, "--customize-dtypes", custom)
+    assert out.exit_code == 2 and "no_such_node" in out.stderr and "not a node of the written graph" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "b").exists()
 
 
@@ -286,10 +293,10 @@ def test_customize_dtypes_entries_are_checked():
         parse("node:float")
 
 
-def test_keep_dtype_under_origin_warns_that_atc_ignores_it(tmp_path):
-    out = _export_cli(tmp_path, "--precision-mode", "must_keep_origin_dtype", "--atc-hint",
+def test_keep_dtype_under_origin_warns_that_atc_ignores_it(tmp_path, mlp_pt2):
+    out = _export_cli(tmp_path, mlp_pt2, "--precision-mode", "must_keep_origin_dtype", "--atc-hint",
                       "keep_dtype=OpType::MatMulV2")
-    assert out.returncode == 0, out.stderr
+    assert out.exit_code == 0, out.stderr
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert any("ATC ignores it" in w for w in manifest["warnings"]["atc_hints"])
 
@@ -300,12 +307,32 @@ VERDICT_MODELS = {"bert": (cm.bert, True), "distilbert_classifier": (cm.distilbe
                   "exp_overflow": (lambda: cm.exp_overflow()[:2], False)}
 
 
+@pytest.fixture(scope="module")
+def verdict_graphs(tmp_path_factory):
+    """name -> (graph, feed, its fp32 emulation's outputs), each model of VERDICT_MODELS built and exported once for
+    the module (the export was nine tenths of each verdict test's time; the modes only change the device run)."""
+    from cann_export.validators.precision import emulate, emulation_for, run
+
+    root = tmp_path_factory.mktemp("verdict")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model, inputs = VERDICT_MODELS[name][0]()
+            graph = _onnx(model, inputs, root / name)
+            feed = _feed(graph, inputs)
+            cache[name] = (graph, feed, run(emulate(graph, emulation_for("force_fp32"), set()), [feed]))
+        return cache[name]
+
+    return get
+
+
 @pytest.mark.parametrize("mode, soc, overflow", [
     ("mixed_float16", "Ascend910B1", "inf_nan"), ("mixed_bfloat16", "Ascend910B1", "inf_nan"),
     ("allow_mix_precision", "Ascend910B1", "inf_nan"), ("force_fp16", "Ascend910B1", "inf_nan"),
     ("allow_mix_precision", "Ascend310P3", "saturation")])
 @pytest.mark.parametrize("name", sorted(VERDICT_MODELS))
-def test_healthy_pass_and_sick_are_caught_under_each_mode(name, mode, soc, overflow, tmp_path):
+def test_healthy_pass_and_sick_are_caught_under_each_mode(name, mode, soc, overflow, verdict_graphs):
     """0 false alarms on healthy models and the sick ones still caught, under the mixed modes with the lists on
     (Atlas A2's, where the bf16 modes exist, in Inf/NaN mode; Atlas inference's, saturating), as under force_fp16.
     The sick ones overflow fp16's range, which
@@ -313,13 +340,9 @@ def test_healthy_pass_and_sick_are_caught_under_each_mode(name, mode, soc, overf
     from cann_export.options import Tolerance
     from cann_export.validators.device_parity_run import device_report
     from cann_export.validators.parity import mixed_lists
-    from cann_export.validators.precision import emulate, emulation_for, run
 
-    build, healthy = VERDICT_MODELS[name]
-    model, inputs = build()
-    graph = _onnx(model, inputs, tmp_path)
-    feed = _feed(graph, inputs)
-    expected = run(emulate(graph, emulation_for("force_fp32"), set()), [feed])
+    healthy = VERDICT_MODELS[name][1]
+    graph, feed, expected = verdict_graphs(name)
     names = [o.name for o in graph.graph.output]
     report = device_report(graph, mode, [], [feed], expected, names, Tolerance().device_policy(), {},
                            overflow=overflow, lists=mixed_lists(mode, soc, None))

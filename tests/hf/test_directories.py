@@ -31,15 +31,33 @@ def _sizes(value):
     return [d.dim_value if d.dim_value > 0 else (3 if k == 0 else longer) for k, d in enumerate(dims)]
 
 
+class _Saved(dict):
+    """name -> the directory of ``hf_dirs.CASES[name]``, saved on first use (read only: a test that edits one
+    edits its own copy, hf_dirs.copy_saved)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name):
+        self[name] = hf_dirs.save(name, self.root / name)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def saved(tmp_path_factory):
+    return _Saved(tmp_path_factory.mktemp("saved"))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, saved):
     """name -> (model directory, exported .onnx), each exported once for the module."""
     root = tmp_path_factory.mktemp("hf")
     cache = {}
 
     def get(name):
         if name not in cache:
-            directory = hf_dirs.save(name, root / name)
+            directory = saved[name]
             out = root / f"{name}.onnx"
             case = hf_dirs.CASES[name]
             result = invoke([directory, "--format", "onnx", "-o", out, *(["--task", case.task] if case.flag else [])])
@@ -136,11 +154,10 @@ def test_hub_cache_snapshot_exports_an_atc_ready_bundle_carrying_config_and_toke
     assert invoke(["validate", out]).exit_code == 2
 
 
-def test_a_two_tower_model_writes_and_validates_an_atc_ready_bundle(tmp_path):
+def test_a_two_tower_model_writes_and_validates_an_atc_ready_bundle(tmp_path, saved):
     """CLIP's logits_per_text is the transpose of logits_per_image: at batch 1 the two outputs are one [1, 1]
     buffer, which the bundle's parity store must still save (safetensors refuses shared memory)."""
-    directory = hf_dirs.save("clip", tmp_path / "clip")
-    result = invoke([directory, "-o", tmp_path / "out"])  # the default format: atc_ready, parity data stored
+    result = invoke([saved["clip"], "-o", tmp_path / "out"])  # the default format: atc_ready, parity data stored
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
@@ -191,10 +208,12 @@ def test_the_eos_rule_leaves_what_the_user_gave_and_rows_already_right():
                                "text-classification") is None  # outside the vocabulary: no rule
 
 
-def test_zero_shot_batches_stay_one_axis_for_a_cann_7_target(tmp_path):
+# slow (-m slow, CI's step after the README's command): a second atc_ready CLIP export, 4 CPU-s; CLIP's directory
+# export stays in the README's command (the two-tower test above and test_directory_exports_...[clip])
+@pytest.mark.slow
+def test_zero_shot_batches_stay_one_axis_for_a_cann_7_target(tmp_path, saved):
     """Under CANN < 8 every combination of gears is an ATC profile: CLIP keeps one batch_size there."""
-    directory = hf_dirs.save("clip", tmp_path / "clip")
-    result = invoke([directory, "-o", tmp_path / "out", "--cann-version", "7.0"])
+    result = invoke([saved["clip"], "-o", tmp_path / "out", "--cann-version", "7.0"])
     assert result.exit_code == 0, result.output
     graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
     assert {i.type.tensor_type.shape.dim[0].dim_param for i in graph.graph.input} == {"batch_size"}
@@ -258,10 +277,6 @@ def test_in_memory_transformers_model_takes_the_directory_path(exported, tmp_pat
     for graph_a, graph_b in ((a.graph.input, b.graph.input), (a.graph.output, b.graph.output)):
         assert [v.name for v in graph_a] == [v.name for v in graph_b]
     assert [v.name for v in a.graph.output] == ["start_logits", "end_logits"]
-
-
-def _bert(tmp_path):
-    return hf_dirs.save("bert", tmp_path / "bert")
 
 
 def _no_config(d):
@@ -370,9 +385,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_directories_are_refused_naming_the_file_and_the_fix(case, tmp_path):
+def test_bad_directories_are_refused_naming_the_file_and_the_fix(case, tmp_path, saved):
     mutate, flags, expected = BAD[case]
-    directory = _bert(tmp_path)
+    directory = hf_dirs.copy_saved(saved, "bert", tmp_path)
     mutate(directory)
     before = set(tmp_path.iterdir())
     result = invoke([directory, "--format", "onnx", "-o", tmp_path / "out.onnx", *flags])
@@ -536,7 +551,7 @@ def test_default_task_is_with_past_when_the_model_keeps_a_cache(arch, config, ta
     assert detect({"architectures": [arch]}, None, with_past=False)[1].name == task.replace("-with-past", "")
 
 
-def test_the_core_asks_the_loaders_whether_an_export_is_several_graphs(plugin, tmp_path):
+def test_the_core_asks_the_loaders_whether_an_export_is_several_graphs(plugin, tmp_path, saved):
     """api.export reaches the multi-graph path through the Loader contract's optional ``graphs`` (highest
     priority first), never by naming the Hugging Face loader; a directory's default follows detection."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -544,11 +559,11 @@ def test_the_core_asks_the_loaders_whether_an_export_is_several_graphs(plugin, t
     from cann_export import api, hookimpl
     from cann_export.hooks.contracts import Loader, optional
 
-    gpt2 = hf_dirs.save("gpt2", tmp_path / "gpt2")
+    gpt2 = saved["gpt2"]
     assert api.graphs(str(gpt2), {}) == "text-generation-with-past"
     assert api.graphs(str(gpt2), {"task": "text-generation"}) is None
     assert api.graphs(str(gpt2), {"task": "text-generation", "kv_cache": "static:8"}) == "auto"
-    assert api.graphs(str(_bert(tmp_path)), {}) is None
+    assert api.graphs(str(hf_dirs.copy_saved(saved, "bert", tmp_path)), {}) is None
     model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50))
     assert api.graphs(model, {}) is None  # in memory: one graph unless asked
     assert api.graphs(model, {"task": "text-generation-with-past"}) == "text-generation-with-past"
