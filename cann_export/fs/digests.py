@@ -1,14 +1,17 @@
 """sha256 of files and streams, and the file table a manifest lists (one helper for the whole code)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 _BLOCK = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_REMEMBERED: list[dict[tuple[int, ...], str]] = []  # the digests of the innermost remembered() block
 
 
 def sha256_stream(f: BinaryIO, limit: int | None = None, h: Any = None) -> str:
@@ -27,7 +30,27 @@ def sha256_stream(f: BinaryIO, limit: int | None = None, h: Any = None) -> str:
 
 def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        return sha256_stream(f)
+        if not _REMEMBERED:
+            return sha256_stream(f)
+        st = os.fstat(f.fileno())  # the file opened, whatever its path: an unchanged one has the same identity
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        memo = _REMEMBERED[-1]
+        if key not in memo:
+            memo[key] = sha256_stream(f)
+        return memo[key]
+
+
+@contextlib.contextmanager
+def remembered() -> Iterator[None]:
+    """Within the block a file hashed again, unchanged (same device, inode, size, mtime and ctime), is not read
+    again: one check hashes each file once, though it checks a table it has just built, or the same file under
+    two tables (a multi-graph bundle's and its component's: GPT-2 small, 1 GB read twice). Any write changes
+    the ctime, so a changed file is hashed anew."""
+    _REMEMBERED.append({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.pop()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -126,11 +126,12 @@ def _checked(bundle: Path, path: Path, output: Path, where: str) -> MultiResult:
 
     if bundle.is_symlink() or not bundle.is_dir() or not (bundle / "manifest.json").is_file():
         raise ExportError(f"{where} wrote no bundle where they were told to", path=str(path), stage="write")
-    manifest, diffs = check_multi(bundle)
-    if diffs:
-        raise ExportError(f"{where} staged a bundle that does not match its manifest: " + "; ".join(diffs[:5]),
-                          path=str(path), stage="write")
-    staged = staged_multi_problems(bundle, manifest)
+    with digests.remembered():  # a component's files are in the top-level table and in the component's
+        manifest, diffs = check_multi(bundle)
+        if diffs:
+            raise ExportError(f"{where} staged a bundle that does not match its manifest: " + "; ".join(diffs[:5]),
+                              path=str(path), stage="write")
+        staged = staged_multi_problems(bundle, manifest)
     if staged:
         shown = "; ".join(staged[:8]) + (f"; ... {len(staged) - 8} more" if len(staged) > 8 else "")
         raise ExportError(f"{where} staged what a --format {str(manifest.get('format'))[:40]} multi-graph bundle does "

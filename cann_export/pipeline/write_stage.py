@@ -18,9 +18,10 @@ def write(ctx: ExportContext) -> str:
 
 def commit(ctx: ExportContext) -> str:
     """The format finalizes the staged artifact (its manifest records the verdict), then moves it into place."""
-    if not ctx.finalized:  # a sandboxed export finalized in its child
-        ctx.format.finalize(ctx, ctx.staging)
-    check_staged(ctx)
+    with digests.remembered():  # the check hashes the files the manifest's table was just built from
+        if not ctx.finalized:  # a sandboxed export finalized in its child
+            ctx.format.finalize(ctx, ctx.staging)
+        check_staged(ctx)
     staged_manifest = ctx.staging / "manifest.json"
     ctx.manifest_sha256 = digests.sha256_file(staged_manifest) if staged_manifest.is_file() else None
     ctx.files = ctx.format.commit(ctx, ctx.staging)
