@@ -204,7 +204,21 @@ def qwen2_residual_growth():
     return model, _tokens(mask=False), "model.layers.0.mlp"
 
 
-BROKEN = {**cm.BROKEN, "rmsnorm_no_upcast": rmsnorm_no_upcast, "softmax_logits_1e5": softmax_logits_1e5,
+def attention_overflow():
+    """calibration_models' BERT whose layer-0 query and key weights grew 800x, in one layer (the corpus' depth)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(**TEXT, attn_implementation="eager")).eval()
+    attn = model.encoder.layer[0].attention.self
+    with torch.no_grad():
+        attn.query.weight.mul_(800.0)
+        attn.key.weight.mul_(800.0)
+    return model, _tokens(), "encoder.layer.0.attention.self"
+
+
+BROKEN = {**cm.BROKEN, "attention_overflow": attention_overflow, "rmsnorm_no_upcast": rmsnorm_no_upcast,
+          "softmax_logits_1e5": softmax_logits_1e5,
           "qwen2_residual_growth": qwen2_residual_growth}
 
 
