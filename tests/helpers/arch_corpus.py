@@ -14,8 +14,11 @@ from torch import nn
 from . import arch_corpus_vision as vision
 from . import calibration_models as cm
 
-TEXT = {"vocab_size": 500, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+# one layer each: an architecture is its block (attention, norm, mask, embeddings); a second identical block added
+# about a second to each export's capture and no other op (qwen2_residual_growth breaks in its layer 0 all the same)
+TEXT = {"vocab_size": 500, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
         "intermediate_size": 128, "max_position_embeddings": 64}
+VIT = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128}
 DECODER = {**TEXT, "num_key_value_heads": 2, "use_cache": False, "pad_token_id": 0}
 
 
@@ -43,8 +46,10 @@ def _images(size, channels=3):
 
 TRANSFORMERS = {
     # encoders (a padded row: the attention mask's fill is exercised)
-    "hf_bert": cm.bert,
-    "hf_distilbert": cm.distilbert_classifier,
+    "hf_bert": _hf("BertModel", "BertConfig", lambda: _tokens(pad=5), **TEXT),
+    "hf_distilbert": _hf("DistilBertForSequenceClassification", "DistilBertConfig", lambda: _tokens(pad=3),
+                         vocab_size=500, dim=64, n_layers=1, n_heads=4, hidden_dim=128, max_position_embeddings=64,
+                         num_labels=8),
     "hf_roberta": _hf("RobertaModel", "RobertaConfig", lambda: _tokens(pad=4),
                       **{**TEXT, "max_position_embeddings": 80}),
     "hf_albert": _hf("AlbertModel", "AlbertConfig", lambda: _tokens(pad=4), embedding_size=32, **TEXT),
@@ -55,24 +60,26 @@ TRANSFORMERS = {
     "hf_xlm_roberta": _hf("XLMRobertaForMaskedLM", "XLMRobertaConfig", lambda: _tokens(pad=4),
                           **{**TEXT, "max_position_embeddings": 80}),
     "hf_t5_encoder": _hf("T5EncoderModel", "T5Config", lambda: _tokens(pad=4), vocab_size=500, d_model=64, d_kv=16,
-                         d_ff=128, num_layers=2, num_heads=4),
+                         d_ff=128, num_layers=1, num_heads=4),
     # decoders (causal mask fill, rotary embeddings, RMSNorm, GQA)
-    "hf_gpt2": cm.gpt2,
+    "hf_gpt2": _hf("GPT2LMHeadModel", "GPT2Config", lambda: _tokens(mask=False), vocab_size=500, n_embd=64, n_layer=1,
+                   n_head=4, n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0),
     "hf_llama": _hf("LlamaForCausalLM", "LlamaConfig", lambda: _tokens(mask=False), **DECODER),
     "hf_mistral": _hf("MistralForCausalLM", "MistralConfig", lambda: _tokens(mask=False), **DECODER),
     "hf_qwen2": _hf("Qwen2ForCausalLM", "Qwen2Config", lambda: _tokens(mask=False), **DECODER),
     "hf_phi": _hf("PhiForCausalLM", "PhiConfig", lambda: _tokens(mask=False), **DECODER),
     "hf_opt": _hf("OPTForCausalLM", "OPTConfig", lambda: _tokens(mask=False), vocab_size=500, hidden_size=64,
-                  num_hidden_layers=2, num_attention_heads=4, ffn_dim=128, max_position_embeddings=64,
+                  num_hidden_layers=1, num_attention_heads=4, ffn_dim=128, max_position_embeddings=64,
                   word_embed_proj_dim=64, use_cache=False, pad_token_id=1),
     "hf_bloom": _hf("BloomForCausalLM", "BloomConfig", lambda: _tokens(mask=False), vocab_size=500, hidden_size=64,
-                    n_layer=2, n_head=4, use_cache=False),
+                    n_layer=1, n_head=4, use_cache=False),
     "hf_gpt_neox": _hf("GPTNeoXForCausalLM", "GPTNeoXConfig", lambda: _tokens(mask=False), use_cache=False, **TEXT),
     # vision
-    "hf_vit": cm.vit,
+    "hf_vit": _hf("ViTForImageClassification", "ViTConfig", _images(32), image_size=32, patch_size=4, num_labels=10,
+                  **VIT),
     "hf_convnext": cm.convnext,
-    "hf_deit": _hf("DeiTForImageClassification", "DeiTConfig", _images(32), image_size=32, patch_size=4,
-                   hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=10),
+    "hf_deit": _hf("DeiTForImageClassification", "DeiTConfig", _images(32), image_size=32, patch_size=4, num_labels=10,
+                   **VIT),
     "hf_swin": _hf("SwinForImageClassification", "SwinConfig", _images(64), image_size=64, patch_size=4,
                    embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=10),
     "hf_segformer": _hf("SegformerForSemanticSegmentation", "SegformerConfig", _images(64), num_encoder_blocks=2,
@@ -81,15 +88,14 @@ TRANSFORMERS = {
                         num_labels=4),
     "hf_mobilevit": _hf("MobileViTForImageClassification", "MobileViTConfig", _images(64), image_size=64,
                         hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_labels=10),
-    "hf_beit": _hf("BeitForImageClassification", "BeitConfig", _images(32), image_size=32, patch_size=4,
-                   hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=10),
+    "hf_beit": _hf("BeitForImageClassification", "BeitConfig", _images(32), image_size=32, patch_size=4, num_labels=10,
+                   **VIT),
     "hf_dinov2": _hf("Dinov2Model", "Dinov2Config", _images(56), image_size=56, patch_size=14, hidden_size=64,
-                     num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2),
+                     num_hidden_layers=1, num_attention_heads=4, mlp_ratio=2),
     "hf_yolos": _hf("YolosForObjectDetection", "YolosConfig", _images(64), image_size=[64, 64], patch_size=16,
-                    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                     num_detection_tokens=5, num_labels=3),
-    "hf_clip_vision": _hf("CLIPVisionModel", "CLIPVisionConfig", _images(32), image_size=32, patch_size=4,
-                          hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    "hf_clip_vision": _hf("CLIPVisionModel", "CLIPVisionConfig", _images(32), image_size=32, patch_size=4, **VIT),
 }
 
 
@@ -198,7 +204,21 @@ def qwen2_residual_growth():
     return model, _tokens(mask=False), "model.layers.0.mlp"
 
 
-BROKEN = {**cm.BROKEN, "rmsnorm_no_upcast": rmsnorm_no_upcast, "softmax_logits_1e5": softmax_logits_1e5,
+def attention_overflow():
+    """calibration_models' BERT whose layer-0 query and key weights grew 800x, in one layer (the corpus' depth)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(**TEXT, attn_implementation="eager")).eval()
+    attn = model.encoder.layer[0].attention.self
+    with torch.no_grad():
+        attn.query.weight.mul_(800.0)
+        attn.key.weight.mul_(800.0)
+    return model, _tokens(), "encoder.layer.0.attention.self"
+
+
+BROKEN = {**cm.BROKEN, "attention_overflow": attention_overflow, "rmsnorm_no_upcast": rmsnorm_no_upcast,
+          "softmax_logits_1e5": softmax_logits_1e5,
           "qwen2_residual_growth": qwen2_residual_growth}
 
 
