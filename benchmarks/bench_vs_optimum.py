@@ -43,7 +43,7 @@ peak RSS <= 1.2x on every model, ``--no-validate`` <= 0.8x), then our stages' se
 Usage::
 
     python benchmarks/bench_vs_optimum.py [--repeat 3] [--models distilbert,t5,...] [--ours auto|dir|pt2]
-        [--venv DIR] [--timeout S]
+        [--venv DIR] [--timeout S] [--keep-logs DIR]
 """
 from __future__ import annotations
 
@@ -69,7 +69,10 @@ PINS = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0", "transformers>=4.36
 SIDES = ("ours", "optimum", "ours-novalidate")
 SIDE_NAMES = {"ours": "ours", "optimum": "optimum", "ours-novalidate": "novalidate"}  # the row's keys
 CHECK_STAGES = ("prepare", "validate")  # the stages that build the parity sets with their reference, and run them
-STAGE_LINE = re.compile(r"^\[(\d+)/\d+\] (\S+) \.\.\. (.*) \(([\d.]+)s\)\s*$")
+# "[3/12] capture ... torchscript (2.1s)"; a bundle's graphs: "[decode 3/12] capture ... (2.1s)"
+STAGE_LINE = re.compile(r"^\[(?:(?P<graph>\S+) )?\d+/\d+\] (?P<stage>\S+) \.\.\. (?P<says>.*) \((?P<s>[\d.]+)s\)$")
+# the CLI's steps before the stages: "read config.json (task, graphs) ... done (4.7s)", "plan graphs ... done"
+STEP_LINE = re.compile(r"^(?P<stage>[a-z][^\[]*?) \.\.\. done \((?P<s>[\d.]+)s\)$")
 CHECKS_LINE = re.compile(r"^checks: ([\d.]+) s\b")  # the CLI's line of what the checks cost, one per graph
 
 SITE_CUSTOMIZE = '''\
@@ -193,12 +196,18 @@ def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path, fixe
 
 
 def stages(log: Path) -> dict[str, float]:
-    """Seconds per stage, summed over a multi-graph export's components (and a stage run twice)."""
+    """Seconds per stage (and per step before the stages), summed over a bundle's graphs; each graph's own
+    under ``GRAPH:STAGE`` too."""
     found: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
-        m = STAGE_LINE.match(line.strip())
-        if m:
-            found[m.group(2)] = found.get(m.group(2), 0.0) + float(m.group(4))
+        m = STAGE_LINE.match(line.strip()) or STEP_LINE.match(line.strip())
+        if not m:
+            continue
+        keys = [m["stage"]]
+        if m.re is STAGE_LINE and m["graph"]:
+            keys.append(f"{m['graph']}:{m['stage']}")
+        for key in keys:
+            found[key] = round(found.get(key, 0.0) + float(m["s"]), 3)
     return found
 
 
@@ -207,7 +216,7 @@ def parity_sets(log: Path) -> int:
     total = 0
     for line in log.read_text(errors="replace").splitlines():
         m = STAGE_LINE.match(line.strip())
-        if m and m.group(2) == "prepare" and (n := re.match(r"(\d+) input sets", m.group(3))):
+        if m and m["stage"] == "prepare" and (n := re.match(r"(\d+) input sets", m["says"])):
             total += int(n.group(1))
     return total
 
@@ -246,6 +255,8 @@ def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: arg
             log = tmp / f"{name}-{side}-{rep}.log"
             m = run_measured(cmd, env if side.startswith("ours") else opt_env, log, args.timeout)
             shutil.rmtree(out, ignore_errors=True)
+            if args.keep_logs:
+                shutil.copy(log, args.keep_logs / log.name)
             if m["rc"] != 0:
                 unavailable[side] = failure(m, log, args.timeout)
                 print(f"  {name} {rep + 1}/{args.repeat} {side:15s} failed: {unavailable[side]}", file=sys.stderr,
@@ -301,10 +312,13 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "vs_optimum.json")
+    ap.add_argument("--keep-logs", type=Path, help="a directory to copy every run's output to (NAME-SIDE-ROUND.log)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     if not models or set(models) - set(MODELS) or args.repeat < 1:
         ap.error(f"--models takes a subset of {','.join(MODELS)}; --repeat must be >= 1")
+    if args.keep_logs:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
     cli, how = optimum_cli(args.venv, not args.no_install)
     if cli is None:
         print(f"skipped: Optimum is not available ({how}); nothing was measured")

@@ -31,7 +31,8 @@ def test_a_model_neither_tool_exports_is_a_row_with_each_reason(bench, tmp_path,
     failing_optimum.write_text("#!/bin/sh\necho 'ValueError: Unrecognized configuration class' >&2\nexit 1\n")
     failing_optimum.chmod(0o755)
     info = {"family": "text encoder", "task": "feature-extraction", "about": "no architectures", "inputs": {}}
-    args = argparse.Namespace(repeat=1, shapes="default", timeout=300.0)
+    args = argparse.Namespace(repeat=1, shapes="default", timeout=300.0, keep_logs=tmp_path / "logs")
+    args.keep_logs.mkdir()
     env = dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent))
 
     row = bench_vs_optimum.bench("broken", info, tmp_path, failing_optimum, "dir", args, env, env)
@@ -41,6 +42,8 @@ def test_a_model_neither_tool_exports_is_a_row_with_each_reason(bench, tmp_path,
     assert "architectures" in row["unavailable"]["ours"]
     assert row["unavailable"]["optimum"] == "exit 1: ValueError: Unrecognized configuration class"
     assert row["ratios"] == {}
+    assert sorted(p.name for p in args.keep_logs.iterdir()) == [
+        "broken-optimum-0.log", "broken-ours-0.log", "broken-ours-novalidate-0.log"]
     result = summary.summary({"broken": row})
     assert result["overall"] == {"models": 0}
     assert not result["targets"]["median wall <= 1.0x"]["met"]  # nothing measured meets nothing
@@ -78,3 +81,31 @@ def test_family_medians_and_the_targets_they_miss(bench):
     assert targets["peak RSS <= 1.2x on every model"] == {"met": False, "over": ["c"]}
     assert targets["--no-validate median wall <= 0.8x"] == {"met": True, "value": 0.7}
     assert not targets["median CPU <= 1.0x"]["met"]
+
+
+BUNDLE_LOG = """\
+cann-export: gpt2 -> out/model (onnx)
+read config.json (task, graphs) ... done (10.01s)
+load model directory ... done (8.48s)
+[prefill 2/12] prepare ... 8 input sets from example_inputs (5.97s)
+[prefill 5/12] capture ... torchscript, opset 17 (38.84s)
+[prefill 10/12] validate ... passed (12.61s)
+[decode 2/12] prepare ... 10 input sets from example_inputs (3.83s)
+[decode 5/12] capture ... torchscript, opset 17 (50.30s)
+  prefill: parity passed (fp32 ok)
+    checks: 18.6 s (parity sets, eager reference, onnxruntime runs); they raised the peak RSS by 34 MiB, to 2826 MiB
+  decode: parity passed (fp32 ok)
+    checks: 16.4 s (parity sets, eager reference, onnxruntime runs); they raised the peak RSS by 0 MiB, to 2879 MiB
+"""
+
+
+def test_a_bundles_stages_and_checks_are_summed_over_its_graphs(bench, tmp_path):
+    """The CLI names each graph in a bundle's stage lines ("[decode 5/12] capture"): the sums and each graph's own."""
+    bench_vs_optimum, _ = bench
+    log = tmp_path / "gpt2-ours-0.log"
+    log.write_text(BUNDLE_LOG)
+    found = bench_vs_optimum.stages(log)
+    assert found["capture"] == 89.14 and found["decode:capture"] == 50.3 and found["prefill:capture"] == 38.84
+    assert found["read config.json (task, graphs)"] == 10.01 and found["load model directory"] == 8.48
+    assert bench_vs_optimum.parity_sets(log) == 18
+    assert bench_vs_optimum.checks_seconds(log, found) == 35.0
