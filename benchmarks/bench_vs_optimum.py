@@ -1,41 +1,49 @@
 #!/usr/bin/env python
 """Benchmark ``cann-export MODEL --format onnx`` against ``optimum-cli export onnx`` on the same models.
 
-Models (benchmarks/optimum_models.py, random weights from configs, written with ``save_pretrained``; nothing is
-downloaded): DistilBERT 4 layers dim 256 seq 128 (text-classification), ViT-small/16 (image-classification),
-GPT-2 small (text-generation-with-past). Both sides validate: Optimum by default (onnxruntime against the
-PyTorch model at its per-task atol), cann-export by its parity stage (the example's shape, probes and each dynamic
-dimension's range ends and middle, fp32 tolerance; the float64 noise floor; the line under the table counts the sets).
+Models (benchmarks/optimum_models.py, random weights from small but realistic configs, written with
+``save_pretrained``; nothing is downloaded): thirteen architectures in six families, each with the task a user
+exports it for: text encoders (DistilBERT text-classification, BERT feature-extraction, RoBERTa
+token-classification), decoders with past (GPT-2 small, a GQA Llama: text-generation-with-past), encoder-decoders
+(T5, BART: text2text-generation-with-past), vision (ViT-small/16, ResNet-18, ConvNeXt: image-classification), audio
+(Whisper-tiny-sized at its real 3000-frame window: automatic-speech-recognition-with-past; Wav2Vec2 CTC) and
+multimodal (CLIP: zero-shot-image-classification). Both sides validate: Optimum by default (onnxruntime against
+the PyTorch model at its per-task atol), cann-export by its parity stage (the example's shape, probes and each
+dynamic dimension's range ends and middle, fp32 tolerance; the float64 noise floor; every graph of a bundle).
 
 Our side is ``cann-export DIR --format onnx --task T`` when this checkout reads a Hugging Face directory
 (``cann_export.hf``), else ``cann-export NAME.pt2 --format onnx`` on a positional torch.export capture of the
-same model at the same shapes (the path the issue measured); the table says which. GPT-2 with past is
-``cann-export DIR --format onnx --task text-generation-with-past -o OUT``: a directory of prefill + decode onnx
-components, as Optimum writes decoder_model.onnx + decoder_with_past_model.onnx. A task this checkout cannot
-export is a row marked unavailable, with the reason.
+same model at the same shapes; the table says which. A task with past writes ``-o OUT`` as a directory of onnx
+components (prefill + decode; encoder + decoder + decoder with past), as Optimum writes decoder_model.onnx +
+decoder_with_past_model.onnx (and encoder_model.onnx). A model a tool cannot export (a non-zero exit, or past
+``--timeout``) is a row saying so, with the reason (the exit code and the last lines it printed), never a crash
+of the benchmark (on the .pt2 path, a multi-graph task is our side unavailable).
 
-Optimum runs from a side virtualenv this script makes (``benchmarks/.optimum-venv``: optimum-onnx pinned with the
-transformers it supports and the same CPU torch, so nothing large downloads, plus torchao at this environment's
-version when it is installed here: transformers imports it with every model, so both sides pay that); when it
-cannot be installed the benchmark says so and exits 0 without a table.
+Optimum runs from a side virtualenv this script makes (``benchmarks/.optimum-venv``, or ``--venv``: optimum-onnx
+pinned with the transformers it supports and the same CPU torch, so nothing large downloads, plus torchao at this
+environment's version when it is installed here: transformers imports it with every model, so both sides pay
+that); when it cannot be installed the benchmark says so and exits 0 without a table.
 
 By default each side runs the command a user types, with nothing but the task: ``cann-export DIR --format onnx
 --task T`` (its dynamic axes are the task's: batch and sequence, parity at their ranges' ends and middle) against
 ``optimum-cli export onnx --model DIR --task T OUT`` (its dummy shapes, one validation set). ``--shapes fixed``
 runs both at the model's benchmark shapes instead (ours ``--input-shape``: a static graph with no shape points;
-Optimum's dummy-input flags, its graph still dynamic), which is not the same graph on both sides. The sides run
-interleaved (the order rotates), ``--repeat`` rounds; medians of wall time (spawn to exit) and peak RSS
-(``os.wait4``'s ``ru_maxrss``: the process and its reaped children, the larger) are reported, with ratios
+Optimum's dummy-input flags where it has them, its graph still dynamic), which is not the same graph on both sides.
+The sides run interleaved (the order rotates), ``--repeat`` rounds; medians of wall time (spawn to exit) and peak
+RSS (``os.wait4``'s ``ru_maxrss``: the process and its reaped children, the larger) are reported, with ratios
 ours / Optimum; user+sys CPU seconds (the same ``os.wait4``) too, steadier than wall time on a shared machine.
-What Optimum skips that we keep is its own line: a third side, ``cann-export ... --no-validate``, runs in every
-round (device precision and the ATC lint do not run for ``--format onnx``), and the seconds our ``prepare`` and
-``validate`` stages took (the parity sets' eager reference and their onnxruntime runs) are printed with what the
-rest of our run is against Optimum's whole run (derived from the stage times). Results go to
-``benchmarks/results/vs_optimum.json``.
+What Optimum skips that we keep has its own columns: a third side, ``cann-export ... --no-validate``, runs in every
+round (its ratios are the like-for-like figure; device precision and the ATC lint do not run for ``--format
+onnx``), and the checks' own seconds (the CLI's ``checks:`` line summed over a bundle's graphs; a checkout that
+prints none: our ``prepare`` + ``validate`` stages). Under the rows (vs_optimum_summary.py): the medians of each
+family and of the whole set, each against issue 44's targets (median wall and CPU <= 1.0x, no family above 1.3x,
+peak RSS <= 1.2x on every model, ``--no-validate`` <= 0.8x), then our stages' seconds per model. Results go to
+``benchmarks/results/vs_optimum.json`` (strict JSON, with the load average at the end of the run).
 
 Usage::
 
-    python benchmarks/bench_vs_optimum.py [--repeat 3] [--models distilbert,vit,gpt2] [--ours auto|dir|pt2]
+    python benchmarks/bench_vs_optimum.py [--repeat 3] [--models distilbert,t5,...] [--ours auto|dir|pt2]
+        [--venv DIR] [--timeout S] [--keep-logs DIR]
 """
 from __future__ import annotations
 
@@ -52,13 +60,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from optimum_models import FLOAT_INPUTS, MODELS
+from vs_optimum_summary import print_rows, print_stages, print_summary, ratios, summary
+
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".optimum-venv"
 PINS = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0", "transformers>=4.36,<4.58"]
-MODELS = ("distilbert", "vit", "gpt2")
-TARGET_WALL, TARGET_RSS = 1.0, 1.2
+SIDES = ("ours", "optimum", "ours-novalidate")
+SIDE_NAMES = {"ours": "ours", "optimum": "optimum", "ours-novalidate": "novalidate"}  # the row's keys
 CHECK_STAGES = ("prepare", "validate")  # the stages that build the parity sets with their reference, and run them
-STAGE_LINE = re.compile(r"^\[(\d+)/\d+\] (\S+) \.\.\. (.*) \(([\d.]+)s\)\s*$")
+# "[3/12] capture ... torchscript (2.1s)"; a bundle's graphs: "[decode 3/12] capture ... (2.1s)"
+STAGE_LINE = re.compile(r"^\[(?:(?P<graph>\S+) )?\d+/\d+\] (?P<stage>\S+) \.\.\. (?P<says>.*) \((?P<s>[\d.]+)s\)$")
+# the CLI's steps before the stages: "read config.json (task, graphs) ... done (4.7s)", "plan graphs ... done"
+STEP_LINE = re.compile(r"^(?P<stage>[a-z][^\[]*?) \.\.\. done \((?P<s>[\d.]+)s\)$")
+CHECKS_LINE = re.compile(r"^checks: ([\d.]+) s\b")  # the CLI's line of what the checks cost, one per graph
 
 SITE_CUSTOMIZE = '''\
 import sys
@@ -125,10 +140,6 @@ def run_measured(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
 
 
-def tail(path: Path, n: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-
-
 def our_cli() -> list[str]:
     exe = Path(sys.executable).with_name("cann-export")
     return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
@@ -166,7 +177,7 @@ def our_command(name: str, info: dict, tmp: Path, path_kind: str, out: Path, val
 
 
 def _dtype(name: str) -> str:
-    return "float32" if name == "pixel_values" else "int64"
+    return "float32" if name in FLOAT_INPUTS else "int64"
 
 
 def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path, fixed: bool = False) -> list[str]:
@@ -185,12 +196,18 @@ def optimum_command(cli: Path, name: str, info: dict, tmp: Path, out: Path, fixe
 
 
 def stages(log: Path) -> dict[str, float]:
-    """Seconds per stage, summed over a multi-graph export's components (and a stage run twice)."""
+    """Seconds per stage (and per step before the stages), summed over a bundle's graphs; each graph's own
+    under ``GRAPH:STAGE`` too."""
     found: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
-        m = STAGE_LINE.match(line.strip())
-        if m:
-            found[m.group(2)] = found.get(m.group(2), 0.0) + float(m.group(4))
+        m = STAGE_LINE.match(line.strip()) or STEP_LINE.match(line.strip())
+        if not m:
+            continue
+        keys = [m["stage"]]
+        if m.re is STAGE_LINE and m["graph"]:
+            keys.append(f"{m['graph']}:{m['stage']}")
+        for key in keys:
+            found[key] = round(found.get(key, 0.0) + float(m["s"]), 3)
     return found
 
 
@@ -199,95 +216,79 @@ def parity_sets(log: Path) -> int:
     total = 0
     for line in log.read_text(errors="replace").splitlines():
         m = STAGE_LINE.match(line.strip())
-        if m and m.group(2) == "prepare" and (n := re.match(r"(\d+) input sets", m.group(3))):
+        if m and m["stage"] == "prepare" and (n := re.match(r"(\d+) input sets", m["says"])):
             total += int(n.group(1))
     return total
 
 
+def failure(m: dict, log: Path, timeout: float) -> str:
+    """Why a side's run failed, in one line: the timeout, or its exit code and the last lines it printed."""
+    if m["wall_s"] >= timeout:
+        return f"timed out after {timeout:.0f} s"
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return f"exit {m['rc']}: " + " / ".join(lines[-3:])[-400:]
+
+
+def checks_seconds(log: Path, stage_s: dict[str, float]) -> float:
+    """The checks' own cost: the CLI's "checks: N s" lines summed over a bundle's graphs, or (a checkout that
+    prints none) the prepare + validate stages' seconds."""
+    found = [float(m.group(1)) for line in log.read_text(errors="replace").splitlines()
+             if (m := CHECKS_LINE.match(line.strip()))]
+    return round(sum(found), 2) if found else round(sum(stage_s.get(s, 0.0) for s in CHECK_STAGES), 2)
+
+
 def bench(name: str, info: dict, tmp: Path, cli: Path, path_kind: str, args: argparse.Namespace,
           env: dict, opt_env: dict) -> dict:
+    """One model: the three sides, ``--repeat`` rounds in rotating order; a side that fails is a reason, not a
+    crash, and is not run again."""
     fixed = args.shapes == "fixed" or path_kind == "pt2"  # a .pt2 is captured at the benchmark's shapes
-    ours_probe = our_command(name, info, tmp, path_kind, tmp / "probe", fixed=fixed)
-    sides = ("ours", "optimum", "ours-novalidate")
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    probe = our_command(name, info, tmp, path_kind, tmp / "probe", fixed=fixed)
+    unavailable = {side: probe for side in ("ours", "ours-novalidate") if isinstance(probe, str)}
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for rep in range(args.repeat):
-        for side in sides[rep % 3:] + sides[:rep % 3]:  # the order rotates
-            if side.startswith("ours") and isinstance(ours_probe, str):
+        for side in SIDES[rep % 3:] + SIDES[:rep % 3]:  # the order rotates
+            if side in unavailable:
                 continue
             out = tmp / f"{name}-{side}-{rep}"
             cmd = (optimum_command(cli, name, info, tmp, out, fixed) if side == "optimum" else
                    our_command(name, info, tmp, path_kind, out / "model.onnx", validate=side == "ours", fixed=fixed))
             log = tmp / f"{name}-{side}-{rep}.log"
             m = run_measured(cmd, env if side.startswith("ours") else opt_env, log, args.timeout)
-            if m["rc"] != 0 and side.startswith("ours") and not runs["ours"]:  # this checkout cannot export it
-                ours_probe = f"unavailable: cann-export exit {m['rc']}: {tail(log, 4)}"
-                continue
+            shutil.rmtree(out, ignore_errors=True)
+            if args.keep_logs:
+                shutil.copy(log, args.keep_logs / log.name)
             if m["rc"] != 0:
-                raise SystemExit(f"{side} run for {name} failed (rc {m['rc']}): {' '.join(cmd)}\n{tail(log)}")
+                unavailable[side] = failure(m, log, args.timeout)
+                print(f"  {name} {rep + 1}/{args.repeat} {side:15s} failed: {unavailable[side]}", file=sys.stderr,
+                      flush=True)
+                continue
             if side.startswith("ours"):
                 m["stages"] = stages(log)
                 m["input_sets"] = parity_sets(log)
+                m["checks_s"] = checks_seconds(log, m["stages"])
             runs[side].append(m)
-            shutil.rmtree(out, ignore_errors=True)
             print(f"  {name} {rep + 1}/{args.repeat} {side:15s} {m['wall_s']:7.2f} s {m['peak_mib']:8.1f} MiB "
                   f"cpu {m['cpu_s']:.1f} s", file=sys.stderr, flush=True)
+    return row_of(info, path_kind, runs, unavailable)
 
+
+def row_of(info: dict, path_kind: str, runs: dict[str, list[dict]], unavailable: dict[str, str]) -> dict:
+    """A model's row: each side's medians (a side that failed in any round: its reason instead), the ratios."""
     def med(side: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[side])
 
-    row = {"task": info["task"], "about": info["about"], "path": path_kind, "runs": runs,
-           "optimum_wall_s": med("optimum", "wall_s"), "optimum_peak_mib": med("optimum", "peak_mib"),
-           "optimum_cpu_s": med("optimum", "cpu_s")}
-    if isinstance(ours_probe, str):
-        return {**row, "unavailable": ours_probe}
-    names = list(runs["ours"][0]["stages"])
-    return {**row, "ours_wall_s": med("ours", "wall_s"), "ours_peak_mib": med("ours", "peak_mib"),
-            "ours_cpu_s": med("ours", "cpu_s"), "wall_ratio": med("ours", "wall_s") / row["optimum_wall_s"],
-            "rss_ratio": med("ours", "peak_mib") / row["optimum_peak_mib"],
-            "cpu_ratio": med("ours", "cpu_s") / row["optimum_cpu_s"],
-            "novalidate_wall_s": med("ours-novalidate", "wall_s"), "novalidate_cpu_s": med("ours-novalidate", "cpu_s"),
-            "novalidate_peak_mib": med("ours-novalidate", "peak_mib"),
-            "stage_median_s": {s: statistics.median(r["stages"].get(s, 0.0) for r in runs["ours"]) for s in names},
-            "input_sets": runs["ours"][0]["input_sets"]}
-
-
-def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
-    print(f"\ncann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved pairs; "
-          f"shapes: {args.shapes})")
-    print("| model | ours via | ours wall s | Optimum wall s | wall ratio | ours MiB | Optimum MiB | RSS ratio "
-          "| CPU s ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        if "unavailable" in r:
-            print(f"| {name} ({r['task']}) | - | - | {r['optimum_wall_s']:.2f} | unavailable | - | "
-                  f"{r['optimum_peak_mib']:.0f} | unavailable | - |")
-            continue
-        flag_w = "" if r["wall_ratio"] <= TARGET_WALL else " !"
-        flag_r = "" if r["rss_ratio"] <= TARGET_RSS else " !"
-        print(f"| {name} ({r['task']}) | {r['path']} | {r['ours_wall_s']:.2f} | {r['optimum_wall_s']:.2f} | "
-              f"{r['wall_ratio']:.2f}{flag_w} | {r['ours_peak_mib']:.0f} | {r['optimum_peak_mib']:.0f} | "
-              f"{r['rss_ratio']:.2f}{flag_r} | {r['cpu_ratio']:.2f} |")
-    print(f"targets: wall <= {TARGET_WALL}x, peak RSS <= {TARGET_RSS}x Optimum ('!' = missed)")
-    for name, r in rows.items():
-        if "unavailable" in r:
-            print(f"  {name}: {r['unavailable']}")
-            continue
-        st = r["stage_median_s"]
-        print(f"  {name} our stages (s): " + ", ".join(f"{s} {v:.2f}" for s, v in st.items() if v >= 0.01))
-        print(f"  {name} what Optimum skips that we keep: our validation (the fp32 reference on {r['input_sets']} "
-              "input sets over the graphs: the example's shape, probes, each dynamic dimension's range ends and "
-              "middle; the float64 noise floor; onnxruntime parity on the written files; Optimum checks 1 set per "
-              "graph): "
-              f"without it (--no-validate) ours takes {r['novalidate_wall_s']:.2f} s wall "
-              f"({r['novalidate_wall_s'] / r['optimum_wall_s']:.2f}x), {r['novalidate_cpu_s']:.1f} s CPU "
-              f"({r['novalidate_cpu_s'] / r['optimum_cpu_s']:.2f}x), {r['novalidate_peak_mib']:.0f} MiB "
-              f"({r['novalidate_peak_mib'] / r['optimum_peak_mib']:.2f}x); device precision and the ATC lint run "
-              "only for atc_ready/om, not --format onnx")
-        checks = sum(st.get(s, 0.0) for s in CHECK_STAGES)
-        print(f"  {name} the checks' stages (prepare: the inputs and the eager reference on every set; validate: "
-              f"onnxruntime parity) took {checks:.2f} s of our {r['ours_wall_s']:.2f}; the rest, "
-              f"{r['ours_wall_s'] - checks:.2f} s, is {(r['ours_wall_s'] - checks) / r['optimum_wall_s']:.2f}x "
-              "Optimum's whole run (derived from the stage times, not a run of its own)")
+    row: dict = {"family": info["family"], "task": info["task"], "about": info["about"], "path": path_kind,
+                 "runs": runs, "unavailable": {SIDE_NAMES[s]: why for s, why in unavailable.items()}}
+    for side in SIDES:
+        if runs[side] and side not in unavailable:
+            row[SIDE_NAMES[side]] = {k: med(side, k) for k in ("wall_s", "cpu_s", "peak_mib")}
+    if "ours" in row:
+        names = list(runs["ours"][0]["stages"])
+        row["stage_median_s"] = {s: statistics.median(r["stages"].get(s, 0.0) for r in runs["ours"]) for s in names}
+        row["checks_s"] = med("ours", "checks_s")
+        row["input_sets"] = runs["ours"][0]["input_sets"]
+    row["ratios"] = {k: round(v, 3) for k, v in ratios(row).items()}
+    return row
 
 
 def compiled(env: dict) -> None:
@@ -301,20 +302,23 @@ def compiled(env: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS), help=f"a subset of {','.join(MODELS)}")
     ap.add_argument("--ours", choices=("auto", "dir", "pt2"), default="auto",
                     help="our input: the model directory (needs cann_export.hf) or a .pt2 capture")
     ap.add_argument("--shapes", choices=("default", "fixed"), default="default",
                     help="default: each tool's own command with the task only; fixed: both at the benchmark's "
                          "input shapes (ours static)")
-    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one side's run may take")
     ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "vs_optimum.json")
+    ap.add_argument("--keep-logs", type=Path, help="a directory to copy every run's output to (NAME-SIDE-ROUND.log)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     if not models or set(models) - set(MODELS) or args.repeat < 1:
         ap.error(f"--models takes a subset of {','.join(MODELS)}; --repeat must be >= 1")
+    if args.keep_logs:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
     cli, how = optimum_cli(args.venv, not args.no_install)
     if cli is None:
         print(f"skipped: Optimum is not available ({how}); nothing was measured")
@@ -325,25 +329,44 @@ def main() -> int:
         env = dict(os.environ, PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
         opt_env = dict(env, PYTHONPATH=str(tmp))
-        setup = subprocess.run([sys.executable, str(HERE / "optimum_models.py"), str(tmp), ",".join(models)],
-                               env=env, capture_output=True, text=True, check=False)
-        if setup.returncode != 0:
-            raise SystemExit(f"building the models failed:\n{setup.stderr[-3000:]}")
-        infos = {d["name"]: d for d in map(json.loads, setup.stdout.strip().splitlines()) if d}
         path_kind = args.ours if args.ours != "auto" else ("dir" if reads_directories(env) else "pt2")
+        infos = build_models(tmp, models, path_kind, env)
         compiled(env)
         print(f"ours via {path_kind}; Optimum {how} in {args.venv}", file=sys.stderr, flush=True)
         rows = {n: bench(n, infos[n], tmp, cli, path_kind, args, env, opt_env) for n in models}
-        print_table(rows, args)
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "shapes": args.shapes,
-            "ours_via": path_kind,
-            "optimum_pins": PINS, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-            "models": {n: {**infos[n], **rows[n]} for n in models}}, indent=2) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    result = summary(rows)
+    print_rows(rows, f"cann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved "
+                     f"rounds; shapes: {args.shapes}; ours via {path_kind})")
+    print_summary(result)
+    print_stages(rows)
+    write_json(args, path_kind, {n: {**infos[n], **rows[n]} for n in models}, result)
     return 0
+
+
+def build_models(tmp: Path, models: list[str], path_kind: str, env: dict) -> dict[str, dict]:
+    """The models' directories under ``tmp`` (and their .pt2 captures for the .pt2 path), with their facts."""
+    cmd = [sys.executable, str(HERE / "optimum_models.py"), str(tmp), ",".join(models)]
+    setup = subprocess.run([*cmd, *(["--pt2"] if path_kind == "pt2" else [])], env=env, capture_output=True,
+                           text=True, check=False)
+    if setup.returncode != 0:
+        raise SystemExit(f"building the models failed:\n{setup.stderr[-3000:]}")
+    return {d["name"]: d for d in map(json.loads, setup.stdout.strip().splitlines()) if d}
+
+
+def write_json(args: argparse.Namespace, path_kind: str, models: dict[str, dict], result: dict) -> None:
+    """The results, strict JSON (no NaN or Infinity), written whole or not at all."""
+    text = json.dumps({
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "shapes": args.shapes,
+        "ours_via": path_kind, "load_average": os.getloadavg(),
+        "optimum_pins": PINS, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        **result, "models": models}, indent=2, allow_nan=False) + "\n"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.output.with_name(args.output.name + ".partial")
+    partial.write_text(text)
+    partial.replace(args.output)
+    print(f"\nwrote {args.output}")
 
 
 if __name__ == "__main__":
