@@ -97,6 +97,8 @@ print(json.dumps({"losses": losses, "tied": tied}))
 """
 
 
+@pytest.mark.slow  # two transformers trainings in subprocesses; the README's command keeps bitwise training
+# (test_unchanged_training_script_matches_cpu_bitwise) and BERT trained on npu-sim (test_articles_flow.py)
 def test_transformers_training_matches_cpu_bitwise():
     """BERT and GPT-2 train identically; GPT-2's LM head stays tied to its embedding through .to("npu")."""
     cpu = json.loads(run(HF_TRAIN, "cpu").stdout.splitlines()[-1])
@@ -269,7 +271,10 @@ print(loss.item().hex())
 """
 
 
-@pytest.mark.parametrize("saved_on,resumed_on", [("cpu", "npu"), ("npu", "cpu"), ("npu", "npu")])
+# npu -> cpu in the README's command (a checkpoint saved from the device resumes off it); the other two ways in the
+# slow set: the same save and load code, four more subprocesses
+@pytest.mark.parametrize("saved_on,resumed_on", [pytest.param("cpu", "npu", marks=pytest.mark.slow), ("npu", "cpu"),
+                                                 pytest.param("npu", "npu", marks=pytest.mark.slow)])
 def test_resume_across_cpu_and_npu_sim(saved_on, resumed_on, tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     expected = run(SAVE, saved_on, str(ckpt)).stdout.split()[-1]
@@ -289,6 +294,8 @@ def test_backends_command_lists_availability_with_reasons():
     assert not rows["npu"]["available"] and "torch_npu" in rows["npu"]["reason"]
 
 
+@pytest.mark.slow  # two QAT CLI exports in subprocesses; QAT on npu-sim stays in the README's command through
+# test_articles_flow.py's restart test (qat)
 def test_qat_export_on_npu_sim_equals_cpu(tmp_path):
     """--backend npu-sim runs the QAT fine-tuning on the emulated npu: same scales as on the CPU."""
     from helpers import digits

@@ -5,24 +5,27 @@ size; with ranges ATC accepts every size while parity runs each axis's ends and 
 all (validate re-derives the same shapes from the manifest)."""
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parents[1]
 GEARS = "x:0=batch:1,2,4,1=seq:8,16"  # 3 x 2 = 6 ATC profiles
 RANGES = "x:0=batch:1..64,1=seq:2..512"
 
 
-def run_cli(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}
-    return subprocess.run([sys.executable, "-m", "cann_export", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=900)
+def run_cli(*args: object, cwd: Path) -> SimpleNamespace:
+    """The CLI in this process (the export's sandbox child still forks): a subprocess per call paid torch's import
+    again, a quarter of this file's time. tests/cli/test_cli.py keeps the real subprocess entry point covered."""
+    from click.testing import CliRunner
+
+    from cann_export.cli.main import cli
+
+    with contextlib.chdir(cwd):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 @pytest.fixture(scope="session")
