@@ -197,8 +197,9 @@ def run_hf_case(fmt: str) -> dict:
             "exporter": (result.get("onnx") or {}).get("exporter")}
 
 
-def run_pipeline_case(fmt: str) -> dict:
-    """``cann-export DIR`` on the sd3-wide pipeline directory, and the floor (``cann-export trivial.pt2``)."""
+def run_pipeline_case(fmt: str, timeout: float) -> dict:
+    """``cann-export DIR`` on the sd3-wide pipeline directory, and the floor (``cann-export trivial.pt2``). A run
+    past ``timeout`` is killed; its peak RSS so far is still recorded (``timed_out``)."""
     with tempfile.TemporaryDirectory(prefix="bench-large-pipe-") as tmp:
         env = _child_env()
         setup = subprocess.run([sys.executable, str(HERE / "pipeline_models.py"), tmp, "sd3-wide,trivial"], env=env,
@@ -209,9 +210,11 @@ def run_pipeline_case(fmt: str) -> dict:
         floor = _measured([*_cli(), str(Path(tmp) / "trivial.pt2"), "--format", fmt, "-o", str(Path(tmp) / "floor")],
                           env)
         m = _measured([*_cli(), str(Path(tmp) / "sd3-wide"), "--format", fmt, "-o", str(Path(tmp) / "bundle"),
-                       "--json"], env)
+                       "--json"], env, timeout)
     if m["rc"] != 0 or floor["rc"] != 0:
-        return {"depth": 3, "error": (m if m["rc"] else floor)["stderr"].strip().splitlines()[-3:]}
+        return {"depth": 3, "error": (m if m["rc"] else floor)["stderr"].strip().splitlines()[-3:],
+                "timed_out": m["wall_s"] > timeout, "wall_s": m["wall_s"], "weights_bytes": weights,
+                "peak_rss_bytes": m["peak_rss_bytes"], "floor_rss_bytes": floor["peak_rss_bytes"]}
     result = json.loads(m["stdout"].strip().splitlines()[-1])
     above = m["peak_rss_bytes"] - floor["peak_rss_bytes"]
     return {"depth": 3, "model": "sd3-wide", "format": fmt, "weights_bytes": weights,
@@ -273,12 +276,19 @@ def run_safetensors_case(depth: int, width: int, fmt: str) -> dict:
 
 
 def main_safetensors(args: argparse.Namespace) -> None:
-    rows = ([run_hf_case(args.format)] if args.hf else [run_pipeline_case(args.format)] if args.pipeline else
-            [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
+    if args.pipeline:
+        rows = [run_pipeline_case(args.format, args.timeout)]
+    else:
+        rows = ([run_hf_case(args.format)] if args.hf else
+                [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
     print(f"{'weights GB':>10} {'peak RSS GB':>11} {'peak/weights':>12} {'wall s':>7}  exporter   parity")
     for r in rows:
         if "error" in r:
             print(f"depth {r['depth']}: FAILED {' | '.join(r['error'])}")
+            if "peak_rss_bytes" in r:
+                print(f"  killed at the --timeout: {r['timed_out']}; after {r['wall_s']:.0f} s, peak RSS so far "
+                      f"{r['peak_rss_bytes'] / 1e9:.2f} GB ({r['peak_rss_bytes'] / r['weights_bytes']:.2f} x the "
+                      f"weights, {r['weights_bytes'] / 1e9:.3f} GB); the floor {r['floor_rss_bytes'] / 1e9:.2f} GB")
             continue
         print(f"{r['weights_bytes'] / 1e9:>10.2f} {r['peak_rss_bytes'] / 1e9:>11.2f} {r['peak_over_weights']:>12.2f} "
               f"{r['wall_s']:>7.1f}  {r['exporter'] or '?':<10} {r['parity_passed']}")
@@ -347,6 +357,7 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
     ap.add_argument("--pipeline", action="store_true",
                     help="the same for a 264 MB diffusers SD3 pipeline directory, with the runtime's floor")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before --pipeline's export is killed")
     args = ap.parse_args()
     if args.safetensors or args.hf or args.pipeline:
         main_safetensors(args)

@@ -223,7 +223,7 @@ def test_the_articles_mid_block_hint_caches_a_unet_pipeline(tmp_path):
 
 
 def _report(bundle, page):
-    """``cann-export report BUNDLE -o PAGE`` as a user runs it (the report command is a plugin of the console script)."""
+    """``cann-export report BUNDLE -o PAGE`` as a user runs it (report is a plugin command of the console script)."""
     import os
     import subprocess
     import sys
