@@ -25,12 +25,19 @@ figure of merit (target <= 1.5). Results go to ``benchmarks/results/large_safete
 fp32 weights) written by ``save_pretrained``, then ``cann-export DIR --format onnx --task text-generation``.
 Results go to ``benchmarks/results/large_hf.json``.
 
+``--pipeline`` does the same for a diffusers pipeline directory (benchmarks/pipeline_models.py ``sd3-wide``: diffusers'
+SD3 fast-test pipeline with a 768-wide, 3-block transformer, 264 MB of fp32 weights, almost all the transformer's):
+``cann-export DIR -o OUT`` with no flags (every component validated, the end-to-end check), and
+``cann-export trivial.pt2`` (a Linear 4 -> 4) measured the same way: the runtime's floor. Peak RSS over the weight
+bytes, and what is above the floor over the weight bytes. Results go to ``benchmarks/results/large_pipeline.json``.
+
 Usage::
 
     python benchmarks/bench_large.py [--depth 18 --depth 36] [--format onnx] [--exporter auto]
     python benchmarks/bench_large.py --load [--depth 18] [--runs 3]
     python benchmarks/bench_large.py --safetensors [--depth 36] [--format onnx]
     python benchmarks/bench_large.py --hf [--format onnx]
+    python benchmarks/bench_large.py --pipeline [--format atc_ready]
 """
 from __future__ import annotations
 
@@ -190,6 +197,33 @@ def run_hf_case(fmt: str) -> dict:
             "exporter": (result.get("onnx") or {}).get("exporter")}
 
 
+def run_pipeline_case(fmt: str, timeout: float) -> dict:
+    """``cann-export DIR`` on the sd3-wide pipeline directory, and the floor (``cann-export trivial.pt2``). A run
+    past ``timeout`` is killed; its peak RSS so far is still recorded (``timed_out``)."""
+    with tempfile.TemporaryDirectory(prefix="bench-large-pipe-") as tmp:
+        env = _child_env()
+        setup = subprocess.run([sys.executable, str(HERE / "pipeline_models.py"), tmp, "sd3-wide,trivial"], env=env,
+                               capture_output=True, text=True, check=False)
+        if setup.returncode != 0:
+            return {"depth": 3, "error": setup.stderr.strip().splitlines()[-3:]}
+        weights = json.loads(setup.stdout.strip().splitlines()[0])["weights_bytes"]
+        floor = _measured([*_cli(), str(Path(tmp) / "trivial.pt2"), "--format", fmt, "-o", str(Path(tmp) / "floor")],
+                          env)
+        m = _measured([*_cli(), str(Path(tmp) / "sd3-wide"), "--format", fmt, "-o", str(Path(tmp) / "bundle"),
+                       "--json"], env, timeout)
+    if m["rc"] != 0 or floor["rc"] != 0:
+        return {"depth": 3, "error": (m if m["rc"] else floor)["stderr"].strip().splitlines()[-3:],
+                "timed_out": m["wall_s"] > timeout, "wall_s": m["wall_s"], "weights_bytes": weights,
+                "peak_rss_bytes": m["peak_rss_bytes"], "floor_rss_bytes": floor["peak_rss_bytes"]}
+    result = json.loads(m["stdout"].strip().splitlines()[-1])
+    above = m["peak_rss_bytes"] - floor["peak_rss_bytes"]
+    return {"depth": 3, "model": "sd3-wide", "format": fmt, "weights_bytes": weights,
+            "peak_rss_bytes": m["peak_rss_bytes"], "peak_over_weights": m["peak_rss_bytes"] / weights,
+            "floor_rss_bytes": floor["peak_rss_bytes"], "above_floor_over_weights": above / weights,
+            "wall_s": m["wall_s"], "ok": result.get("ok"), "parity_passed": (result.get("parity") or {}).get("passed"),
+            "exporter": "per component"}
+
+
 def _cli() -> list[str]:
     exe = Path(sys.executable).with_name("cann-export")
     return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
@@ -242,16 +276,27 @@ def run_safetensors_case(depth: int, width: int, fmt: str) -> dict:
 
 
 def main_safetensors(args: argparse.Namespace) -> None:
-    rows = ([run_hf_case(args.format)] if args.hf else
-            [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
+    if args.pipeline:
+        rows = [run_pipeline_case(args.format, args.timeout)]
+    else:
+        rows = ([run_hf_case(args.format)] if args.hf else
+                [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
     print(f"{'weights GB':>10} {'peak RSS GB':>11} {'peak/weights':>12} {'wall s':>7}  exporter   parity")
     for r in rows:
         if "error" in r:
             print(f"depth {r['depth']}: FAILED {' | '.join(r['error'])}")
+            if "peak_rss_bytes" in r:
+                print(f"  killed at the --timeout: {r['timed_out']}; after {r['wall_s']:.0f} s, peak RSS so far "
+                      f"{r['peak_rss_bytes'] / 1e9:.2f} GB ({r['peak_rss_bytes'] / r['weights_bytes']:.2f} x the "
+                      f"weights, {r['weights_bytes'] / 1e9:.3f} GB); the floor {r['floor_rss_bytes'] / 1e9:.2f} GB")
             continue
         print(f"{r['weights_bytes'] / 1e9:>10.2f} {r['peak_rss_bytes'] / 1e9:>11.2f} {r['peak_over_weights']:>12.2f} "
               f"{r['wall_s']:>7.1f}  {r['exporter'] or '?':<10} {r['parity_passed']}")
-    name = "large_hf.json" if args.hf else "large_safetensors.json"
+        if "floor_rss_bytes" in r:
+            print(f"the runtime's floor (cann-export trivial.pt2): {r['floor_rss_bytes'] / 1e9:.2f} GB; above it: "
+                  f"{(r['peak_rss_bytes'] - r['floor_rss_bytes']) / 1e9:.2f} GB = {r['above_floor_over_weights']:.2f}"
+                  " x the weights")
+    name = "large_hf.json" if args.hf else "large_pipeline.json" if args.pipeline else "large_safetensors.json"
     out = args.results.with_name(name) if args.results.name == "large.json" else args.results
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
@@ -310,8 +355,11 @@ def main() -> None:
     ap.add_argument("--safetensors", action="store_true",
                     help="measure `cann-export W.safetensors --model-class ...` as its own process (default depth 36)")
     ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="the same for a 264 MB diffusers SD3 pipeline directory, with the runtime's floor")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before --pipeline's export is killed")
     args = ap.parse_args()
-    if args.safetensors or args.hf:
+    if args.safetensors or args.hf or args.pipeline:
         main_safetensors(args)
         return
     if args.load:

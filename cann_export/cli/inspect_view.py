@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from ..safe_text import terminal
 from .fix_view import component_fix_line, fix_rerun_line
 
 TOOL_METADATA = ("onnxsim.", "cann_export.", "pkg.")  # what the tool stamps; --json shows it
@@ -197,6 +198,16 @@ def _notes(info: dict[str, Any], pad: str) -> list[str]:
     return ["", f"{pad}notes:"] + [f"{pad}  - {n}" for n in notes]
 
 
+def _cache(pipeline: Any) -> list[str]:
+    """A pipeline's denoiser cache (insert_teacache): its policy and what the export measured, one line a fact."""
+    from ..diffusion.cache_facts import cache_rows
+
+    rows = cache_rows(pipeline)
+    if not rows:
+        return []
+    return ["", "denoiser cache (insert_teacache):"] + [f"  {label}: {terminal(text)}" for label, text in rows]
+
+
 def _multi(info: dict[str, Any]) -> list[str]:
     p = info.get("parity") or {}
     size = f", {len(info['files'])} files, {_size(info['size_bytes'])} on disk" if "size_bytes" in info else ""
@@ -215,6 +226,7 @@ def _multi(info: dict[str, Any]) -> list[str]:
             lines.append(f"  {component_fix_line(info['precision_fix'][name])}")
     if line := fix_rerun_line((info.get("pipeline") or {}).get("end_to_end")):
         lines += ["", line]
+    lines += _cache(info.get("pipeline"))
     feeds: dict[str, int] = {}
     for c in info["connections"]:
         key = f"{c['from']['component']} -> {c['to']['component']}"

@@ -2,7 +2,8 @@
 latents against diffusers, the device image's cosine distance and PSNR), the NaN / Inf each component gave, and
 its three images side by side (diffusers eager, the exported components in onnxruntime fp32 and under the device
 emulation) as PNG data URIs read from the bundle's own files (listed and hashed in its file table, checked before
-this runs; bounded, PNG only)."""
+this runs; bounded, PNG only); and the denoiser's cache, where insert_teacache asked one: its policy and what the
+export measured (diffusion/cache_facts.py)."""
 from __future__ import annotations
 
 import base64
@@ -16,11 +17,15 @@ CAPTIONS = {"eager": "diffusers (eager)", "fp32": "exported, onnxruntime fp32", 
 
 
 def build(directory: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """The section's data (None when the bundle is not a pipeline's or was exported with --no-validate)."""
+    """The section's data (None when the bundle is not a pipeline's, or was exported with --no-validate and records
+    no cache)."""
+    from ..diffusion.cache_facts import cache_passed, cache_rows
+
     section = manifest.get("pipeline")
     e2e = section.get("end_to_end") if isinstance(section, dict) else None
+    cache = {"rows": cache_rows(section), "passed": cache_passed(section)}
     if not isinstance(e2e, dict):
-        return None
+        return {"class": section.get("class"), "cache": cache} if cache["rows"] else None
     images = e2e.get("images") if isinstance(e2e.get("images"), dict) else {}
     uris = {}
     for key in CAPTIONS:
@@ -30,7 +35,7 @@ def build(directory: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
             if data is not None:
                 uris[key] = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
     return {"class": section.get("class"), "end_to_end": {k: v for k, v in e2e.items() if k != "images"},
-            "images": uris}
+            "images": uris, **({"cache": cache} if cache["rows"] else {})}
 
 
 def _png(path: Path) -> bytes | None:
@@ -40,7 +45,20 @@ def _png(path: Path) -> bytes | None:
 
 
 def render(view: dict[str, Any], badge: Any, num: Any) -> str:
-    """The section's HTML; ``badge`` and ``num`` are the page's own verdict badge and number formatting."""
+    """The sections' HTML (the end-to-end check, the cache); ``badge`` and ``num`` are the page's own verdict badge
+    and number formatting."""
+    cache = _cache(view["cache"], badge) if "cache" in view else ""
+    return (_end_to_end(view, badge, num) if "end_to_end" in view else "") + cache
+
+
+def _cache(cache: dict[str, Any], badge: Any) -> str:
+    """The denoiser's cache: one row per fact (the policy, the steps skipped, the PSNR against no cache)."""
+    rows = "".join(f"<tr><th>{escape(label)}</th><td>{escape(text)}</td></tr>" for label, text in cache["rows"])
+    return (f'<section id="cache"><h2>denoiser cache (insert_teacache) {badge(cache["passed"])}</h2>'
+            f"<table>{rows}</table></section>")
+
+
+def _end_to_end(view: dict[str, Any], badge: Any, num: Any) -> str:
     e2e = view["end_to_end"]
     fp32, device = e2e.get("fp32") or {}, e2e.get("device") or {}
     tol = fp32.get("tolerance") or {}

@@ -220,3 +220,82 @@ def test_the_articles_mid_block_hint_caches_a_unet_pipeline(tmp_path):
     assert cache["module"] == "unet.mid_block" and cache["policy"]["kind"] == "interval"
     measured = manifest["pipeline"]["end_to_end"]["cache"]
     assert measured["off"]["max_abs"] <= 1e-4 and measured["at_setting"]["skipped"] >= 1, measured
+
+
+def _report(bundle, page):
+    """``cann-export report BUNDLE -o PAGE`` as a user runs it (report is a plugin command of the console script)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "cann_export", "report", str(bundle), "-o", str(page)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _cache_lines(output):
+    lines = output.splitlines()
+    at = lines.index("denoiser cache (insert_teacache):")
+    return lines[at:at + 7]
+
+
+@pytest.mark.slow
+def test_inspect_shows_the_recorded_cache_policy_and_measure(cached_sd3):
+    measured = json.loads((cached_sd3 / "manifest.json").read_text())["pipeline"]["end_to_end"]["cache"]
+    at = measured["at_setting"]
+    res = CliRunner().invoke(cli, ["inspect", str(cached_sd3)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    lines = _cache_lines(res.output)
+    assert "  cached range: transformer.transformer_blocks.1..2 (blocks 1 to 2)" in lines, lines
+    assert any(f"under the threshold {THRESHOLD}" in line for line in lines), lines
+    steps = ", ".join(map(str, at["skipped_steps"]))
+    assert any(line.startswith(f"  measured at export: {at['skipped']} of {measured['steps']} steps skipped "
+                               f"(steps {steps}); PSNR {at['psnr_db']:.4g} dB") for line in lines), lines
+    assert any(line.startswith("  verdict: passed") for line in lines), lines
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_cache_in_chromium(cached_sd3, tmp_path):
+    from helpers.browser import chrome
+
+    at = json.loads((cached_sd3 / "manifest.json").read_text())["pipeline"]["end_to_end"]["cache"]["at_setting"]
+    page = tmp_path / "cached.html"
+    _report(cached_sd3, page)
+    driver = chrome()
+    try:
+        driver.get(page.as_uri())
+        rows = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#cache tr')).map(function (r) {"
+            "  return [r.cells[0].innerText, r.cells[1].innerText, r.getBoundingClientRect().height]; });")
+        badge = driver.execute_script("return document.querySelector('#cache h2 .badge').innerText;")
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+    shown = {label: text for label, text, _ in rows}
+    assert shown["cached range"] == "transformer.transformer_blocks.1..2 (blocks 1 to 2)", shown
+    assert f"threshold {THRESHOLD}" in shown["policy"] and badge == "PASS"
+    assert shown["measured at export"].startswith(f"{at['skipped']} of 8 steps skipped"), shown
+    assert f"PSNR {at['psnr_db']:.4g} dB" in shown["measured at export"], shown
+    assert all(height > 0 for *_, height in rows) and errors == []
+
+
+@pytest.mark.slow
+def test_a_non_finite_measure_renders_in_the_report_and_inspect(cached_sd3, tmp_path):
+    """The strict JSON writer keeps a non-finite PSNR / max |diff| as null and its word: both views show the word."""
+    import shutil
+
+    from cann_export.fs.jsonio import dumps
+
+    bundle = tmp_path / "b"
+    shutil.copytree(cached_sd3, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["pipeline"]["end_to_end"]["cache"]["at_setting"].update(psnr_db=float("inf"), max_abs=float("nan"))
+    (bundle / "manifest.json").write_text(dumps(manifest, indent=2))
+    res = CliRunner().invoke(cli, ["inspect", str(bundle)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert any("PSNR inf dB against the uncached image (max |diff| nan)" in line for line in _cache_lines(res.output))
+    _report(bundle, tmp_path / "b.html")
+    assert "PSNR inf dB against the uncached image (max |diff| nan)" in (tmp_path / "b.html").read_text()
