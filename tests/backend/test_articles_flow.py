@@ -341,7 +341,8 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("qat", ["qat", "float"])
+# qat in the README's command: the same loop and checkpoints as float, plus the observers; float in the slow set
+@pytest.mark.parametrize("qat", ["qat", pytest.param("float", marks=pytest.mark.slow)])
 def test_a_restart_between_training_and_resume_continues_the_same_run(qat, tmp_path):
     full = run(RESTART, str(tmp_path), qat, "train")
     for start in (0, 3):  # saved before the first training forward (QAT not in yet), and after it
