@@ -9,6 +9,7 @@ are still passed by value. The graph written is the same (the goldens and tests/
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,19 +25,35 @@ def by_value(tensor: Any) -> bool:
     return not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() <= VALUE_LIMIT
 
 
+_LOCK = threading.Lock()
+_DEPTH = 0  # exports inside the block now: the first installs the lean pass, the last puts torch's back
+
+
 @contextlib.contextmanager
 def lean_shape_inference() -> Iterator[None]:
     """While torch.onnx.export (TorchScript) runs: its shape inference passes see only the parameters
-    ``by_value`` accepts."""
+    ``by_value`` accepts. Two exports in threads of one process share one installed pass (blas_threads' rule)."""
+    global _DEPTH
     from torch import _C
 
-    inner = _C._jit_pass_onnx_graph_shape_type_inference
+    with _LOCK:
+        if _DEPTH == 0:
+            _install(_C)
+        _DEPTH += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH -= 1
+            if _DEPTH == 0:
+                _C._jit_pass_onnx_graph_shape_type_inference = _C._jit_pass_onnx_graph_shape_type_inference.inner
+
+
+def _install(c: Any) -> None:
+    inner = c._jit_pass_onnx_graph_shape_type_inference
 
     def lean(graph: Any, params_dict: dict[str, Any], opset: int) -> Any:
         return inner(graph, {k: v for k, v in params_dict.items() if by_value(v)}, opset)
 
-    _C._jit_pass_onnx_graph_shape_type_inference = lean
-    try:
-        yield
-    finally:
-        _C._jit_pass_onnx_graph_shape_type_inference = inner
+    lean.inner = inner  # type: ignore[attr-defined]
+    c._jit_pass_onnx_graph_shape_type_inference = lean

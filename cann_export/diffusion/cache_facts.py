@@ -49,7 +49,10 @@ def number(holder: Any, key: str, spec: str = ".4g") -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (int, float)):
-        return format(value, spec) if math.isfinite(value) else str(value)
+        try:
+            return format(value, spec) if math.isfinite(value) else str(value)
+        except OverflowError:  # an integer past float's range (JSON allows any length): shown as digits
+            return text(value)
     if value is None:
         words = holder.get("non_finite") if isinstance(holder, dict) else None
         word = words.get(key) if isinstance(words, dict) else None
@@ -66,7 +69,7 @@ def text(value: Any) -> str:
 def _range(section: dict[str, Any]) -> str:
     bounds = section.get("range")
     blocks = ""
-    if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds):
+    if isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds):
         blocks = f" (blocks {bounds[0]} to {bounds[1] - 1})" if bounds[1] - bounds[0] > 1 else f" (block {bounds[0]})"
     return f"{text(section.get('module'))}{blocks}"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import os
 import re
@@ -11,7 +12,9 @@ from typing import Any, BinaryIO
 
 _BLOCK = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_REMEMBERED: list[dict[tuple[int, ...], str]] = []  # the digests of the innermost remembered() block
+# the digests of the innermost remembered() block of this thread / task (a ContextVar: a new thread starts empty)
+_REMEMBERED: contextvars.ContextVar[dict[tuple[int, ...], str] | None] = contextvars.ContextVar("digests_remembered",
+                                                                                                default=None)
 
 
 def sha256_stream(f: BinaryIO, limit: int | None = None, h: Any = None) -> str:
@@ -30,11 +33,11 @@ def sha256_stream(f: BinaryIO, limit: int | None = None, h: Any = None) -> str:
 
 def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        if not _REMEMBERED:
+        memo = _REMEMBERED.get()
+        if memo is None:
             return sha256_stream(f)
         st = os.fstat(f.fileno())  # the file opened, whatever its path: an unchanged one has the same identity
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        memo = _REMEMBERED[-1]
         if key not in memo:
             memo[key] = sha256_stream(f)
         return memo[key]
@@ -44,13 +47,15 @@ def sha256_file(path: str | Path) -> str:
 def remembered() -> Iterator[None]:
     """Within the block a file hashed again, unchanged (same device, inode, size, mtime and ctime), is not read
     again: one check hashes each file once, though it checks a table it has just built, or the same file under
-    two tables (a multi-graph bundle's and its component's: GPT-2 small, 1 GB read twice). Any write changes
-    the ctime, so a changed file is hashed anew."""
-    _REMEMBERED.append({})
+    two tables (a multi-graph bundle's and its component's: GPT-2 small, 1 GB read twice). A write changes the
+    ctime, so a changed file is hashed anew, except a same-size rewrite within one tick of a file system's
+    coarse clock: use the block only around hashes between which nothing of ours writes the files (a commit's
+    table and its check, a finished bundle's checks)."""
+    token = _REMEMBERED.set({})
     try:
         yield
     finally:
-        _REMEMBERED.pop()
+        _REMEMBERED.reset(token)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -58,3 +58,37 @@ def test_a_decoder_with_past_capture_hands_shape_inference_no_large_weight_and_w
                               task="text-generation-with-past", sandbox="off").ok
     lean, full = _graphs(tmp_path / "lean"), _graphs(tmp_path / "full")
     assert lean == full
+
+
+def test_overlapping_exports_put_torchs_own_pass_back_once_both_end():
+    """Two exports in threads of one process overlap as A enters, B enters, A exits, B exits: torch's own pass is
+    back after B, never A's lean one left installed."""
+    import threading
+
+    from torch import _C
+
+    from cann_export.capture.lean_shape_inference import lean_shape_inference
+
+    original = _C._jit_pass_onnx_graph_shape_type_inference
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    b_lean = []
+
+    def a():
+        with lean_shape_inference():
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with lean_shape_inference():
+            b_in.set()
+            a_out.wait()
+            b_lean.append(_C._jit_pass_onnx_graph_shape_type_inference is not original)  # B still runs lean
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert b_lean == [True] and _C._jit_pass_onnx_graph_shape_type_inference is original

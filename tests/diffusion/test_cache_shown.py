@@ -110,6 +110,9 @@ WRONG = [
     {"cache": {"policy": {"kind": "unknown", "every": float("nan")}, "range": [0, 10 ** 400 // 10 ** 399]},
      "end_to_end": {"cache": {"at_setting": {"skipped_steps": list(range(100)), "max_abs": 0}, "off": None}}},
     {"cache": {"module": "x" * 10_000}, "end_to_end": 3},
+    # an integer past float's range (JSON allows it) and a boolean bound: shown as text, never an OverflowError
+    {"cache": {"policy": {"kind": "relative_l1", "threshold": 10 ** 400}, "range": [0, True]},
+     "end_to_end": {"cache": {"at_setting": {"psnr_db": -10 ** 400}}}},
 ]
 
 

@@ -37,3 +37,15 @@ def test_a_file_changed_within_the_block_is_hashed_anew(tmp_path):
         f.write_bytes(b"b" * 100)  # same size, in place
         assert digests.sha256_file(f) == digests.sha256_bytes(b"b" * 100) != first
     assert digests.sha256_file(f) == digests.sha256_bytes(b"b" * 100)
+
+
+def test_the_memo_is_this_threads_own(tmp_path):
+    """A second export thread hashes outside any block of the first's: a new thread starts with no memo."""
+    import threading
+
+    seen = []
+    with digests.remembered():
+        thread = threading.Thread(target=lambda: seen.append(digests._REMEMBERED.get()))
+        thread.start()
+        thread.join()
+    assert seen == [None]
