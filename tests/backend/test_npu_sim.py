@@ -210,7 +210,8 @@ REFUSE = ENABLE + textwrap.dedent("""
     ("to1", "single device, npu:0"),
     ("set1", "single device, npu:0"),
     ("numpy", "Use Tensor.cpu()"),
-    ("inductor", "inductor backend does not run on npu-sim"),
+    # torch.compile's aot_eager run: the slow set
+    pytest.param("inductor", "inductor backend does not run on npu-sim", marks=pytest.mark.slow),
 ])
 def test_refusals_are_clear(what, expected):
     assert expected in run(REFUSE, what).stdout

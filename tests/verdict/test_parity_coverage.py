@@ -128,6 +128,7 @@ def test_a_bad_parity_option_is_refused(program):
     assert run.returncode == 2 and "--parity" in run.stderr and not (program / "x").exists(), run.stderr
 
 
+@pytest.mark.slow  # a GPT-2 with past at --parity full: with the multi-graph exports of tests/multigraph/
 def test_a_multi_graph_export_says_and_runs_its_coverage(tmp_path):
     """A tiny GPT-2 with past: each component's verdict line says what parity covered of its ATC ranges;
     --parity full runs every combination of the range ends (past the element budget) and validate re-derives it."""
