@@ -158,7 +158,7 @@ class AtcReadyFormat:
 
     def manifest_problems(self, manifest: dict[str, Any]) -> list[str]:
         """An ATC bundle's manifest must hold its ATC options (their shape is checked with every manifest's)."""
-        from .read import atc_problems, has_atc
+        from .manifest_schema import atc_problems, has_atc
 
         return [] if has_atc(manifest) else atc_problems(manifest.get("atc"))
 

@@ -9,7 +9,8 @@ from typing import Any
 from ..errors import ValidateError
 from ..hooks.contracts import Container, Format, optional
 from . import coverage, om_header, rederive, single_file
-from .read import has_atc, manifest_sha256, open_bundle
+from .manifest_schema import has_atc
+from .read import manifest_sha256, open_bundle
 
 PLAIN_ONNX = "onnx"  # the kind of a plain .onnx file (no manifest, so no format)
 

@@ -1,8 +1,12 @@
-"""Reading a multi-graph bundle back: its top-level manifest's shape (bounded, strict JSON, allow-listed names
-and types, every re-derivable field re-derived: ``multi_manifest_schema``), the file table, each component's manifest
-against the sha256 recorded for it, every connection against the graphs' real input and output names, and the
-top-level ATC script re-rendered; then every component is validated (re-derived) by the single-graph
-``validate``. Any difference is a refusal (exit 2) naming the file."""
+"""Reading a multi-graph bundle back: its top-level manifest read against the one schema (bounded, strict JSON,
+allow-listed names and types: ``manifest_schema.bundle_problems``), the file table, each component's manifest
+against the sha256 recorded for it and the one-graph schema, every connection against the graphs' real input and
+output names, every value of the top level that can be re-derived re-derived (``field_problems``: ``atc``,
+``provenance``, each component's input and output names in its graph's order, the parity map's names, the file
+table's paths, ``sandbox`` in one of the shapes ``pipeline/sandboxed_directory.py`` records, present exactly when
+the bundle carries a model directory's files, and ``precision_fix`` from the components' own --fix-precision
+records), and the top-level ATC script re-rendered; then every component is validated (re-derived) by the
+single-graph ``validate``. Any difference is a refusal (exit 2) naming the file."""
 from __future__ import annotations
 
 import contextlib
@@ -10,15 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..bundle.read import load_manifest_file
+from .manifest_schema import MAX_COMPONENTS, SHOWN, graph_problems
+from .read import load_manifest_file, read_manifest
 from ..errors import ValidateError
 from .multi_write import COMPONENTS_DIR, CONVERT, SCHEMA, atc_headed, component_format, convert_script
-from .multi_manifest_schema import field_problems, key_problems
-from ..plan import KINDS, NAME, checker, run_notes, wiring, wiring_source
+from ..plan import KINDS, checker, run_notes, wiring, wiring_source
 
-MAX_COMPONENTS = 64
-MAX_CONNECTIONS = 100_000
 MAX_ENTRIES = 10_000  # files and directories walked in the bundle
+CARRIED_DIR = "hf"  # a model directory's config and tokenizer files (hf.files.companions)
 
 
 def archive_is_multi(path: Path) -> bool:
@@ -77,68 +80,19 @@ def is_multi(directory: Path) -> bool:
 
 
 def read_multi(directory: Path) -> dict[str, Any]:
-    """The top-level manifest (strict JSON) after its shape is checked (every problem named)."""
+    """The top-level manifest (strict JSON) after it is checked against the one schema (every problem named)."""
     path = Path(directory) / "manifest.json"
-    manifest = load_manifest_file(path)
-    problems = shape_problems(manifest)
+    manifest, problems = read_manifest(path, several=True)
     if problems:
         raise ValidateError("manifest.json of the multi-graph bundle is malformed: " + "; ".join(problems[:20])
                             + ". The bundle is damaged or was edited; export it again", path=path)
     return manifest
 
 
-def shape_problems(manifest: Any) -> list[str]:
-    from ..bundle.read import _file_table_problems
-
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        return [f"schema: not {SCHEMA}"]
-    problems = []
-    comps = manifest.get("components")
-    if not isinstance(comps, list) or not 1 <= len(comps) <= MAX_COMPONENTS:
-        return [f"components: missing or not a list of 1..{MAX_COMPONENTS} components"]
-    seen = set()
-    for k, c in enumerate(comps):
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not NAME.fullmatch(c["name"]):
-            problems.append(f"components[{k}]: no name of the form {NAME.pattern}")
-            continue
-        name = c["name"]
-        if name in seen:
-            problems.append(f"components[{k}]: {name!r} listed twice")
-        seen.add(name)
-        if c.get("path") != f"{COMPONENTS_DIR}/{name}":
-            problems.append(f"components[{k}].path: not {COMPONENTS_DIR}/{name}")
-        if not isinstance(c.get("manifest_sha256"), str):
-            problems.append(f"components[{k}].manifest_sha256: missing")
-        for key in ("inputs", "outputs"):
-            if not isinstance(c.get(key), list) or not all(isinstance(v, str) for v in c[key]):
-                problems.append(f"components[{k}].{key}: not a list of names")
-    conns = manifest.get("connections")
-    if not isinstance(conns, list) or len(conns) > MAX_CONNECTIONS:
-        problems.append("connections: missing or not a list")
-    else:
-        for k, conn in enumerate(conns):
-            ok = isinstance(conn, dict) and all(
-                isinstance(conn.get(end), dict) and isinstance(conn[end].get("component"), str)
-                and isinstance(conn[end].get(key), str) for end, key in (("from", "output"), ("to", "input")))
-            if not ok:
-                problems.append(f"connections[{k}]: not {{from: {{component, output}}, to: {{component, input}}}}")
-    parity = manifest.get("parity")
-    if not isinstance(parity, dict) or not isinstance(parity.get("passed"), bool):
-        problems.append("parity.passed: missing or not true/false")
-    elif not isinstance(parity.get("components", {}), dict):
-        problems.append("parity.components: not a map of component name to verdict")
-    for key in ("kind", "format"):
-        if not isinstance(manifest.get(key), str):
-            problems.append(f"{key}: missing or not a name")
-    problems += _file_table_problems(manifest.get("files"))
-    return problems + key_problems(manifest)
-
-
 def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     """The manifest and every difference between it and the bundle (files, component manifests, connections,
     the ATC script); the components' own contents are checked by their validate."""
-    from ..bundle.read import file_problems, load_manifest_file
-    from ..fs import digests
+    from .read import file_problems
 
     directory = Path(directory)
     manifest = read_multi(directory)
@@ -152,24 +106,12 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     owns: dict[str, dict[str, Any]] = {}
     verdicts: list[bool] = []
     for c in manifest["components"]:
-        home = directory / c["path"]
-        if home.is_symlink() or (directory / COMPONENTS_DIR).is_symlink():
-            diffs.append(f"{c['path']}: a link, not a directory inside the bundle (refused)")
+        own, problems = _component_manifest(directory, c)
+        diffs += problems
+        if own is None:
             continue
-        f = home / "manifest.json"
-        if f.is_symlink() or not f.is_file():
-            diffs.append(f"{c['path']}/manifest.json: missing (component {c['name']!r})")
-            continue
-        if digests.sha256_file(f) != c["manifest_sha256"]:
-            diffs.append(f"{c['path']}/manifest.json: sha256 differs from the one recorded for component "
-                         f"{c['name']!r} (the component was changed)")
-        try:
-            own = load_manifest_file(f)
-            model = own["model"]
-            real = {"inputs": {v["name"] for v in model["inputs"]}, "outputs": {v["name"] for v in model["outputs"]}}
-        except (ValidateError, KeyError, TypeError) as e:
-            diffs.append(f"{c['path']}/manifest.json: unreadable ({e})")
-            continue
+        model = own["model"]
+        real = {"inputs": {v["name"] for v in model["inputs"]}, "outputs": {v["name"] for v in model["outputs"]}}
         names[c["name"]], owns[c["name"]] = real, own
         recorded = (manifest["parity"].get("components") or {}).get(c["name"])
         own_passed = (own.get("parity") or {}).get("passed") if isinstance(own.get("parity"), dict) else None
@@ -193,6 +135,33 @@ def check_multi(directory: Path) -> tuple[dict[str, Any], list[str]]:
     diffs += format_problems(manifest, owns) + field_problems(manifest, owns)
     diffs += script_problems(directory, manifest)
     return manifest, diffs
+
+
+
+def _component_manifest(directory: Path, c: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """Component ``c``'s own manifest (None where it cannot be used) and the differences found reading it: a
+    directory inside the bundle, its manifest.json with the sha256 the top level records, and one graph's manifest
+    by the one schema (``manifest_schema.graph_problems``)."""
+    from ..fs import digests
+
+    home = directory / c["path"]
+    if home.is_symlink() or (directory / COMPONENTS_DIR).is_symlink():
+        return None, [f"{c['path']}: a link, not a directory inside the bundle (refused)"]
+    f = home / "manifest.json"
+    if f.is_symlink() or not f.is_file():
+        return None, [f"{c['path']}/manifest.json: missing (component {c['name']!r})"]
+    diffs = []
+    if digests.sha256_file(f) != c["manifest_sha256"]:
+        diffs.append(f"{c['path']}/manifest.json: sha256 differs from the one recorded for component "
+                     f"{c['name']!r} (the component was changed)")
+    try:
+        own = load_manifest_file(f)
+    except ValidateError as e:
+        return None, diffs + [f"{c['path']}/manifest.json: unreadable ({e})"]
+    wrong = graph_problems(own)  # each component is one graph's bundle
+    if wrong:
+        return None, diffs + [f"{c['path']}/manifest.json: not one graph's manifest ({'; '.join(wrong[:3])})"]
+    return own, diffs
 
 
 def format_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
@@ -405,3 +374,87 @@ def convert_multi(path: Path, output: str | Path | None, soc_version: str | None
     first = next(iter(results.values()))
     return {"ok": True, "input": str(shown), "output": str(out), "soc_version": first["soc_version"],
             "log": ", ".join(r["log"] for r in results.values()), "components": results}
+
+
+def field_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -> list[str]:
+    """The values re-derived from the components' own manifests (``owns``: the readable ones, by name; their
+    sha256 checked against the manifest's) and the component names, against the manifest's (see the module
+    docstring)."""
+    names = [c["name"] for c in manifest["components"]]
+    first = owns.get(names[0])
+    diffs = _atc_values(manifest, first, names[0])
+    if first is not None:
+        own = first.get("provenance") if isinstance(first.get("provenance"), dict) else {}
+        if manifest.get("provenance") != own:
+            keys = sorted(set(own) ^ set(manifest["provenance"]) | {k for k in own if own[k] !=
+                                                                     manifest["provenance"].get(k)})
+            diffs.append(f"manifest.json provenance: not the first component's ({COMPONENTS_DIR}/{names[0]}/"
+                         f"manifest.json; differing: {', '.join(k[:40] for k in keys[:5])})")
+    for c in manifest["components"]:
+        own = owns.get(c["name"])
+        for key in ("inputs", "outputs") if own is not None else ():
+            if c[key] != [v["name"] for v in own["model"][key]]:
+                diffs.append(f"manifest.json components[{c['name']}].{key}: not the names of "
+                             f"{c['path']}/manifest.json in its order")
+    recorded = sorted(map(str, manifest["parity"]["components"]))
+    if recorded != sorted(names):
+        diffs.append(f"manifest.json parity.components: names {', '.join(n[:40] for n in recorded[:SHOWN])}, not "
+                     f"the components {', '.join(names)}")
+    if len(owns) == len(names):  # --fix-precision's summary, from every component's own record
+        from .multi_precision import fix_problems
+
+        diffs += fix_problems(manifest, owns)
+    return diffs + _file_paths(manifest, names) + _sandbox_presence(manifest)
+
+
+def _atc_values(manifest: dict[str, Any], first: dict[str, Any] | None, name: str) -> list[str]:
+    """``atc``: written exactly when the components are headed for ATC (then ``atc/convert.sh`` is too), naming
+    that script and the first component's soc_version."""
+    fmt = component_format(manifest.get("format"))
+    if fmt is None:
+        return []  # check.format_problems names the format
+    if "atc" not in manifest:
+        return [f"manifest.json atc: missing (a --format {manifest['format']} bundle records its ATC script and "
+                "soc_version)"] if atc_headed(fmt) else []
+    if not atc_headed(fmt):
+        return [f"manifest.json atc: a --format {manifest['format']} bundle has no ATC section (its graphs are "
+                "not headed for ATC)"]
+    atc, diffs = manifest["atc"], []
+    if atc.get("script") != CONVERT:
+        diffs.append(f"manifest.json atc.script: {str(atc.get('script'))[:80]!r} is not {CONVERT} (the script "
+                     "this tool writes)")
+    if first is not None:
+        own = (first.get("atc") or {}).get("soc_version") if isinstance(first.get("atc"), dict) else None
+        if atc.get("soc_version") != own:
+            diffs.append(f"manifest.json atc.soc_version: {str(atc.get('soc_version'))[:80]!r} is not the "
+                         f"components' {own!r} ({COMPONENTS_DIR}/{name}/manifest.json)")
+    return diffs
+
+
+def _file_paths(manifest: dict[str, Any], names: list[str]) -> list[str]:
+    """Every path of the file table is one the writer puts there: inside a listed component, the top-level ATC
+    script, or a carried companion file of a model directory."""
+    from ..hf.directory_files import COMPANIONS
+    from ..plan import carried_file
+
+    allowed = {CONVERT, *(f"{CARRIED_DIR}/{n}" for n in COMPANIONS)}
+    kind = manifest.get("kind")  # a pipeline's pipeline/ files: its kind's checker names each (plan.CHECKERS)
+    stray = [rel for rel in manifest["files"] if rel not in allowed and not carried_file(kind, rel)
+             and not any(rel.startswith(f"{COMPONENTS_DIR}/{n}/") for n in names)]
+    return [f"manifest.json files[{rel[:200]!r}]: not a file a multi-graph export writes (refused)"
+            for rel in stray[:SHOWN]]
+
+
+def _sandbox_presence(manifest: dict[str, Any]) -> list[str]:
+    """``sandbox`` is recorded exactly for an export of a model directory, which carries its config.json (and
+    tokenizer files) under ``hf/``; an in-memory model's export has neither."""
+    if "pipeline" in manifest:  # a pipeline's directory or object: its sandbox record is optional
+        return []
+    carried = any(rel.startswith(f"{CARRIED_DIR}/") for rel in manifest["files"])
+    if carried and "sandbox" not in manifest:
+        return [f"manifest.json sandbox: missing (the bundle carries a model directory's files, {CARRIED_DIR}/: "
+                "its load is recorded)"]
+    if not carried and "sandbox" in manifest:
+        return [f"manifest.json sandbox: recorded, but the bundle carries no model directory's files "
+                f"({CARRIED_DIR}/): an in-memory model's export records no load sandbox"]
+    return []

@@ -4,7 +4,6 @@ its shape here (the common sections, then the format's own), its claims in ``red
 from __future__ import annotations
 
 import contextlib
-import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +15,12 @@ from ..fs.atomic import is_safe_relpath
 from ..fs.regular import check_regular_file
 from ..hooks.contracts import Container, Format, optional
 from . import single_file
-
-MODEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.onnx")
+from .manifest_schema import graph_problems, manifest_problems, path_bound_problem, shown_path
 
 # Bounds on what a manifest may hold, checked before anything in it touches the disk or the parser's stack
 # (an export writes far less: a few KiB of JSON nested about 6 deep, paths well under 100 characters).
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 MAX_JSON_DEPTH = 64
-MAX_PATH_CHARS = 1024  # a file-table path, whole
-MAX_NAME_BYTES = 255  # one component of it, in UTF-8 (the NAME_MAX of common file systems)
 
 
 def read_bundle(path: Path) -> dict[str, Any]:
@@ -37,8 +33,7 @@ def read_bundle(path: Path) -> dict[str, Any]:
     if not path.is_dir() or not manifest_path.is_file():
         raise ValidateError("not a cann-export bundle (no manifest.json); pass the directory a bundle export "
                             "(e.g. --format atc_ready) wrote", path=path)
-    manifest = load_manifest_file(manifest_path)
-    problems = manifest_problems(manifest)
+    manifest, problems = read_manifest(manifest_path, several=False)
     if not problems:
         fmt = format_of(manifest, manifest_path)
         own = optional(fmt, Format, "manifest_problems")
@@ -50,6 +45,14 @@ def read_bundle(path: Path) -> dict[str, Any]:
         raise ValidateError("manifest.json is malformed: " + "; ".join(shown)
                             + ". The bundle is damaged or was edited; export it again", path=manifest_path)
     return manifest
+
+
+def read_manifest(manifest_path: Path, several: bool) -> tuple[Any, list[str]]:
+    """The one reader entry of a manifest.json, one graph's or a multi-graph bundle's top level (``several``):
+    parsed within bounds (``load_manifest_file``), then every difference from the one schema named
+    (``manifest_schema.manifest_problems``; the caller refuses a manifest with any, in its own words)."""
+    manifest = load_manifest_file(manifest_path)
+    return manifest, manifest_problems(manifest, several)
 
 
 def load_manifest_file(manifest_path: Path) -> Any:
@@ -97,108 +100,6 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def path_bound_problem(rel: str) -> str | None:
-    """Why ``rel`` is too long to be a path in a bundle (None: it is not)."""
-    if len(rel) > MAX_PATH_CHARS:
-        return f"a path of {len(rel)} characters (at most {MAX_PATH_CHARS}; refused)"
-    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in rel.split("/")), default=0)
-    if longest > MAX_NAME_BYTES:
-        return f"a path component of {longest} bytes (at most {MAX_NAME_BYTES}; refused)"
-    return None
-
-
-def _shown(rel: str, limit: int = 80) -> str:
-    return repr(rel) if len(rel) <= limit else repr(rel[:limit]) + f"... ({len(rel)} characters)"
-
-
-def _is_str_map(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def _is_values(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in value)
-
-
-def manifest_problems(manifest: Any) -> list[str]:
-    """Everything about the manifest's common shape that differs from what an export writes (a format's
-    own sections are checked by its ``manifest_problems``, see ``read_bundle``)."""
-    if not isinstance(manifest, dict):
-        return ["not a JSON object"]
-    problems = []
-    if not isinstance(manifest.get("schema"), str) or not manifest["schema"].startswith("cann-export/manifest/"):
-        problems.append("schema: missing or not a cann-export manifest schema")
-    if not isinstance(manifest.get("format"), str):
-        problems.append("format: missing or not a string")
-    problems += _model_problems(manifest.get("model"))
-    for key in ("metadata", "provenance"):
-        if key in manifest and not isinstance(manifest[key], dict):
-            problems.append(f"{key}: not an object")
-    if isinstance(manifest.get("metadata"), dict) and not _is_str_map(manifest["metadata"]):
-        problems.append("metadata: values must be strings")
-    problems += _file_table_problems(manifest.get("files"))
-    problems += _parity_problems(manifest.get("parity"))
-    if has_atc(manifest) or manifest.get("atc") is not None and not isinstance(manifest.get("atc"), dict):
-        problems += atc_problems(manifest["atc"])
-    if not problems:  # the common shape holds: the sections' names, types and agreement (bundle/manifest_schema.py)
-        from .manifest_schema import section_problems
-
-        problems = section_problems(manifest)
-    return problems
-
-
-def has_atc(manifest: dict[str, Any]) -> bool:
-    """Whether the manifest holds ATC options (a non-empty ``atc`` section): then they are checked and
-    re-rendered, whatever the format."""
-    return isinstance(manifest.get("atc"), dict) and bool(manifest["atc"])
-
-
-def _model_problems(model: Any) -> list[str]:
-    if not isinstance(model, dict):
-        return ["model: missing or not an object"]
-    problems = []
-    file = model.get("file")
-    if not isinstance(file, str) or len(file.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES \
-            or not MODEL_FILE.fullmatch(file):
-        shown = _shown(file) if isinstance(file, str) else repr(file)
-        problems.append(f"model.file: {shown} is not a plain .onnx file name of at most {MAX_NAME_BYTES} bytes")
-    for key in ("inputs", "outputs"):
-        if not _is_values(model.get(key)):
-            problems.append(f"model.{key}: missing or not a list of named values")
-    ops = model.get("ops")
-    if not isinstance(ops, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in ops.values()):
-        problems.append("model.ops: missing or not an op histogram")
-    return problems
-
-
-def _file_table_problems(files: Any) -> list[str]:
-    if not isinstance(files, dict):
-        return ["files: the file table is missing or not an object"]
-    problems = [f"files[{_shown(rel)}]: {bound}" for rel in files if (bound := path_bound_problem(rel))]
-    return problems + [
-        f"files[{_shown(rel)}]: not a {{sha256, size}} entry" for rel, entry in files.items()
-        if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256"))
-        or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) or entry["size"] < 0]
-
-
-def _parity_problems(parity: Any) -> list[str]:
-    if not isinstance(parity, dict) or not isinstance(parity.get("validated"), bool):
-        return ["parity: the parity section is missing or has no 'validated' flag"]
-    problems = []
-    if parity["validated"]:
-        if not isinstance(parity.get("passed"), bool):
-            problems.append("parity.passed: missing or not true/false")
-        if "tolerance" in parity and not (isinstance(parity["tolerance"], dict) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in parity["tolerance"].values())):
-            problems.append("parity.tolerance: not an object of numbers")
-        if not isinstance(parity.get("outputs", []), list):
-            problems.append("parity.outputs: not a list")
-        precision = parity.get("precision")
-        if precision is not None and not (isinstance(precision, dict) and (isinstance(precision.get("mode"), str) or (
-                precision.get("emulated") is False and isinstance(precision.get("reason"), str)))):
-            problems.append("parity.precision: not an object with a mode (or why the emulation did not run)")
-    return problems
-
-
 def external_data_files(model: Any) -> list[str]:
     """The files the graph's external-data initializers name (each ``location`` as written)."""
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
@@ -224,20 +125,6 @@ def emulation_skipped(parity: dict[str, Any], model: Any, path: Any) -> bool:
                             + ("a device verdict" if device else "no external-data weights")
                             + "; the bundle was changed after export, export it again", path=path)
     return True
-
-
-def atc_problems(atc: Any) -> list[str]:
-    """The shape of a manifest's ``atc`` section (the ATC options an export rendered)."""
-    if not isinstance(atc, dict):
-        return ["atc: missing or not an object"]
-    problems = [f"atc.{key}: missing or not a string" for key in ("soc_version", "precision_mode")
-                if not isinstance(atc.get(key), str)]
-    if not isinstance(atc.get("hints", {}), dict):
-        problems.append("atc.hints: not an object")
-    command = atc.get("command")
-    if command is not None and not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
-        problems.append("atc.command: not a list of strings")
-    return problems
 
 
 def format_of(manifest: dict[str, Any], path: Path | None = None) -> Format:
@@ -271,12 +158,12 @@ def file_problems(path: Path, manifest: dict[str, Any]) -> list[str]:
     root = path.resolve()
     for rel, entry in files.items():
         if not isinstance(rel, str) or not is_safe_relpath(rel):
-            problems.append(f"{_shown(rel) if isinstance(rel, str) else repr(rel)}: not a path inside the bundle "
+            problems.append(f"{shown_path(rel) if isinstance(rel, str) else repr(rel)}: not a path inside the bundle "
                             "(refused)")
             continue
         bound = path_bound_problem(rel)
         if bound:
-            problems.append(f"{_shown(rel)}: {bound}")
+            problems.append(f"{shown_path(rel)}: {bound}")
             continue
         if not isinstance(entry, dict) or not digests.is_sha256(entry.get("sha256")):
             problems.append(f"{rel}: malformed file-table entry")
@@ -334,7 +221,7 @@ def open_bundle(path: Path) -> Iterator[tuple[Path, Container | None]]:
 
 def _refuse_unlisted(path: Path, directory: Path, what: str, unlisted: list[str]) -> None:
     if unlisted:
-        shown = ", ".join(_shown(rel) for rel in unlisted[:10]) + (f" (+{len(unlisted) - 10} more)"
+        shown = ", ".join(shown_path(rel) for rel in unlisted[:10]) + (f" (+{len(unlisted) - 10} more)"
                                                                    if len(unlisted) > 10 else "")
         raise ValidateError(f"the {what} holds {shown}, which its manifest's file table does not list; an export "
                             "lists every file it writes, so the file was added or edited: refusing it. Export it "
@@ -353,7 +240,7 @@ def unlisted_entries(directory: Path, single_graph: bool = False) -> list[str]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return []
-    if single_graph and ("components" in manifest or manifest_problems(manifest)):
+    if single_graph and ("components" in manifest or graph_problems(manifest)):
         return []
     found = (p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*"))
              if p.is_symlink() or not p.is_dir())  # a link (to a directory too) is never what an export writes

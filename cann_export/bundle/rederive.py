@@ -62,7 +62,8 @@ def check_bundle(directory: Path, *, container: Container | None = None, raise_o
     file it came from (see ``read.open_bundle``), checked by the Format that unpacked it."""
     from ..graph import module_paths
     from .program_check import program_differences
-    from .read import file_problems, has_atc, read_bundle
+    from .manifest_schema import has_atc
+    from .read import file_problems, read_bundle
 
     manifest = read_bundle(directory)
     checked = CheckedBundle(directory=directory, manifest=manifest, container=container)

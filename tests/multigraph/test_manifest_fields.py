@@ -156,3 +156,29 @@ def test_an_edited_top_level_manifest_in_a_zip_is_refused(bundles, tmp_path, nam
             if p.is_file():
                 zf.writestr(zipfile.ZipInfo(p.relative_to(copy).as_posix(), (1980, 1, 1, 0, 0, 0)), p.read_bytes())
     _refused(target, words)
+
+
+def test_a_component_manifest_is_checked_by_the_one_graph_schema(bundles, tmp_path):
+    """A bundle is a set of one-graph bundles: each component's manifest.json is checked by the schema a single
+    graph's is (manifest_schema.graph_problems) in check_multi, the check every reader of the bundle shares
+    (cann_export.load, report, lint, the zoo): a field the writer never writes there is refused even when the
+    top level's digests were made to match it."""
+    from cann_export.bundle.multi_check import check_multi
+    from cann_export.fs import digests
+
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["memory"], copy)
+    own = copy / "components" / "decode" / "manifest.json"
+    manifest = json.loads(own.read_text(encoding="utf-8"))
+    manifest["trusted"] = True
+    own.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    top = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    sha = digests.sha256_file(own)
+    next(c for c in top["components"] if c["name"] == "decode")["manifest_sha256"] = sha
+    top["files"]["components/decode/manifest.json"] = {"sha256": sha, "size": own.stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(top, indent=2), encoding="utf-8")
+    _, diffs = check_multi(copy)
+    assert any("components/decode/manifest.json: not one graph's manifest" in d and "'trusted'" in d
+               for d in diffs), diffs
+    res = CliRunner().invoke(cli, ["validate", str(copy)])
+    assert res.exit_code == 2 and "'trusted'" in res.output and "Traceback" not in res.output, res.output
