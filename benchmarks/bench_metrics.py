@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Parity's output comparison (validators/metrics.py ``compare`` / ``compare_probe``): this checkout against the
+"""Parity's output comparison (parity_metrics.py ``compare`` / ``compare_probe``): this checkout against the
 module at an older git revision, on GPT-2-small-sized float32 outputs (logits 64x7x50257, one KV tensor
 2x12x301x64; ``actual`` = ``expected`` + float noise), and with a NaN on both sides / an inf on one side in the
 logits (the general path). Reports CPU seconds (process_time, median of --repeat) per call and checks that
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     from cann_export.options import Tolerance
-    from cann_export.validators import metrics as new
+    from cann_export import parity_metrics as new
 
     old, tol = old_module(args.old_rev), Tolerance()
     logits, kv = arrays((64, 7, 50257), 0, 3.0), arrays((2, 12, 301, 64), 1, 1.0)

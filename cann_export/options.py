@@ -67,7 +67,7 @@ RESERVED_METADATA_PREFIX = "cann_export."
 
 @dataclass
 class Tolerance:
-    """Parity policy (calibrated on a corpus, see validators/metrics.py). On the verdict sets (the example,
+    """Parity policy (calibrated on a corpus, see parity_metrics.py). On the verdict sets (the example,
     draws from its distribution, --parity-data) an output passes when every element satisfies
     |a-b| <= atol + rtol*(|ref| + peak_share*max|ref|) (peak_share*max|ref| becomes noise_share x the
     reference's own fp32-vs-float64 distance where it was measured) and the cosine similarity of the flattened
@@ -89,7 +89,7 @@ class Tolerance:
     device_fail_cosine: float = 0.9
     device_atol: float = 1e-3
     # int8 (Q/DQ graph against the fake-quant model) policy, in the output's 8-bit steps: see
-    # validators/metrics.py compare_quantized
+    # parity_metrics.py compare_quantized
     int8_rms_steps: float = 1.0
     int8_max_steps: float = 16.0
     int8_min_cosine: float = 0.9995

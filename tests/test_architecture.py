@@ -269,8 +269,7 @@ KNOWN_PACKAGE_PAIRS = {
     ("cann_export.backend", "cann_export.inputs"), ("cann_export.backend", "cann_export.qat"),
     ("cann_export.bundle", "cann_export.pipeline"), ("cann_export.bundle", "cann_export.report"),
     ("cann_export.hooks", "cann_export.pipeline"), ("cann_export.inputs", "cann_export.load"),
-    ("cann_export.inputs", "cann_export.qat"), ("cann_export.inputs", "cann_export.validators"),
-    ("cann_export.passes", "cann_export.pipeline"),
+    ("cann_export.inputs", "cann_export.qat"), ("cann_export.passes", "cann_export.pipeline"),
 }
 
 
@@ -310,18 +309,15 @@ STAGE_ORDER = ("load", "inputs", "qat", "passes", "capture", "validators")
 KNOWN_LOOKAHEAD = {
     ("cann_export.inputs.float_noise", "cann_export.qat.fake_quant"),  # the quantized model's own noise
     ("cann_export.inputs.float_noise", "cann_export.qat.wrapping"),
-    ("cann_export.inputs.providers", "cann_export.qat.stage"),  # --calibration-data gives the example
-    ("cann_export.inputs.stage", "cann_export.qat.stage"),  # --qat / --ptq: the reference is the fake-quant model
+    ("cann_export.inputs.providers", "cann_export.qat.calibration"),  # --calibration-data gives the example
+    ("cann_export.inputs.stage", "cann_export.qat.calibration"),  # --qat / --ptq: the model calibrated in prepare
     ("cann_export.inputs.stage", "cann_export.qat.wrapping"),
-    ("cann_export.inputs.float_noise", "cann_export.validators.metrics"),  # the verdict rule's floor
-    ("cann_export.inputs.quant_noise", "cann_export.validators.metrics"),
     ("cann_export.load.stage", "cann_export.inputs.tracking"),
     ("cann_export.passes.dedupe", "cann_export.capture"),  # optimize (after capture) on the captured graph
     ("cann_export.passes.dedupe", "cann_export.capture.large_graph"),
     ("cann_export.passes.stage", "cann_export.capture"),
     ("cann_export.passes.stage", "cann_export.capture.dynamic_dims"),
     ("cann_export.passes.stage", "cann_export.capture.large_graph"),
-    ("cann_export.passes.stage", "cann_export.validators.metrics"),
 }
 
 
@@ -345,6 +341,34 @@ def test_a_stage_asks_no_later_stage_what_it_will_do():
     assert found <= KNOWN_LOOKAHEAD, sorted(found - KNOWN_LOOKAHEAD)
     assert not {(m, t) for m, t in found if m.startswith("cann_export.inputs.") and ".capture" in t}
     assert not {(m, t) for m, t in found if m.startswith("cann_export.capture.")}
+
+
+def test_prepare_neither_asks_the_verdict_nor_is_called_back():
+    """Parity's metrics and rules (cann_export/parity_metrics.py: prepare's noise floors, the strip pass's check,
+    the stored reference's check and the verdict all use them) sit below the stages, so no prepare module imports
+    validators/ (inputs/ and validators/ no longer import each other); prepare's part of quantization
+    (qat/calibration.py) runs no reference forward: prepare takes the float reference between its two calls, the
+    train stage (qat/stage.py) alone reaches back to prepare's reference."""
+    graph = _import_graph()
+    assert "cann_export.validators.metrics" not in graph
+    assert graph["cann_export.parity_metrics"] <= {"cann_export.options"}
+    assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.inputs.") for t in targets
+                if t.startswith("cann_export.validators")}
+    assert not {t for t in graph["cann_export.qat.calibration"] if t.startswith("cann_export.inputs")}
+    assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.inputs.") for t in targets
+                if t == "cann_export.qat.stage"}
+
+
+def test_one_manifest_schema_and_one_reader_entry():
+    """Every manifest.json, one graph's or a multi-graph bundle's top level (whose components are each one graph's),
+    is checked by bundle/manifest_schema.py and read through bundle/read.py's read_manifest; the schema module
+    reads no file (bundle/read.py does) and re-derives nothing (rederive.py, multi_check.py do)."""
+    graph = _import_graph()
+    assert not [m for m in graph if m.endswith("manifest_schema") and m != "cann_export.bundle.manifest_schema"]
+    assert {"cann_export.bundle.manifest_schema", "cann_export.bundle.read"} <= graph["cann_export.bundle.multi_check"]
+    assert "cann_export.bundle.manifest_schema" in graph["cann_export.bundle.read"]
+    below = {"cann_export.bundle.read", "cann_export.bundle.rederive", "cann_export.bundle.multi_check"}
+    assert not graph["cann_export.bundle.manifest_schema"] & below
 
 
 def test_the_decisions_and_the_judge_are_neutral():

@@ -128,7 +128,7 @@ def _kept_reference_problem(ctx: ExportContext, sets: list[int]) -> bool:
     """Whether parity's reference check (an output constant or non-finite over all the sets) finds a problem on
     the stored ``sets`` (a shape-only output is constant at the example's shape alone); over all of them it found
     none, as the export passed."""
-    from ..validators.metrics import reference_problem
+    from ..parity_metrics import reference_problem
 
     outputs = range(len(ctx.reference_outputs[0])) if ctx.reference_outputs else ()
     return any(reference_problem(ctx.reference_outputs[s][k] for s in sets) for k in outputs)

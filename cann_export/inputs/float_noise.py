@@ -1,6 +1,6 @@
 """The reference's own float noise: the model run in float64 on the verdict sets, so parity can tell the
 graph's rounding (a few times the fp32 reference's own distance from float64) from a different computation
-(hundreds of times it, down to a 0.1% change of one weight; see validators/metrics.py)."""
+(hundreds of times it, down to a 0.1% change of one weight; see parity_metrics.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -36,13 +36,13 @@ def defer(ctx: Any) -> bool:
     """Leave the float64 runs for later (``ctx.reference_noise_deferred``) when nothing before validate changes
     the module's numbers: a float eval module with no BatchNorm for strip to fold, no quantization, only the
     neutral module passes. The noise only ever raises the verdict rule's floor above rtol x NOISE_MIN_SHARE x
-    max |ref| (validators/metrics.py), so a graph that passes at that least floor passes whatever it measures
+    max |ref| (parity_metrics.py), so a graph that passes at that least floor passes whatever it measures
     (``least_floor``), and parity measures it only when a verdict set fails there (validators/parity.py)."""
     import torch
 
     from ..hooks.contracts import Pass, optional
     from ..hooks.manager import registry
-    from ..validators.metrics import NOISE_MIN_SHARE
+    from ..parity_metrics import NOISE_MIN_SHARE
 
     model, tol = ctx.model, ctx.options.tolerance
     if ctx.options.quantize or ctx.loaded.kind != "module" or not isinstance(model, torch.nn.Module) \

@@ -78,7 +78,7 @@ class CalibrationSample:
         path = ctx.options.calibration_data
         if not path:
             return None
-        from ..qat.stage import read_calibration
+        from ..qat.calibration import read_calibration
 
         feed = {k: v[:1] for k, v in read_calibration(path, accepted_names(ctx)).items()}
         return feed, f"the first sample of {path}"

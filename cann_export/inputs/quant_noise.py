@@ -2,7 +2,7 @@
 input times (1 + 1e-6 noise). A deep int8 network carries one intermediate value flipped at a rounding point
 on to its outputs, several steps on a poorly conditioned one (transformers' MobileNetV2 after a few steps:
 5.1 output steps RMS, pooled), so a Q/DQ graph computing the same rounding in another float order can be
-that far from the reference without being wrong (validators/metrics.compare_quantized)."""
+that far from the reference without being wrong (parity_metrics.compare_quantized)."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,7 +17,7 @@ def int8_noise(ctx: Any, model: Any) -> list[list[dict[str, float]] | None]:
     in ``verdict``."""
     import torch
 
-    from ..validators.metrics import compare_quantized
+    from ..parity_metrics import compare_quantized
     from .reference import reference_outputs
 
     verdict = [s for s, label in enumerate(ctx.input_set_labels) if label["role"] == "verdict"]

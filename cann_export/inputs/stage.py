@@ -31,9 +31,11 @@ def prepare(ctx: ExportContext) -> str | None:
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
     eos_rows.place(ctx, eos_rows.drawn(ctx.input_sets, ctx.input_set_labels, source.endswith(eos_rows.DUMMY)))
     if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
-        from ..qat.stage import prepare_quantization
+        from ..qat.calibration import calibrated_model, calibration_tensors
 
-        return prepare_quantization(ctx, source, accepted)
+        config, calibration = calibration_tensors(ctx, accepted)
+        ctx.output_names, ctx.float_reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+        return calibrated_model(ctx, config, calibration)
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
     if ctx.dynamic_axes:  # parity at every gear, or the range's ends and middle; every set names its shape
         from .dynamic_axes import add_shape_sets

@@ -127,7 +127,7 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
 
     from ..graph.onnx_stream import load
     from ..graph.onnx_helpers import session
-    from ..validators.metrics import all_pass
+    from ..parity_metrics import all_pass
     from .dedupe import feeds
 
     try:  # onnxsim's onnxruntime fusions (com.microsoft::Attention ...) are no ONNX: ATC could not parse them

@@ -1,70 +1,8 @@
-"""The quantization parts of the prepare and train stages (``--qat`` / ``--ptq``)."""
+"""The train stage of ``--qat`` / ``--ptq``: the fake-quant model fine-tuned against the float one (--qat), then
+its references (prepare's part, the model calibrated, is qat/calibration.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from .. import errors
 from ..context import ExportContext
-from ..context import QuantizationReport
-
-TRAINABLE_HINT = ("pass a state_dict / checkpoint / .safetensors with --model-class, or an nn.Module in Python; "
-                  "TorchScript archives and torch.export programs cannot be trained")
-
-
-def read_calibration(path: str | Path, accepted: list[str]) -> dict[str, Any]:
-    """Calibration tensors: named after forward's inputs, all with the same number of samples (dim 0)."""
-    from ..load.tensor_files import read_example_inputs
-
-    try:
-        tensors = read_example_inputs(path, "--calibration-data")
-    except errors.LoadError as e:
-        raise errors.PrepareError(f"calibration data: {e.message}", path=path) from e
-    unknown = [n for n in tensors if accepted and n not in accepted]
-    if unknown:
-        raise errors.PrepareError(f"calibration data has input(s) {', '.join(unknown)} that forward does not take "
-                                  f"({', '.join(accepted)}); name the tensors after the forward parameters", path=path)
-    counts = {n: int(t.shape[0]) if t.dim() else 0 for n, t in tensors.items()}
-    if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise errors.PrepareError(f"calibration tensors must share a non-empty first (sample) dimension, got "
-                                  f"{counts}", path=path)
-    return tensors
-
-
-def prepare_quantization(ctx: ExportContext, source: str, accepted: list[str]) -> str:
-    """Float references, then fake quantization inserted and calibrated on --calibration-data."""
-    from .. import qat
-    from ..fs.digests import sha256_file
-    from ..inputs.reference import reference_outputs
-    from .train import split_batches
-
-    opts = ctx.options
-    if ctx.loaded.kind != "module":
-        raise errors.PrepareError(f"--{opts.quantize} needs a trainable nn.Module; {TRAINABLE_HINT}",
-                                  path=ctx.loaded.source_path)
-    config = qat.parse(opts.quant_config)
-    tensors = read_calibration(opts.calibration_data, accepted)
-    example = ctx.example_inputs
-    for name, t in tensors.items():
-        if name in example and tuple(t.shape[1:]) != tuple(example[name].shape[1:]):
-            raise errors.PrepareError(
-                f"calibration input {name} has per-sample shape {list(t.shape[1:])}, the example input "
-                f"{list(example[name].shape[1:])}", path=opts.calibration_data)
-    missing = [n for n in ctx.input_names if n not in tensors]
-    if missing:
-        raise errors.PrepareError(f"calibration data lacks input(s) {', '.join(missing)}", path=opts.calibration_data)
-    ctx.output_names, ctx.float_reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
-    ctx.teacher = ctx.model
-    ctx.model = qat.prepare(ctx.teacher, config=config, keep_float_copy=False)
-    ctx.calibration_batches = split_batches({n: tensors[n] for n in ctx.input_names}, config.batch_size)
-    qat.calibrate(ctx.model, ctx.calibration_batches)
-    report = ctx.reports.quantization = QuantizationReport(
-        mode=opts.quantize, config=config.to_dict(),
-        calibration_data={"path": str(opts.calibration_data), "sha256": sha256_file(Path(opts.calibration_data)),
-                          "samples": int(next(iter(tensors.values())).shape[0])},
-        quantized_layers=len(qat.qat_state(ctx.model)["quantized"]),
-    )
-    return f"{len(ctx.calibration_batches)} calibration batches, {report.quantized_layers} layers"
 
 
 def train(ctx: ExportContext) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 
 class ParityJudge:
-    """``GraphJudge`` by validators/parity.py's report and validators/metrics.py's verdict rule."""
+    """``GraphJudge`` by validators/parity.py's report and parity_metrics.py's verdict rule."""
 
     def graph_report(self, graph: Path, feeds: list[dict[str, Any]], expected: list[list[Any]], tolerance: Any,
                      what: str, labels: list[dict[str, Any]],
@@ -17,7 +17,7 @@ class ParityJudge:
         return parity_report(graph, feeds, expected, tolerance, what, labels=labels, noise=noise)
 
     def outputs_agree(self, actual: list[Any], expected: list[Any], tolerance: Any) -> list[bool]:
-        from .metrics import compare
+        from ..parity_metrics import compare
 
         return [bool(compare(a, e, tolerance)["passed"]) for a, e in zip(actual, expected, strict=False)]
 

@@ -72,7 +72,7 @@ def parity_report(path: Path, input_sets: list[dict[str, Any]], expected: list[l
     from itself, inputs/quant_noise.py) does for a Q/DQ graph."""
     import numpy as np
 
-    from .metrics import compare, compare_probe, compare_quantized, reference_problem
+    from ..parity_metrics import compare, compare_probe, compare_quantized, reference_problem
     from .msprobe_metrics import figures, worst
 
     labels = labels or unlabelled(len(input_sets))
@@ -135,7 +135,7 @@ def unlabelled(count: int) -> list[dict[str, Any]]:
 def _judged(name: str, sets: list[int], labels: list[dict[str, Any]], judge: Any,
             failed: list[dict[str, Any]]) -> dict[str, Any]:
     """One output over ``sets``: the worst case, and each failing set appended to ``failed``."""
-    from .metrics import merge
+    from ..parity_metrics import merge
 
     per_set = [judge(s) for s in sets]
     for s, r in zip(sets, per_set, strict=True):

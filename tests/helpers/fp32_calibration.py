@@ -14,7 +14,7 @@ import numpy as np
 
 def set_metrics(actual: np.ndarray, expected: np.ndarray, kind: str, noise: float) -> dict[str, float]:
     from cann_export.options import Tolerance
-    from cann_export.validators.metrics import compare, compare_probe
+    from cann_export.parity_metrics import compare, compare_probe
 
     verdict = kind in VERDICT_KINDS
     new = (compare(actual, expected, Tolerance(), noise) if verdict else compare_probe(actual, expected, Tolerance()))

@@ -1,5 +1,5 @@
 """Healthy third-party architectures (torchvision, timm, transformers) from small configs with seeded random
-weights, at realistic input sizes, for calibrating the fp32 parity policy (validators/metrics.py); and
+weights, at realistic input sizes, for calibrating the fp32 parity policy (parity_metrics.py); and
 graphs that really differ from their model, which the policy must still refuse. Nothing is downloaded.
 The torchvision and timm builders need the ``vision`` tests' environment (tests/vision_env.sh)."""
 from __future__ import annotations

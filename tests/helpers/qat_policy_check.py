@@ -36,7 +36,7 @@ def graph_verdict(path: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 def outputs_verdict(actual: list[list[np.ndarray]], data: dict[str, Any]) -> bool:
     """compare_quantized on the verdict sets, every output, with the stored noise: whether all pass."""
-    from cann_export.validators.metrics import compare_quantized
+    from cann_export.parity_metrics import compare_quantized
 
     noise = data["noise"] or [None] * len(actual)
     sets = [s for s, label in enumerate(data["labels"] or []) if label["role"] == "verdict"] or range(len(actual))

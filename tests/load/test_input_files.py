@@ -25,7 +25,7 @@ from cann_export.cli.main import cli
 from cann_export.errors import LoadError, OptionsError, PrepareError
 from cann_export.inputs.parity_data import read_parity_data
 from cann_export.load.tensor_files import read_example_inputs
-from cann_export.qat.stage import read_calibration
+from cann_export.qat.calibration import read_calibration
 
 FLAGS = ("--example-inputs", "--parity-data", "--calibration-data")
 

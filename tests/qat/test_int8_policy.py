@@ -10,7 +10,7 @@ import pytest
 
 from cann_export.inputs.quant_noise import pooled, well_formed
 from cann_export.validators.device_verdict import DevicePolicy, within_int8_noise
-from cann_export.validators.metrics import compare_quantized
+from cann_export.parity_metrics import compare_quantized
 
 RNG = np.random.default_rng(0)
 REF = RNG.uniform(-1, 1, size=(4, 100)).astype(np.float32)

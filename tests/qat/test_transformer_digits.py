@@ -18,7 +18,7 @@ from cann_export import errors
 from cann_export.atc.amct import check_qdq
 from cann_export.cli.main import cli
 from cann_export.load.tensor_files import read_example_inputs
-from cann_export.qat.stage import read_calibration
+from cann_export.qat.calibration import read_calibration
 
 
 @pytest.fixture(scope="module")

@@ -405,7 +405,7 @@ def test_parity_samples_past_the_bound_are_refused_in_every_layout(tmp_path):
 def test_a_calibration_npz_bomb_is_refused_from_its_directory(npz_bomb):
     """--calibration-data reads .npz files through the same checked zip reader (16x its size + 64 MiB at most)."""
     from cann_export.errors import PrepareError
-    from cann_export.qat.stage import read_calibration
+    from cann_export.qat.calibration import read_calibration
 
     with pytest.raises(PrepareError, match="16x its size") as info:
         read_calibration(npz_bomb, ["x"])

@@ -1,4 +1,4 @@
-"""The chunked comparison (validators/metrics.py: a cache-blocked pass for finite chunks, ``all_within`` cleared
+"""The chunked comparison (parity_metrics.py: a cache-blocked pass for finite chunks, ``all_within`` cleared
 from each chunk's max |a-b|) gives exactly the numbers of a plain whole-array float64 comparison: max abs, max
 rel, peak, the cosine's sums (per CHUNK, as the dot sums have always been taken), bad_special and every
 all_within verdict, on NaN / inf on either side, -0.0, overflowing differences, empty and 0-d arrays, float16 /
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cann_export.options import Tolerance
-from cann_export.validators import metrics
+from cann_export import parity_metrics as metrics
 
 
 def reference_stats(actual, expected, rel_floor, chunk):

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from cann_export.options import Tolerance
-from cann_export.validators import metrics
+from cann_export import parity_metrics as metrics
 from cann_export.validators.parity import parity_report
 
 

@@ -140,7 +140,7 @@ def test_probes_use_a_rule_relative_to_their_own_output(clamped):
     model, _ = clamped
     feeds, expected = _sets(model, (1.0,))
     noisy = [[expected[0][0] * (1 + 3e-3)]]  # 0.3% of the output: noise for a probe, a wrong graph for a verdict set
-    from cann_export.validators.metrics import compare, compare_probe
+    from cann_export.parity_metrics import compare, compare_probe
 
     assert compare_probe(noisy[0][0], expected[0][0], Tolerance())["passed"] is True
     assert compare(noisy[0][0], expected[0][0], Tolerance())["passed"] is False

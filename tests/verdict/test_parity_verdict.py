@@ -228,7 +228,7 @@ def test_reference_problem_is_judged_over_every_set_without_a_joined_copy():
     logits): constant only when every element of every set is finite and equal; non-finite only when none is."""
     import numpy as np
 
-    from cann_export.validators.metrics import reference_problem
+    from cann_export.parity_metrics import reference_problem
 
     half = np.full((2, 3), 0.5, np.float32)
     assert reference_problem([half, half.copy()])["reference"] == "constant"

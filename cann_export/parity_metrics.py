@@ -298,7 +298,7 @@ def compare_quantized(actual: np.ndarray, expected: np.ndarray, tolerance: Any =
     corpus, tests/helpers/qat_corpus.py), or, with ``noise`` (the reference's distance from itself on inputs
     perturbed by 1e-6, inputs/quant_noise.py), when its RMS error and 1 - cosine are within ``NOISE_FACTOR``
     times the reference's own: a poorly conditioned int8 network moves that far from a one-step flip."""
-    from ..options import Tolerance
+    from .options import Tolerance
 
     tol = tolerance if tolerance is not None else Tolerance()
     if actual.shape != expected.shape:
