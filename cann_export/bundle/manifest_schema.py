@@ -11,8 +11,8 @@ options), then an allow-list of the top-level sections and of the names inside t
 claims that must agree with one another (``capture``'s exporter and opset are ``model``'s; no lint passes beside a
 finding of severity error). The top level of several graphs: the components, connections, verdict and file table,
 and an allow-list of names at every level its writer fills. What the files can tell is re-derived elsewhere
-(``rederive`` for one graph, ``multi_check`` for the top level). Each problem is a string naming the field;
-``read.read_manifest`` is the one reader entry, and refuses a manifest with any."""
+(``rederive`` for one graph, ``multi_check`` for the top level). Each problem is a string naming the field; every
+manifest.json is read through ``read.read_manifest``, the one reader entry, whose callers refuse one with any."""
 from __future__ import annotations
 
 import re
@@ -36,6 +36,7 @@ MAX_REASON = 4096
 MAX_LANDLOCK_ABI = 255
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
 SHOWN = 10  # problems of one kind named, at most
+# a multi-graph bundle's top level
 MAX_COMPONENTS = 64
 MAX_CONNECTIONS = 100_000
 TOP_REQUIRED = ("schema", "format", "kind", "components", "connections", "run", "parity", "provenance", "files")

@@ -1,6 +1,7 @@
 """Reading existing artifacts: bundles (directories, single-file archives, or a single file a Format
 unpacks, such as an om-stub) and plain .onnx files. Nothing a manifest says is trusted before it is checked:
-its shape here (the common sections, then the format's own), its claims in ``rederive``."""
+its shape by the one schema (``manifest_schema``, through ``read_manifest``), then the format's own sections, its
+claims in ``rederive``."""
 from __future__ import annotations
 
 import contextlib
