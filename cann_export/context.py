@@ -136,6 +136,7 @@ class ReferenceReport:
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
     shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (bundle/parity_budget)
+    row_reuse: dict[str, Any] | None = None  # the batch sizes' shared eager rows and their proof (inputs/row_reuse)
 
 
 @dataclass(slots=True)

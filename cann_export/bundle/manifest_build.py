@@ -20,6 +20,8 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
     model, reports = ctx.onnx_model, ctx.reports
     parity = reports.parity.to_dict() if reports.parity is not None else None
     reference = {"reference_device": reports.reference.device} if reports.reference.device is not None else {}
+    if reports.reference.row_reuse is not None:  # the batch sizes' eager rows shared, or why not (inputs/row_reuse)
+        reference["reference_reuse"] = dict(reports.reference.row_reuse)
     manifest = {
         "schema": SCHEMA,
         "format": ctx.options.export_format,

@@ -259,19 +259,26 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
     from . import eos_rows
     from .reference import reference_outputs
+    from .row_reuse import shared_references
+
+    def run(sets: list[dict[str, Any]]) -> list:
+        with _attributes_kept(ctx.model):
+            return reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)[1]
 
     failed: dict[str, str] = {}
     if ctx.options.validate or ctx.decisions.trace_first:  # without validation: the sets the trace gate checks
         feed = ctx.example_inputs
         example = example_point(ctx.dynamic_axes, feed)
-        for point, sets, labels in _point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)):
+        drawn = list(_point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)))
+        for _, sets, _ in drawn:
+            eos_rows.place(ctx, sets)
+        shared = shared_references(ctx, drawn, run)  # the batch sizes' rows from one set (inputs/row_reuse.py)
+        for k, (point, sets, labels) in enumerate(drawn):
             varied = next(n for n in point if point[n] != example[n])
             if varied in failed:
                 continue
-            eos_rows.place(ctx, sets)
             try:
-                with _attributes_kept(ctx.model):
-                    _, outputs = reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)
+                outputs = shared[k] if k in shared else run(sets)
             except errors.PrepareError as e:
                 failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
                 continue
