@@ -104,6 +104,11 @@ class UNet(PipelineGraph):
         return {"out_sample": _latent_axes("out_sample")}
 
 
+def _vae_scale(vae: nn.Module) -> int:
+    """The VAE's pixels per latent pixel (diffusers' ``vae_scale_factor``)."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
 def _traced_as_module(vae: nn.Module, method: str, tensor: torch.Tensor) -> Any:
     """``vae.<method>(tensor, return_dict=False)``; under a TorchScript trace called through the VAE's ``__call__``,
     so the trace records its scope and the nodes' module paths read ``model.decoder...`` as dynamo's do (hints and
@@ -133,6 +138,11 @@ class VaeEncoder(PipelineGraph):
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"latent_parameters": _traced_as_module(self.model, "encode", feed["sample"])[0].parameters}
 
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The latent's sides are the image's where the VAE does not scale (dynamo's graph names them so)."""
+        return {"latent_parameters": _image_axes("latent_parameters") if _vae_scale(self.model) == 1
+                else {0: "batch_size"}}
+
 
 class VaeDecoder(PipelineGraph):
     graph_input_names = ("latent_sample",)
@@ -143,6 +153,10 @@ class VaeDecoder(PipelineGraph):
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"sample": _traced_as_module(self.model, "decode", feed["latent_sample"])[0]}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The image's sides are the latent's where the VAE does not scale (dynamo's graph names them so)."""
+        return {"sample": _latent_axes("sample") if _vae_scale(self.model) == 1 else {0: "batch_size"}}
 
 
 def denoiser_graph(name: str, model: nn.Module, sides: tuple[int, int]) -> Any:
