@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_vs_optimum import SITE_CUSTOMIZE, VENV, compiled, optimum_cli, our_cli, run_measured, tail
+from bench_vs_optimum import SITE_CUSTOMIZE, VENV, compiled, optimum_cli, our_cli, run_measured
 
 HERE = Path(__file__).resolve().parent
 DIFFUSERS_PINS = ["diffusers==0.37.1", "huggingface-hub>=0.34,<1.0"]  # 0.35/0.36 fail to import beside torchao 0.18
@@ -53,6 +53,11 @@ SIDES = ("ours", "ours-novalidate", "optimum", "floor")
 STAGE_LINE = re.compile(r"^\[(?:\S+ )?\d+/\d+\] (\S+) \.\.\. .* \(([\d.]+)s\)\s*$")
 E2E_LINE = re.compile(r"^end-to-end check .*\(([\d.]+)s\)\s*$")
 MIB = 1 << 20
+
+
+def tail(path: Path, n: int = 15) -> str:
+    """The last ``n`` lines of a run's log."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
 def with_diffusers(venv: Path, install: bool) -> str | None:

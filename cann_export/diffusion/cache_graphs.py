@@ -128,9 +128,16 @@ def _residual_axes(names: tuple[str, ...]) -> dict[str, dict[int, str]]:
     return {n: {0: "batch_size"} for n in names}
 
 
+# the cache's graphs keep dynamo first (the plain components trace first: graphs.PipelineGraph): a traced residual
+# output's dims would take the tracer's own names (a UNet's mid-block residual has the latent's sides / 2^k), which
+# validate cannot size when it re-derives the parity budget from the graph's dims
+DYNAMO_FIRST: tuple[str, ...] = ()
+
+
 class _Fill:
     """The full denoiser plus the residuals its stand-in kept (``store``)."""
 
+    graph_exporter_order = DYNAMO_FIRST
     store: Residuals
     residuals: tuple[str, ...]
 
@@ -143,6 +150,7 @@ class _Fill:
 class _Skip:
     """The denoiser whose stand-in adds the residuals given as inputs (``store``)."""
 
+    graph_exporter_order = DYNAMO_FIRST
     store: Residuals
     residuals: tuple[str, ...]
 
@@ -194,6 +202,7 @@ class Probe(PipelineGraph):
     embedding (``modulated_input``); a runtime compares it between steps to decide whether to skip."""
 
     graph_input_names = ("hidden_states", "pooled_projections", "timestep")
+    graph_exporter_order = DYNAMO_FIRST
 
     def __init__(self, model: nn.Module, sides: tuple[int, int]):
         axes = {n: {0: "batch_size"} for n in self.graph_input_names}

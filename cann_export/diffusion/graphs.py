@@ -11,20 +11,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hf.cache_wrappers import _Graph
+from ..hf.cache_wrappers import TRACE_FIRST, _Graph
 
 MAX_BATCH = 64
 MAX_SIDE = 1024  # latent pixels per side
 
 
 class PipelineGraph(_Graph):
-    """A pipeline component's graph: batch, height and width dynamic where the architecture takes them."""
+    """A pipeline component's graph: batch, height and width dynamic where the architecture takes them. Captured
+    TorchScript-first, as Optimum does (a trace that warned is kept only when the trace gate's check passes, else
+    dynamo runs: capture/exporter_choice.py); every output's axis 0 is the batch (``graph_output_axes``)."""
+
+    graph_exporter_order = TRACE_FIRST
+    graph_output_names: tuple[str, ...] = ()
 
     def __init__(self, model: nn.Module, axes: dict[str, dict[int, str]], bounds: dict[str, tuple[int, int]]):
         nn.Module.__init__(self)
         self.model = model
         self.graph_dynamic_axes = axes
         self.dim_bounds = {"batch_size": (1, MAX_BATCH), **bounds}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The outputs' dynamic axes by name (a traced graph's output dims take them, as dynamo's do)."""
+        return {name: {0: "batch_size"} for name in self.graph_output_names}
 
 
 class TextEncoder(PipelineGraph):
@@ -35,6 +44,9 @@ class TextEncoder(PipelineGraph):
     def __init__(self, model: nn.Module, hidden_states: bool):
         super().__init__(model, {"input_ids": {0: "batch_size"}}, {})
         self.hidden_states = hidden_states
+        layers = int(getattr(model.config, "num_hidden_layers", 0) or 0) if hidden_states else -1
+        self.graph_output_names = ("text_embeds", "last_hidden_state", "pooler_output",
+                                   *(f"hidden_states.{i}" for i in range(layers + 1)))
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = self.model(input_ids=feed["input_ids"], output_hidden_states=self.hidden_states, return_dict=True)
@@ -61,6 +73,7 @@ def _fixed_axes(name: str) -> dict[int, str]:
 
 class SD3Transformer(PipelineGraph):
     graph_input_names = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
+    graph_output_names = ("out_hidden_states",)
 
     def __init__(self, model: nn.Module, sides: tuple[int, int]):
         axes = {"hidden_states": _fixed_axes("hidden_states"), "encoder_hidden_states": {0: "batch_size"},
@@ -86,26 +99,64 @@ class UNet(PipelineGraph):
                          return_dict=False)
         return {"out_sample": out[0]}
 
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The latent out has the latent in's axes."""
+        return {"out_sample": _latent_axes("out_sample")}
+
+
+def _vae_scale(vae: nn.Module) -> int:
+    """The VAE's pixels per latent pixel (diffusers' ``vae_scale_factor``)."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def _traced_as_module(vae: nn.Module, method: str, tensor: torch.Tensor) -> Any:
+    """``vae.<method>(tensor, return_dict=False)``; under a TorchScript trace called through the VAE's ``__call__``,
+    so the trace records its scope and the nodes' module paths read ``model.decoder...`` as dynamo's do (hints and
+    keep sets name ``vae_decoder``'s modules that way: component_hints.py)."""
+    bound = getattr(vae, method)
+    if not torch.jit.is_tracing():
+        return bound(tensor, return_dict=False)
+    saved = vae.__dict__.get("forward")
+    vae.forward = bound
+    try:
+        return vae(tensor, return_dict=False)
+    finally:
+        if saved is None:
+            del vae.forward
+        else:
+            vae.forward = saved
+
 
 class VaeEncoder(PipelineGraph):
     graph_input_names = ("sample",)
+    graph_output_names = ("latent_parameters",)
 
     def __init__(self, vae: nn.Module, sides: tuple[int, int], scale: int):
         pixels = (sides[0] * scale, sides[1] * scale)
         super().__init__(vae, {"sample": _image_axes("sample")}, {"image_height": pixels, "image_width": pixels})
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {"latent_parameters": self.model.encode(feed["sample"], return_dict=False)[0].parameters}
+        return {"latent_parameters": _traced_as_module(self.model, "encode", feed["sample"])[0].parameters}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The latent's sides are the image's where the VAE does not scale (dynamo's graph names them so)."""
+        return {"latent_parameters": _image_axes("latent_parameters") if _vae_scale(self.model) == 1
+                else {0: "batch_size"}}
 
 
 class VaeDecoder(PipelineGraph):
     graph_input_names = ("latent_sample",)
+    graph_output_names = ("sample",)
 
     def __init__(self, vae: nn.Module, sides: tuple[int, int]):
         super().__init__(vae, {"latent_sample": _latent_axes("latent_sample")}, {"height": sides, "width": sides})
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {"sample": self.model.decode(feed["latent_sample"], return_dict=False)[0]}
+        return {"sample": _traced_as_module(self.model, "decode", feed["latent_sample"])[0]}
+
+    def graph_output_axes(self) -> dict[str, dict[int, str]]:
+        """The image's sides are the latent's where the VAE does not scale (dynamo's graph names them so)."""
+        return {"sample": _latent_axes("sample") if _vae_scale(self.model) == 1 else {0: "batch_size"}}
 
 
 def denoiser_graph(name: str, model: nn.Module, sides: tuple[int, int]) -> Any:

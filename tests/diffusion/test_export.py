@@ -62,6 +62,30 @@ def test_sd3_directory_exports_every_component_with_optimum_names_and_verdicts(s
         for c in manifest["connections"]}
 
 
+def test_sd3_components_are_traced_and_hints_name_their_nodes_by_module_path(sd3):
+    """TorchScript first, as Optimum traces (the transformer's trace warns and is kept after the trace check); the
+    traced nodes keep the module paths component-qualified hints name (the VAE's included: its graphs call
+    ``vae.encode`` / ``vae.decode``, not the module)."""
+    import onnx
+
+    from cann_export.atc.command import keep_dtype_nodes
+    from cann_export.diffusion.component_hints import pipeline_hints
+    from cann_export.graph.module_paths import collect
+
+    pipe, root = sd3
+    for name in SD3_COMPONENTS:
+        own = _manifest(root / "sd3_bundle" / "components" / name)
+        assert own["capture"]["exporter"] == "torchscript", (name, own["capture"])
+    named = ["transformer.transformer_blocks.0", "vae_decoder.decoder.up_blocks.0", "vae_encoder.encoder.mid_block",
+             "text_encoder_3.encoder.block.0"]
+    hints, said = pipeline_hints(pipe, {"keep_dtype": named})
+    assert not said and len(hints) == 4, (hints, said)
+    for key, paths in hints.items():
+        model = onnx.load(root / "sd3_bundle" / "components" / key.split(":")[0] / "model.onnx")
+        _, mapping = keep_dtype_nodes(paths, model, collect(model))
+        assert all(mapping[path] for path in paths), key
+
+
 def test_sd3_end_to_end_check_in_diffusers_loop_passes_fp32_and_device(sd3):
     _, root = sd3
     e2e = _manifest(root / "sd3_bundle")["pipeline"]["end_to_end"]
@@ -70,6 +94,24 @@ def test_sd3_end_to_end_check_in_diffusers_loop_passes_fp32_and_device(sd3):
     assert e2e["device"]["cosine_distance"] < 5e-2
     assert set(e2e["device"]["nonfinite"]) == {"text_encoder", "text_encoder_2", "text_encoder_3", "transformer",
                                                "vae_decoder"}
+
+
+def test_the_end_to_end_check_runs_each_loop_once_for_its_latents_and_image(sd3):
+    """The check's latents and image come from one run of each loop (eager, onnxruntime), equal to what two runs
+    (``output_type="latent"``, then ``"np"``) give; the denoiser is called once per step, not twice."""
+    from cann_export.diffusion import end_to_end
+
+    pipe, root = sd3
+    calls = []
+    hook = pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        result = end_to_end.check(pipe, root / "sd3_bundle")
+    finally:
+        hook.remove()
+    assert result["passed"] is True and len(calls) == end_to_end.STEPS, (len(calls), result)
+    latents, image = end_to_end.generate_with_latents(pipe)
+    np.testing.assert_array_equal(latents, end_to_end.generate(pipe, "latent"))
+    np.testing.assert_array_equal(image, end_to_end.generate(pipe, "np"))
 
 
 def test_sd3_graph_in_onnxruntime_equals_diffusers_module(sd3):
