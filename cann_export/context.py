@@ -135,7 +135,7 @@ class ReferenceReport:
 
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
-    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (bundle/parity_budget)
+    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (inputs/parity_budget)
 
 
 @dataclass(slots=True)
