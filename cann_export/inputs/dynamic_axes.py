@@ -308,6 +308,10 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
         ctx.dynamic_axes = [a for a in ctx.dynamic_axes if a.name != name]
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
             f"{a.input}:{a.axis} ({name}, from {a.source}) is exported static: {why}" for a in axes)]
+    if failed:
+        from .shape_budget import keep_left
+
+        keep_left(ctx, {a.name for a in ctx.dynamic_axes})
     point = example_point(ctx.dynamic_axes, ctx.example_inputs)
     for label in ctx.input_set_labels:
         label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}

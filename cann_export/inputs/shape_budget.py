@@ -95,3 +95,15 @@ def record_left(ctx: Any, budget: tuple[int, Elements, list[dict[str, Any]], int
 
     if budget is not None and left:
         ctx.reports.reference.shape_budget = record(budget[0], budget[3], left, budget[2])
+        notes = [f"{g['dimension']}={g['size']}: {g['reason']}" for g in left]
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *notes]
+
+
+def keep_left(ctx: Any, names: set[str]) -> None:
+    """The record's left-out sizes of the dimensions still dynamic (an axis the model failed at is exported
+    static: validate counts no range of it); no record when none is left."""
+    found = ctx.reports.reference.shape_budget
+    if found is None:
+        return
+    left = [g for g in found["left_out"] if g["dimension"] in names]
+    ctx.reports.reference.shape_budget = {**found, "left_out": left} if left else None

@@ -80,6 +80,7 @@ def test_the_batch_range_end_runs_at_the_largest_batch_within_the_budget(bounded
     assert all("--parity-full-ranges" in g["reason"] for g in record["left_out"])
     assert record["activations"] and record["activations"][0]["exponents"] == {"batch": 1}
     assert all(s["passed"] for s in parity["shapes"])
+    assert any(w.startswith("batch=16: ") for w in _manifest(bounded)["warnings"]["dynamic"])
 
 
 @pytest.mark.slow
