@@ -237,7 +237,8 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
     check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
     gear_form = renders_gears(axes, opts.cann_version, opts.atc_hints)
     full = opts.parity_coverage == "full"
-    budget = measure(ctx, axes)
+    with _attributes_kept(ctx.model):  # its probe forwards at other sizes may reconfigure the model (Swin)
+        budget = measure(ctx, axes)
     left: list[dict[str, Any]] = []
     chosen = shape_points(axes, feed, gear_form, opts.atc_hints, full, budget and budget[:2], left)
     record_left(ctx, budget, left)
