@@ -135,8 +135,8 @@ class ReferenceReport:
 
     device: str | None = None
     input_sets: dict[str, int] = field(default_factory=dict)  # example / random / parity_data
-    shape_budget: dict[str, Any] | None = None  # a multi-graph component's parity shape budget (bundle/parity_budget)
     row_reuse: dict[str, Any] | None = None  # the batch sizes' shared eager rows and their proof (inputs/row_reuse)
+    shape_budget: dict[str, Any] | None = None  # the parity shape budget (inputs/parity_budget, inputs/shape_budget)
 
 
 @dataclass(slots=True)

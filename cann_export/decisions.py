@@ -28,7 +28,7 @@ class Decisions:
     prepared_for_qat: bool = False  # a model prepared with cann_export.qat.prepare in Python
     fake_quantized: bool = False  # a model with torch.ao eager fake quantization (prepare_qat): a Q/DQ graph
     # a multi-graph component's parity input sets at other shapes (the module's graph_shape_sets: seed -> sets),
-    # sized by the element budget its planner chose (bundle/parity_budget.py); None for any other model
+    # sized by the element budget its planner chose (inputs/parity_budget.py); None for any other model
     shape_sets: Any = None
 
     @property

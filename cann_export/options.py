@@ -162,7 +162,7 @@ class ExportOptions:
     # the new tokens a multi-graph export's decode graph takes on the cache (decode / decoder_with_past): 1, or N
     # for chunked prefill and speculative decoding's drafts (hf/graph_plans.py)
     decode_tokens: int = 1
-    parity_full_ranges: bool = False  # a multi-graph component's parity at its range ends, past the element budget
+    parity_full_ranges: bool = False  # parity at the dynamic range ends, past the element budget (any graph)
     parity_coverage: str = "axes"  # "full": also every gear (range-end) combination ATC builds (bundle/coverage.py)
     sandbox: str = "auto"  # a model file loads confined: "auto" (when the machine can), "require", "off"
     input_shapes: list[InputSpec] = field(default_factory=list)

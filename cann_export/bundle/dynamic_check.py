@@ -43,10 +43,43 @@ def dynamic_differences(checked: CheckedBundle) -> list[str]:
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in example.values()):
         return [f"manifest.json parity.shapes: {short(shapes)} does not start with the example's size of each "
                 f"dynamic dimension {sorted(names)}; export again to run parity at the dynamic axes' sizes"]
+    budget, problem = _budget(checked.model, axes, example, parity.get("shape_budget"))
+    if problem:
+        return [f"manifest.json {problem}"]
+    left: list[dict[str, Any]] = []
     expected = [example, *points_from(axes, example, renders_gears(axes, opts.cann_version, opts.atc_hints),
-                                      opts.atc_hints, parity.get("coverage") == "full")]
+                                      opts.atc_hints, parity.get("coverage") == "full", budget, left)]
+    recorded = (parity.get("shape_budget") or {}).get("left_out")
+    if budget is not None and _sizes(recorded) != _sizes(left):
+        return [f"manifest.json parity.shape_budget.left_out: records {short(_sizes(recorded))}, the budget it "
+                f"records leaves out {short(_sizes(left))} of the graph's ranges; export again"]
     if shapes != expected:
         diffs.append(f"manifest.json parity.shapes: parity ran at {short(shapes)}, but the atc.dynamic axes "
                      f"({', '.join(f'{a.name} {a.min}..{a.max}' for a in axes)}) build {short(expected)}; a range "
                      "changed after parity ran: export again with the range you deploy")
     return diffs
+
+
+def _budget(model: Any, axes: list[Any], example: dict[str, int], found: Any) -> tuple[Any, str | None]:
+    """((the budget, ``point -> elements``) a single graph's parity shapes were chosen under, or None when its
+    manifest records none: every point ran), a problem with the record), counted from the graph's input dims
+    and the recorded activation terms as the export counted them (inputs/shape_budget.py)."""
+    from ..atc.dynamic_form import dims_of
+    from ..inputs.activations import recorded_terms
+    from ..inputs.parity_budget import recorded_budget
+    from ..inputs.shape_budget import set_elements
+
+    if found is None:
+        return None, None
+    terms = recorded_terms(found.get("activations", [])) if isinstance(found, dict) else None
+    shapes = [list(d) for d in dict(dims_of(model)).values()]
+    elements = set_elements(shapes, terms or [], example)
+    budget, problem = recorded_budget(found, lambda: elements(example))
+    if problem or budget is None:
+        return None, problem
+    return (budget, elements), None
+
+
+def _sizes(left: Any) -> list[tuple[Any, Any]]:
+    return sorted((g.get("dimension"), g.get("size")) for g in left if isinstance(g, dict)) \
+        if isinstance(left, list) else []

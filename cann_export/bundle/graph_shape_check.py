@@ -1,6 +1,6 @@
 """validate's check of a multi-graph component's ``parity.shapes``: exactly its example's shape and the points
 its graph's symbolic dimensions and recorded ATC ranges build (bundle/graph_shapes.py, re-derived from the bundle,
-never from the module that wrote it) under the element budget its manifest records (bundle/parity_budget.py; a
+never from the module that wrote it) under the element budget its manifest records (inputs/parity_budget.py; a
 shape's elements from the graph's symbolic dims): a range widened after parity ran is refused, as for a single
 graph."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from ..bundle.dynamic_check import short
 from ..inputs.activations import recorded_terms
 from .graph_shapes import points_of, split
-from .parity_budget import dim_size, fed, recorded_budget, shape_elements, with_activations
+from ..inputs.parity_budget import dim_size, fed, recorded_budget, shape_elements, with_activations
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _DIM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?: \+ [0-9]{1,6})?")  # NAME or NAME + k (bundle/graph_shapes.py)

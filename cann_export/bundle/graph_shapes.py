@@ -48,7 +48,7 @@ Point = dict[str, int]
 def points(module: Any, feed: dict[str, Any], hints: dict[str, Any] | None = None, budget: int | None = None,
            elements: Any = None, combos: bool = False) -> tuple[Point, list[Point], list[str], list[dict[str, Any]]]:
     """(the example's point, the extra points parity runs at, notes on what the caps left out, the records of the
-    sizes the element budget left out: bundle/parity_budget.py): each dimension at its hint gears or its range's ends
+    sizes the element budget left out: inputs/parity_budget.py): each dimension at its hint gears or its range's ends
     and middle, in turn; a length past MAX_LENGTH (T5's 4096) at MAX_LENGTH."""
     return points_of(dims(module, feed), slots(module), hints, budget, elements, combos)
 
@@ -60,7 +60,7 @@ def points_of(found: dict[str, tuple[int, int, int]], order: list[tuple[str, int
     component's graph, its ATC ranges and its recorded budget (``elements``: point -> the elements of one input
     set there, inputs + outputs). ``combos`` (--parity full): then every combination of the gears, or of the
     range ends, with no cap on their count."""
-    from .parity_budget import within
+    from ..inputs.parity_budget import within
 
     example = {n: v[0] for n, v in found.items()}
     gears = hint_sizes(hints or {}, order, batch_names=("batch_size",))
@@ -114,7 +114,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
     """What a component's export runs parity at besides its example (``graph_shape_sets`` on its module, read by
     the prepare stage): ``seed -> (example point, iterator of (point, [input sets]) made one point at a time,
     notes on what the caps left out, the manifest's parity.shape_budget record)``; None for a component with no
-    dynamic axis. ``full``: no element budget (bundle/parity_budget.py), every range end runs; ``combos`` (--parity
+    dynamic axis. ``full``: no element budget (inputs/parity_budget.py), every range end runs; ``combos`` (--parity
     full): also every combination of the gears or range ends."""
     if not dims(comp.module, comp.example_inputs):
         return None
@@ -122,7 +122,7 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
     def make(seed: int) -> Any:
         import torch
 
-        from .parity_budget import budget_for, record, weight_elements
+        from ..inputs.parity_budget import budget_for, record, weight_elements
 
         weights = weight_elements(comp.module)
         budget, elements, terms = None, None, []
@@ -206,7 +206,7 @@ def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], in
     what making and judging one set holds, the component's own activation terms: inputs/activations.py). Its own
     largest intermediate counts (parity_budget.with_activations); a feeding component's inputs and outputs do, its
     intermediates not (it runs eagerly while the set is made, long before this graph runs it)."""
-    from .parity_budget import fed, with_activations
+    from ..inputs.parity_budget import fed, with_activations
 
     comp = plan.components[index]
     sources = _feeding(plan, comp, gen)
@@ -217,7 +217,7 @@ def set_elements(plan: Plan, index: int, gen: Any) -> tuple[Callable[[Point], in
 
 def io_elements(plan: Plan, index: int, gen: Any) -> Callable[[Point], int]:
     """``point -> elements`` of component ``index``'s inputs and outputs, with those of the components that feed it."""
-    from .parity_budget import fed
+    from ..inputs.parity_budget import fed
 
     comp = plan.components[index]
     sources = _feeding(plan, comp, gen)
@@ -243,7 +243,7 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], i
     import torch
 
     from ..inputs.activations import op_sizes, terms_of
-    from .parity_budget import dim_size, shape_elements
+    from ..inputs.parity_budget import dim_size, shape_elements
 
     module, feed = comp.module, comp.example_inputs
     found = dims(module, feed)

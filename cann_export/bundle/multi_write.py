@@ -72,7 +72,7 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
     narrow(plan, ranges)  # the user's ranges and gears, before anything is written
     hints = with_gears(plan, ranges, component_hints(plan, options.pop("atc_hints", None)))
     combos = options.get("parity_coverage") == "full"  # --parity full: every gear / range-end combination
-    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (bundle/parity_budget.py)
+    full = bool(options.pop("parity_full_ranges", False)) or combos  # past the element budget (inputs/parity_budget.py)
     output = Path(output)
     atomic.check_target(output, overwrite)
     staging = atomic.staging_dir(output)

@@ -93,9 +93,10 @@ def _model_flags() -> dict[str, Flag]:
                               "decoder_with_past): 1, or N for chunked prefill or speculative decoding's drafts "
                               "(input_ids, position_ids and the mask sized for N; parity checks it at N).",
                               parse=_whole("--decode-tokens")),
-        "parity_full_ranges": Flag("Run a multi-graph component's parity at its dimensions' full range ends even where "
-                                   "one input set there passes the element budget (a third of the weights; the "
-                                   "shapes left out are listed in parity.shape_budget). Slower, more memory."),
+        "parity_full_ranges": Flag("Run parity at the dynamic dimensions' full range ends (a multi-graph component's "
+                                   "or a single graph's) even where one input set there passes the element budget "
+                                   "(a third of the weights; the shapes left out are listed in "
+                                   "parity.shape_budget). Slower, more memory."),
         "trust_remote_code": Flag("Allow a model directory whose config.json has an auto_map (its own Python "
                                   "classes, which run on load; inside the load sandbox)."),
     }

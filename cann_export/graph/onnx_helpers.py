@@ -24,9 +24,9 @@ def weights_bytes(model: onnx.ModelProto) -> int:
 def session_options(arena: bool = False) -> Any:
     """The onnxruntime CPU session options every session of the tool starts from: its warnings (coloured, on
     stderr) kept to itself; no memory arena kept per session unless ``arena`` (a run's intermediates go back after
-    it); and at most ``OMP_NUM_THREADS`` intra-op threads when the user set it. onnxruntime itself ignores that
-    variable and spins a thread per core, which on a shared machine spins against torch's pool and other
-    processes that were told to share the cores."""
+    it); pool threads that sleep while they wait; and at most ``OMP_NUM_THREADS`` intra-op threads when the user
+    set it. onnxruntime itself ignores that variable and spins a thread per core, which on a shared machine spins
+    against torch's pool and other processes that were told to share the cores."""
     import os
 
     import onnxruntime as ort
@@ -34,6 +34,9 @@ def session_options(arena: bool = False) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = arena
+    # a pool thread waiting for work sleeps instead of spinning (as the CLI's OMP_WAIT_POLICY=PASSIVE for torch):
+    # on cores shared with other work, ResNet-18's parity runs took 1.3 -> 0.9 CPU s at a load of 23 on 2 cores
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     limit = os.environ.get("OMP_NUM_THREADS", "").strip()
     if limit.isdigit() and 0 < int(limit) <= 4096:
         options.intra_op_num_threads = int(limit)

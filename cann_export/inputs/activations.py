@@ -1,5 +1,5 @@
 """The largest intermediate tensor of a forward at a shape, estimated from eager runs: what parity's shape budget
-counts besides a set's inputs and outputs (bundle/parity_budget.py). A Whisper encoder's attention scores at its real
+counts besides a set's inputs and outputs (inputs/parity_budget.py). A Whisper encoder's attention scores at its real
 window are batch x heads x 1500 x 1500 (1.8 GB at batch 49 with 4 heads) while its inputs and outputs are 1/20 of
 that; a budget on inputs and outputs alone lets such a set through.
 

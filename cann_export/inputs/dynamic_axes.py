@@ -172,26 +172,38 @@ def symbols(axes: list[DynamicAxis]) -> dict[str, DynamicAxis]:
 
 
 def shape_points(axes: list[DynamicAxis], feed: dict[str, Any], gear_form: bool = False,
-                 hints: dict[str, Any] | None = None, full: bool = False) -> list[dict[str, int]]:
+                 hints: dict[str, Any] | None = None, full: bool = False, budget: Any = None,
+                 left: list[dict[str, Any]] | None = None) -> list[dict[str, int]]:
     """The sizes parity runs at besides the example's: each dimension at each of its points (the sizes ATC
     builds: the gears of a user's gear hint, ``hints``; every gear when the gear form is rendered,
     ``gear_form``; else the range's ends and middle) with the others at the example's size; ``full`` (--parity
     full): then every combination of the gears (of the range ends) not among them."""
-    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints, full)
+    return points_from(axes, {a.name: int(feed[a.input].shape[a.axis]) for a in axes}, gear_form, hints, full,
+                       budget, left)
 
 
 def points_from(axes: list[DynamicAxis], example: dict[str, int], gear_form: bool,
-                hints: dict[str, Any] | None = None, full: bool = False) -> list[dict[str, int]]:
-    """shape_points from the example's size per dimension name (validate re-derives them from a bundle)."""
+                hints: dict[str, Any] | None = None, full: bool = False, budget: Any = None,
+                left: list[dict[str, Any]] | None = None) -> list[dict[str, int]]:
+    """shape_points from the example's size per dimension name (validate re-derives them from a bundle).
+    ``budget``: (elements, ``point -> elements``) of inputs/shape_budget.py; the sizes past it are appended to
+    ``left`` (inputs/parity_budget.within)."""
     import itertools
 
     from ..atc.hint_gears import axes_hint_sizes
+    from .parity_budget import within
 
     gears = axes_hint_sizes(axes, hints or {})
     named = symbols(axes)
     points: list[dict[str, int]] = []
     for name, a in named.items():
-        for size in gears.get(name) or a.points(gear_form):
+        sizes = gears.get(name) or a.points(gear_form)
+        if budget is not None:
+            sizes, gone = within(name, sizes, example, budget[0], budget[1], bool(gears.get(name) or gear_form
+                                                                                  or a.gears))
+            if left is not None:
+                left += gone
+        for size in sizes:
             point = {**example, name: size}
             if point != example and point not in points:
                 points.append(point)
@@ -218,13 +230,19 @@ def _point_sets(ctx: Any, axes: list[DynamicAxis], start: int) -> Any:
     import torch
 
     from ..atc.dynamic_form import check_profiles, renders_gears
+    from .shape_budget import measure, record_left
     from .tensors import set_label
 
     feed, opts = ctx.example_inputs, ctx.options
     check_profiles(axes, opts.cann_version, opts.atc_hints)  # before parity runs at sizes ATC would refuse
     gear_form = renders_gears(axes, opts.cann_version, opts.atc_hints)
     full = opts.parity_coverage == "full"
-    for k, point in enumerate(shape_points(axes, feed, gear_form, opts.atc_hints, full)):
+    with _attributes_kept(ctx.model):  # its probe forwards at other sizes may reconfigure the model (Swin)
+        budget = measure(ctx, axes)
+    left: list[dict[str, Any]] = []
+    chosen = shape_points(axes, feed, gear_form, opts.atc_hints, full, budget and budget[:2], left)
+    record_left(ctx, budget, left)
+    for k, point in enumerate(chosen):
         shapes = {n: list(t.shape) for n, t in feed.items()}
         for a in axes:
             shapes[a.input][a.axis] = point[a.name]
@@ -257,6 +275,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
     names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
     in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
+    from ..heap_release import give_back
     from . import eos_rows
     from .reference import reference_outputs
     from .row_reuse import shared_references
@@ -287,6 +306,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets += sets
             ctx.input_set_labels += labels
             ctx.reference_outputs += outputs
+            give_back()  # this shape's forward freed before the next (larger) one
     for name, why in failed.items():
         axes = [a for a in ctx.dynamic_axes if a.name == name]
         asked = [a for a in axes if a.source in (FLAG, "--input-shape")]
@@ -296,6 +316,10 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
         ctx.dynamic_axes = [a for a in ctx.dynamic_axes if a.name != name]
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
             f"{a.input}:{a.axis} ({name}, from {a.source}) is exported static: {why}" for a in axes)]
+    if failed:
+        from .shape_budget import keep_left
+
+        keep_left(ctx, {a.name for a in ctx.dynamic_axes})
     point = example_point(ctx.dynamic_axes, ctx.example_inputs)
     for label in ctx.input_set_labels:
         label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}

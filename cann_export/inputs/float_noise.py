@@ -90,6 +90,8 @@ def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], referenc
     import numpy as np
     import torch
 
+    from ..heap_release import give_back
+
     none: list[list[float] | None] = [None] * len(input_sets)
     params = list(model.parameters()) if kind == "module" and isinstance(model, torch.nn.Module) else []
     if not params or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params) \
@@ -110,6 +112,8 @@ def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], referenc
                 if len(tensors) != len(reference[s]):
                     return none
                 out[s] = [_distance(t, r, np) for t, r in zip(tensors, reference[s], strict=True)]
+                del feed, tensors
+                give_back()  # one float64 forward's freed activations before the next
     except Exception:  # float64 is an estimate, never a requirement: any failure means no estimate
         return none
     return out

@@ -12,6 +12,7 @@ from .. import errors
 def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
     """The sets ``ctx.loaded.extras["shape_sets"](seed)`` gives, with their references; every label names its
     shape (the existing sets: the example's). A shape the model fails at is an error naming it."""
+    from ..heap_release import give_back
     from .reference import reference_outputs
     from .tensors import set_label
 
@@ -37,6 +38,7 @@ def add_given_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             ctx.input_sets.append(feed)
             ctx.input_set_labels.append(label)
         ctx.reference_outputs += outputs
+        give_back()  # this shape's forward freed before the next (larger) one
         if callable(getattr(make, "keep", None)):  # a later graph's inputs from these references (bundle/parity_reuse)
             make.keep(point, names, outputs)
     ctx.reports.reference.input_sets["shapes"] = count

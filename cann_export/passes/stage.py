@@ -141,7 +141,7 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     if added:  # a fusion this list does not know yet: the unsimplified graph is standard ONNX
         return f"rejected: simplified graph holds op(s) ATC does not parse ({', '.join(added)})", None
     del simplified  # what is kept is the file the checks below run, read back once they pass
-    from ..pipeline.heap_release import give_back
+    from ..heap_release import give_back
 
     give_back()  # onnxsim's working set, before onnxruntime's
     feed = {n: t.detach().cpu().numpy() for n, t in ctx.example_inputs.items()}

@@ -10,7 +10,7 @@ from ..context import ExportContext
 from ..fs import atomic
 from ..hooks import manager
 from . import chatter, rewind
-from . import heap_release
+from .. import heap_release
 from . import sandboxed_file as confined
 from .stage import ProgressFn, Stage
 from .table import STAGES

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..heap_release import give_back
 from ..progress import counted
 from . import msprobe_metrics
 from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
@@ -52,8 +53,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     sess = emulator.session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
-    runs = [sess.run(feed, outs + (extra if expose or (first_only and s == 0) else []))
-            for s, feed in enumerate(counted(feeds, "emulated device sets"))]
+    runs = _emulated_runs(sess, feeds, outs, extra, bool(expose))
     actual = [r[:len(outs)] for r in runs]
     outputs = [compare_output(name, [a[k] for a in actual], [e[k] for e in expected], pol, emulator.emulation.epsilon,
                               emulator.saturation) for k, name in enumerate(names)]
@@ -82,6 +82,17 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
             failing = [o["name"] for o in outputs if not o["passed"]]
             report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)
     return report
+
+
+def _emulated_runs(sess: Any, feeds: list[dict[str, np.ndarray]], outs: list[str], extra: list[str],
+                   every: bool) -> list[list[np.ndarray]]:
+    """Each set's emulated outputs, ``extra`` values fetched too on every set (``every``) or on the first only;
+    one set at a time, the heap given back between (a set's run does not stack on the last one's intermediates)."""
+    runs = []
+    for s, feed in enumerate(counted(feeds, "emulated device sets")):
+        runs.append(sess.run(feed, outs + (extra if every or s == 0 else [])))
+        give_back()
+    return runs
 
 
 def expand_keep(keep: list[str], paths: dict[str, str]) -> set[str]:

@@ -47,6 +47,7 @@ def judged_runs(path: Path, input_sets: list[dict[str, Any]], judge: Any,
     """Run the input sets through onnxruntime one at a time; of each run only ``judge(set, output names,
     outputs)`` is kept, and the outputs are dropped before the next run (a large vocabulary's logits at every
     shape never sit in memory together). Returns the output names and the judgements per set."""
+    from ..heap_release import give_back
     from ..progress import counted
 
     session, wanted = onnx_session(path, input_sets, quantized)
@@ -56,6 +57,7 @@ def judged_runs(path: Path, input_sets: list[dict[str, Any]], judge: Any,
         outputs = session.run(None, {n: feed[n] for n in wanted})
         kept.append(judge(s, names, outputs))
         del outputs
+        give_back()  # the next set's run does not stack on this one's freed intermediates
     return names, kept
 
 
@@ -291,6 +293,7 @@ class ParityValidator:
         import onnx
 
         from ..atc.hints import effective_precision
+        from ..heap_release import give_back
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model = onnx.load(str(ctx.onnx_path))
@@ -306,6 +309,7 @@ class ParityValidator:
                                     mixlist=ctx.options.atc_hints.get("modify_mixlist"),
                                     custom=ctx.options.atc_hints.get("customize_dtypes"))
         ctx.reports.layers = report.pop("layers", None)
+        give_back()  # the per-layer curve's exposed values: freed before the other shapes' device runs
         final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
         return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
                               ctx.options.tolerance, ctx.module_paths, quantized)

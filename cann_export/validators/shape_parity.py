@@ -49,6 +49,7 @@ def add_shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | No
 def device_check(model: Any, mode: str, keep: list[str], feeds: list, expected: list, names: list[str],
                  tolerance: Any, paths: dict[str, str], overflow: str, deq_scale: str, lists: Any = None) -> Any:
     """indices -> the device verdict on those sets alone (one emulator for every shape)."""
+    from ..heap_release import give_back
     from .device_parity_run import device_report
     from .precision import Emulator
 
@@ -58,6 +59,7 @@ def device_check(model: Any, mode: str, keep: list[str], feeds: list, expected: 
         report = device_report(model, mode, keep, [feeds[s] for s in sets], [expected[s] for s in sets], names,
                                tolerance.device_policy(), paths, emulator=emulator, localise_failure=False,
                                overflow=overflow, deq_scale=deq_scale)
+        give_back()  # one shape's emulated run freed before the next shape's
         return bool(report["passed"])
 
     return check

@@ -1,4 +1,4 @@
-"""The element budget of a multi-graph component's parity shapes (bundle/parity_budget.py): a shape whose one input
+"""The element budget of a multi-graph component's parity shapes (inputs/parity_budget.py): a shape whose one input
 set (inputs + outputs, with the graphs run to feed it) passes it is not run, a range end gives way to the largest
 size within it, what was left out is recorded in the component's manifest (``parity.shape_budget``) with how to
 run it, ``validate`` re-derives the same shapes from the graphs and the recorded budget, and
@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from cann_export import api
 from cann_export.cli.main import cli
-from cann_export.bundle import parity_budget as budget
+from cann_export.inputs import parity_budget as budget
 from cann_export.bundle.graph_shape_check import component_shape_problems
-from cann_export.bundle.parity_budget import budget_for, dim_size
+from cann_export.inputs.parity_budget import budget_for, dim_size
 from cann_export.inputs.activations import largest
 from helpers.hf_models import tiny_decoder_gpt2
 

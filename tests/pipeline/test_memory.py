@@ -1,4 +1,4 @@
-"""Between stages the export hands freed heap back to the operating system (pipeline/heap_release.py), so a stage's
+"""Between stages the export hands freed heap back to the operating system (heap_release.py), so a stage's
 peak RSS does not stack on what the stage before it freed (a graph's serialised copy, onnxruntime's arenas)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 CODE = """
 import sys
-from cann_export.pipeline import heap_release
+from cann_export import heap_release
 
 def rss():
     with open('/proc/self/status') as f:
@@ -77,7 +77,7 @@ PEAK = """
 import numpy as np, onnx
 from onnx import TensorProto, helper, numpy_helper
 from cann_export.graph.onnx_helpers import save_model
-from cann_export.pipeline import heap_release
+from cann_export import heap_release
 
 def status(key):
     with open('/proc/self/status') as f:

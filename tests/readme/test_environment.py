@@ -153,3 +153,22 @@ def test_onnxruntime_sessions_keep_to_the_users_thread_limit(monkeypatch, value,
 
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert session_options().intra_op_num_threads == threads
+
+
+def test_onnxruntime_pool_threads_sleep_while_they_wait():
+    """A session's pool threads do not spin between a run's ops (they held the cores a shared machine's other work,
+    torch's threads included, needed): the tool's sessions run with intra-op spinning off."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from cann_export.graph.onnx_helpers import session_options
+
+    options = session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.array([-1.0, 2.0], np.float32)})[0].tolist() == [0.0, 2.0]

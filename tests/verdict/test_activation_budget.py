@@ -1,4 +1,4 @@
-"""Parity's shape budget counts every intermediate (inputs/activations.py, bundle/parity_budget.py): a set whose
+"""Parity's shape budget counts every intermediate (inputs/activations.py, inputs/parity_budget.py): a set whose
 inputs and outputs are small but whose attention scores are not is left out, the estimate grows an attention
 score with the square of the sequence, the budget's floor is the example's own intermediates, validate refuses
 an edited estimate, and the checks' own cost is on its own line and in the manifest (validators/cost.py)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from cann_export.bundle import parity_budget as budget
+from cann_export.inputs import parity_budget as budget
 from cann_export.bundle.graph_shapes import shape_sets
 from cann_export.hf.graph_plans import plan_for
 from cann_export.inputs.activations import largest, op_sizes, recorded_terms, terms_of

@@ -34,7 +34,7 @@ def budget_for(weights: int, example: int = 0) -> int:
 def with_activations(io: Elements, terms: list[dict[str, Any]], example: Point) -> Elements:
     """``point -> elements`` of a set's inputs and outputs (``io``) plus LIVE times its largest intermediate
     (inputs/activations.py ``terms``, their sizes at ``example``)."""
-    from ..inputs.activations import largest
+    from .activations import largest
 
     if not terms:
         return io
@@ -107,7 +107,7 @@ def recorded_budget(found: Any, example: Callable[[], int] | None = None) -> tup
     full ranges (or the bundle predates the budget); a problem when the record is not what the rule gives
     (``example``: the elements of the example's set, counted from the graphs with the recorded activation terms:
     the budget's floor)."""
-    from ..inputs.activations import recorded_terms
+    from .activations import recorded_terms
 
     if found is None:
         return None, None

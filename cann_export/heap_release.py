@@ -1,4 +1,6 @@
-"""Freed heap back to the operating system between the stages of an export."""
+"""Freed heap back to the operating system between the stages of an export, and between the checks' large runs
+(one parity set's forward or onnxruntime run after another: the next set's peak does not stack on the last's
+freed chunks)."""
 from __future__ import annotations
 
 import ctypes
