@@ -88,10 +88,18 @@ def torchscript_axes(ctx: Any) -> dict[str, dict[int, str]] | None:
             out[name] = {**dict(dims), **out.get(name, {})}
     names = {a.name for a in axes} | {label for dims in (declared or {}).values() for label in dims.values()}
     for output, dims in (ctx.loaded.extras.get("output_axes") or {}).items():
-        named = {int(axis): label for axis, label in dims.items() if label in names}
+        named = {int(axis): label for axis, label in dims.items() if _over(label, names)}
         if output in ctx.output_names and output not in out and named:
             out[output] = named
     return out
+
+
+def _over(label: str, names: set[str]) -> bool:
+    """Whether an output's axis label is one of the inputs' dimensions, or one of them plus a count (``NAME + k``:
+    a seq2seq decode step's ``present.*.decoder`` is ``past_decoder_sequence_length + 1``, which no input has: left
+    unnamed, the trace named it after its Concat and validate could not size it)."""
+    base, plus, count = label.rpartition(" + ")
+    return label in names or bool(plus and base in names and count.isdigit())
 
 
 def fix_declared_outputs(model: Any, ctx: Any) -> bool:

@@ -96,6 +96,10 @@ def test_graph_names_and_axes_are_optimums(whisper):
     assert step["past_key_values.1.decoder.key"] == ["batch_size", 4, "past_decoder_sequence_length", 8]
     assert list(shapes("decoder_with_past", "output")) == ["logits"] + [
         f"present.{i}.decoder.{kv}" for i in range(2) for kv in ("key", "value")]
+    # the traced cache grows by the new token under Optimum's name: left to the tracer ("Concatpresent..._dim_2"),
+    # validate counted it as 1 where export counted past + 1, and a real Whisper's budget record was refused
+    assert shapes("decoder_with_past", "output")["present.1.decoder.value"] == [
+        "batch_size", 4, "past_decoder_sequence_length + 1", 8]
     script = (bundle / "components" / "encoder" / "atc" / "convert.sh").read_text()
     assert f"input_features:1~64,{MELS},{2 * SOURCE}" in script
     # the encoder's length (max_source_positions) bounds encoder_sequence_length, not the decoder's table
