@@ -106,9 +106,8 @@ def _import_what_commit_reads(ctx: ExportContext) -> None:
     """The libraries this process's check of the staged bundle reads it with (``write_stage.check_staged``: onnx for
     a bundle's graph, torch for its program's operators), imported before the fork: the child needs them as well and
     inherits them, so no process imports them twice (~3 CPU-s of an atc_ready export's fixed cost)."""
-    from ..bundle.staged import MANIFEST, declared
-
-    if MANIFEST in (declared(ctx.format, ctx.output_path) or ()):
+    writes = optional(ctx.format, Format, "writes")
+    if writes and "manifest.json" in writes(ctx.output_path):  # a bundle: its graph is read back
         import onnx  # noqa: F401
     if getattr(ctx.format, "writes_program", False):
         from ..load.program_graph import import_libraries
