@@ -82,7 +82,8 @@ def _imports(stderr: str, module: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_sandboxed_export_imports_torch_and_onnx_once(tmp_path, cli_env):
+@pytest.mark.parametrize("export_format", ["atc_ready", "onnx"])
+def test_a_sandboxed_export_imports_torch_and_onnx_once(tmp_path, cli_env, export_format):
     from cann_export.sandbox import confine
 
     if not confine.probe().available:
@@ -90,8 +91,8 @@ def test_a_sandboxed_export_imports_torch_and_onnx_once(tmp_path, cli_env):
     model = files.pt2(tmp_path)
     env = {**cli_env, "CANN_EXPORT_DEBUG": "1"}
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", "from cann_export.cli.main import main; main()",
-                          str(model), "-o", str(tmp_path / "b"), "--no-validate"],
+                          str(model), "-o", str(tmp_path / "b"), "--format", export_format, "--no-validate"],
                          capture_output=True, text=True, env=env, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert Path(tmp_path / "b" / "torch" / "program.pt2").is_file()
+    assert export_format == "onnx" or Path(tmp_path / "b" / "torch" / "program.pt2").is_file()
     assert (_imports(out.stderr, "torch"), _imports(out.stderr, "onnx")) == (1, 1)
