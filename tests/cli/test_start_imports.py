@@ -41,11 +41,13 @@ def test_a_refusal_imports_no_torch(tmp_path, cli_env):
     assert seen[-1][1] == [], err
 
 
-def test_commands_on_an_onnx_only_bundle_import_neither_torch_nor_transformers(tmp_path, cli_env):
-    directory = hf_dirs.save("bert", tmp_path / "bert")
+@pytest.mark.parametrize("source", ["pt2", pytest.param("hf", marks=pytest.mark.slow)])
+def test_commands_on_an_onnx_only_bundle_import_neither_torch_nor_transformers(tmp_path, cli_env, source):
+    """A .pt2's bundle, and a Hugging Face directory's with its hf/ files (slow: 7 CPU-s, transformers' import)."""
+    model = files.pt2(tmp_path) if source == "pt2" else hf_dirs.save("bert", tmp_path / "bert")
     bundle = tmp_path / "bundle"
-    api.export(directory, bundle, "onnx_bundle", sandbox="off", num_random_inputs=1)
-    assert (bundle / "hf").is_dir() and not (bundle / "torch").exists()
+    api.export(model, bundle, "onnx_bundle", sandbox="off", num_random_inputs=1)
+    assert not (bundle / "torch").exists() and (bundle / "hf").is_dir() == (source == "hf")
     seen, err = _commands([["inspect", str(bundle)], ["lint", str(bundle)], ["validate", str(bundle)]], cli_env)
     assert [code for code, _ in seen] in ([0, 0, 0], [0, 1, 0]), err  # lint exits 1 on a finding
     assert seen[-1][1] == [], err
