@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 PT2, TORCHSCRIPT, TORCH_SAVE = "torch.export", "torchscript", "torch.save"
 WRITERS = {PT2: "torch.export.save", TORCHSCRIPT: "torch.jit.save", TORCH_SAVE: "torch.save"}
@@ -29,6 +30,22 @@ _PAYLOADS = {PT2: re.compile(r"data/(?:weights/weight|constants/tensor)_\d+"),
 _OBJECTS = re.compile(r"data/constants/(custom_obj|opaque_obj)_\d+")
 _NATIVE = re.compile(r"(^|/)data/aotinductor/|\.(so|dylib|dll|pyd)(\.\d+)*$", re.IGNORECASE)
 _SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Pt2Layout:
+    """torch.export.save's record names (torch/export/pt2_archive/constants.py), here because importing torch's
+    module imports torch.export's serializer and dynamo (seconds) where checking an archive needs five strings;
+    tests/load/test_archive_layout.py checks them against the installed torch's."""
+    MODELS_FILENAME_FORMAT: str = "models/{}.json"
+    SAMPLE_INPUTS_FILENAME_FORMAT: str = "data/sample_inputs/{}.pt"
+    WEIGHTS_CONFIG_FILENAME_FORMAT: str = "data/weights/{}_weights_config.json"
+    CONSTANTS_CONFIG_FILENAME_FORMAT: str = "data/constants/{}_constants_config.json"
+    WEIGHTS_DIR: str = "data/weights/"
+    CONSTANTS_DIR: str = "data/constants/"
+
+
+PT2_LAYOUT = Pt2Layout()
 
 
 def root_of(names: list[str]) -> str:

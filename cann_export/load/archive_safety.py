@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoadError
-from .allowlist import PT2
+from .allowlist import PT2, PT2_LAYOUT
 from .archives import ArchiveError, CheckedZip, max_inspected_bytes, open_checked, read_member
 from .program_graph import graph_problem
 from .program_names import names_problem
@@ -128,7 +128,7 @@ def _config(archive: CheckedZip, member: str) -> dict[str, Any]:
 def risky_members(archive: CheckedZip) -> Iterator[tuple[str, str]]:
     """(zip member, how torch would use it) for every member torch.export.load would unpickle ('pickle') or
     evaluate ('graph'); the allow-list has already refused every other kind of member."""
-    from torch.export.pt2_archive import constants as c
+    c = PT2_LAYOUT
 
     records = _records(archive)
     prefix, suffix = c.MODELS_FILENAME_FORMAT.split("{}")
@@ -184,7 +184,7 @@ def check_export_archive(path: Path | str, trust_pickle: bool, canonical: Canoni
 def check_program_names(archive: CheckedZip, path: Path) -> None:
     """Refuse an archive whose program names hold anything torch would write into source as code (the
     check runs even for a trusted file: torch.export.save never writes such a name)."""
-    from torch.export.pt2_archive import constants as c
+    c = PT2_LAYOUT
 
     prefix, suffix = c.MODELS_FILENAME_FORMAT.split("{}")
     for record, member in _records(archive).items():

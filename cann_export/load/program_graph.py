@@ -53,6 +53,12 @@ _IO_NAME = re.compile(r"from_file|_file$|^(save|load)(_|$)")
 OP_NAMESPACES = frozenset(["aten", "prims", "higher_order", "quantized_decomposed", "quantized", "torchao"])
 
 
+def import_libraries() -> None:
+    """Import what ``graph_problem`` reads (torch's operators, its sympy functions), for a caller that imports them
+    ahead of a fork whose child needs them too (pipeline/sandboxed_file.py)."""
+    import torch.utils._sympy.functions  # noqa: F401
+
+
 def _sym_problem(expr: str) -> str | None:
     import torch.utils._sympy.functions as sympy_functions
     from sympy.core.assumptions import _assume_defined  # keyword names: Symbol('s0', positive=True)

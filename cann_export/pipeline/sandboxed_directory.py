@@ -94,8 +94,11 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
                         model_name=output.name.split(".")[0])
             return {}
 
+        keep_threads = child.fork_keeps_threads()
+        import onnx  # noqa: F401 - _checked reads every graph with it: imported once, before the fork, for both
+
         try:
-            child.run(body, [box], support, _events(progress))
+            child.run(body, [box], support, _events(progress), keep_threads)
         except child.ChildFailed as e:
             raise ExportError(f"{e}. The model directory ran in the load sandbox ({support.kind}); nothing was "
                               "written. A crafted file, or a load that needs more memory than is free",

@@ -113,10 +113,12 @@ def _child(fd: int, writable: list[Path], support: confine.Support, body: Callab
 
 
 def run(body: Callable[[Send], dict[str, Any]], writable: list[Path], support: confine.Support,
-        on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        on_event: Callable[[dict[str, Any]], None], keep_threads: bool | None = None) -> dict[str, Any]:
     """``body(send)`` in a confined child; each ``send``-ed event reaches ``on_event`` here; its return
-    value comes back. An error the child raised is raised here, rebuilt (see ``rebuild``)."""
-    keep_threads = fork_keeps_threads()
+    value comes back. An error the child raised is raised here, rebuilt (see ``rebuild``). ``keep_threads``:
+    ``fork_keeps_threads()`` asked before the caller imported libraries for the child to inherit (an import
+    starts threads of its own, never an OpenMP pool); asked now when None."""
+    keep_threads = fork_keeps_threads() if keep_threads is None else keep_threads
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
