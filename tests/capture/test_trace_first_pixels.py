@@ -12,8 +12,12 @@ from cann_export import LoadedModel, hookimpl
 
 
 def _eager_forwards(name: str):
-    """A counter of the float32 eager forwards of modules whose class is ``name`` (not under tracing or dynamo)."""
-    calls = []
+    """Counters of the float32 eager forwards of modules whose class is ``name`` (not under tracing or dynamo): the
+    reference's, and the shape budget's size estimates (run under its op-recording dispatch mode,
+    inputs/activations.py ``op_sizes``)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    calls, estimates = [], []
 
     def hook(module, args, kwargs, output):
         if type(module).__name__ != name or torch.jit.is_tracing() or torch.compiler.is_compiling():
@@ -22,9 +26,18 @@ def _eager_forwards(name: str):
 
         tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and tensors[0].dtype != torch.float64:
-            calls.append(1)
+            (estimates if _get_current_dispatch_mode() is not None else calls).append(1)
 
-    return calls, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+    return calls, estimates, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+
+
+def _shared_forwards(reuse: dict) -> int:
+    """The forwards the batch sizes' row reuse saved (inputs/row_reuse.py): its sizes' sets ran as one forward of
+    the fresh rows (none where the example sets held enough) and the proof's own run at the smallest size."""
+    if not reuse.get("used"):
+        return 0
+    fresh = 1 if reuse["eager_rows"] > reuse["proof"]["size"] else 0
+    return len(reuse["sizes"]) - fresh - 1
 
 
 @pytest.mark.parametrize("case", ["vit", "convnext"])
@@ -34,7 +47,7 @@ def test_a_pixel_model_traced_first_runs_no_forward_beyond_the_prepared_sets(tmp
     directory = hf_dirs.save(case, tmp_path / case)
     extras = loader.HfDirectoryLoader().load(directory, cann_export.ExportOptions()).extras
     assert extras["exporter_order"] == ["torchscript", "dynamo"]  # by default, as for text
-    calls, handle = _eager_forwards("TaskModule")  # the task's graph (hf/model.py)
+    calls, estimates, handle = _eager_forwards("TaskModule")  # the task's graph (hf/model.py)
     try:
         result = cann_export.export(str(directory), tmp_path / "m.onnx", export_format="onnx",
                                     sandbox="off")  # the forwards in this process, where the hook counts
@@ -45,7 +58,11 @@ def test_a_pixel_model_traced_first_runs_no_forward_beyond_the_prepared_sets(tmp
     assert parity["input_sets_from"] == {"example": 1, "random": 2, "parity_data": 0, "trace_path": 4,
                                          **({"shapes": parity["input_sets_from"]["shapes"]}
                                             if "shapes" in parity["input_sets_from"] else {})}
-    assert len(calls) == parity["input_sets"], (len(calls), parity["input_sets"])  # one forward per set, no more
+    # one forward per set, none for the probes (fewer where the batch sizes share rows), and the budget's estimate at
+    # the example and at each dynamic dimension's low end (inputs/shape_budget.py)
+    shared = _shared_forwards((result.manifest.get("parity") or {}).get("reference_reuse") or {})
+    assert len(calls) == parity["input_sets"] - shared, (len(calls), parity["input_sets"], shared)
+    assert 1 <= len(estimates) <= 4, len(estimates)  # batch, and height / width where they are dynamic
     assert parity["passed"] and parity["probes"]["passed"]  # the four copies judged as probes, on the written graph
     checked = parity.get("trace_specialized", {}).get("checked")
     assert checked is None or checked["path_variants"] == 4
