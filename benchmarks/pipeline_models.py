@@ -4,8 +4,8 @@
 T5EncoderModel of tiny-random-t5's sizes, AutoencoderKL, FlowMatchEulerDiscreteScheduler) with CLIP and T5
 tokenizers made from a small local vocabulary; ``sd3-wide`` the same with a 768-wide, 3-block transformer (about
 300 MB of fp32 weights: bench_large.py --pipeline), ``sd3-512`` with a 512-wide one (124 MB); ``trivial`` is a
-one-layer torch.export program (``trivial.pt2``), what the runtime's floor is measured on. As tests/helpers/tiny_diffusion.py builds it (benchmarks never import from
-tests/).
+one-layer torch.export program (``trivial.pt2``), what the runtime's floor is measured on. As
+tests/helpers/tiny_diffusion.py builds it (benchmarks never import from tests/).
 
 Run as ``python pipeline_models.py OUT NAME[,NAME...]`` with the Python whose transformers writes the tokenizer files
 both sides read (the bench runs it with Optimum's side venv: transformers 4.x writes the slow CLIP tokenizer's
