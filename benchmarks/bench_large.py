@@ -30,6 +30,7 @@ SD3 fast-test pipeline with a 768-wide, 3-block transformer, 264 MB of fp32 weig
 ``cann-export DIR -o OUT`` with no flags (every component validated, the end-to-end check), and
 ``cann-export trivial.pt2`` (a Linear 4 -> 4) measured the same way: the runtime's floor. Peak RSS over the weight
 bytes, and what is above the floor over the weight bytes. Results go to ``benchmarks/results/large_pipeline.json``.
+``--pipeline-model sd3-512`` measures a 512-wide transformer instead (124 MB of weights: the same ratios, sooner).
 
 Usage::
 
@@ -197,19 +198,19 @@ def run_hf_case(fmt: str) -> dict:
             "exporter": (result.get("onnx") or {}).get("exporter")}
 
 
-def run_pipeline_case(fmt: str, timeout: float) -> dict:
-    """``cann-export DIR`` on the sd3-wide pipeline directory, and the floor (``cann-export trivial.pt2``). A run
-    past ``timeout`` is killed; its peak RSS so far is still recorded (``timed_out``)."""
+def run_pipeline_case(fmt: str, timeout: float, model: str = "sd3-wide") -> dict:
+    """``cann-export DIR`` on the ``model`` pipeline directory (pipeline_models.py), and the floor (``cann-export
+    trivial.pt2``). A run past ``timeout`` is killed; its peak RSS so far is still recorded (``timed_out``)."""
     with tempfile.TemporaryDirectory(prefix="bench-large-pipe-") as tmp:
         env = _child_env()
-        setup = subprocess.run([sys.executable, str(HERE / "pipeline_models.py"), tmp, "sd3-wide,trivial"], env=env,
+        setup = subprocess.run([sys.executable, str(HERE / "pipeline_models.py"), tmp, f"{model},trivial"], env=env,
                                capture_output=True, text=True, check=False)
         if setup.returncode != 0:
             return {"depth": 3, "error": setup.stderr.strip().splitlines()[-3:]}
         weights = json.loads(setup.stdout.strip().splitlines()[0])["weights_bytes"]
         floor = _measured([*_cli(), str(Path(tmp) / "trivial.pt2"), "--format", fmt, "-o", str(Path(tmp) / "floor")],
                           env)
-        m = _measured([*_cli(), str(Path(tmp) / "sd3-wide"), "--format", fmt, "-o", str(Path(tmp) / "bundle"),
+        m = _measured([*_cli(), str(Path(tmp) / model), "--format", fmt, "-o", str(Path(tmp) / "bundle"),
                        "--json"], env, timeout)
     if m["rc"] != 0 or floor["rc"] != 0:
         return {"depth": 3, "error": (m if m["rc"] else floor)["stderr"].strip().splitlines()[-3:],
@@ -217,7 +218,7 @@ def run_pipeline_case(fmt: str, timeout: float) -> dict:
                 "peak_rss_bytes": m["peak_rss_bytes"], "floor_rss_bytes": floor["peak_rss_bytes"]}
     result = json.loads(m["stdout"].strip().splitlines()[-1])
     above = m["peak_rss_bytes"] - floor["peak_rss_bytes"]
-    return {"depth": 3, "model": "sd3-wide", "format": fmt, "weights_bytes": weights,
+    return {"depth": 3, "model": model, "format": fmt, "weights_bytes": weights,
             "peak_rss_bytes": m["peak_rss_bytes"], "peak_over_weights": m["peak_rss_bytes"] / weights,
             "floor_rss_bytes": floor["peak_rss_bytes"], "above_floor_over_weights": above / weights,
             "wall_s": m["wall_s"], "ok": result.get("ok"), "parity_passed": (result.get("parity") or {}).get("passed"),
@@ -277,7 +278,7 @@ def run_safetensors_case(depth: int, width: int, fmt: str) -> dict:
 
 def main_safetensors(args: argparse.Namespace) -> None:
     if args.pipeline:
-        rows = [run_pipeline_case(args.format, args.timeout)]
+        rows = [run_pipeline_case(args.format, args.timeout, args.pipeline_model)]
     else:
         rows = ([run_hf_case(args.format)] if args.hf else
                 [run_safetensors_case(d, args.width, args.format) for d in (args.depth or [36])])
@@ -357,6 +358,8 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
     ap.add_argument("--pipeline", action="store_true",
                     help="the same for a 264 MB diffusers SD3 pipeline directory, with the runtime's floor")
+    ap.add_argument("--pipeline-model", default="sd3-wide", choices=("sd3-wide", "sd3-512"),
+                    help="--pipeline's directory: sd3-wide (264 MB) or sd3-512 (124 MB, the same ratios sooner)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before --pipeline's export is killed")
     args = ap.parse_args()
     if args.safetensors or args.hf or args.pipeline:

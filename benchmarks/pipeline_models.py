@@ -3,9 +3,9 @@
 (StableDiffusion3PipelineFastTests.get_dummy_components: SD3Transformer2DModel, two CLIPTextModelWithProjection, a
 T5EncoderModel of tiny-random-t5's sizes, AutoencoderKL, FlowMatchEulerDiscreteScheduler) with CLIP and T5
 tokenizers made from a small local vocabulary; ``sd3-wide`` the same with a 768-wide, 3-block transformer (about
-300 MB of fp32 weights: bench_large.py --pipeline); ``trivial`` is a one-layer torch.export program (``trivial.pt2``),
-what the runtime's floor is measured on. As tests/helpers/tiny_diffusion.py builds it (benchmarks never import from
-tests/).
+300 MB of fp32 weights: bench_large.py --pipeline), ``sd3-512`` with a 512-wide one (124 MB); ``trivial`` is a
+one-layer torch.export program (``trivial.pt2``), what the runtime's floor is measured on. As
+tests/helpers/tiny_diffusion.py builds it (benchmarks never import from tests/).
 
 Run as ``python pipeline_models.py OUT NAME[,NAME...]`` with the Python whose transformers writes the tokenizer files
 both sides read (the bench runs it with Optimum's side venv: transformers 4.x writes the slow CLIP tokenizer's
@@ -103,6 +103,7 @@ def trivial(out: Path) -> None:
 PIPELINES = {
     "sd3-tiny": ((4, 8, 1), "SD3 fast-test pipeline (diffusers' sizes; 1 transformer block), random weights"),
     "sd3-wide": ((12, 64, 3), "SD3 fast-test pipeline with a 768-wide, 3-block transformer, random weights"),
+    "sd3-512": ((8, 64, 3), "SD3 fast-test pipeline with a 512-wide, 3-block transformer, random weights"),
 }
 
 

@@ -6,6 +6,7 @@ PSNR recorded, and the NaN / Inf each component gave. A failure fails the export
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,10 @@ def graph_path(root: Path, name: str) -> str:
     return str(root / "components" / name / str(own["model"]["file"]))
 
 
-def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True) -> dict[str, Any]:
+def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True, slot: Any = None) -> dict[str, Any]:
     """Each component under the device emulation its own parity used (its mode, the SoC's overflow, keep_dtype);
-    ``fixed=False``: without the nodes --fix-precision added to its keep set."""
+    ``fixed=False``: without the nodes --fix-precision added to its keep set; ``slot`` (hosted.OneOpen): each
+    emulation built when its component first runs, one at a time."""
     from ..bundle.read import load_manifest_file
     from .hosted import emulated_run
 
@@ -56,7 +58,9 @@ def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True) -> dict[
         mode, overflow = str(precision.get("mode") or "force_fp16"), str(precision.get("overflow") or "saturation")
         added = set() if fixed else set(parity.get("fixed_by_keep_dtype") or [])
         keep = [n for n in precision.get("keep_dtype") or [] if n not in added]
-        runs[name] = emulated_run(graph_path(root, name), mode, overflow, keep)
+        path = graph_path(root, name)
+        runs[name] = slot.lazy(partial(emulated_run, path, mode, overflow, keep)) if slot is not None \
+            else emulated_run(path, mode, overflow, keep)
     return runs
 
 
@@ -128,24 +132,30 @@ def hosted_like(pipe: Any, runs: dict[str, Any], cache: Any = None) -> Any:
 
 def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[str, Any]:
     """The end-to-end section of a pipeline bundle staged at ``root`` (every component's graph written);
-    ``images`` receives the three images compared (``eager``, ``fp32``, ``device``) for the report."""
+    ``images`` receives the three images compared (``eager``, ``fp32``, ``device``) for the report. Each loop
+    holds one component's graph at a time (hosted.OneOpen): the pipeline's weights are held once by ``pipe``
+    and at most once more by the graph running, not once per component and per check."""
     import time
 
-    from .hosted import nonfinite, ort_run
+    from .hosted import OneOpen, nonfinite, ort_run
 
     started = time.perf_counter()
     names = components_of(type(pipe).__name__)
     eager_latents, eager_image = generate_with_latents(pipe)
-    fp32 = hosted_like(pipe, {n: ort_run(graph_path(root, n)) for n in names})
+    slot = OneOpen()
+    fp32 = hosted_like(pipe, {n: slot.lazy(partial(ort_run, graph_path(root, n), False)) for n in names})
     latents, image = generate_with_latents(fp32)
+    slot.close()
     close = bool(np.allclose(latents, eager_latents, atol=LATENT_ATOL, rtol=LATENT_RTOL))
     fp32_entry = {"passed": close and image.shape == eager_image.shape,
                   "latents_max_abs": float(np.max(np.abs(latents - eager_latents))),
                   "image_max_abs": float(np.max(np.abs(image - eager_image))),
                   "tolerance": {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}, "nonfinite": nonfinite(fp32)}
-    device_entry, device_image = device_verdict(pipe, device_runs(root, names), eager_image)
+    device_entry, device_image = device_verdict(pipe, device_runs(root, names, slot=slot), eager_image)
+    slot.close()
     if fixed := fix_kept(root, names):  # rerun with the fix: the loop as it was without the keep sets it added
-        unfixed, _ = device_verdict(pipe, device_runs(root, names, fixed=False), eager_image)
+        unfixed, _ = device_verdict(pipe, device_runs(root, names, fixed=False, slot=slot), eager_image)
+        slot.close()
         device_entry["before_fix"] = {**unfixed, "fixed_components": fixed}
     if images is not None:
         images.update(eager=eager_image, fp32=image, device=device_image)

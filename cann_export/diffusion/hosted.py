@@ -123,13 +123,14 @@ class HostedVae(Hosted):
 HOSTED = {"transformer": HostedTransformer, "unet": HostedUNet}
 
 
-def ort_run(path: str) -> Run:
-    """onnxruntime on the graph at ``path`` (fp32, CPU)."""
+def ort_run(path: str, arena: bool = True) -> Run:
+    """onnxruntime on the graph at ``path`` (fp32, CPU); ``arena``: the session keeps its largest run's memory for
+    the next (a runner's loop), else each run's intermediates go back after it."""
     import onnxruntime as ort
 
     from ..graph.onnx_helpers import session_options
 
-    sess = ort.InferenceSession(path, session_options(arena=True), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(path, session_options(arena=arena), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     wanted = [i.name for i in sess.get_inputs()]
 
@@ -156,6 +157,45 @@ def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
         return dict(zip(names, sess.run(feed, names), strict=True))
 
     return run
+
+
+class OneOpen:
+    """Graph runs (``lazy``) that open their graph when first called and share one place: opening one closes the
+    one open before it, so a loop over a pipeline's components holds one component's session (and its emulator's
+    weights) at a time, not every component's at once. A closed run opens again when it is next called."""
+
+    def __init__(self) -> None:
+        self.open: _LazyRun | None = None
+
+    def lazy(self, opener: Callable[[], Run]) -> Run:
+        """A run that calls ``opener`` for the real one when first called (again after another run opened)."""
+        return _LazyRun(opener, self)
+
+    def close(self) -> None:
+        """The open run closed and its memory given back to the operating system."""
+        from ..pipeline.heap_release import give_back
+
+        if self.open is not None:
+            self.open.run = None
+            self.open = None
+            give_back()
+
+
+class _LazyRun:
+    def __init__(self, opener: Callable[[], Run], slot: OneOpen):
+        self.opener = opener
+        self.slot = slot
+        self.run: Run | None = None
+
+    def __call__(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.run is None:
+            from ..pipeline.heap_release import give_back
+
+            self.slot.close()
+            self.run = self.opener()
+            self.slot.open = self
+            give_back()  # what building it held only for a while (the graph's bytes, its proto)
+        return self.run(feed)
 
 
 def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any],

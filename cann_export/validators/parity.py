@@ -290,13 +290,11 @@ class ParityValidator:
 
             add_shape_verdicts(report, labels)
             return device_parity_note(report, ctx)
-        import onnx
-
         from ..atc.hints import effective_precision
         from ..heap_release import give_back
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
-        model = onnx.load(str(ctx.onnx_path))
+        model = written_graph(ctx)
         # the device verdict: realistic sets only, at the example's shape (other shapes: shape_verdicts, once each)
         chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))
         known = quantized and len(ctx.float_reference_outputs) == len(feeds)  # the int8 device yardstick
@@ -313,6 +311,18 @@ class ParityValidator:
         final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
         return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
                               ctx.options.tolerance, ctx.module_paths, quantized)
+
+
+def written_graph(ctx: Any) -> Any:
+    """The graph the write stage wrote: the context's own when it holds its weights (never changed by the checks,
+    which build their graphs from copies of its nodes), else read from the file. Reading it again held the
+    weights twice while the device check added its own copies."""
+    import onnx
+
+    model = ctx.onnx_model
+    if model is not None and all(i.data_location != onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
+        return model
+    return onnx.load(str(ctx.onnx_path))
 
 
 def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, model: Any, keep: list[str],

@@ -129,3 +129,30 @@ def test_a_large_models_reference_outputs_live_on_disk_and_go(tmp_path, monkeypa
     small = tmp_path / "small.onnx"
     assert cann_export.export(model, small, "onnx", example_inputs=torch.randn(2, 64)).ok
     assert not kept  # under the threshold: kept in memory
+
+
+def test_the_device_check_judges_the_graph_in_hand_not_a_copy_read_back(tmp_path, monkeypatch):
+    """validate's device run emulates the graph the write stage wrote from the context's own proto: reading the
+    file back held the weights twice while the emulation added its copies (issue 43's pipeline memory)."""
+    import torch
+
+    import cann_export
+
+    stage, read = [""], []
+    real = onnx.load
+
+    def reading(f, *args, **kwargs):
+        read.append((stage[0], str(f)))
+        return real(f, *args, **kwargs)
+
+    def on(event):
+        if event.kind in ("start", "end") and not event.graph:
+            stage[0] = event.stage if event.kind == "start" else ""
+
+    monkeypatch.setattr(onnx, "load", reading)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    result = cann_export.export(model, tmp_path / "b", example_inputs=(torch.randn(2, 64),), on_progress=on)
+    parity = result.to_dict()["parity"]
+    assert result.ok and parity["device"]["passed"] is True  # the device check ran, and passed
+    assert [f for s, f in read if s == "validate" and f.endswith("model.onnx")] == []
