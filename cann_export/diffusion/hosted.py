@@ -173,7 +173,7 @@ class OneOpen:
 
     def close(self) -> None:
         """The open run closed and its memory given back to the operating system."""
-        from ..pipeline.heap_release import give_back
+        from ..heap_release import give_back
 
         if self.open is not None:
             self.open.run = None
@@ -189,7 +189,7 @@ class _LazyRun:
 
     def __call__(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.run is None:
-            from ..pipeline.heap_release import give_back
+            from ..heap_release import give_back
 
             self.slot.close()
             self.run = self.opener()
