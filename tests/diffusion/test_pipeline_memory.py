@@ -31,7 +31,9 @@ def test_the_end_to_end_check_holds_one_graph_session_at_a_time(sd, monkeypatch)
     monkeypatch.setattr(ort.InferenceSession, "__init__", counted)
     result = check(pipe, bundle)
     monkeypatch.undo()
-    assert len(live) >= 8  # each loop opened its components' graphs: fp32 and emulated
+    # each loop (fp32, emulated; each run once: its latents come from the last step's callback) opened the graphs of
+    # the loop's three components (text_encoder, unet, vae_decoder)
+    assert len(live) >= 2 * 3
     assert most[0] == 1, f"{most[0]} graph sessions were alive at once"
     recorded = json.loads((bundle / "manifest.json").read_text())["pipeline"]["end_to_end"]
     assert result["passed"] is recorded["passed"] is True and result["image_shape"] == recorded["image_shape"]
