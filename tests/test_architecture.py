@@ -395,6 +395,22 @@ def test_capture_is_handed_the_reference_it_judges_against():
     assert not {q for q in reached if q.startswith(("cann_export.inputs.reference.", "cann_export.inputs.spill."))}
 
 
+def test_capture_makes_the_graph_and_leaves_the_sets_alone():
+    """Capture never edits prepare's parity sets: the stage table fits them to the captured graph afterwards
+    (inputs/graph_fit.py: the sets at another size of an axis the graph fixed go), so no capture module imports the
+    sets' editors and following the capture stage's calls never reaches them."""
+    from helpers.callgraph import call_graph, reach
+
+    graph = _import_graph()
+    editors = {"cann_export.inputs.graph_fit", "cann_export.inputs.dynamic_axes"}
+    assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.capture.") for t in targets
+                if t in editors}
+    reached = reach(call_graph(), ["cann_export.capture.stage.capture"])
+    edits = ("cann_export.inputs.graph_fit.", "cann_export.inputs.dynamic_axes.")
+    assert not {q for q in reached if q.startswith(edits) or q.endswith((".drop_unfit_sets", ".fix_ranges_to_graph"))}
+    assert "cann_export.inputs.graph_fit" in graph["cann_export.pipeline.table"]
+
+
 def test_helpers_live_below_the_rooms_that_borrow_them():
     """How a loaded model is called and the user's tensor files are read live in load/ (prepare, capture, qat and
     the options borrow them, load asks inputs for neither); freezing torch.ao observers is part of inference mode

@@ -159,26 +159,8 @@ def name_dims(ctx: Any) -> None:
     if renames:
         _rename(model, renames)
     ctx.dynamic_axes = kept
-    if lost:
+    if lost:  # the sets at the fixed axes' other sizes go after capture (inputs/graph_fit.py)
         ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *lost]
-        _drop_fixed_shapes(ctx, fixed)
-
-
-def _drop_fixed_shapes(ctx: Any, fixed: set[str]) -> None:
-    """Parity's sets at other sizes of a fixed axis cannot run on the static graph: they go, with the count."""
-    from ..inputs.dynamic_axes import keep_sets
-
-    labels = ctx.input_set_labels
-    example = (labels[0].get("shape") or {}) if labels else {}
-    keep = [s for s, label in enumerate(labels)
-            if all((label.get("shape") or {}).get(n) == example.get(n) for n in fixed)]
-    if len(keep) < len(ctx.input_sets):
-        keep_sets(ctx, keep)
-    for label in ctx.input_set_labels:  # the fixed dimensions are no longer part of a set's shape
-        if isinstance(label.get("shape"), dict):
-            label["shape"] = {n: v for n, v in label["shape"].items() if n not in fixed}
-    counts = ctx.reports.reference.input_sets
-    counts["shapes"] = max(0, counts.get("shapes", 0) - (len(labels) - len(keep)))
 
 
 def _rename(model: Any, renames: dict[str, str]) -> None:

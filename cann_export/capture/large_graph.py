@@ -42,17 +42,20 @@ def state(ctx: Any) -> LargeGraph | None:
     past protobuf's limit under --external-data never is refused there."""
     if ctx.large_graph is not None or ctx.decisions is None:
         return ctx.large_graph
-    if ctx.options.external_data == "never" and ctx.decisions.module_bytes > _PROTO_LIMIT:
-        from ..errors import CaptureError
-
-        size = module_bytes(ctx.model)
+    never = ctx.options.external_data == "never"
+    if not (ctx.decisions.large_graph or (never and ctx.decisions.module_bytes > _PROTO_LIMIT)):
+        return None
+    size = module_bytes(ctx.model)  # the module as captured: train and strip ran since the decision
+    if never:
         if size > _PROTO_LIMIT:
+            from ..errors import CaptureError
+
             raise CaptureError(f"the model has {size} bytes of weights, past protobuf's 2 GB limit for one .onnx "
                                "file; use --external-data auto (or always)", path=ctx.loaded.source_path)
-    if ctx.decisions.large_graph:
-        from ..fs import atomic
+        return None
+    from ..fs import atomic
 
-        ctx.large_graph = LargeGraph(atomic.staging_dir(ctx.output_path), module_bytes(ctx.model))
+    ctx.large_graph = LargeGraph(atomic.staging_dir(ctx.output_path), size)
     return ctx.large_graph
 
 

@@ -56,11 +56,6 @@ def capture(ctx: ExportContext, judge: GraphJudge, path_references: Callable[[An
 
     restore_unused_inputs(ctx)  # the graph takes every task input, as its callers and the program do
     name_dims(ctx)  # the symbolic dims named after the axes; an axis the graph fixed is a warning
-    if ctx.loaded.extras.get("shape_sets"):  # a component's parity sizes: those of a dimension the graph fixed go
-        from ..inputs.given_shapes import drop_unfit_sets, fix_ranges_to_graph
-
-        drop_unfit_sets(ctx)
-        fix_ranges_to_graph(ctx)
     return _record(ctx, name, run)
 
 

@@ -6,6 +6,7 @@ from ..bundle import annotate
 from ..capture import stage as capture
 from ..context import ExportContext
 from ..inputs import stage as inputs
+from ..inputs.graph_fit import fit_sets_to_graph
 from ..inputs.path_probes import add_path_references
 from ..load import stage as load
 from ..model_zoo import stage as zoo
@@ -20,8 +21,11 @@ from .stage import Stage
 
 def _capture(ctx: ExportContext) -> str | None:
     # capture judges a graph by parity's rules and takes the path probes' reference from prepare's forward, both
-    # handed to it here
-    return capture.capture(ctx, PARITY_JUDGE, add_path_references)
+    # handed to it here; then prepare's sets fit the graph it made (an axis it fixed cannot vary)
+    resolved = [a.name for a in ctx.dynamic_axes]
+    status = capture.capture(ctx, PARITY_JUDGE, add_path_references)
+    fit_sets_to_graph(ctx, resolved)
+    return status
 
 
 def _lint(ctx: ExportContext) -> str | None:
