@@ -30,6 +30,9 @@ class Decisions:
     # a multi-graph component's parity input sets at other shapes (the module's graph_shape_sets: seed -> sets),
     # sized by the element budget its planner chose (inputs/parity_budget.py); None for any other model
     shape_sets: Any = None
+    # the batch gears of the user's --atc-hint dynamic_batch_size (atc/hint_gears.py), () without one: prepare makes
+    # axis 0 a dynamic ``batch`` over them when the model has no dynamic batch of its own
+    batch_gears: tuple[int, ...] = ()
 
     @property
     def quantized(self) -> bool:
@@ -39,6 +42,7 @@ class Decisions:
 
 def decide(ctx: Any) -> Decisions:
     """The plan of ``ctx``'s export, from its options, format and the model the load stage put in ``ctx.model``."""
+    from .atc.hint_gears import hint_sizes
     from .qat.torch_ao import fake_quantized
     from .qat.wrapping import prepared_state
 
@@ -52,7 +56,8 @@ def decide(ctx: Any) -> Decisions:
                      trace_first=bool(gated and not opts.quantize and order[:1] == ("torchscript",) and not large),
                      module_bytes=size, large_graph=large, quantize=opts.quantize,
                      prepared_for_qat=prepared_state(ctx.model) is not None, fake_quantized=fake_quantized(ctx.model),
-                     shape_sets=extras.get("shape_sets"))
+                     shape_sets=extras.get("shape_sets"),
+                     batch_gears=tuple(hint_sizes(opts.atc_hints or {}, [], ("batch",)).get("batch") or ()))
 
 
 def module_bytes(model: Any) -> int:

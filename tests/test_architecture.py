@@ -373,10 +373,12 @@ def test_one_manifest_schema_and_one_reader_entry():
 
 def test_the_decisions_and_the_judge_are_neutral():
     """decisions.py and judging.py sit below the stages that read them: the judge's interface imports nothing of
-    the project, the decisions only what tells a quantized model (qat/)."""
+    the project, the decisions only what tells a quantized model (qat/) and what reads the user's ATC gear hint
+    (atc/hint_gears.py: prepare reads the batch gears from the decisions, it does not parse the hint again)."""
     graph = _import_graph()
     assert graph["cann_export.judging"] == set()
-    assert graph["cann_export.decisions"] <= {"cann_export.qat.torch_ao", "cann_export.qat.wrapping"}
+    assert graph["cann_export.decisions"] <= {"cann_export.qat.torch_ao", "cann_export.qat.wrapping",
+                                              "cann_export.atc.hint_gears"}
     assert "cann_export.decisions" in graph["cann_export.load.stage"]  # made right after load
 
 

@@ -52,7 +52,7 @@ def resolve(ctx: Any) -> list[DynamicAxis]:
     named_axes.follow_asked(found)
     named_axes.fix_unasked(found, feed, ctx)
     if "dynamic_shapes" not in extras:  # a module declaring its own (a multi-graph component) keeps them
-        _hinted_batch(ctx.options.atc_hints or {}, found, feed)
+        _hinted_batch(ctx.decisions.batch_gears, found, feed)
     limit = _position_limit(ctx.model)
     axes = [_complete(a, feed, limit) for a in found.values() if a.input in feed and a.axis < feed[a.input].dim()]
     axes = _propagate(axes, feed)
@@ -69,13 +69,10 @@ def _loader_range(extras: dict[str, Any], name: str, axis: Any) -> tuple[int | N
     return (low if type(low) is int and low > 1 else None), (high if type(high) is int and high > 0 else None)
 
 
-def _hinted_batch(hints: dict[str, Any], found: dict[tuple[str, int], DynamicAxis], feed: dict[str, Any]) -> None:
+def _hinted_batch(gears: tuple[int, ...], found: dict[tuple[str, int], DynamicAxis], feed: dict[str, Any]) -> None:
     """``--atc-hint dynamic_batch_size=G1,G2,...`` with no dynamic batch: axis 0 of every input of the example's
     batch (where ATC puts -1) becomes ``batch`` over the gears and the example's size, so the graph runs at the
     gears and parity is judged there (a model that cannot is exported static with a warning)."""
-    from ..atc.hint_gears import hint_sizes
-
-    gears = hint_sizes(hints, [], ("batch",)).get("batch")
     ranked = [(n, t) for n, t in feed.items() if hasattr(t, "dim") and t.dim() >= 1]
     if not gears or not ranked or any(axis == 0 for _, axis in found):
         return

@@ -1,5 +1,5 @@
-"""The prepare stage: eval mode, example inputs (from the first input provider that answers) and their
-variants, the fp32 reference."""
+"""The prepare stage: example inputs (from the first input provider that answers) and their variants, the fp32
+reference, on the model load put in inference mode."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,10 +14,7 @@ from .reference import reference_outputs
 
 
 def prepare(ctx: ExportContext) -> str | None:
-    """Eval mode, example inputs and their seeded variants, and the fp32 reference outputs."""
-    from ..backend.eval_mode import to_eval
-
-    to_eval(ctx.model, ctx.loaded.kind)
+    """Example inputs and their seeded variants, and the fp32 reference outputs."""
     accepted = accepted_names(ctx)
     feed, source = example_inputs(ctx, accepted)
     frozen = _frozen_arguments(ctx, feed)
@@ -30,18 +27,28 @@ def prepare(ctx: ExportContext) -> str | None:
     ctx.input_sets = [feed, *variants]
     ctx.input_set_labels = [tensors.set_label("example", "example", 0), *labels]
     eos_rows.place(ctx, eos_rows.drawn(ctx.input_sets, ctx.input_set_labels, source.endswith(eos_rows.DUMMY)))
-    if ctx.options.quantize:  # the reference is the fake-quant model after calibration / fine-tuning (train)
-        from ..qat.calibration import calibrated_model, calibration_tensors
+    if not ctx.options.quantize:
+        _float_reference(ctx, source, accepted)
+        return f"{len(ctx.input_sets)} input sets from {source}" + (f"; frozen in the graph: {frozen}" * bool(frozen))
+    # --qat / --ptq: the float model's outputs on the sets, then the model calibrated (the train stage fine-tunes
+    # it): the reference is the fake-quant model after train
+    from ..qat.calibration import calibrated_model, calibration_tensors
 
-        config, calibration = calibration_tensors(ctx, accepted)
-        ctx.output_names, ctx.float_reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
-        return calibrated_model(ctx, config, calibration)
+    config, calibration = calibration_tensors(ctx, accepted)
+    ctx.output_names, ctx.float_reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
+    return calibrated_model(ctx, config, calibration)
+
+
+def _float_reference(ctx: ExportContext, source: str, accepted: list[str]) -> None:
+    """The model's outputs on every set, the sets at other shapes with theirs, the reference's own float noise;
+    for a model prepared for QAT in Python (or with torch.ao fake quantization) its float twin's outputs and the
+    fake-quant rounding noise too."""
     ctx.output_names, ctx.reference_outputs = reference_outputs(ctx, ctx.model, source, accepted)
     if ctx.dynamic_axes:  # parity at every gear, or the range's ends and middle; every set names its shape
         from .dynamic_axes import add_shape_sets
 
         add_shape_sets(ctx, source, accepted)
-    elif ctx.loaded.extras.get("shape_sets"):  # a multi-graph component's sizes, consistent across its graphs
+    elif ctx.decisions.shape_sets:  # a multi-graph component's sizes, consistent across its graphs
         from .given_shapes import add_given_shape_sets
 
         add_given_shape_sets(ctx, source, accepted)
@@ -60,7 +67,6 @@ def prepare(ctx: ExportContext) -> str | None:
         from .quant_noise import int8_noise
 
         ctx.int8_noise = int8_noise(ctx, ctx.model)
-    return f"{len(ctx.input_sets)} input sets from {source}" + (f"; frozen in the graph: {frozen}" if frozen else "")
 
 
 def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:

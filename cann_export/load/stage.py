@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
+from ..backend.eval_mode import to_eval
 from ..context import ExportContext, LoadedModel
 from ..decisions import decide
 from ..hooks import manager
@@ -40,7 +41,7 @@ def load(ctx: ExportContext) -> str | None:
         raise errors.OptionsError(f"--task {ctx.options.task} applies to a model directory (a transformers "
                                   "save_pretrained directory) or an in-memory transformers model; this model has "
                                   "no tasks. Drop --task", path=str(src) if isinstance(src, (str, Path)) else None)
-    ctx.model = ctx.loaded.model
+    ctx.model = to_eval(ctx.loaded.model, ctx.loaded.kind)  # the later stages start from inference mode
     ctx.decisions = decide(ctx)  # what the later stages do, decided once here
     return ctx.loaded.kind
 
