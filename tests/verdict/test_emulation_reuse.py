@@ -75,3 +75,20 @@ def test_a_graph_with_a_subgraph_is_kept_whole():
     assert needed_nodes(nodes, ["n"]) == nodes
     plain = [nodes[0], nodes[2]]
     assert needed_nodes(plain, ["n"]) == [nodes[2]]
+
+
+def test_the_curves_saturation_flag_is_the_rules_own_on_large_values():
+    """layers.metrics' short cut (no element reaches the bound: not saturated) gives the flag of the whole test."""
+    from cann_export.validators.device_verdict import DevicePolicy
+    from cann_export.validators.layers import metrics
+
+    bound, eps = 65504.0, 2.0 ** -10
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal(8192).astype(np.float32) * 100
+    for at, past, want in ((None, None, False), (5, 7e4, True), (5, 6.5e4, False), (-9, -7e4, True)):
+        a, e = b.copy(), b.copy()
+        if at is not None:
+            a[at], e[at] = np.sign(past) * bound, past
+        whole = bool(np.any((np.abs(a) == bound) & (np.abs(e) > bound * (1 + 2 * eps))))
+        got = metrics(a, e, DevicePolicy(), eps, bound)["overflow"]
+        assert got is whole is want
