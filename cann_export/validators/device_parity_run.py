@@ -50,7 +50,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     expose = values if total <= SMALL else []
     # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run
     first_only = values if layers and not expose and total <= BUDGET else []
-    sess = emulator.session(keep_set, expose=expose or first_only)
+    sess = emulator.reused_session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
     runs = _emulated_runs(sess, feeds, outs, extra, bool(expose))

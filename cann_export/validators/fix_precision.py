@@ -54,7 +54,7 @@ class Trial:
         keep = expand_keep(self.keep + kept, self.args[4])
         bad = set()
         for chunk in chunks(e, order):
-            values = e.session(keep, expose=chunk).run(self.args[0][0], chunk)
+            values = e.session(keep, expose=chunk, only=True).run(self.args[0][0], chunk)
             sat = e.saturation
             bad.update(t for t, v in zip(chunk, values, strict=False)
                        if not np.all(np.isfinite(v)) or (sat is not None and np.any(np.abs(v) == sat)))

@@ -59,12 +59,12 @@ def value_pairs(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray],
     sizes = {t: int(np.asarray(v).size) for t, v in held.items()} if held is not None else None
     if sizes is None or not all(t in sizes for t in order):
         sizes = {**value_types(emulator.model, {k: np.shape(v) for k, v in feed.items()})[1], **emulator.sizes}
-    for chunk in chunks(emulator, order, sizes):
-        ref = emulator.session(expose=chunk, reference=True).run(feed, chunk)
+    for chunk in chunks(emulator, order, sizes):  # each run computes only what its chunk needs
+        ref = emulator.session(expose=chunk, reference=True, only=True).run(feed, chunk)
         if held is not None and all(t in held for t in chunk):
             emu = [held[t] for t in chunk]
         else:
-            emu = emulator.session(keep, expose=chunk).run(feed, chunk)
+            emu = emulator.session(keep, expose=chunk, only=True).run(feed, chunk)
         for t, e, r in zip(chunk, emu, ref, strict=True):
             yield t, np.asarray(e), np.asarray(r)
 

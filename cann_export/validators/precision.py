@@ -198,6 +198,7 @@ class Emulator:
         self._in_range: dict[str, bool] = {}  # initializer name -> converting it saturates nothing
         # the AMCT-adapted int8 path of a Q/DQ graph (None without QuantizeLinear, or when nothing is reduced)
         self.int8 = int8_device.plan(model, deq_scale) if self.emulation.reduces != "none" else None
+        self._kept: tuple[tuple[frozenset[str], tuple[str, ...]], Session] | None = None  # reused_session's
 
     @property
     def saturation(self) -> float | None:
@@ -300,9 +301,10 @@ class Emulator:
         return not self._in_range[name]
 
     def build(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
-              reference: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
+              reference: bool = False, only: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
         """The emulated graph (the plain fp32 graph when ``reference``) with the tensors in ``expose``
-        added as outputs, and the weights to feed with every run."""
+        added as outputs, and the weights to feed with every run; ``only``: ``expose`` are its only outputs and
+        it holds only the nodes they need (onnxruntime runs every node of a graph, whatever a run fetches)."""
         from . import int8_device
 
         build = _Build(self)
@@ -323,15 +325,18 @@ class Emulator:
         nodes = build.nodes
         if int8 is not None:  # the Q/DQ nodes the int8 ops no longer read
             nodes = int8_device.prune(nodes, [o.name for o in self.model.graph.output] + list(expose or []))
-        return self._assemble(nodes, build.weights, build.extra_inits, expose), build.weights
+        if only:
+            nodes = needed_nodes(nodes, list(expose or []))
+        return self._assemble(nodes, build.weights, build.extra_inits, expose, only), build.weights
 
     def _assemble(self, nodes: list[Any], weights: dict[str, np.ndarray], extra_inits: list[Any],
-                  expose: list[str] | None) -> Any:
-        """The model of ``nodes``: the weights fed as inputs, ``expose`` added to the outputs."""
+                  expose: list[str] | None, only: bool = False) -> Any:
+        """The model of ``nodes``: the weights fed as inputs, ``expose`` added to the outputs (``only``: in place
+        of them)."""
         from onnx import helper
 
         g = self.model.graph
-        outputs = list(g.output)
+        outputs = [] if only else list(g.output)
         present = {o.name for o in outputs}
         outputs += [helper.make_tensor_value_info(t, FLOAT, None) for t in expose or [] if t not in present]
         inputs = list(self.graph_inputs) + [helper.make_tensor_value_info(n, FLOAT, list(w.shape))
@@ -342,9 +347,20 @@ class Emulator:
         return model
 
     def session(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
-                reference: bool = False) -> Session:
-        model, weights = self.build(keep, expose, reference)
+                reference: bool = False, only: bool = False) -> Session:
+        model, weights = self.build(keep, expose, reference, only)
         return Session(model, weights)
+
+    def reused_session(self, keep: set[str] | frozenset[str], expose: list[str] | None = None) -> Session:
+        """The emulated session of ``keep`` and ``expose``, kept for the next call that asks the same: a dynamic
+        graph's device check at each shape point (onnxruntime runs any size within the graph's dynamic dims) runs
+        one session, not one built (and warmed up by its first run) per point. Only the last one is kept, dropped
+        before another is built, so a keep-set search holds no more sessions than before."""
+        key = (frozenset(keep), tuple(expose or ()))
+        if self._kept is None or self._kept[0] != key:
+            self._kept = None
+            self._kept = (key, self.session(keep, expose))
+        return self._kept[1]
 
 
 class _Build:
@@ -454,6 +470,21 @@ class Session:
 
     def run(self, feed: dict[str, np.ndarray], names: list[str] | None = None) -> list[np.ndarray]:
         return self.sess.run(names, {**{n: feed[n] for n in self.inputs}, **self.weights})
+
+
+def needed_nodes(nodes: list[Any], roots: list[str]) -> list[Any]:
+    """Of ``nodes`` (in graph order), those ``roots`` depend on. A graph with a subgraph (If, Loop, Scan),
+    whose body reads values of the graph around it by name, is kept whole."""
+    from onnx import AttributeProto
+
+    if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
+        return nodes
+    needed, kept = set(roots), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    return kept[::-1]
 
 
 def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19",
