@@ -34,7 +34,9 @@ def _spy(patch: pytest.MonkeyPatch) -> dict[str, list]:
     from cann_export.capture import large_graph
     from cann_export.graph import onnx_helpers
 
-    calls: dict[str, list] = {"check_graph": [], "load_captured": [], "load_graph": []}
+    from cann_export.inputs import activations
+
+    calls: dict[str, list] = {"check_graph": [], "load_captured": [], "load_graph": [], "sizing_runs": []}
 
     def spy(module, name, key, record):
         real = getattr(module, name)
@@ -48,6 +50,7 @@ def _spy(patch: pytest.MonkeyPatch) -> dict[str, list]:
     spy(onnx_helpers, "check_graph", "check_graph", lambda model, *a, **k: len(model.graph.output))
     spy(large_graph, "load_captured", "load_captured", lambda path, ctx: str(path))
     spy(rederive, "_load_graph", "load_graph", lambda d, f, diffs, weights=True: weights)
+    spy(activations, "op_sizes", "sizing_runs", lambda: 1)  # an eager run sizing a component's parity budget
     return calls
 
 
@@ -59,6 +62,15 @@ def test_the_graphs_are_checked_without_writing_or_reading_them_whole_again(trac
     assert result.ok
     assert spied["check_graph"] == [] and spied["load_captured"] == [], spied
     assert spied["load_graph"] and not any(spied["load_graph"]), spied  # every staged check: weights=False
+
+
+def test_prefill_is_sized_once_for_both_graphs_budgets(traced):
+    """Decode's parity budget counts prefill's inputs and outputs (prefill makes decode's past): prefill's sizes are
+    measured once, by its own budget, not run eagerly again for decode's. Each graph runs at its example and at the
+    low end of each of its two dimensions (batch and sequence / past length): 3 runs each."""
+    _, result, spied = traced
+    assert result.ok
+    assert len(spied["sizing_runs"]) == 6, spied["sizing_runs"]
 
 
 def _dims(values):
