@@ -33,6 +33,9 @@ class Plan:
     connections: list[tuple[str, str, str, str]]
     notes: dict[str, Any] = field(default_factory=dict)
     kept: dict[str, list[Any]] = field(default_factory=dict, repr=False, compare=False)  # bundle/parity_reuse.py
+    # each component's sizes for the parity budget (bundle/graph_shapes.py:module_elements), measured once: a later
+    # component's budget counts the earlier ones that feed it (decode's, prefill's)
+    sized: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # connections through a host step (a diffusers pipeline's scheduler, concatenation, guidance): recorded in the
     # manifest, never fed as is to a later graph's parity inputs
     host_connections: list[tuple[str, str, str, str]] = field(default_factory=list)

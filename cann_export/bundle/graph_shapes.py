@@ -239,7 +239,19 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], i
     """(``point -> elements`` of the inputs and outputs of one of the component's input sets at export, its
     activation terms): its inputs' shapes from its dynamic axes, its outputs' from the module run at the example
     and at each dimension's low end (an output axis that moves with a dimension is ``NAME + k``, as the exported
-    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py)."""
+    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py).
+    Measured once per component of a plan (``plan.sized``): decode's budget counts prefill's, which prefill's own
+    budget measured (shapes and op sizes, whatever the random ids ``gen`` draws)."""
+    sized = getattr(plan, "sized", None)
+    if sized is not None and comp.name in sized:
+        return sized[comp.name]
+    found = _module_elements(plan, comp, gen)
+    if sized is not None:
+        sized[comp.name] = found
+    return found
+
+
+def _module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
     import torch
 
     from ..inputs.activations import op_sizes, terms_of

@@ -107,12 +107,19 @@ def export_plan(plan: Plan, output: str | Path, export_one: Any, *, overwrite: b
         place(staging, output, overwrite)
         staging = None
     finally:
-        plan.kept.clear()  # the references later components took their inputs from (bundle/parity_reuse.py)
+        _forget(plan)
         if staging is not None:
             atomic.discard(staging)
     summary = {name: component_summary(r.manifest, name) for name, r in results.items()}
     return MultiResult(ok=multi_ok(manifest), output=str(output), kind=plan.kind, components=summary,
                        manifest=manifest, manifest_sha256=digest, format=fmt)
+
+
+def _forget(plan: Plan) -> None:
+    """What the components' exports shared, let go once the bundle is written: the references later components took
+    their inputs from (bundle/parity_reuse.py) and each component's sizes for the parity budget."""
+    plan.kept.clear()
+    plan.sized.clear()
 
 
 def component_format(name: Any) -> Any:

@@ -320,27 +320,64 @@ class TorchScriptExporter:
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
                 _fixed_mode(model, ctx), lean_shape_inference():
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
+            from ..graph.onnx_helpers import declared_outputs_hold
             from .dynamic_dims import fix_declared_outputs, torchscript_axes
 
+            written = _Written() if _in_memory(ctx) else None
             torch.onnx.export(
-                model, args, str(path), dynamo=False, opset_version=ctx.options.opset,
-                input_names=list(ctx.input_names), output_names=list(ctx.output_names),
-                do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
+                model, args, str(path) if written is None else written, dynamo=False,
+                opset_version=ctx.options.opset, input_names=list(ctx.input_names),
+                output_names=list(ctx.output_names), do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
             )
-            graph = large_graph.load_captured(path, ctx)
-            # an output dim fix_declared_outputs changes (decode's one-token logits): capture checks the graph
-            # as changed, once, rather than this file and then the graph again
-            if not fix_declared_outputs(graph, ctx) and large_graph.state(ctx) is None:
-                import onnx  # checked on the file it wrote: capture's check need not write it again (GPT-2 small:
-                # 0.7 s and 500 MB of writes per graph); only our module stamps change it after this
+            graph = large_graph.load_captured(path, ctx) if written is None else written.checked_graph()
+            # an output dim fix_declared_outputs narrows (decode's one-token logits) is checked by the full check's
+            # strict inference without the weights; where that cannot tell, capture checks the changed graph whole
+            narrowed = fix_declared_outputs(graph, ctx)
+            if large_graph.state(ctx) is None and (not narrowed or declared_outputs_hold(graph)):
+                if written is None:  # checked on the file it wrote: capture's check need not write it again
+                    import onnx
 
-                onnx.checker.check_model(str(path), full_check=True)
-                attempt_scratch.note_checked(graph)
+                    onnx.checker.check_model(str(path), full_check=True)
+                attempt_scratch.note_checked(graph)  # only our module stamps change it after this
         stamp_from_exporter(graph, strip_prefix="model" if kwargs else None)  # "model": the _Positional wrapper
         from .trace_warnings import tracer_findings
 
         ctx.trace_warnings = tracer_findings(caught)  # the capture stage marks the graph specialised
         return graph
+
+
+IN_MEMORY_LIMIT = 1 << 30  # module bytes: a graph this size stays well within protobuf's 2 GB in one proto
+
+
+def _in_memory(ctx: Any) -> bool:
+    """Whether the TorchScript export hands its graph's bytes over in memory rather than through a file: a graph
+    within protobuf's limit (no large-graph mode). GPT-2 small's 500 MB went to disk and was read back per graph."""
+    size = getattr(ctx.decisions, "module_bytes", None)
+    return large_graph.state(ctx) is None and isinstance(size, int) and size <= IN_MEMORY_LIMIT
+
+
+class _Written:
+    """What torch.onnx.export writes to a file object: the serialised graph, kept as the one bytes object it
+    writes (no copy, no disk)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> int:
+        self.data = bytes(data) if not self.data else self.data + bytes(data)
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def checked_graph(self) -> Any:
+        """The graph, after onnx's full check passed on its bytes (as on the file it would have written); the bytes
+        are let go."""
+        import onnx
+
+        data, self.data = self.data, b""
+        onnx.checker.check_model(data, full_check=True)
+        return onnx.ModelProto.FromString(data)
 
 
 @contextlib.contextmanager

@@ -203,10 +203,11 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> li
     return [path]
 
 
-def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[Any]:
-    """Every value's ValueInfo (weights included) by type and shape inference on a copy of the graph without
-    weight data (the weights' bytes are never serialised for it); the declared ones where inference gives up.
-    ``input_shapes``: concrete shapes of (dynamic) graph inputs, so the values they reach get concrete ones."""
+def _skeleton(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None, shape_operands: bool = False) -> Any:
+    """A copy of ``model`` for type and shape inference without weight data: each initializer a graph input of its
+    type and shape (its bytes never serialised); ``input_shapes``: concrete shapes of graph inputs; small int64
+    initializers (shape operands) keep their data when ``input_shapes`` or ``shape_operands``, for the ops that
+    read them (Reshape's shape)."""
     import onnx
     from onnx import helper
 
@@ -215,15 +216,43 @@ def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None 
     shapes = input_shapes or {}
     inputs = [helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, list(shapes[i.name]))
               if i.name in shapes else i for i in g.input]
-    small = [i for i in g.initializer if shapes and i.data_type == onnx.TensorProto.INT64 and len(i.dims) <= 1
-             and (not i.dims or i.dims[0] <= 16)]  # shape operands, kept with their data for data propagation
+    small = [i for i in g.initializer if (shapes or shape_operands) and i.data_type == onnx.TensorProto.INT64
+             and len(i.dims) <= 1 and (not i.dims or i.dims[0] <= 16)]
     skeleton = helper.make_graph(list(g.node), g.name or "g", inputs + inits, list(g.output), small)
     probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     probe.functions.extend(model.functions)
+    return probe
+
+
+def declared_outputs_hold(model: Any) -> bool:
+    """Whether strict type and shape inference, run without the weights' data, agrees with the graph's declared
+    outputs: what the full check's inference asks of an output shape that was narrowed (a symbolic dim given its
+    one size) after the full check passed on the file. False when inference raises for any reason (the caller
+    then runs the full check)."""
+    import onnx
+
+    try:
+        onnx.shape_inference.infer_shapes(_skeleton(model, shape_operands=True), check_type=True, strict_mode=True)
+    except Exception:  # noqa: BLE001 - a conflict, or an op inference cannot take without data: not proven
+        return False
+    return True
+
+
+def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[Any]:
+    """Every value's ValueInfo (weights included) by type and shape inference on a copy of the graph without
+    weight data (the weights' bytes are never serialised for it); the declared ones where inference gives up.
+    ``input_shapes``: concrete shapes of (dynamic) graph inputs, so the values they reach get concrete ones."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    shapes = input_shapes or {}
+    probe = _skeleton(model, shapes)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=bool(shapes)).graph
         return list(inferred.value_info) + list(inferred.output) + list(inferred.input)
     except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
+        inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
         return list(g.value_info) + list(g.output) + list(g.input) + inits
 
 

@@ -156,9 +156,12 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes, int]]:
         yield tag >> 3, _exact(f, here - start), -1
 
 
-def load(path: Path) -> Any:
+def load(path: Path, weights: bool = True) -> Any:
     """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included), parsed one weight at a
-    time: ``onnx.load`` holds the file's bytes and the parsed graph at once (two copies of every weight)."""
+    time: ``onnx.load`` holds the file's bytes and the parsed graph at once (two copies of every weight).
+    ``weights=False``: the graph without its main graph's initializers' ``raw_data`` (their bytes are skipped,
+    never read) and without external data, as ``onnx.load(load_external_data=False)`` would give it otherwise:
+    for the checks that read a graph's interface, ops and metadata, and its weights' names, types and shapes."""
     import os
 
     import onnx
@@ -174,13 +177,34 @@ def load(path: Path) -> Any:
             end = f.tell() + length
             for inner, inner_raw, inner_length in _fields(f, end):
                 if inner == 5 and inner_length >= 0:
-                    model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
+                    tensor = _exact(f, inner_length) if weights else _without_raw_data(f, f.tell() + inner_length)
+                    model.graph.initializer.add().ParseFromString(tensor)
                 else:
                     graph_rest += (inner_raw if inner_length < 0 else
                                    _header(inner, inner_length) + _exact(f, inner_length))
             model.graph.MergeFromString(bytes(graph_rest))
             graph_rest.clear()
     model.MergeFromString(bytes(rest))
-    if any(uses_external_data(t) for t in model.graph.initializer):
+    if weights and any(uses_external_data(t) for t in model.graph.initializer):
         load_external_data_for_model(model, os.path.dirname(str(path)))
     return model
+
+
+_RAW_DATA = 9  # TensorProto.raw_data's field number
+
+
+def _without_raw_data(f: BinaryIO, end: int) -> bytes:
+    """A TensorProto's bytes up to ``end`` with its ``raw_data`` field left out (skipped over, not read)."""
+    kept = bytearray()
+    for number, raw, length in _fields(f, end):
+        if length < 0:
+            kept += raw
+        elif f.tell() + length > end:
+            raise ValueError("an ONNX file with a tensor field past its tensor")
+        elif number == _RAW_DATA:
+            f.seek(length, 1)
+        else:
+            kept += _header(number, length) + _exact(f, length)
+    if f.tell() != end:
+        raise ValueError("an ONNX file with a tensor cut short")
+    return bytes(kept)

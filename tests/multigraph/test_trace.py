@@ -22,7 +22,55 @@ from helpers.hf_models import tiny_decoder_gpt2
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace") / "gpt2"
-    return out, api.export_multi(tiny_decoder_gpt2(n_positions=32), out, export_format="onnx", num_random_inputs=1)
+    with pytest.MonkeyPatch.context() as patch:  # what the export reads and writes a whole graph for (spied on)
+        spied = _spy(patch)
+        result = api.export_multi(tiny_decoder_gpt2(n_positions=32), out, export_format="onnx", num_random_inputs=1)
+    return out, result, spied
+
+
+def _spy(patch: pytest.MonkeyPatch) -> dict[str, list]:
+    """Calls of the helpers that write or read a whole graph for capture's check and the staged check, recorded."""
+    from cann_export.bundle import rederive
+    from cann_export.capture import large_graph
+    from cann_export.graph import onnx_helpers
+
+    from cann_export.inputs import activations
+
+    calls: dict[str, list] = {"check_graph": [], "load_captured": [], "load_graph": [], "sizing_runs": []}
+
+    def spy(module, name, key, record):
+        real = getattr(module, name)
+
+        def called(*args, **kwargs):
+            calls[key].append(record(*args, **kwargs))
+            return real(*args, **kwargs)
+
+        patch.setattr(module, name, called)
+
+    spy(onnx_helpers, "check_graph", "check_graph", lambda model, *a, **k: len(model.graph.output))
+    spy(large_graph, "load_captured", "load_captured", lambda path, ctx: str(path))
+    spy(rederive, "_load_graph", "load_graph", lambda d, f, diffs, weights=True: weights)
+    spy(activations, "op_sizes", "sizing_runs", lambda: 1)  # an eager run sizing a component's parity budget
+    return calls
+
+
+def test_the_graphs_are_checked_without_writing_or_reading_them_whole_again(traced):
+    """Capture checks the graph torch serialised from its bytes in memory (no file written and read back), a
+    narrowed output (decode's one-token logits) by the full check's inference without the weights; the staged
+    check before commit reads each graph without its weights' bytes (the file table hashes them)."""
+    _, result, spied = traced
+    assert result.ok
+    assert spied["check_graph"] == [] and spied["load_captured"] == [], spied
+    assert spied["load_graph"] and not any(spied["load_graph"]), spied  # every staged check: weights=False
+
+
+def test_prefill_is_sized_once_for_both_graphs_budgets(traced):
+    """Decode's parity budget counts prefill's inputs and outputs (prefill makes decode's past): prefill's sizes are
+    measured once, by its own budget, not run eagerly again for decode's. Each graph runs at its example and at the
+    low end of each of its two dimensions (batch and sequence / past length): 3 runs each."""
+    _, result, spied = traced
+    assert result.ok
+    assert len(spied["sizing_runs"]) == 6, spied["sizing_runs"]
 
 
 def _dims(values):
@@ -30,7 +78,7 @@ def _dims(values):
 
 
 def test_prefill_and_decode_are_traced_with_symbolic_dims_and_checked_at_the_range_ends(traced):
-    out, result = traced
+    out, result, _ = traced
     assert result.ok, result.to_dict()
     ranges = {"prefill": ("sequence_length", 32), "decode": ("past_sequence_length", 31)}
     for name, (length, end) in ranges.items():
@@ -61,7 +109,7 @@ def test_prefill_and_decode_are_traced_with_symbolic_dims_and_checked_at_the_ran
 
 
 def test_traced_graphs_run_at_sizes_they_were_not_traced_at(traced):
-    out, _ = traced
+    out, _, _ = traced
     model = tiny_decoder_gpt2(n_positions=32)
     ids = torch.randint(1, 96, (3, 11), generator=torch.Generator().manual_seed(3))
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),

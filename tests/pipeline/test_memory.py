@@ -124,3 +124,54 @@ def test_the_graph_read_one_weight_at_a_time_is_what_onnx_reads(tmp_path):
     (tmp_path / "cut.onnx").write_bytes((tmp_path / "m.onnx").read_bytes()[:-7])
     with pytest.raises(Exception):  # noqa: B017 - a truncated file is refused, as onnx.load refuses it
         onnx_stream.load(tmp_path / "cut.onnx")
+
+
+def test_the_graph_read_without_its_weights_is_onnx_s_graph_less_their_bytes(tmp_path):
+    """The staged check before commit reads a graph's interface, ops and metadata, never its weights' bytes
+    (their sha256 is the file table's): those are skipped over, not read (GPT-2 small: 500 MB per graph)."""
+    import onnx
+
+    from cann_export.graph import onnx_stream
+
+    model = _rich_model()
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    want = onnx.load(str(tmp_path / "m.onnx"))
+    for tensor in want.graph.initializer:
+        tensor.ClearField("raw_data")
+    read = onnx_stream.load(tmp_path / "m.onnx", weights=False)
+    assert read == want and read.graph.initializer[0].dims == [64, 32] and read.graph.initializer[1].int64_data
+    assert read.graph.node[0].attribute[0].t.raw_data  # a Constant node's tensor is the graph's, kept
+    onnx.save_model(model, str(tmp_path / "x.onnx"), save_as_external_data=True, location="x.onnx.data",
+                    size_threshold=0)  # the locations are kept, the external data never read
+    assert onnx_stream.load(tmp_path / "x.onnx", weights=False) == onnx.load(str(tmp_path / "x.onnx"),
+                                                                               load_external_data=False)
+    data = (tmp_path / "m.onnx").read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[:data.index(b"weight") - 40])  # cut inside the weight's bytes
+    with pytest.raises(Exception):  # noqa: B017 - a truncated file is refused, as onnx.load refuses it
+        onnx_stream.load(tmp_path / "cut.onnx", weights=False)
+
+
+def test_a_narrowed_output_is_checked_by_inference_without_the_weights():
+    """Capture narrows a symbolic output dim to its one size (decode's one-token logits) after onnx's full check
+    passed on the exported file; the narrowed dims are checked by that check's strict inference on the graph
+    without its weights' data, not by writing and checking the whole graph again."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import numpy as np
+
+    from cann_export.graph.onnx_helpers import declared_outputs_hold
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+    shape = numpy_helper.from_array(np.array([-1, 3], np.int64), "shape")  # read by Reshape: kept with its data
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"]),
+                               helper.make_node("Reshape", ["h", "shape"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    assert declared_outputs_hold(model)
+    dims[0].Clear()
+    dims[0].dim_value = 1  # the one size every reference had: a symbolic n may be 1
+    assert declared_outputs_hold(model)
+    dims[1].dim_value = 5  # not what the graph computes
+    assert not declared_outputs_hold(model)
