@@ -7,6 +7,7 @@ component's output, run eagerly at the matching size (decode's past length P is 
 and the rest follows the dimensions (an ``attention_mask`` of ``P + 1``, positions after the past)."""
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -235,11 +236,25 @@ def _feeding(plan: Plan, comp: Any, gen: Any) -> list[tuple[Callable[[Point], in
     return sources
 
 
+# per component module, the shapes of its example and what module_elements found there: a component feeding two
+# later ones (Whisper's encoder feeds the decoder, and through it the decoder with past) is run for it once
+_ELEMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
     """(``point -> elements`` of the inputs and outputs of one of the component's input sets at export, its
     activation terms): its inputs' shapes from its dynamic axes, its outputs' from the module run at the example
     and at each dimension's low end (an output axis that moves with a dimension is ``NAME + k``, as the exported
-    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py)."""
+    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py).
+    Shapes alone decide them (``gen`` draws the values of the low end's inputs), so a component's are found once."""
+    shapes = {n: tuple(t.shape) for n, t in comp.example_inputs.items() if hasattr(t, "shape")}
+    memo = _ELEMENTS.get(comp.module)
+    if memo is None or memo[0] != shapes:
+        memo = _ELEMENTS[comp.module] = (shapes, _module_elements(plan, comp, gen))
+    return memo[1]
+
+
+def _module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], int], list[dict[str, Any]]]:
     import torch
 
     from ..inputs.activations import op_sizes, terms_of
