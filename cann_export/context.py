@@ -263,6 +263,9 @@ class ExportContext:
     # True while that noise is left unmeasured (inputs.float_noise.defer): measured when the parity verdict could
     # depend on it, or when a bundle stores it before validate ran (after, it stores the least floor it passed)
     reference_noise_deferred: bool = False
+    # while it is deferred, the modules strip's Conv+BN fold replaced, on disk (inputs.unfolded): the float64 run
+    # measures the model as prepare ran it
+    unfolded_modules: Any = None
     # the floor parity's fp32 verdict passed at while that noise stayed deferred (the least floor): what a bundle
     # stores in its place (inputs.float_noise.stored); None when the verdict measured it or never judged so
     verdict_noise: list[list[float] | None] | None = None

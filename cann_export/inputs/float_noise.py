@@ -21,8 +21,10 @@ def measure(ctx: Any) -> None:
     example = labels[0].get("shape") if labels and ctx.loaded.extras.get("shape_sets") else None
     verdict = [s for s, label in enumerate(labels) if label["role"] == "verdict"
                and (example is None or label.get("shape") == example)]
-    ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict)
-    ctx.reference_noise_deferred = False
+    unfolded = ctx.unfolded_modules.restored() if ctx.unfolded_modules is not None else {}
+    ctx.reference_noise = fp64_noise(ctx.model, ctx.loaded.kind, ctx.input_sets, ctx.reference_outputs, verdict,
+                                     unfolded)
+    ctx.reference_noise_deferred, ctx.unfolded_modules = False, None
 
 
 def measured(ctx: Any) -> list[list[float] | None]:
@@ -34,10 +36,12 @@ def measured(ctx: Any) -> list[list[float] | None]:
 
 def defer(ctx: Any) -> bool:
     """Leave the float64 runs for later (``ctx.reference_noise_deferred``) when nothing before validate changes
-    the module's numbers: a float eval module with no BatchNorm for strip to fold, no quantization, only the
-    neutral module passes. The noise only ever raises the verdict rule's floor above rtol x NOISE_MIN_SHARE x
-    max |ref| (parity_metrics.py), so a graph that passes at that least floor passes whatever it measures
-    (``least_floor``), and parity measures it only when a verdict set fails there (validators/parity.py)."""
+    the module's numbers beyond what can be put back: a float eval module, no quantization, only the neutral
+    module passes; the Conv+BatchNorm pairs strip folds keep their originals on disk (inputs/unfolded.py, so
+    only with an output path to stage them beside). The noise only ever raises the verdict rule's floor above
+    rtol x NOISE_MIN_SHARE x max |ref| (parity_metrics.py), so a graph that passes at that least floor passes
+    whatever it measures (``least_floor``), and parity measures it only when a verdict set fails there
+    (validators/parity.py)."""
     import torch
 
     from ..hooks.contracts import Pass, optional
@@ -57,7 +61,9 @@ def defer(ctx: Any) -> bool:
     from ..qat.fake_quant import QuantLayer
     from ..qat.wrapping import prepared_state
 
-    if prepared_state(model) or any(isinstance(m, (_BatchNorm, FakeQuantizeBase, QuantLayer)) for m in model.modules()):
+    if prepared_state(model) or any(isinstance(m, (FakeQuantizeBase, QuantLayer)) for m in model.modules()):
+        return False
+    if ctx.output_path is None and any(isinstance(m, _BatchNorm) for m in model.modules()):
         return False
     ctx.reference_noise, ctx.reference_noise_deferred = [], True
     return True
@@ -81,10 +87,11 @@ def least_floor(ctx: Any) -> list[list[float] | None]:
 
 
 def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], reference: list[list[Any]],
-               indices: list[int]) -> list[list[float] | None]:
+               indices: list[int], unfolded: dict[str, Any] | None = None) -> list[list[float] | None]:
     """Per input set, per output: max |fp32 reference - float64 run| over elements finite in both (0.0 for
     non-float outputs); None for the sets not in ``indices``, and for every set when the model cannot run
-    in float64 (not an fp32 nn.Module on the CPU, too large, an op without float64 kernels)."""
+    in float64 (not an fp32 nn.Module on the CPU, too large, an op without float64 kernels). ``unfolded``: modules
+    (by path) the float64 twin takes in place of the model's (the originals of strip's Conv+BN fold)."""
     import copy
 
     import numpy as np
@@ -99,12 +106,18 @@ def fp64_noise(model: Any, kind: str, input_sets: list[dict[str, Any]], referenc
         return none
     from .tensors import flatten_outputs
 
+    from .unfolded import in_place_of, put_back
+
+    swapped, left, missing = in_place_of(model, unfolded or {})
     out = list(none)
     try:
         # the parameters go straight to float64 (deepcopy's memo): no float32 copy of the weights first (GPT-2
         # small: 1.47 -> 0.83 s CPU per graph); a tied weight stays one tensor
-        wide = copy.deepcopy(model, {id(p): torch.nn.Parameter(p.detach().double(), requires_grad=p.requires_grad)
-                                     for p in params}).double().eval()
+        memo: dict[int, Any] = {id(p): torch.nn.Parameter(p.detach().double(), requires_grad=p.requires_grad)
+                                for p in params if id(p) not in left}
+        wide = copy.deepcopy(model, {**memo, **swapped})
+        put_back(wide, missing)
+        wide = wide.double().eval()
         with torch.no_grad():
             for s in indices:
                 feed = {n: t.double() if t.dtype.is_floating_point else t for n, t in input_sets[s].items()}

@@ -71,7 +71,12 @@ class ConvBnPass:
 
         if not _is_module(model):
             return model
-        ctx.reports.strip.conv_bn_folded_in_module = fold_batchnorm(model)
+        replaced: dict[str, Any] | None = {} if ctx.reference_noise_deferred else None
+        ctx.reports.strip.conv_bn_folded_in_module = fold_batchnorm(model, replaced=replaced)
+        if replaced:  # the deferred float64 noise runs the model as prepare did (inputs/unfolded.py)
+            from ..inputs.unfolded import kept
+
+            ctx.unfolded_modules = kept(ctx, replaced)
         return model
 
 

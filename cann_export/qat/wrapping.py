@@ -106,9 +106,13 @@ def conv_bn_pairs_by_running(model: nn.Module, inputs: dict[str, Any]) -> list[t
     return [(produced[k], bn) for k, bn in read_by_bn.items() if uses.get(k, 0) == 1]
 
 
-def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None) -> list[str]:
+def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None,
+                   replaced: dict[str, nn.Module] | None = None) -> list[str]:
     """Fold each Conv -> BatchNorm pair (running statistics) into the conv; the BN becomes Identity.
-    With ``inputs`` the pairs come from running the model (any architecture), else from tracing it."""
+    With ``inputs`` the pairs come from running the model (any architecture), else from tracing it. With
+    ``replaced``, each folded pair's modules as they were before the fold are added to it by path."""
+    import copy
+
     from torch.nn.utils.fusion import fuse_conv_bn_eval
 
     folded = []
@@ -118,8 +122,10 @@ def fold_batchnorm(model: nn.Module, inputs: dict[str, Any] | None = None) -> li
         plain = type(bn).forward is _BatchNorm.forward
         if bn.running_mean is None or (model.training and not plain):
             continue  # a norm-act layer in a model that trains on: it trains as it is and is folded at export
-        fused = fuse_conv_bn_eval(conv.eval(), bn.eval())
+        fused = fuse_conv_bn_eval(conv.eval(), bn.eval())  # a copy of the conv: the original is left as it was
         fused.train(model.training)
+        if replaced is not None:
+            replaced[conv_path], replaced[bn_path] = conv, (bn if plain else copy.deepcopy(bn))
         replace(model, conv_path, fused)
         replace(model, bn_path, nn.Identity() if plain else _neutral(bn))
         folded.append(bn_path)

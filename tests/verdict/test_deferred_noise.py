@@ -97,3 +97,35 @@ def test_a_bundle_stores_the_noise_its_verdict_measured(tmp_path, runs, wrong_gr
     noise, labels = _stored(tmp_path / "w")
     verdict = [row for row, label in zip(noise, labels, strict=True) if label["role"] == "verdict"]
     assert verdict and all(row and row[0] > 0 for row in verdict)  # measured: float64 differs from fp32
+
+
+def _export_conv_bn(tmp_path, name, fmt="onnx"):
+    from helpers.toy_models import ConvBnDropout
+
+    torch.manual_seed(0)
+    out = tmp_path / (f"{name}.onnx" if fmt == "onnx" else name)
+    return cann_export.export(ConvBnDropout(), out, export_format=fmt, example_inputs={"x": torch.randn(2, 3, 16, 16)})
+
+
+def test_a_folded_batchnorm_model_defers_the_noise_too(tmp_path, runs):
+    """strip folds Conv+BN into the conv (its weights rounded to fp32 again): the float64 run still waits for the
+    verdict, with the fold's originals on disk, and a passing graph never needs it."""
+    result = _export_conv_bn(tmp_path, "bn")
+    assert result.ok and result.parity["passed"] is True
+    assert runs == []
+
+
+def test_a_folded_batchnorm_model_measures_the_noise_of_the_model_prepare_ran(tmp_path, runs, wrong_graph,
+                                                                               monkeypatch):
+    """Measured late, the noise is the unfolded model's to the bit (the float64 twin takes the fold's originals
+    back), so the verdict is the one measuring it in prepare gave (the folded model's float64 run differs: its
+    larger noise passes sets that fail here)."""
+    measured = []
+    real = float_noise.measure
+    monkeypatch.setattr(float_noise, "measure", lambda ctx: (real(ctx), measured.append(ctx.reference_noise)))
+    deferred = _export_conv_bn(tmp_path, "late")
+    assert len(runs) == 1
+    monkeypatch.setattr(float_noise, "defer", lambda ctx: False)  # measured up front, before the fold
+    eager = _export_conv_bn(tmp_path, "early")
+    assert deferred.parity["passed"] is False and deferred.parity == eager.parity
+    assert any(row and row[0] > 0 for row in measured[0]) and measured[0] == measured[1]
