@@ -156,9 +156,10 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes, int]]:
         yield tag >> 3, _exact(f, here - start), -1
 
 
-def load(path: Path) -> Any:
-    """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included), parsed one weight at a
-    time: ``onnx.load`` holds the file's bytes and the parsed graph at once (two copies of every weight)."""
+def load(path: Path, external_data: bool = True) -> Any:
+    """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included unless not
+    ``external_data``), parsed one weight at a time: ``onnx.load`` holds the file's bytes and the parsed graph at
+    once (two copies of every weight)."""
     import os
 
     import onnx
@@ -181,6 +182,6 @@ def load(path: Path) -> Any:
             model.graph.MergeFromString(bytes(graph_rest))
             graph_rest.clear()
     model.MergeFromString(bytes(rest))
-    if any(uses_external_data(t) for t in model.graph.initializer):
+    if external_data and any(uses_external_data(t) for t in model.graph.initializer):
         load_external_data_for_model(model, os.path.dirname(str(path)))
     return model

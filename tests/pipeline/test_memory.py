@@ -124,3 +124,38 @@ def test_the_graph_read_one_weight_at_a_time_is_what_onnx_reads(tmp_path):
     (tmp_path / "cut.onnx").write_bytes((tmp_path / "m.onnx").read_bytes()[:-7])
     with pytest.raises(Exception):  # noqa: B017 - a truncated file is refused, as onnx.load refuses it
         onnx_stream.load(tmp_path / "cut.onnx")
+
+
+def test_commits_check_reads_the_staged_graph_one_weight_at_a_time(tmp_path):
+    """The commit stage checks every staged bundle against its manifest (bundle/rederive.py); onnx.load held the
+    file's bytes beside the parsed graph there, a second copy of the weights at every export's commit."""
+    import tracemalloc
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cann_export.bundle.rederive import _load_graph
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), f"w{i}")
+               for i in range(8)]  # 8 x 1 MiB
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"], [f"h{i}"]) for i in range(8)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                              [helper.make_tensor_value_info("h7", TensorProto.FLOAT, [1, 512])], weights)
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "model.onnx"))
+    tracemalloc.start()
+    try:
+        model = _load_graph(tmp_path, "model.onnx", [])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert model == onnx.load(str(tmp_path / "model.onnx"))
+    assert peak < 3 * 2**20, peak  # one weight's bytes at a time, not the file's 8 MiB
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "x.onnx"), save_as_external_data=True,
+                    location="x.onnx.data", size_threshold=0)
+    left = _load_graph(tmp_path, "x.onnx", [])  # external data stays on disk, as before
+    assert left == onnx.load(str(tmp_path / "x.onnx"), load_external_data=False)
+    (tmp_path / "cut.onnx").write_bytes((tmp_path / "model.onnx").read_bytes()[:-7])
+    problems: list[str] = []
+    assert _load_graph(tmp_path, "cut.onnx", problems) is None and "not a readable ONNX model" in problems[0]
