@@ -156,10 +156,11 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes, int]]:
         yield tag >> 3, _exact(f, here - start), -1
 
 
-def load(path: Path, external_data: bool = True) -> Any:
+def load(path: Path, external_data: bool = True, divert: Callable[[Any], bool] | None = None) -> Any:
     """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included unless not
     ``external_data``), parsed one weight at a time: ``onnx.load`` holds the file's bytes and the parsed graph at
-    once (two copies of every weight)."""
+    once (two copies of every weight). ``divert``: called with each weight as it is read; one it took (True) stays
+    in the model as its name, type and dims alone (its bytes are the caller's)."""
     import os
 
     import onnx
@@ -174,7 +175,9 @@ def load(path: Path, external_data: bool = True) -> Any:
                 continue
             end = f.tell() + length
             for inner, inner_raw, inner_length in _fields(f, end):
-                if inner == 5 and inner_length >= 0:
+                if inner == 5 and inner_length >= 0 and divert is not None:
+                    _diverted(model.graph.initializer.add(), _exact(f, inner_length), divert)
+                elif inner == 5 and inner_length >= 0:
                     model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
                 else:
                     graph_rest += (inner_raw if inner_length < 0 else
@@ -185,3 +188,17 @@ def load(path: Path, external_data: bool = True) -> Any:
     if external_data and any(uses_external_data(t) for t in model.graph.initializer):
         load_external_data_for_model(model, os.path.dirname(str(path)))
     return model
+
+
+def _diverted(target: Any, data: bytes, divert: Callable[[Any], bool]) -> None:
+    """The weight in ``data`` into ``target``, or only its name, type and dims when ``divert`` took it (a protobuf
+    message frees a cleared field's bytes only with the whole message: the weight is parsed on its own)."""
+    import onnx
+
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(data)
+    if not divert(tensor):
+        target.CopyFrom(tensor)
+        return
+    target.name, target.data_type = tensor.name, tensor.data_type
+    target.dims.extend(tensor.dims)
