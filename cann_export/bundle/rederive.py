@@ -103,17 +103,16 @@ def artifact_formats(checked: CheckedBundle) -> list[Format]:
 
 
 def _load_graph(directory: Path, model_file: str, diffs: list[str], weights: bool = True) -> Any:
-    import onnx
+    """The graph, its external data left on disk, read one weight at a time (``onnx.load`` held the file's bytes
+    beside the parsed graph: two copies of the weights at commit's check of every export); ``weights=False``:
+    without the weights' bytes (graph/onnx_stream.py)."""
+    from ..graph.onnx_stream import load
 
     model_path = directory / model_file
     if not model_path.is_file() or model_path.is_symlink():
         return None
     try:
-        if not weights:
-            from ..graph import onnx_stream
-
-            return onnx_stream.load(model_path, weights=False)
-        return onnx.load(str(model_path), load_external_data=False)
+        return load(model_path, weights=weights, external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
         diffs.append(f"{model_file}: not a readable ONNX model ({type(e).__name__})")
         return None

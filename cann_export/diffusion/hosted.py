@@ -143,13 +143,13 @@ def ort_run(path: str, arena: bool = True) -> Run:
 def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:
     """The graph at ``path`` computed as the device does under precision ``mode`` and the SoC's ``overflow``
     mode, ``keep`` (its keep_dtype nodes) in fp32: the emulation its device parity used."""
-    import onnx
+    from pathlib import Path
 
     from ..validators.device_parity_run import expand_keep
-    from ..validators.precision import Emulator
+    from ..validators.precision import Emulator, fed_weights
 
-    model = onnx.load(path)
-    emulator = Emulator(model, mode, overflow)
+    model, weights = fed_weights(Path(path))  # onnx.load held the file's bytes, the graph's and the fed copies
+    emulator = Emulator(model, mode, overflow, fed=weights)
     sess = emulator.session(expand_keep(keep, {}))
     names = [o.name for o in model.graph.output]
 

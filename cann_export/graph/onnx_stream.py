@@ -156,12 +156,14 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes, int]]:
         yield tag >> 3, _exact(f, here - start), -1
 
 
-def load(path: Path, weights: bool = True) -> Any:
-    """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included), parsed one weight at a
-    time: ``onnx.load`` holds the file's bytes and the parsed graph at once (two copies of every weight).
-    ``weights=False``: the graph without its main graph's initializers' ``raw_data`` (their bytes are skipped,
-    never read) and without external data, as ``onnx.load(load_external_data=False)`` would give it otherwise:
-    for the checks that read a graph's interface, ops and metadata, and its weights' names, types and shapes."""
+def load(path: Path, weights: bool = True, external_data: bool = True,
+         divert: Callable[[Any], bool] | None = None) -> Any:
+    """The ModelProto in ``path`` as ``onnx.load`` reads it (external data included unless not
+    ``external_data``), parsed one weight at a time: ``onnx.load`` holds the file's bytes and the parsed graph at
+    once (two copies of every weight). ``weights=False``: the graph without its main graph's initializers'
+    ``raw_data`` (their bytes are skipped, never read) and without external data, for the checks that read a graph's
+    interface, ops and metadata, and its weights' names, types and shapes. ``divert``: called with each weight as it
+    is read; one it took (True) stays in the model as its name, type and dims alone (its bytes are the caller's)."""
     import os
 
     import onnx
@@ -176,16 +178,19 @@ def load(path: Path, weights: bool = True) -> Any:
                 continue
             end = f.tell() + length
             for inner, inner_raw, inner_length in _fields(f, end):
-                if inner == 5 and inner_length >= 0:
-                    tensor = _exact(f, inner_length) if weights else _without_raw_data(f, f.tell() + inner_length)
-                    model.graph.initializer.add().ParseFromString(tensor)
+                if inner == 5 and inner_length >= 0 and not weights:
+                    model.graph.initializer.add().ParseFromString(_without_raw_data(f, f.tell() + inner_length))
+                elif inner == 5 and inner_length >= 0 and divert is not None:
+                    _diverted(model.graph.initializer.add(), _exact(f, inner_length), divert)
+                elif inner == 5 and inner_length >= 0:
+                    model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
                 else:
                     graph_rest += (inner_raw if inner_length < 0 else
                                    _header(inner, inner_length) + _exact(f, inner_length))
             model.graph.MergeFromString(bytes(graph_rest))
             graph_rest.clear()
     model.MergeFromString(bytes(rest))
-    if weights and any(uses_external_data(t) for t in model.graph.initializer):
+    if weights and external_data and any(uses_external_data(t) for t in model.graph.initializer):
         load_external_data_for_model(model, os.path.dirname(str(path)))
     return model
 
@@ -208,3 +213,17 @@ def _without_raw_data(f: BinaryIO, end: int) -> bytes:
     if f.tell() != end:
         raise ValueError("an ONNX file with a tensor cut short")
     return bytes(kept)
+
+
+def _diverted(target: Any, data: bytes, divert: Callable[[Any], bool]) -> None:
+    """The weight in ``data`` into ``target``, or only its name, type and dims when ``divert`` took it (a protobuf
+    message frees a cleared field's bytes only with the whole message: the weight is parsed on its own)."""
+    import onnx
+
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(data)
+    if not divert(tensor):
+        target.CopyFrom(tensor)
+        return
+    target.name, target.data_type = tensor.name, tensor.data_type
+    target.dims.extend(tensor.dims)

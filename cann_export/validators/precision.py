@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..atc.customize import Custom
     from ..atc.mixlists import MixLists
 
@@ -161,6 +163,30 @@ def host_values(model: Any) -> set[str]:
     return known
 
 
+def fed_weight(init: Any) -> bool:
+    """Whether the emulator feeds initializer ``init`` with every run (a float weight of FED_MIN elements or more)
+    rather than keeping it in the graph."""
+    return init.data_type == FLOAT and int(np.prod(init.dims)) >= FED_MIN
+
+
+def fed_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """The graph at ``path`` and the weights an Emulator of it feeds, each read once: the graph holds those by
+    name, type and dims alone (``Emulator(model, ..., fed=weights)``), so the weights are in memory once."""
+    from onnx import numpy_helper
+
+    from ..graph.onnx_stream import load
+
+    fed: dict[str, np.ndarray] = {}
+
+    def divert(init: Any) -> bool:
+        if init.data_location == 1 or not fed_weight(init):  # external data: read in as it is
+            return False
+        fed[init.name] = numpy_helper.to_array(init)
+        return True
+
+    return load(path, divert=divert), fed
+
+
 class Emulator:
     """One graph, analysed once (value types, weights, rounded weights), emulated for any keep set.
 
@@ -171,7 +197,7 @@ class Emulator:
     the customize_dtypes entries (atc/customize.py) whose nodes read and write the dtypes they name."""
 
     def __init__(self, model: Any, mode: str, overflow: str = INF_NAN, deq_scale: str = "s19",
-                 lists: MixLists | None = None):
+                 lists: MixLists | None = None, fed: dict[str, np.ndarray] | None = None):
         from onnx import numpy_helper
 
         from . import int8_device
@@ -184,8 +210,9 @@ class Emulator:
         self.floats, self.sizes = value_types(model)
         g = model.graph
         self.node_names = {n.name for n in g.node if n.name}
-        self.fed = {i.name: numpy_helper.to_array(i) for i in g.initializer
-                    if i.data_type == FLOAT and int(np.prod(i.dims)) >= FED_MIN}
+        # ``fed``: the weights already read (fed_weights), left out of ``model`` but for their name, type and dims
+        self.fed = fed if fed is not None else {i.name: numpy_helper.to_array(i) for i in g.initializer
+                                                if fed_weight(i)}
         self.embedded = [i for i in g.initializer if i.name not in self.fed]
         self.init_names = {i.name for i in g.initializer}
         self.graph_inputs = [i for i in g.input if i.name not in self.init_names]
