@@ -504,14 +504,11 @@ def needed_nodes(nodes: list[Any], roots: list[str]) -> list[Any]:
     whose body reads values of the graph around it by name, is kept whole."""
     from onnx import AttributeProto
 
+    from .int8_device import prune
+
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
         return nodes
-    needed, kept = set(roots), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(i for i in node.input if i)
-    return kept[::-1]
+    return prune(nodes, roots)
 
 
 def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19",
