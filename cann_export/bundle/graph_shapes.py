@@ -166,22 +166,46 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int |
     for src, pairs in sources.items():
         j = next(i for i, c in enumerate(plan.components) if c.name == src)
         own = {n: v[0] for n, v in dims(plan.components[j].module, plan.components[j].example_inputs).items()}
+        if all(_fixed_by(comp, inp, own, point) for _, inp in pairs):
+            continue  # the earlier graph gives none of them at this point's sizes: drawn below
         at = {n: point.get(f"past_{n}", point.get(n, size)) for n, size in own.items()}
         found = reused(plan, src, at, draw, pairs, comp.module, comp.example_inputs)
         if found is None:
             with torch.no_grad():
                 outputs = plan.components[j].module(**feed_at(plan, j, at, gen))
             found = {inp: outputs[out] for out, inp in pairs}
-        feed.update(found)
-    axes = getattr(comp.module, "graph_dynamic_axes", {}) or {}
+        for name, tensor in found.items():  # one the earlier graph gives at a size of its own is drawn instead
+            shape = _shape_at(comp, name, list(tensor.shape), point)
+            feed[name] = tensor if list(tensor.shape) == shape else _drawn(name, tensor, shape, point, comp.module,
+                                                                           gen)
     for name in comp.module.graph_input_names:
         if name not in feed:
-            shape = list(comp.example_inputs[name].shape)
-            for axis, label in axes.get(name, {}).items():
-                base, plus = split(label)
-                shape[axis] = point[base] + plus
+            shape = _shape_at(comp, name, list(comp.example_inputs[name].shape), point)
             feed[name] = _drawn(name, comp.example_inputs[name], shape, point, comp.module, gen)
     return feed
+
+
+def _fixed_by(comp: Any, name: str, own: dict[str, int], point: dict[str, int]) -> bool:
+    """Whether the earlier graph, whose dimensions are ``own``, gives input ``name`` at a size of its own at
+    ``point``: one of the input's dynamic axes is none of that graph's dimensions (nor their ``past_``) and the point
+    puts it at another size than the example's."""
+    example = {n: v[0] for n, v in dims(comp.module, comp.example_inputs).items()}
+    for label in (getattr(comp.module, "graph_dynamic_axes", {}) or {}).get(name, {}).values():
+        base, _ = split(label)
+        if base not in own and base.removeprefix("past_") not in own and point.get(base) != example.get(base):
+            return True
+    return False
+
+
+def _shape_at(comp: Any, name: str, shape: list[int], point: dict[str, int]) -> list[int]:
+    """``shape`` with each dynamic axis of input ``name`` at ``point``'s size. An earlier graph can fix what it
+    gives: Whisper's encoder gives 1500 positions at its 3000-frame window whatever the decoder's
+    ``encoder_sequence_length``, so a set labelled with another length must be drawn at it to run there."""
+    for axis, label in (getattr(comp.module, "graph_dynamic_axes", {}) or {}).get(name, {}).items():
+        base, plus = split(label)
+        if base in point:
+            shape[axis] = point[base] + plus
+    return shape
 
 
 def _drawn(name: str, example: Any, shape: list[int], point: dict[str, int], module: Any, gen: Any) -> Any:

@@ -178,3 +178,25 @@ def test_default_task_is_optimums(arch, task):
     if task.endswith("-with-past"):
         plain = task.removesuffix("-with-past")
         assert detect({"architectures": [arch]}, plain)[1].name == plain
+
+
+def test_each_decoder_set_runs_at_the_encoder_length_its_label_names():
+    """Whisper's encoder gives its fixed window's positions (``max_source_positions``) whatever the decoder's
+    ``encoder_sequence_length``: a decoder set labelled with another length is fed ``encoder_hidden_states`` of that
+    length (drawn), so it runs at the shape its label names (it was the encoder's 16 at 1, 8, ...)."""
+    from cann_export.bundle.graph_shapes import shape_sets
+    from cann_export.hf.graph_plans import plan_for
+
+    plan = plan_for(_whisper())
+    checked = 0
+    for comp in plan.components[1:]:
+        make = shape_sets(plan, comp, {})
+        _, found, _, _ = make(0)
+        for point, sets in found:
+            for feed in sets:
+                for name, tensor in feed.items():
+                    if name == "encoder_hidden_states" or name.endswith(".encoder.key"):
+                        axis = 1 if name == "encoder_hidden_states" else 2
+                        assert tensor.shape[axis] == point["encoder_sequence_length"], (comp.name, name, point)
+                        checked += point["encoder_sequence_length"] != SOURCE
+    assert checked  # some sets run at another encoder length than the encoder's own
