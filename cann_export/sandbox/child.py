@@ -82,8 +82,28 @@ def _mute() -> None:
     os.close(devnull)
 
 
+def _own_streams() -> None:
+    """The child writes through the process's own streams. A parent showing a live line (rich's Live) had replaced
+    sys.stdout / sys.stderr, and the stream of each logging handler made meanwhile, by proxies to its console, whose
+    lock the parent's refresh thread may hold at the fork: that thread is not in the child, so the first line the
+    child wrote (a library's warning at import) waited on the lock forever."""
+    import logging
+
+    real = (sys.__stdout__, sys.__stderr__)
+    if real[0] is not None and real[1] is not None:
+        sys.stdout, sys.stderr = real
+    loggers = [logging.getLogger(), *(found for found in list(logging.Logger.manager.loggerDict.values())
+                                      if isinstance(found, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and handler.stream not in real and sys.__stderr__ is not None:
+                handler.stream = sys.__stderr__  # not setStream: it flushes the proxy first
+
+
 def _child(fd: int, writable: list[Path], support: confine.Support, body: Callable[[Send], dict[str, Any]],
            keep_threads: bool) -> None:
+    _own_streams()
     send = _writer(fd)
     code = 0
     try:

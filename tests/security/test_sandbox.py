@@ -177,3 +177,58 @@ def test_errors_cross_back_with_their_class_exit_code_and_cause():
     assert err.to_dict()["cause"] == "ValueError: bad"
     odd = child.rebuild({"mro": ["os.system"], "type": "__import__('os')", "message": "x"})
     assert type(odd).__name__ == "ChildError"  # a name that is not an identifier is never used
+
+
+HELD_CONSOLE = r"""
+import logging, sys, threading, time
+from pathlib import Path
+from cann_export.sandbox import child, confine
+
+class Proxy:  # what a live line (rich's Live) puts in sys.stderr: writes go through its console's lock
+    def __init__(self, lock):
+        self.lock = lock
+    def write(self, text):
+        with self.lock:
+            return len(text)
+    def flush(self):
+        with self.lock:
+            pass
+
+lock = threading.Lock()
+sys.stderr = Proxy(lock)
+made_meanwhile = logging.StreamHandler()  # a library's handler made while the proxy was in place
+logging.getLogger("lib").addHandler(made_meanwhile)
+held = threading.Event()
+def refresh():  # the console's refresh thread, holding its lock when the fork comes
+    with lock:
+        held.set()
+        time.sleep(30)
+threading.Thread(target=refresh, daemon=True).start()
+held.wait()
+
+def body(send):
+    logging.getLogger("other").warning("a warning at import")  # logging's last resort: sys.stderr
+    logging.getLogger("lib").warning("through the handler made meanwhile")
+    print("and a print")
+    return {"done": True}
+
+out = child.run(body, [Path(sys.argv[1])], confine.probe(), lambda e: None,
+                keep_threads=True)
+sys.__stdout__.write(repr(out) + "\n")
+sys.__stdout__.flush()
+import os
+os._exit(0)  # the parent's own exit would flush the proxy its refresh thread still holds
+"""
+
+
+def test_the_child_does_not_write_through_the_parents_live_console(tmp_path):
+    """A parent showing a live line had sys.stderr (and the handlers libraries made meanwhile) go through its
+    console, whose lock its refresh thread may hold at the fork: the child's first warning waited on it forever
+    (torchao's warning at import hung a pty export of a GPT-2 directory). The child writes through its own streams."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", HELD_CONSOLE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=20, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "{'done': True}" in run.stdout
