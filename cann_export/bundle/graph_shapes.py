@@ -151,11 +151,11 @@ def shape_sets(plan: Plan, comp: Component, hints: dict[str, Any] | None,
 def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int | None = None) -> dict[str, Any]:
     """Component ``index``'s inputs at ``point``: what a connection brings from an earlier component is its
     output at the matching point (its ``X`` is the consumer's ``past_X`` when there is one, else the consumer's
-    ``X``), sliced from that component's parity references of draw ``draw`` when one covers it
-    (bundle/parity_reuse.py), else run eagerly; the rest drawn at the point's sizes."""
+    ``X``), sliced from what that component computed for draw ``draw`` (its parity references, an earlier feeding
+    run) when it covers the point (bundle/parity_reuse.py), else run eagerly; the rest drawn at the point's sizes."""
     import torch
 
-    from .parity_reuse import reused
+    from .parity_reuse import remember, reused
 
     comp = plan.components[index]
     feed: dict[str, Any] = {}
@@ -173,6 +173,7 @@ def feed_at(plan: Plan, index: int, point: dict[str, int], gen: Any, draw: int |
         if found is None:
             with torch.no_grad():
                 outputs = plan.components[j].module(**feed_at(plan, j, at, gen))
+            remember(plan, src, at, draw, outputs)  # the next set at this batch or a smaller one slices it
             found = {inp: outputs[out] for out, inp in pairs}
         for name, tensor in found.items():  # one the earlier graph gives at a size of its own is drawn instead
             shape = _shape_at(comp, name, list(tensor.shape), point)

@@ -1,55 +1,83 @@
-"""A later graph's inputs at a parity shape from an earlier graph's references, not from another eager run: the
-past of decode at ``batch_size=B, past_sequence_length=P`` is prefill's ``present.*`` at ``B, P``, and prefill's
-parity already computed it (or a larger one) for its own shapes. Prefill's rows are independent and its cache
-causal (all-ones masks, positions from 0), so the cache of a set at ``B' >= B`` and ``S' >= P`` holds the one at
-``B, P`` as its first ``B`` rows and ``P`` positions: decode's prepare slices it instead of running prefill again
-(GPT-2 small: 12 eager prefills, up to batch 51, gone). Only the sets no other kept set covers are kept, per
-draw (GPT-2 small: batch 64 at 7 tokens and 301 tokens at batch 2), until the bundle is written; a shape none
-covers (a user's gears past prefill's) runs prefill eagerly as before."""
+"""A later graph's inputs at a parity shape from an earlier graph's outputs already computed, not from another
+eager run. The past of decode at ``batch_size=B, past_sequence_length=P`` is prefill's ``present.*`` at ``B, P``,
+and prefill's parity already computed it (or a larger one) for its own shapes; the decoder's
+``encoder_hidden_states`` at batch B is the encoder's output at B, which the encoder's parity computed for its own
+shapes and the decoder's sets ask for again at each of their own. Each component's rows are independent, so the
+outputs of a set at batch ``B' >= B`` hold those at ``B`` as their first ``B`` rows; a causal prefill (all-ones
+masks, positions from 0) also holds a shorter prompt's cache as its first positions (GPT-2 small: 12 eager prefills,
+up to batch 51, gone), while an encoder attends to every position, so only its batch is sliced and every other size
+must match (Whisper at its 3000-frame window: the encoder ran 8 times for the decoders' sets, now once).
+
+What is kept: a component's parity references at its shapes (``keeper``) and a feeding run made for a later graph
+(``remember``), each only the outputs a later graph takes, per draw, and only the sets no other kept set covers,
+until the bundle is written; a shape none covers runs the earlier graph eagerly as before."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..plan import Component, Plan
 
-REUSED = ("decoder-with-past",)  # kinds whose first graph is a causal prefill of independent rows
+CAUSAL = ("decoder-with-past",)  # kinds whose first graph is a causal prefill: a longer prompt holds a shorter one
 
 
 def keeper(plan: Plan, comp: Component) -> Any:
-    """``(point, output names, outputs per draw) -> None`` storing what a later component takes from ``comp``
-    (None when none does, or the plan's kind has no causal prefill)."""
-    wanted = {out for src, out, dst, _ in plan.connections if src == comp.name and dst != comp.name}
-    if plan.kind not in REUSED or not wanted:
+    """``(point, output names, outputs per draw) -> None`` storing what a later component takes from ``comp``'s
+    parity references (None when no later component takes anything from it)."""
+    wanted = taken_from(plan, comp.name)
+    if not wanted:
         return None
 
     def keep(point: dict[str, int], names: list[str], outputs: list[Any]) -> None:
+        index = {n: k for k, n in enumerate(names) if n in wanted}
+        if len(index) != len(wanted):
+            return
         for draw, arrays in enumerate(outputs):
-            index = {n: k for k, n in enumerate(names) if n in wanted}
-            if len(index) != len(wanted):
-                return
-            kept = plan.kept.setdefault(comp.name, [])
-            if any(d == draw and _covers(p, point) for p, d, _ in kept):
-                continue
-            kept[:] = [e for e in kept if not (e[1] == draw and _covers(point, e[0]))]
-            kept.append((dict(point), draw, {n: arrays[k] for n, k in index.items()}))  # not the logits
+            _store(plan, comp.name, point, draw, {n: arrays[k] for n, k in index.items()})  # not the logits
 
     return keep
 
 
-def _covers(big: dict[str, int], small: dict[str, int]) -> bool:
-    return big.keys() == small.keys() and all(big[n] >= small[n] for n in small)
+def remember(plan: Plan, source: str, at: dict[str, int], draw: int | None, outputs: dict[str, Any]) -> None:
+    """Keep what a later component takes of ``source``'s eager run at ``at`` (made to feed a set of draw ``draw``)."""
+    wanted = taken_from(plan, source)
+    if wanted and wanted <= outputs.keys():
+        _store(plan, source, at, draw or 0, {n: outputs[n].detach().numpy() for n in wanted})
+
+
+def taken_from(plan: Plan, source: str) -> set[str]:
+    """The outputs of component ``source`` a later component takes as an input."""
+    return {out for src, out, dst, _ in plan.connections if src == source and dst != source}
+
+
+def _store(plan: Plan, source: str, point: dict[str, int], draw: int, arrays: dict[str, Any]) -> None:
+    kept = plan.kept.setdefault(source, [])
+    if any(d == draw and _covers(plan, p, point) for p, d, _ in kept):
+        return
+    kept[:] = [e for e in kept if not (e[1] == draw and _covers(plan, point, e[0]))]
+    kept.append((dict(point), draw, arrays))
+
+
+def _covers(plan: Plan, big: dict[str, int], small: dict[str, int]) -> bool:
+    """Whether the outputs at ``big`` hold those at ``small``: a batch at least as large, and (but for a causal
+    prefill's lengths, which may be longer) every other size equal."""
+    if big.keys() != small.keys():
+        return False
+    if plan.kind in CAUSAL:
+        return all(big[n] >= small[n] for n in small)
+    return all(big[n] >= small[n] if n == "batch_size" else big[n] == small[n] for n in small)
 
 
 def reused(plan: Plan, source: str, at: dict[str, int], draw: int | None, pairs: list[tuple[str, str]],
            consumer: Any, like: dict[str, Any]) -> dict[str, Any] | None:
     """``{consumer input: tensor}`` for ``pairs`` (source output, consumer input) at the source's point ``at``,
     sliced from a kept set of draw ``draw`` (any draw when None) that covers it; None when none does.
-    ``like``: the consumer's example inputs (the dtype each takes)."""
+    ``like``: the consumer's example inputs (the dtype each takes). An axis whose size is none of the source's
+    dimensions (Whisper's 1500 encoder positions at its fixed window) is the source's own: kept whole."""
     import torch
 
     axes = getattr(consumer, "graph_dynamic_axes", {}) or {}
     for point, d, arrays in plan.kept.get(source, []):
-        if (draw is not None and d != draw) or not _covers(point, at):
+        if (draw is not None and d != draw) or not _covers(plan, point, at):
             continue
         feed = {}
         for out, inp in pairs:
@@ -59,7 +87,9 @@ def reused(plan: Plan, source: str, at: dict[str, int], draw: int | None, pairs:
                 base, _, more = label.partition(" + ")
                 plus = int(more or 0)
                 name = base[len("past_"):] if base.startswith("past_") and base[len("past_"):] in at else base
-                if name not in at or array.shape[axis] != point[name] + plus:
+                if name not in at:
+                    continue
+                if array.shape[axis] != point[name] + plus:
                     return None
                 cut[axis] = slice(0, at[name] + plus)
             feed[inp] = torch.from_numpy(array[tuple(cut)].copy()).to(like[inp].dtype)

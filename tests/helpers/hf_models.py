@@ -31,6 +31,25 @@ def tiny_decoder_gpt2(n_positions=16):
     return GPT2LMHeadModel(cfg).eval()
 
 
+WHISPER_MELS, WHISPER_SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
+
+
+def tiny_whisper():
+    """A Whisper with 1 encoder and 2 decoder layers (the cache follows decoder_layers). init_std 0.3, seed 5:
+    random weights whose greedy tokens differ from step to step (43, 39, 62, 95), so a wrong cache shows."""
+    import transformers
+
+    torch.manual_seed(5)
+    cfg = transformers.WhisperConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, num_mel_bins=WHISPER_MELS,
+                                     max_source_positions=WHISPER_SOURCE,
+                                     max_target_positions=32, pad_token_id=1, bos_token_id=1, eos_token_id=2,
+                                     decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None,
+                                     init_std=0.3)
+    return transformers.WhisperForConditionalGeneration(cfg).eval()
+
+
 def tiny_vit():
     from transformers import ViTConfig, ViTForImageClassification
 

@@ -1,6 +1,8 @@
 """Decode's parity sets take their past from prefill's own parity references (bundle/parity_reuse.py), sliced to
 each decode shape, instead of running prefill eagerly again for every decode shape and draw; the slice equals
-prefill run on that batch and prompt (rows independent, the cache causal)."""
+prefill run on that batch and prompt (rows independent, the cache causal). An encoder-decoder's sets take the
+encoder's output (and decoder_with_past its past) from what the earlier graph already computed, sliced along the
+batch only: an encoder attends to every position, so a longer sequence never stands for a shorter one."""
 from __future__ import annotations
 
 import inspect
@@ -13,6 +15,7 @@ from cann_export import api
 from cann_export.hf import cache_wrappers as wrappers
 from cann_export.hf.graph_plans import plan_for
 from cann_export.bundle.parity_reuse import keeper, reused
+from helpers.hf_models import tiny_whisper
 
 
 def _gpt2():
@@ -69,3 +72,58 @@ def test_sliced_past_equals_prefill_run_at_that_shape():
         torch.testing.assert_close(got[inp], small[out], rtol=1e-5, atol=1e-6)
     assert reused(plan, "prefill", {"batch_size": 5, "sequence_length": 5}, 0, pairs, decode.module,
                   decode.example_inputs) is None  # nothing kept covers a larger batch: prefill runs eagerly
+
+
+def _t5():
+    torch.manual_seed(2)
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)).eval()
+
+
+def _feeding_runs(monkeypatch, classes):
+    """The eager runs of ``classes`` made to feed a later graph's set (feed_at's eager path): (class, shapes)."""
+    calls = []
+    for cls in classes:
+        def counting(self, feed, _compute=cls.compute, _name=cls.__name__):
+            if any(f.function == "feed_at" for f in inspect.stack(0)[1:6]):
+                calls.append((_name, tuple(sorted((k, tuple(v.shape)) for k, v in feed.items()))))
+            return _compute(self, feed)
+        monkeypatch.setattr(cls, "compute", counting)
+    return calls
+
+
+def test_whisper_decoder_sets_take_the_encoder_output_already_computed(tmp_path, monkeypatch):
+    """Tiny Whisper with past: the decoder's and decoder_with_past's sets ran the encoder 16 times and the decoder
+    11 times to make their inputs (the same batch again and again); now each point's feeding output comes from
+    the encoder's own parity references or an earlier feeding run, and no feeding run repeats a point."""
+    calls = _feeding_runs(monkeypatch, [wrappers.Seq2SeqEncoder, wrappers.Seq2SeqDecoder])
+    result = api.export_multi(tiny_whisper(), tmp_path / "whisper", num_random_inputs=1)
+    assert result.ok, result.to_dict()
+    assert [c for c in calls if c[0] == "Seq2SeqEncoder"] == []
+    assert len(calls) == len(set(calls)) <= 2, calls
+
+
+def test_encoder_output_is_sliced_along_the_batch_only():
+    """The encoder's kept output at batch 4 gives batch 2's rows, equal to the encoder run on them; at another
+    sequence length it gives nothing (bidirectional attention: the first positions of a longer input are not a
+    shorter input's output)."""
+    plan = plan_for(_t5())
+    encoder, decoder = plan.components[:2]
+    ids = torch.randint(1, 96, (4, 9), generator=torch.Generator().manual_seed(3))
+    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        big = encoder.module(**feed)
+    names = list(big)
+    keeper(plan, encoder)({"batch_size": 4, "encoder_sequence_length": 9}, names, [[big[n].numpy() for n in names]])
+    pairs = [(out, inp) for src, out, dst, inp in plan.connections if (src, dst) == ("encoder", "decoder")]
+    got = reused(plan, "encoder", {"batch_size": 2, "encoder_sequence_length": 9}, 0, pairs, decoder.module,
+                 decoder.example_inputs)
+    with torch.no_grad():
+        small = encoder.module(**{n: v[:2] for n, v in feed.items()})
+    assert got is not None and set(got) == {"encoder_hidden_states"}
+    torch.testing.assert_close(got["encoder_hidden_states"], small["last_hidden_state"], rtol=1e-5, atol=1e-6)
+    assert reused(plan, "encoder", {"batch_size": 2, "encoder_sequence_length": 5}, 0, pairs, decoder.module,
+                  decoder.example_inputs) is None
+    assert reused(plan, "encoder", {"batch_size": 5, "encoder_sequence_length": 9}, 0, pairs, decoder.module,
+                  decoder.example_inputs) is None

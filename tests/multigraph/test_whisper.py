@@ -11,29 +11,17 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import transformers
 from click.testing import CliRunner
 
 from cann_export import api
 from cann_export.cli.main import cli
 from cann_export.errors import OptionsError
 from helpers.bundle_runs import cli_export, component_session, feeds_from, greedy_seq2seq, run_named
+from helpers.hf_models import WHISPER_MELS as MELS
+from helpers.hf_models import WHISPER_SOURCE as SOURCE
+from helpers.hf_models import tiny_whisper as _whisper
 
 STEPS = 4
-MELS, SOURCE = 16, 16  # num_mel_bins, max_source_positions: input_features is 16 x 32 frames
-
-
-def _whisper():
-    # init_std 0.3, seed 5: random weights whose greedy tokens differ from step to step (43, 39, 62, 95), so a
-    # wrong cache shows; 1 encoder layer and 2 decoder layers: the cache follows decoder_layers
-    torch.manual_seed(5)
-    cfg = transformers.WhisperConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=2,
-                                     encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                     decoder_ffn_dim=64, num_mel_bins=MELS, max_source_positions=SOURCE,
-                                     max_target_positions=32, pad_token_id=1, bos_token_id=1, eos_token_id=2,
-                                     decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None,
-                                     init_std=0.3)
-    return transformers.WhisperForConditionalGeneration(cfg).eval()
 
 
 @pytest.fixture(scope="module")
