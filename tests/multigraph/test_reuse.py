@@ -50,6 +50,16 @@ def test_decode_sets_run_no_eager_prefill_and_parity_passes(counted):
     assert result.manifest["parity"]["components"] == {"prefill": True, "decode": True}
 
 
+def _kept(plan, source, consumer, feed, point):
+    """``source`` run on ``feed`` and its outputs kept as its parity references at ``point`` (draw 0); the
+    (source output, consumer input) pairs that connect them."""
+    with torch.no_grad():
+        big = source.module(**feed)
+    names = list(big)
+    keeper(plan, source)(point, names, [[big[n].numpy() for n in names]])
+    return [(out, inp) for src, out, dst, inp in plan.connections if (src, dst) == (source.name, consumer.name)]
+
+
 def test_sliced_past_equals_prefill_run_at_that_shape():
     plan = plan_for(_gpt2())
     prefill, decode = plan.components
@@ -57,11 +67,7 @@ def test_sliced_past_equals_prefill_run_at_that_shape():
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
             "position_ids": torch.arange(9).expand(4, 9).contiguous()}
     feed = {n: feed[n] for n in prefill.module.graph_input_names}
-    with torch.no_grad():
-        big = prefill.module(**feed)
-    names = list(big)
-    keeper(plan, prefill)({"batch_size": 4, "sequence_length": 9}, names, [[big[n].numpy() for n in names]])
-    pairs = [(out, inp) for src, out, dst, inp in plan.connections if (src, dst) == ("prefill", "decode")]
+    pairs = _kept(plan, prefill, decode, feed, {"batch_size": 4, "sequence_length": 9})
     got = reused(plan, "prefill", {"batch_size": 2, "sequence_length": 5}, 0, pairs, decode.module,
                  decode.example_inputs)
     assert got is not None and set(got) == {d for _, d in pairs}
@@ -112,11 +118,7 @@ def test_encoder_output_is_sliced_along_the_batch_only():
     encoder, decoder = plan.components[:2]
     ids = torch.randint(1, 96, (4, 9), generator=torch.Generator().manual_seed(3))
     feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    with torch.no_grad():
-        big = encoder.module(**feed)
-    names = list(big)
-    keeper(plan, encoder)({"batch_size": 4, "encoder_sequence_length": 9}, names, [[big[n].numpy() for n in names]])
-    pairs = [(out, inp) for src, out, dst, inp in plan.connections if (src, dst) == ("encoder", "decoder")]
+    pairs = _kept(plan, encoder, decoder, feed, {"batch_size": 4, "encoder_sequence_length": 9})
     got = reused(plan, "encoder", {"batch_size": 2, "encoder_sequence_length": 9}, 0, pairs, decoder.module,
                  decoder.example_inputs)
     with torch.no_grad():
