@@ -218,6 +218,10 @@ def _export_component(plan: Plan, comp: Any, staging: Path, export_one: Any, pro
         if hasattr(e, "message"):
             e.message = f"component {comp.name!r}: {e.message}"
         raise
+    finally:  # the outputs kept for later graphs (bundle/parity_reuse.py) that none left to export reads
+        from .parity_reuse import release
+
+        release(plan, {c.name for c in plan.components[:plan.components.index(comp) + 1]})
 
 
 def _prefixed(progress: Any, name: str) -> Any:

@@ -10,7 +10,9 @@ must match (Whisper at its 3000-frame window: the encoder ran 8 times for the de
 
 What is kept: a component's parity references at its shapes (``keeper``) and a feeding run made for a later graph
 (``remember``), each only the outputs a later graph takes, per draw, and only the sets no other kept set covers,
-until the bundle is written; a shape none covers runs the earlier graph eagerly as before."""
+within a budget (KEPT_SHARE of the weights' bytes, at least KEPT_FLOOR: an encoder-decoder's decoder keeps every
+layer's cross-attention cache), until no component left to export reads them (``release``); a shape none covers
+runs the earlier graph eagerly as before."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,6 +20,8 @@ from typing import Any
 from ..plan import Component, Plan
 
 CAUSAL = ("decoder-with-past",)  # kinds whose first graph is a causal prefill: a longer prompt holds a shorter one
+KEPT_SHARE = 0.25  # of the plan's weight bytes: what the kept outputs may hold at once ...
+KEPT_FLOOR = 64 << 20  # ... and at least this (a small model's outputs are kept whole)
 
 
 def keeper(plan: Plan, comp: Component) -> Any:
@@ -41,7 +45,29 @@ def remember(plan: Plan, source: str, at: dict[str, int], draw: int | None, outp
     """Keep what a later component takes of ``source``'s eager run at ``at`` (made to feed a set of draw ``draw``)."""
     wanted = taken_from(plan, source)
     if wanted and wanted <= outputs.keys():
-        _store(plan, source, at, draw or 0, {n: outputs[n].detach().numpy() for n in wanted})
+        _store(plan, source, at, draw or 0, {n: _array(outputs[n]) for n in wanted})
+
+
+def _array(tensor: Any) -> Any:
+    """``tensor`` as numpy (bfloat16, which numpy lacks, as float32: exact; ``reused`` casts it back)."""
+    import torch
+
+    tensor = tensor.detach()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).cpu().numpy()
+
+
+def release(plan: Plan, exported: set[str]) -> None:
+    """Let go what no component left to export can read, directly or through the earlier graph it runs eagerly."""
+    needed: set[str] = set()
+    left = [c.name for c in plan.components if c.name not in exported]
+    while left:
+        name = left.pop()
+        for src, _, dst, _ in plan.connections:
+            if dst == name and src != name and src not in needed:
+                needed.add(src)
+                left.append(src)
+    for source in [s for s in plan.kept if s not in needed]:
+        del plan.kept[source]
 
 
 def taken_from(plan: Plan, source: str) -> set[str]:
@@ -50,11 +76,32 @@ def taken_from(plan: Plan, source: str) -> set[str]:
 
 
 def _store(plan: Plan, source: str, point: dict[str, int], draw: int, arrays: dict[str, Any]) -> None:
+    """Keep ``arrays`` unless a kept set covers them or they would pass the budget; the sets they cover go."""
     kept = plan.kept.setdefault(source, [])
     if any(d == draw and _covers(plan, p, point) for p, d, _ in kept):
         return
-    kept[:] = [e for e in kept if not (e[1] == draw and _covers(plan, point, e[0]))]
-    kept.append((dict(point), draw, arrays))
+    rest = [e for e in kept if not (e[1] == draw and _covers(plan, point, e[0]))]
+    others = sum(_bytes(e) for name, entries in plan.kept.items() if name != source for e in entries)
+    if others + sum(_bytes(e) for e in rest) + _bytes((point, draw, arrays)) > _budget(plan):
+        return  # a later set at this point runs the earlier graph eagerly
+    kept[:] = [*rest, (dict(point), draw, arrays)]
+
+
+def _bytes(entry: tuple[dict[str, int], int, dict[str, Any]]) -> int:
+    return sum(int(a.nbytes) for a in entry[2].values())
+
+
+def _budget(plan: Plan) -> int:
+    """KEPT_SHARE of the weights' bytes (the components' modules share one model: its largest count), or KEPT_FLOOR."""
+    weights = 0
+    for comp in plan.components:
+        seen, total = set(), 0
+        for t in [*comp.module.parameters(), *comp.module.buffers()]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        weights = max(weights, total)
+    return max(KEPT_FLOOR, int(KEPT_SHARE * weights))
 
 
 def _covers(plan: Plan, big: dict[str, int], small: dict[str, int]) -> bool:
@@ -79,19 +126,23 @@ def reused(plan: Plan, source: str, at: dict[str, int], draw: int | None, pairs:
     for point, d, arrays in plan.kept.get(source, []):
         if (draw is not None and d != draw) or not _covers(plan, point, at):
             continue
-        feed = {}
-        for out, inp in pairs:
-            array = arrays[out]
-            cut = [slice(None)] * array.ndim
-            for axis, label in axes.get(inp, {}).items():
-                base, _, more = label.partition(" + ")
-                plus = int(more or 0)
-                name = base[len("past_"):] if base.startswith("past_") and base[len("past_"):] in at else base
-                if name not in at:
-                    continue
-                if array.shape[axis] != point[name] + plus:
-                    return None
-                cut[axis] = slice(0, at[name] + plus)
-            feed[inp] = torch.from_numpy(array[tuple(cut)].copy()).to(like[inp].dtype)
-        return feed
+        cuts = {inp: _cut(arrays[out], axes.get(inp, {}), point, at) for out, inp in pairs}
+        if all(cut is not None for cut in cuts.values()):
+            return {inp: torch.from_numpy(arrays[out][cuts[inp]].copy()).to(like[inp].dtype) for out, inp in pairs}
     return None
+
+
+def _cut(array: Any, axes: dict[int, str], point: dict[str, int], at: dict[str, int]) -> tuple[slice, ...] | None:
+    """The slice of ``array`` (kept at ``point``) that is its value at ``at``, by the consumer input's ``axes``
+    labels; None when an axis is not the size its label says."""
+    cut = [slice(None)] * array.ndim
+    for axis, label in axes.items():
+        base, _, more = label.partition(" + ")
+        plus = int(more or 0)
+        name = base[len("past_"):] if base.startswith("past_") and base[len("past_"):] in at else base
+        if name not in at:
+            continue
+        if array.shape[axis] != point[name] + plus:
+            return None
+        cut[axis] = slice(0, at[name] + plus)
+    return tuple(cut)

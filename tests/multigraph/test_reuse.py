@@ -14,7 +14,8 @@ import transformers
 from cann_export import api
 from cann_export.hf import cache_wrappers as wrappers
 from cann_export.hf.graph_plans import plan_for
-from cann_export.bundle.parity_reuse import keeper, reused
+from cann_export.bundle import parity_reuse
+from cann_export.bundle.parity_reuse import keeper, release, remember, reused
 from helpers.hf_models import tiny_whisper
 
 
@@ -129,3 +130,30 @@ def test_encoder_output_is_sliced_along_the_batch_only():
                   decoder.example_inputs) is None
     assert reused(plan, "encoder", {"batch_size": 5, "encoder_sequence_length": 9}, 0, pairs, decoder.module,
                   decoder.example_inputs) is None
+
+
+def test_kept_outputs_stay_within_their_budget_and_go_when_no_graph_left_reads_them(monkeypatch):
+    """A kept set that would pass the budget is not kept (that point's set runs the earlier graph eagerly); what no
+    component left to export reads (directly, or through the earlier graph it runs) is let go; a bfloat16 output
+    (which numpy lacks) is kept as float32 and handed back in the consumer's dtype."""
+    plan = plan_for(_t5())
+    encoder, decoder, _ = plan.components
+    ids = torch.randint(1, 96, (4, 9), generator=torch.Generator().manual_seed(3))
+    pairs = _kept(plan, encoder, decoder, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                  {"batch_size": 4, "encoder_sequence_length": 9})
+    kept_bytes = sum(a.nbytes for _, _, arrays in plan.kept["encoder"] for a in arrays.values())
+    monkeypatch.setattr(parity_reuse, "KEPT_FLOOR", kept_bytes + 1)
+    monkeypatch.setattr(parity_reuse, "KEPT_SHARE", 0.0)
+    remember(plan, "encoder", {"batch_size": 4, "encoder_sequence_length": 5}, 0,
+             {"last_hidden_state": torch.zeros(4, 5, 32)})  # past the budget: not kept
+    assert [p for p, _, _ in plan.kept["encoder"]] == [{"batch_size": 4, "encoder_sequence_length": 9}]
+    plan.kept.clear()
+    remember(plan, "encoder", {"batch_size": 1, "encoder_sequence_length": 2}, 0,
+             {"last_hidden_state": torch.ones(1, 2, 32, dtype=torch.bfloat16)})
+    got = reused(plan, "encoder", {"batch_size": 1, "encoder_sequence_length": 2}, 0, pairs, decoder.module,
+                 decoder.example_inputs)
+    assert got["encoder_hidden_states"].dtype == decoder.example_inputs["encoder_hidden_states"].dtype
+    release(plan, {"encoder", "decoder"})  # decoder_with_past reads the decoder, which reads the encoder
+    assert set(plan.kept) == {"encoder"}
+    release(plan, {"encoder", "decoder", "decoder_with_past"})
+    assert plan.kept == {}
