@@ -93,14 +93,9 @@ def _bytes(entry: tuple[dict[str, int], int, dict[str, Any]]) -> int:
 
 def _budget(plan: Plan) -> int:
     """KEPT_SHARE of the weights' bytes (the components' modules share one model: its largest count), or KEPT_FLOOR."""
-    weights = 0
-    for comp in plan.components:
-        seen, total = set(), 0
-        for t in [*comp.module.parameters(), *comp.module.buffers()]:
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-        weights = max(weights, total)
+    from ..inputs.parity_budget import weight_bytes
+
+    weights = max(weight_bytes(comp.module) for comp in plan.components)
     return max(KEPT_FLOOR, int(KEPT_SHARE * weights))
 
 

@@ -43,12 +43,19 @@ def with_activations(io: Elements, terms: list[dict[str, Any]], example: Point) 
 
 def weight_elements(module: Any) -> int:
     """Elements of the module's parameters and buffers, each tensor once (a tied LM head counts once)."""
-    seen, total = set(), 0
+    return sum(t.numel() for t in _weights(module))
+
+
+def weight_bytes(module: Any) -> int:
+    """Bytes of the module's parameters and buffers, each tensor once."""
+    return sum(t.numel() * t.element_size() for t in _weights(module))
+
+
+def _weights(module: Any) -> list[Any]:
+    seen: dict[int, Any] = {}
     for t in [*module.parameters(), *module.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel()
-    return total
+        seen.setdefault(id(t), t)
+    return list(seen.values())
 
 
 def within(name: str, sizes: list[int], example: Point, budget: int | None, elements: Elements | None,
