@@ -8,7 +8,7 @@ is run only to be thrown away.
 
 Gate: under ``auto`` a traced graph that emitted TracerWarnings is checked against the eager reference before it is
 kept: onnxruntime runs it on the input sets the prepare stage built (at the example's shape all of them: the example,
-the random variants; at each dynamic axis' range ends and middle the first set of that shape, ``_chosen``) and on
+the random variants; at each dynamic axis' range ends and middle the first set of that shape, ``chosen_sets``) and on
 sign-flipped / scaled copies of the example, judged by parity's own rule (parity_report); parity judges every set
 again on the written graph. When a checkable trace comes first (``Decisions.trace_first``), prepare builds those
 copies itself as its specialisation probes, in place of the heavy-tailed random draws (laplace, wide_normal: x4 / x-4
@@ -69,15 +69,35 @@ def check(ctx: Any, model: Any, judge: GraphJudge, path_references: Callable[[An
     (``path_references``, handed to capture) stay in the context for parity (which judges the written graph on them
     again)."""
     why = unchecked(ctx)
-    if not why and not ctx.options.validate and not _prepared(ctx):
+    if not why and not checkable_unvalidated(ctx):
         why = "not checked: validation is off (--no-validate) and the trace was not the first exporter tried"
     if why:
         return {"passed": False, "reason": why}
+    import tempfile
+    from pathlib import Path
+
+    from ..graph.onnx_helpers import save_model
+
+    with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
+        path = Path(tmp) / "traced.onnx"
+        save_model(model, path)  # streamed: no serialised copy of the graph beside it (GPT-2 small: 500 MB)
+        return check_file(ctx, path, judge, path_references)
+
+
+def checkable_unvalidated(ctx: Any) -> bool:
+    """Whether the gate has sets to check a trace on: always when validating; under --no-validate only when
+    prepare built them (the trace came first)."""
+    return bool(ctx.options.validate) or _prepared(ctx)
+
+
+def check_file(ctx: Any, path: Any, judge: GraphJudge, path_references: Callable[[Any], None]) -> dict[str, Any]:
+    """The gate's check (``check``) of the graph at ``path``: the raw trace, or under --no-validate the graph the
+    write stage wrote (capture/trace_judged_by_parity.py:gate_after_write)."""
     sets, labels, reference = gate_sets(ctx, path_references)
-    chosen = _chosen(labels)
+    chosen = chosen_sets(labels)
     done = coverage(labels, chosen)
     try:
-        report = _judged(ctx, model, judge, chosen, sets, labels, reference)
+        report = _judged(ctx, path, judge, chosen, sets, labels, reference)
     except Exception as e:  # noqa: BLE001 - a graph that fails at another shape is a disagreement
         return {**done, "passed": False, "reason": f"the traced graph fails on an input set: {type(e).__name__}: "
                                                    f"{' '.join(str(e).split())[:200]}"}
@@ -112,7 +132,7 @@ def gate_sets(ctx: Any, path_references: Callable[[Any], None]
     return ([*ctx.input_sets, *ctx.path_input_sets], labels, [*ctx.reference_outputs, *ctx.path_reference_outputs])
 
 
-def _chosen(labels: list[dict[str, Any]]) -> list[int]:
+def chosen_sets(labels: list[dict[str, Any]]) -> list[int]:
     """The sets the gate runs: every set at the example's shape (the example, the random draws, the probes) and
     the first set at each other shape (its example-like draw). A trace fixed to the example's size differs at
     every other size, so one set there shows it; the other draws cost the trace what dynamo would (GPT-2 small's
@@ -129,16 +149,10 @@ def _chosen(labels: list[dict[str, Any]]) -> list[int]:
     return chosen
 
 
-def _judged(ctx: Any, model: Any, judge: GraphJudge, chosen: list[int], sets: list, labels: list,
+def _judged(ctx: Any, path: Any, judge: GraphJudge, chosen: list[int], sets: list, labels: list,
             reference: list) -> dict[str, Any]:
-    """``judge``'s parity report on the traced graph (streamed to a temporary file) for the ``chosen`` sets, at the
-    verdict rule's floor when the reference's noise was deferred (a disagreement there rejects the trace: dynamo is
-    the safe side)."""
-    import tempfile
-    from pathlib import Path
-
-    from ..graph.onnx_helpers import save_model
-
+    """``judge``'s parity report on the graph at ``path`` for the ``chosen`` sets, at the verdict rule's floor when
+    the reference's noise was deferred (a disagreement there rejects the trace: dynamo is the safe side)."""
     count = len(ctx.input_sets)
     noise = list(ctx.reference_noise) if len(ctx.reference_noise) == count else None
     if not ctx.options.validate:  # nothing measured: the verdict rule's least floor on every verdict set
@@ -150,12 +164,9 @@ def _judged(ctx: Any, model: Any, judge: GraphJudge, chosen: list[int], sets: li
         noise = float_noise.least_floor(ctx)
     noise = [*noise, *[None] * (len(sets) - len(noise))] if noise is not None else None
     feeds = [{n: t.detach().cpu().numpy() for n, t in sets[i].items()} for i in chosen]
-    with tempfile.TemporaryDirectory(prefix="cann-export-trace-") as tmp:
-        path = Path(tmp) / "traced.onnx"
-        save_model(model, path)  # streamed: no serialised copy of the graph beside it (GPT-2 small: 500 MB)
-        return judge.graph_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
-                                  "the model on the prepared input sets (trace check)", [labels[i] for i in chosen],
-                                  [noise[i] for i in chosen] if noise is not None else None)
+    return judge.graph_report(path, feeds, [reference[i] for i in chosen], ctx.options.tolerance,
+                              "the model on the prepared input sets (trace check)", [labels[i] for i in chosen],
+                              [noise[i] for i in chosen] if noise is not None else None)
 
 
 def note(result: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ def in_order(ctx: ExportContext, stages: tuple[Stage, ...], start: int = 0,
     stop = len(stages) if stop is None else stop
     names = [s.name for s in stages]
     at = names.index("capture") if "capture" in names[start:stop] else None
-    ctx.trace_rewind = bool(at is not None and "validate" in names[at:stop] and ctx.options.validate)
+    ctx.trace_rewind = bool(at is not None and "validate" in names[at:stop])
     index, saved = start, None
     while index < stop:
         if index == at:
