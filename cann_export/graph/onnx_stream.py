@@ -166,48 +166,70 @@ def load(path: Path, weights: bool = True, external_data: bool = True,
     is read; one it took (True) stays in the model as its name, type and dims alone (its bytes are the caller's)."""
     import os
 
-    import onnx
     from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-    model, rest, graph_rest = onnx.ModelProto(), bytearray(), bytearray()
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        for number, raw, length in _fields(f, size):
-            if number != 7 or length < 0:  # not the graph: kept as it is in the file
-                rest += raw if length < 0 else _header(number, length) + _exact(f, length)
-                continue
-            end = f.tell() + length
-            for inner, inner_raw, inner_length in _fields(f, end):
-                if inner == 5 and inner_length >= 0 and not weights:
-                    model.graph.initializer.add().ParseFromString(_without_raw_data(f, f.tell() + inner_length))
-                elif inner == 5 and inner_length >= 0 and divert is not None:
-                    _diverted(model.graph.initializer.add(), _exact(f, inner_length), divert)
-                elif inner == 5 and inner_length >= 0:
-                    model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
-                else:
-                    graph_rest += (inner_raw if inner_length < 0 else
-                                   _header(inner, inner_length) + _exact(f, inner_length))
-            model.graph.MergeFromString(bytes(graph_rest))
-            graph_rest.clear()
-    model.MergeFromString(bytes(rest))
+        model = _parsed(f, os.fstat(f.fileno()).st_size, weights, divert)
     if weights and external_data and any(uses_external_data(t) for t in model.graph.initializer):
         load_external_data_for_model(model, os.path.dirname(str(path)))
+    return model
+
+
+def load_bytes(data: bytes, lengths: dict[str, int], kept_below: int = 0) -> Any:
+    """The ModelProto serialised in ``data`` without its main graph's initializers' ``raw_data`` of ``kept_below``
+    bytes or more (as ``load`` with ``weights=False``; the bytes are skipped, never copied); ``lengths`` gets each
+    left-out ``raw_data``'s byte count by the initializer's name."""
+    import io
+
+    return _parsed(io.BytesIO(data), len(data), False, None, lengths, kept_below)
+
+
+def _parsed(f: BinaryIO, size: int, weights: bool, divert: Callable[[Any], bool] | None,
+            lengths: dict[str, int] | None = None, kept_below: int = 0) -> Any:
+    import onnx
+
+    model, rest, graph_rest = onnx.ModelProto(), bytearray(), bytearray()
+    for number, raw, length in _fields(f, size):
+        if number != 7 or length < 0:  # not the graph: kept as it is in the file
+            rest += raw if length < 0 else _header(number, length) + _exact(f, length)
+            continue
+        end = f.tell() + length
+        for inner, inner_raw, inner_length in _fields(f, end):
+            if inner == 5 and inner_length >= 0 and not weights:
+                skipped: list[int] = []
+                tensor = model.graph.initializer.add()
+                tensor.ParseFromString(_without_raw_data(f, f.tell() + inner_length, skipped, kept_below))
+                if lengths is not None and skipped:
+                    lengths[tensor.name] = skipped[-1]
+            elif inner == 5 and inner_length >= 0 and divert is not None:
+                _diverted(model.graph.initializer.add(), _exact(f, inner_length), divert)
+            elif inner == 5 and inner_length >= 0:
+                model.graph.initializer.add().ParseFromString(_exact(f, inner_length))
+            else:
+                graph_rest += (inner_raw if inner_length < 0 else
+                               _header(inner, inner_length) + _exact(f, inner_length))
+        model.graph.MergeFromString(bytes(graph_rest))
+        graph_rest.clear()
+    model.MergeFromString(bytes(rest))
     return model
 
 
 _RAW_DATA = 9  # TensorProto.raw_data's field number
 
 
-def _without_raw_data(f: BinaryIO, end: int) -> bytes:
-    """A TensorProto's bytes up to ``end`` with its ``raw_data`` field left out (skipped over, not read)."""
+def _without_raw_data(f: BinaryIO, end: int, skipped: list[int] | None = None, kept_below: int = 0) -> bytes:
+    """A TensorProto's bytes up to ``end`` with its ``raw_data`` field of ``kept_below`` bytes or more left out
+    (skipped over, not read; its length appended to ``skipped``)."""
     kept = bytearray()
     for number, raw, length in _fields(f, end):
         if length < 0:
             kept += raw
         elif f.tell() + length > end:
             raise ValueError("an ONNX file with a tensor field past its tensor")
-        elif number == _RAW_DATA:
+        elif number == _RAW_DATA and length >= kept_below:
             f.seek(length, 1)
+            if skipped is not None:
+                skipped.append(length)
         else:
             kept += _header(number, length) + _exact(f, length)
     if f.tell() != end:
