@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import attempt_scratch, large_graph
+from . import attempt_scratch, large_graph, weights_apart
 from ..graph.module_paths import collect_origins, remember_folds, restore_folds, stamp_from_exporter, stamp_origins
 
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
@@ -324,11 +324,14 @@ class TorchScriptExporter:
             from .dynamic_dims import fix_declared_outputs, torchscript_axes
 
             written = _Written() if _in_memory(ctx) else None
-            torch.onnx.export(
-                model, args, str(path) if written is None else written, dynamo=False,
-                opset_version=ctx.options.opset, input_names=list(ctx.input_names),
-                output_names=list(ctx.output_names), do_constant_folding=True, dynamic_axes=torchscript_axes(ctx),
-            )
+            with weights_apart.held_apart(written.weights) if written is not None and weights_apart.supported() \
+                    else contextlib.nullcontext():
+                torch.onnx.export(
+                    model, args, str(path) if written is None else written, dynamo=False,
+                    opset_version=ctx.options.opset, input_names=list(ctx.input_names),
+                    output_names=list(ctx.output_names), do_constant_folding=True,
+                    dynamic_axes=torchscript_axes(ctx),
+                )
             graph = large_graph.load_captured(path, ctx) if written is None else written.checked_graph()
             # an output dim fix_declared_outputs narrows (decode's one-token logits) is checked by the full check's
             # strict inference without the weights; where that cannot tell, capture checks the changed graph whole
@@ -358,10 +361,11 @@ def _in_memory(ctx: Any) -> bool:
 
 class _Written:
     """What torch.onnx.export writes to a file object: the serialised graph, kept as the one bytes object it
-    writes (no copy, no disk)."""
+    writes (no copy, no disk), and its weights by name when they came apart from it (capture/weights_apart.py)."""
 
     def __init__(self) -> None:
         self.data = b""
+        self.weights: dict[str, bytes] = {}
 
     def write(self, data: bytes) -> int:
         self.data = bytes(data) if not self.data else self.data + bytes(data)
@@ -375,11 +379,18 @@ class _Written:
         graph/weightless_check.py); the bytes are let go."""
         import onnx
 
-        from ..graph.weightless_check import full_check
+        from ..graph.weightless_check import full_check, full_check_apart
 
         data, self.data = self.data, b""
-        full_check(data)  # the checker without the weights' bytes (their byte counts checked here)
-        return onnx.ModelProto.FromString(data)
+        if not self.weights:
+            full_check(data)  # the checker without the weights' bytes (their byte counts checked here)
+            return onnx.ModelProto.FromString(data)
+        graph = onnx.ModelProto.FromString(data)
+        checked = full_check_apart(graph, self.weights)
+        weights_apart.attach(graph, self.weights)
+        if not checked:
+            onnx.checker.check_model(graph, full_check=True)
+        return graph
 
 
 @contextlib.contextmanager

@@ -23,15 +23,38 @@ OTHER_DATA = ("float_data", "int32_data", "string_data", "int64_data", "double_d
 
 def full_check(data: bytes) -> None:
     """Raise as ``onnx.checker.check_model(data, full_check=True)`` does when the graph in ``data`` fails it."""
-    import tempfile
-    from pathlib import Path
-
     import onnx
 
     light = _light(data)
     if light is None:
         onnx.checker.check_model(data, full_check=True)
         return
+    _check(light)
+
+
+def full_check_apart(model: Any, weights: dict[str, bytes]) -> bool:
+    """The same check of ``model``, a graph whose weights ``weights`` (by initializer name) are held apart from it
+    (each such initializer's ``raw_data`` a placeholder: capture/weights_apart.py); ``model`` is not changed. False
+    (nothing checked) when a weight's type has no whole-byte size: the caller checks the whole graph."""
+    import onnx
+
+    if any(t.name in weights and t.data_type not in ITEMSIZE for t in model.graph.initializer):
+        return False
+    light = onnx.ModelProto()
+    light.CopyFrom(model)  # the graph without its weights: small
+    for tensor in light.graph.initializer:
+        if tensor.name in weights:
+            _external(tensor, len(weights[tensor.name]))
+    _check(light)
+    return True
+
+
+def _check(light: Any) -> None:
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
     with tempfile.TemporaryDirectory(prefix="cann-export-check-") as tmp:
         (Path(tmp) / "weights").touch()  # the external data's file: the checker asks only that it is one
         path = Path(tmp) / "model.onnx"
@@ -42,7 +65,6 @@ def full_check(data: bytes) -> None:
 def _light(data: bytes) -> Any:
     """The graph in ``data`` with its weights of ``KEPT_BELOW`` bytes or more marked as external data, after their
     byte counts were checked; None when a weight cannot be checked this way."""
-    import onnx
 
     from .onnx_stream import load_bytes
 
@@ -51,15 +73,24 @@ def _light(data: bytes) -> Any:
     for tensor in light.graph.initializer:
         if tensor.name not in lengths:
             continue
-        size = ITEMSIZE.get(tensor.data_type)
-        if size is None or any(len(getattr(tensor, f)) for f in OTHER_DATA) or tensor.data_location != 0:
+        if ITEMSIZE.get(tensor.data_type) is None or any(len(getattr(tensor, f)) for f in OTHER_DATA) \
+                or tensor.data_location != 0:
             return None
-        needed = math.prod(tensor.dims) * size
-        if lengths[tensor.name] < needed:
-            raise onnx.checker.ValidationError(
-                f"TensorProto (tensor name: {tensor.name}) raw_data size ({lengths[tensor.name]} bytes) is too small "
-                f"for the declared shape and type ({needed} bytes required).")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        entry = tensor.external_data.add()
-        entry.key, entry.value = "location", "weights"
+        _external(tensor, lengths[tensor.name])
     return light
+
+
+def _external(tensor: Any, length: int) -> None:
+    """``tensor`` (of a type in ``ITEMSIZE``) marked as external data, after its ``length`` bytes were checked
+    against its type and shape."""
+    import onnx
+
+    needed = math.prod(tensor.dims) * ITEMSIZE[tensor.data_type]
+    if length < needed:
+        raise onnx.checker.ValidationError(
+            f"TensorProto (tensor name: {tensor.name}) raw_data size ({length} bytes) is too small "
+            f"for the declared shape and type ({needed} bytes required).")
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "weights"

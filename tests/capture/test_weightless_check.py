@@ -78,3 +78,73 @@ def test_a_weight_it_cannot_check_by_length_gets_the_checker_on_the_whole_graph(
     data = model.SerializeToString()
     assert _light(data) is None
     assert _ours(data) == _checker(data) == "ValidationError"
+
+
+class _Tied(torch.nn.Module):
+    """Tied weights, a half-precision weight, an int64 buffer and a bias: what the encoder writes in several ways."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+        self.half_weight = torch.nn.Parameter(torch.randn(16, 16).half())
+        self.register_buffer("offsets", torch.arange(4, dtype=torch.int64))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids + self.offsets[0]) @ self.half_weight.float()
+        return self.head(h)
+
+
+def _plain_and_apart(model: torch.nn.Module, *args: torch.Tensor) -> tuple[bytes, bytes, dict[str, bytes]]:
+    import contextlib
+
+    from cann_export.capture import weights_apart
+
+    outs, kept = [], {}
+    for apart in (False, True):
+        f, weights = io.BytesIO(), {}
+        with weights_apart.held_apart(weights) if apart else contextlib.nullcontext():
+            torch.onnx.export(model.eval(), args, f, dynamo=False, opset_version=17, input_names=["x"],
+                              dynamic_axes={"x": {0: "batch"}})
+        if apart:
+            kept = dict(weights)
+            graph = onnx.ModelProto.FromString(f.getvalue())
+            assert len(f.getvalue()) < 4096  # the graph came without its weights' bytes
+            from cann_export.graph.weightless_check import full_check_apart
+
+            assert full_check_apart(graph, weights)
+            weights_apart.attach(graph, weights)
+            outs.append(graph.SerializeToString())
+        else:
+            outs.append(f.getvalue())
+    return outs[0], outs[1], kept
+
+
+def test_weights_held_apart_give_the_plain_exports_bytes():
+    from cann_export.capture import weights_apart
+
+    assert weights_apart.supported()  # this torch's private call is the one held_apart wraps (else: plain export)
+    for model, args in ((_Tied(), (torch.randint(0, 40, (2, 5)),)),
+                        (torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                             torch.nn.Flatten(), torch.nn.Linear(16 * 6 * 6, 4)),
+                         (torch.randn(2, 3, 8, 8),))):
+        plain, apart, kept = _plain_and_apart(model, *args)
+        assert kept and apart == plain
+
+
+def test_a_weight_held_apart_is_checked_and_attached_whole():
+    from cann_export.capture import weights_apart
+    from cann_export.graph.weightless_check import full_check_apart
+
+    f, weights = io.BytesIO(), {}
+    with weights_apart.held_apart(weights):
+        torch.onnx.export(torch.nn.Linear(64, 32).eval(), (torch.randn(1, 64),), f, dynamo=False, opset_version=17)
+    graph = onnx.ModelProto.FromString(f.getvalue())
+    name = max(weights, key=lambda n: len(weights[n]))
+    short = {**weights, name: weights[name][:100]}
+    with pytest.raises(onnx.checker.ValidationError, match="too small"):
+        full_check_apart(graph, short)
+    assert [t.raw_data for t in graph.graph.initializer] == [weights_apart.PLACEHOLDER] * len(weights)  # unchanged
+    with pytest.raises(ValueError, match="does not hold"):
+        weights_apart.attach(graph, {**weights, "stray": b"\0" * 8})
