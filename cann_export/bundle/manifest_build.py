@@ -42,7 +42,8 @@ def build_manifest(ctx: ExportContext, root: Path | None) -> dict[str, Any]:
         "optimize": ctx.optimize,
         "parity": {**summarize_parity(parity), **reference,
                    **({"coverage": ctx.options.parity_coverage} if (parity or {}).get("shapes") else {}),
-                   **({"checks": checks} if (checks := checks_record(ctx.stage_seconds, ctx.stage_peak_mib)) else {})},
+                   **({"checks": checks} if ctx.options.validate  # (not the trace gate's run without validation)
+                      and (checks := checks_record(ctx.stage_seconds, ctx.stage_peak_mib)) else {})},
         **({"quantization": reports.quantization.to_dict()} if reports.quantization is not None else {}),
         "lint": dict(reports.lint),
         **({"sandbox": dict(reports.sandbox)} if reports.sandbox is not None else {}),

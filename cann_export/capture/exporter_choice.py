@@ -19,9 +19,11 @@ checkable trace comes first, prepare still builds the sets the gate checks (the 
 the probes, one set at each dynamic axis' range ends and middle; a multi-graph component's shape sets) and the gate
 judges every verdict set at the least floor (nothing measured), so skipping parity keeps a checked trace (dynamo was
 slower: ViT-small 19-25 s against 16 s validated; GPT-2 small's two graphs 62 s against 55 s). When the stages run
-validate after capture (an export's usual run) the check waits for it (trace_deferred.py): parity judges the same sets
-on the written graph, and a failure there sends the stages back to capture with the trace rejected, so onnxruntime
-runs the sets once, not twice. ``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
+validate after capture (an export's usual run) the check waits until the graph is written
+(trace_judged_by_parity.py): validating, parity judges the same sets on the written graph; under --no-validate the
+validate stage runs the gate alone on it (``check_file``); a failure either way sends the stages back to capture with
+the trace rejected, so onnxruntime runs the sets once, not twice, and never beside the raw trace.
+``--exporter torchscript`` keeps the old rule: a specialised trace fails parity unless
 ``--accept-trace-specialization``.
 """
 from __future__ import annotations

@@ -32,13 +32,20 @@ def supported() -> bool:
 def held_apart(weights: dict[str, bytes]) -> Iterator[None]:
     """Within the block, the TorchScript exporter writes its graph without the weights' bytes; ``weights`` gets them
     by initializer name."""
+    import threading
+
     import torch
 
     graph = torch._C.Graph
     original = graph._export_onnx
+    ours = threading.get_ident()
 
-    def export_onnx(self: Any, initializers: Any, opset: Any, axes: Any, defer: bool, *rest: Any) -> Any:
+    def export_onnx(self: Any, initializers: Any, opset: Any, axes: Any, defer: bool, *rest: Any, **named: Any) -> Any:
+        if threading.get_ident() != ours or named:  # another thread's export, or a call this does not know
+            return original(self, initializers, opset, axes, defer, *rest, **named)
         proto, export_map, *tail = original(self, initializers, opset, axes, True, *rest)
+        if not all(type(data) is bytes for data in export_map.values()):  # a torch that hands over other objects
+            return original(self, initializers, opset, axes, defer, *rest)
         weights.update(export_map)
         return (proto, {}, *tail)  # torch's writer accepts no export map for a plain file: it was taken here
 

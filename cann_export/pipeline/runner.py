@@ -47,7 +47,7 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
     events (cann_export/progress.py); ``progress`` hears of its end."""
     from .. import progress as events
 
-    if stage.enabled(ctx.options):
+    if stage.runs(ctx):
         events.emit(events.ProgressEvent("start", stage.name, index, stages))
         heard: list[str] = []
         try:

@@ -20,9 +20,14 @@ def always(options: ExportOptions) -> bool:
 @dataclass(frozen=True)
 class Stage:
     """A step of the export pipeline: its name, the function that runs it, the error class that wraps its
-    failures, and whether the options ask for it."""
+    failures, whether the options ask for it, and (``needed``) whether an export whose options do not ask for it
+    needs it all the same (validate under --no-validate, for a trace kept before its check)."""
 
     name: str
     run: StageFn
     error: type[errors.ExportError]
     enabled: Callable[[ExportOptions], bool] = always
+    needed: Callable[[ExportContext], bool] | None = None
+
+    def runs(self, ctx: ExportContext) -> bool:
+        return self.enabled(ctx.options) or (self.needed is not None and self.needed(ctx))

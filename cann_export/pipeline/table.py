@@ -33,12 +33,20 @@ def _lint(ctx: ExportContext) -> str | None:
 
 
 def _validate(ctx: ExportContext) -> str | None:
-    # under --no-validate only a trace kept before its check is judged here, on the written graph
+    # under --no-validate it runs only for a trace kept before its check: the trace gate, on the written graph
     from ..capture import trace_judged_by_parity
 
     if not ctx.options.validate:
         return trace_judged_by_parity.gate_after_write(ctx, PARITY_JUDGE, add_path_references)
     return trace_judged_by_parity.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
+
+
+def _validating(options: ExportOptions) -> bool:
+    return bool(options.validate)
+
+
+def _trace_waits(ctx: ExportContext) -> bool:
+    return ctx.trace_deferred is not None
 
 
 def _quantizing(options: ExportOptions) -> bool:
@@ -59,7 +67,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("annotate", annotate.annotate, errors.AnnotateError),
     Stage("lint", _lint, errors.LintError),
     Stage("write", write.write, errors.WriteError),
-    Stage("validate", _validate, errors.ValidateError),  # under --no-validate: a deferred trace's check only
+    Stage("validate", _validate, errors.ValidateError, _validating, _trace_waits),
     Stage("commit", write.commit, errors.WriteError),  # finalize (manifest), then rename into place
     Stage("publish", zoo.publish, errors.PublishError, _publishing),  # on the committed artifact
 )

@@ -94,6 +94,8 @@ def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(p
     assert "differs from the model" in first["note"] and "seq=1" in first["note"], first["note"]
     assert result.onnx["exporter"] == "dynamo" and result.manifest["parity"]["validated"] is False
     assert written == ["captured.onnx", "m.onnx", "captured.onnx", "m.onnx"], written  # no gate's own copy
+    # the gate's run is no parity: no checks' cost recorded; dynamo's graph left nothing to check, so validate skipped
+    assert "checks" not in result.manifest["parity"] and result.manifest["stage_seconds"]["validate"] == 0.0
     ctx = SimpleNamespace(options=cann_export.ExportOptions(quantize="int8"), loaded=LoadedModel(None, "module"))
     assert check(ctx, None, PARITY_JUDGE, add_path_references) == {"passed": False,
                                                                   "reason": "not checked: a quantized export"}

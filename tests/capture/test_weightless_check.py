@@ -148,3 +148,37 @@ def test_a_weight_held_apart_is_checked_and_attached_whole():
     assert [t.raw_data for t in graph.graph.initializer] == [weights_apart.PLACEHOLDER] * len(weights)  # unchanged
     with pytest.raises(ValueError, match="does not hold"):
         weights_apart.attach(graph, {**weights, "stray": b"\0" * 8})
+
+
+class _FoldedOperands(torch.nn.Module):
+    """Buffers the exporter folds into small initializers that shape inference reads (Slice's starts, TopK's k)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.tensor(1))
+        self.register_buffer("b", torch.tensor(5))
+        self.register_buffer("k", torch.tensor(3))
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.proj(x)
+        return y[:, self.a:self.b] * 2, torch.topk(y, self.k, dim=1)[0]
+
+
+def test_small_weights_held_apart_keep_their_data_for_shape_inference():
+    plain, apart, kept = _plain_and_apart(_FoldedOperands(), torch.randn(2, 8))
+    assert apart == plain and any(len(v) < KEPT_BELOW for v in kept.values())
+    assert _checker(plain) is None and _ours(plain) is None
+
+
+@pytest.mark.parametrize("dims", [[0, 512], [-1, 512]])
+def test_a_weight_of_no_elements_or_a_negative_dimension_is_the_checkers_to_judge(dims):
+    weight = np.ones((4, 512), np.float32)
+    model = onnx.ModelProto.FromString(_graph([1, 512], np.ones((4, 512), np.float32)))
+    tensor = model.graph.initializer[0]
+    del tensor.dims[:]
+    tensor.dims.extend(dims)
+    tensor.raw_data = weight.tobytes()
+    data = model.SerializeToString()
+    assert _light(data) is None
+    assert _ours(data) == _checker(data) == "ValidationError"
