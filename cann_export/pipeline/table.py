@@ -41,16 +41,16 @@ def _validate(ctx: ExportContext) -> str | None:
     return trace_judged_by_parity.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
 
 
+def _quantizing(options: ExportOptions) -> bool:
+    return bool(options.quantize)
+
+
 def _validating(options: ExportOptions) -> bool:
     return bool(options.validate)
 
 
 def _trace_waits(ctx: ExportContext) -> bool:
     return ctx.trace_deferred is not None
-
-
-def _quantizing(options: ExportOptions) -> bool:
-    return bool(options.quantize)
 
 
 def _publishing(options: ExportOptions) -> bool:
