@@ -268,6 +268,7 @@ def rederive_parity(checked: CheckedBundle, tolerance: Tolerance, explicit: bool
                             "bundle has no ATC options to emulate, or a graph too large to emulate (its export "
                             "skipped the emulation too)", path=checked.directory)
     report, mode, rerun = _rerun_parity(checked, tolerance, layers)
+    _specialisation(report, checked.manifest)
     left_out = left_out_shapes(recorded, report.get("input_sets"), checked.directory)
     if left_out is not None:
         example_row(report, "quantization" in checked.manifest)
@@ -383,6 +384,18 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
     report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,
                             checked.module_paths, "quantization" in manifest)
     return report, mode, rerun
+
+
+def _specialisation(report: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The export's rule for a traced graph specialised to the example's path: the verdict fails unless the user
+    accepted it or the trace gate checked it (capture/trace_warnings.py), from the manifest's record of the capture.
+    Without it, a bundle exported with --exporter torchscript and that failure re-derived as passing and validate
+    refused it as not matching its manifest."""
+    from ..capture.trace_warnings import apply_specialisation
+
+    spec = (manifest.get("capture") or {}).get("specialized")
+    if isinstance(spec, dict) and isinstance(spec.get("warnings"), list) and "accepted" in spec:
+        apply_specialisation(report, spec, None)
 
 
 def _verdict_differences(recorded: dict[str, Any], report: dict[str, Any], left_out: list[Any]) -> list[str]:

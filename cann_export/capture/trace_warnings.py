@@ -131,7 +131,13 @@ def message(findings: list[dict[str, Any]], other: dict[str, Any] | None) -> str
 def apply_verdict(report: dict[str, Any], ctx: Any, other: dict[str, Any] | None) -> dict[str, Any]:
     """Record the trace specialisation in the parity report; it fails unless accepted or checked by the trace gate
     (whose sets parity has just judged again on the written graph, path variants included)."""
-    spec = ctx.capture.specialized
+    return apply_specialisation(report, ctx.capture.specialized, other)
+
+
+def apply_specialisation(report: dict[str, Any], spec: dict[str, Any] | None,
+                         other: dict[str, Any] | None) -> dict[str, Any]:
+    """``apply_verdict`` from the capture's ``specialized`` record (the context's, or a bundle manifest's
+    ``capture.specialized``, which validate re-derives the verdict with)."""
     if not spec:
         return report
     if other is not None:

@@ -267,6 +267,8 @@ def validate_cmd(bundle: str, atol: float | None, rtol: float | None, min_cosine
         for o in summary["outputs"]:
             click.echo(f"  {terminal(o['name'])}: max_abs={o['max_abs']:.3g} cosine={o['cosine']:.6f} "
                        f"{'ok' if o['passed'] else 'FAIL'}")
+        if not report["passed"] and report.get("reason"):  # e.g. a trace specialised to its path, outputs all ok
+            click.echo(f"  why: {terminal(str(report['reason']))}")
         if "stored" in summary:
             click.echo(f"  {_stored_note(summary)}")
         for v in report.get("socs", []):

@@ -65,6 +65,14 @@ def test_forcing_torchscript_keeps_the_accept_rule_and_no_order_keeps_dynamo_fir
                                 exporter="torchscript")
     assert not forced.ok and "--accept-trace-specialization" in forced.parity["reason"]
     assert "checked" not in forced.parity["trace_specialized"]
+    # validate re-derives that verdict from the manifest's capture record: failed for the same reason, not a bundle
+    # that differs from its manifest (which it said before: re-derived passed, recorded failed)
+    bundle = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "t_atc", export_format="atc_ready",
+                                exporter="torchscript")
+    assert not bundle.ok
+    report = cann_export.validate(str(tmp_path / "t_atc"))
+    assert report["passed"] is False and "--accept-trace-specialization" in report["reason"]
+    assert report["trace_specialized"]["accepted"] is False
 
 
 def test_without_validation_the_gate_still_checks_the_trace_at_the_other_sizes(plugin, tmp_path, monkeypatch):
