@@ -315,10 +315,11 @@ class TorchScriptExporter:
         if kwargs:  # the tracer binds kwargs by position and turns defaulted parameters into inputs
             model, args = _Positional(model, len(args), list(kwargs)), (*args, *kwargs.values())
         from .lean_shape_inference import lean_shape_inference
+        from .traceable_masks import traceable_masks
 
         caught: list = []
         with tempfile.TemporaryDirectory(prefix="cann-export-capture-") as tmp, quiet_export(record=caught), \
-                _fixed_mode(model, ctx), lean_shape_inference():
+                _fixed_mode(model, ctx), lean_shape_inference(), traceable_masks():
             path = Path(tmp) / "model.onnx"  # a file path lets torch write external data past 2 GB
             from ..graph.onnx_helpers import declared_outputs_hold
             from .dynamic_dims import fix_declared_outputs, torchscript_axes
