@@ -25,9 +25,14 @@ The directory is written by that venv's Python, so both sides read files its old
 CLIP tokenizer's vocab.json / merges.txt). Where Optimum is not there, cannot be made, or cannot export the pipeline,
 the benchmark says why and exits 0 without a table. Results go to ``benchmarks/results/pipeline_vs_optimum.json``.
 
+Our sides run on the same package versions as Optimum's by default (``--ours-env same``: same_env.py's venv, made
+from that side venv after diffusers is added, plus this checkout), so the ratio compares the tools, not two
+diffusers / transformers releases; ``--ours-env here`` runs them in this interpreter's environment.
+
 Usage::
 
     python benchmarks/bench_pipeline_vs_optimum.py [--repeat 3] [--venv /work/optimum-venv] [--no-install]
+        [--ours-env same|here] [--ours-venv DIR]
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_vs_optimum import SITE_CUSTOMIZE, VENV, compiled, optimum_cli, our_cli, run_measured
+from bench_vs_optimum import OUR_BIN, OURS_VENV, SITE_CUSTOMIZE, VENV, compiled, optimum_cli, our_cli, run_measured
+from same_env import ours_in
 
 HERE = Path(__file__).resolve().parent
 DIFFUSERS_PINS = ["diffusers==0.37.1", "huggingface-hub>=0.34,<1.0"]  # 0.35/0.36 fail to import beside torchao 0.18
@@ -168,6 +174,9 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="do not create or add to the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "pipeline_vs_optimum.json")
+    ap.add_argument("--ours-env", choices=("same", "here"), default="same",
+                    help="same: our sides run in a venv with the side venv's package versions plus this checkout")
+    ap.add_argument("--ours-venv", type=Path, default=OURS_VENV)
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
@@ -176,6 +185,14 @@ def main() -> int:
     if cli is None or why:
         print(f"skipped: Optimum cannot run here ({why}); nothing was measured")
         return 0
+    ours_env = "this environment"
+    if args.ours_env == "same":
+        bin_dir, ours_how, only_ours = ours_in(args.venv, args.ours_venv, HERE.parent, not args.no_install)
+        if bin_dir is None:
+            print(f"skipped: our side's environment is not available ({ours_how}); nothing was measured")
+            return 0
+        OUR_BIN.append(bin_dir)
+        ours_env = f"{args.ours_venv} ({ours_how}): the side venv's versions, plus {', '.join(only_ours) or 'nothing'}"
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-optimum-"))
     try:
         (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
@@ -188,7 +205,7 @@ def main() -> int:
             raise SystemExit(f"building the pipeline failed:\n{setup.stderr[-3000:]}")
         infos = {d["name"]: d for d in map(json.loads, setup.stdout.strip().splitlines()) if d}
         compiled(env)
-        print(f"Optimum {how} in {args.venv}", file=sys.stderr, flush=True)
+        print(f"Optimum {how} in {args.venv}; ours in {ours_env}", file=sys.stderr, flush=True)
         runs = bench(cli, tmp, args, env, opt_env)
         if isinstance(runs, str):
             print(f"skipped: {runs}\nnothing was measured against it")
@@ -198,6 +215,7 @@ def main() -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "venv": str(args.venv),
+            "ours_env": ours_env,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}, "models": infos,
             "summary": result, "runs": runs}, indent=2) + "\n")
     finally:

@@ -40,10 +40,17 @@ family and of the whole set, each against issue 44's targets (median wall and CP
 peak RSS <= 1.2x on every model, ``--no-validate`` <= 0.8x), then our stages' seconds per model. Results go to
 ``benchmarks/results/vs_optimum.json`` (strict JSON, with the load average at the end of the run).
 
+Both tools run on the same package versions by default (``--ours-env same``, same_env.py): our side runs from a
+second venv (``benchmarks/.ours-same-venv``, or ``--ours-venv``) holding exactly Optimum's venv's versions of every
+package both import (torch, transformers, onnx, onnxruntime, torchao ...) plus this checkout and the packages only
+we need (listed in the output and the JSON), so a ratio measures the tools, not two transformers releases.
+``--ours-env here`` runs our side in this interpreter's environment instead (the dev venv: a newer transformers,
+and scipy, which scikit-learn brings and transformers imports with every model).
+
 Usage::
 
     python benchmarks/bench_vs_optimum.py [--repeat 3] [--models distilbert,t5,...] [--ours auto|dir|pt2]
-        [--venv DIR] [--timeout S] [--keep-logs DIR]
+        [--venv DIR] [--ours-env same|here] [--ours-venv DIR] [--timeout S] [--keep-logs DIR]
 """
 from __future__ import annotations
 
@@ -61,10 +68,12 @@ import time
 from pathlib import Path
 
 from optimum_models import FLOAT_INPUTS, MODELS
+from same_env import ours_in
 from vs_optimum_summary import print_rows, print_stages, print_summary, ratios, summary
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".optimum-venv"
+OURS_VENV = HERE / ".ours-same-venv"  # --ours-env same: Optimum's package versions plus this checkout
 PINS = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0", "transformers>=4.36,<4.58"]
 SIDES = ("ours", "optimum", "ours-novalidate")
 SIDE_NAMES = {"ours": "ours", "optimum": "optimum", "ours-novalidate": "novalidate"}  # the row's keys
@@ -140,8 +149,11 @@ def run_measured(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
 
 
+OUR_BIN: list[Path] = []  # --ours-env same: the bin directory of the venv our side runs in
+
+
 def our_cli() -> list[str]:
-    exe = Path(sys.executable).with_name("cann-export")
+    exe = (OUR_BIN[0] if OUR_BIN else Path(sys.executable).parent) / "cann-export"
     return [str(exe)] if exe.exists() else [shutil.which("cann-export") or "cann-export"]
 
 
@@ -295,7 +307,8 @@ def compiled(env: dict) -> None:
     """Our package's bytecode, written once before any run: pip compiles an installed package (Optimum's side
     venv has its .pyc files), but an editable checkout under PYTHONDONTWRITEBYTECODE would recompile our
     modules in every measured run (0.5-0.9 s CPU)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(HERE.parent / "cann_export")],
+    python = OUR_BIN[0] / "python" if OUR_BIN else Path(sys.executable)
+    subprocess.run([str(python), "-m", "compileall", "-q", str(HERE.parent / "cann_export")],
                    env=env, capture_output=True, check=False)
 
 
@@ -311,6 +324,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one side's run may take")
     ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
+    ap.add_argument("--ours-env", choices=("same", "here"), default="same",
+                    help="same: our side runs in a venv with Optimum's venv's package versions plus this checkout "
+                         "(--ours-venv), so the ratios compare the tools; here: in this interpreter's environment")
+    ap.add_argument("--ours-venv", type=Path, default=OURS_VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "vs_optimum.json")
     ap.add_argument("--keep-logs", type=Path, help="a directory to copy every run's output to (NAME-SIDE-ROUND.log)")
     args = ap.parse_args()
@@ -323,6 +340,15 @@ def main() -> int:
     if cli is None:
         print(f"skipped: Optimum is not available ({how}); nothing was measured")
         return 0
+    ours_env = "this environment"
+    if args.ours_env == "same":
+        bin_dir, ours_how, only_ours = ours_in(args.venv, args.ours_venv, HERE.parent, not args.no_install)
+        if bin_dir is None:
+            print(f"skipped: our side's environment is not available ({ours_how}); nothing was measured")
+            return 0
+        OUR_BIN.append(bin_dir)
+        ours_env = f"{args.ours_venv} ({ours_how}): Optimum's versions, plus {', '.join(only_ours) or 'nothing'}"
+    args.ours_env_text = ours_env
     tmp = Path(tempfile.mkdtemp(prefix="bench-optimum-"))
     try:
         (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
@@ -332,13 +358,13 @@ def main() -> int:
         path_kind = args.ours if args.ours != "auto" else ("dir" if reads_directories(env) else "pt2")
         infos = build_models(tmp, models, path_kind, env)
         compiled(env)
-        print(f"ours via {path_kind}; Optimum {how} in {args.venv}", file=sys.stderr, flush=True)
+        print(f"ours via {path_kind} in {ours_env}; Optimum {how} in {args.venv}", file=sys.stderr, flush=True)
         rows = {n: bench(n, infos[n], tmp, cli, path_kind, args, env, opt_env) for n in models}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result = summary(rows)
     print_rows(rows, f"cann-export --format onnx vs optimum-cli export onnx (median of {args.repeat} interleaved "
-                     f"rounds; shapes: {args.shapes}; ours via {path_kind})")
+                     f"rounds; shapes: {args.shapes}; ours via {path_kind}; ours in {args.ours_env})")
     print_summary(result)
     print_stages(rows)
     write_json(args, path_kind, {n: {**infos[n], **rows[n]} for n in models}, result)
@@ -359,7 +385,7 @@ def write_json(args: argparse.Namespace, path_kind: str, models: dict[str, dict]
     """The results, strict JSON (no NaN or Infinity), written whole or not at all."""
     text = json.dumps({
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repeat": args.repeat, "shapes": args.shapes,
-        "ours_via": path_kind, "load_average": os.getloadavg(),
+        "ours_via": path_kind, "ours_env": args.ours_env_text, "load_average": os.getloadavg(),
         "optimum_pins": PINS, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         **result, "models": models}, indent=2, allow_nan=False) + "\n"
     args.output.parent.mkdir(parents=True, exist_ok=True)
