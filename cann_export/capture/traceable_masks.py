@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-_LOCK = threading.Lock()  # the swap is process-wide: one trace at a time holds it
+_LOCK = threading.RLock()  # the swap is process-wide: one trace at a time holds it (a nested one restores in turn)
 
 
 @contextlib.contextmanager
