@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from bench_vs_optimum import OUR_BIN, OURS_VENV, SITE_CUSTOMIZE, VENV, compiled, optimum_cli, our_cli, run_measured
-from same_env import ours_in
+from same_env import add_options, our_environment
 
 HERE = Path(__file__).resolve().parent
 DIFFUSERS_PINS = ["diffusers==0.37.1", "huggingface-hub>=0.34,<1.0"]  # 0.35/0.36 fail to import beside torchao 0.18
@@ -174,9 +174,7 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="do not create or add to the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "pipeline_vs_optimum.json")
-    ap.add_argument("--ours-env", choices=("same", "here"), default="same",
-                    help="same: our sides run in a venv with the side venv's package versions plus this checkout")
-    ap.add_argument("--ours-venv", type=Path, default=OURS_VENV)
+    add_options(ap, OURS_VENV)
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
@@ -185,14 +183,11 @@ def main() -> int:
     if cli is None or why:
         print(f"skipped: Optimum cannot run here ({why}); nothing was measured")
         return 0
-    ours_env = "this environment"
-    if args.ours_env == "same":
-        bin_dir, ours_how, only_ours = ours_in(args.venv, args.ours_venv, HERE.parent, not args.no_install)
-        if bin_dir is None:
-            print(f"skipped: our side's environment is not available ({ours_how}); nothing was measured")
-            return 0
-        OUR_BIN.append(bin_dir)
-        ours_env = f"{args.ours_venv} ({ours_how}): the side venv's versions, plus {', '.join(only_ours) or 'nothing'}"
+    ours = our_environment(args, HERE.parent)
+    if ours is None:
+        return 0
+    OUR_BIN[:] = [ours[0]] if ours[0] else []
+    ours_env = ours[1]
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-optimum-"))
     try:
         (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)

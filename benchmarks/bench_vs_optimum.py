@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 
 from optimum_models import FLOAT_INPUTS, MODELS
-from same_env import ours_in
+from same_env import add_options, our_environment
 from vs_optimum_summary import print_rows, print_stages, print_summary, ratios, summary
 
 HERE = Path(__file__).resolve().parent
@@ -324,10 +324,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one side's run may take")
     ap.add_argument("--no-install", action="store_true", help="do not create the Optimum virtualenv")
     ap.add_argument("--venv", type=Path, default=VENV)
-    ap.add_argument("--ours-env", choices=("same", "here"), default="same",
-                    help="same: our side runs in a venv with Optimum's venv's package versions plus this checkout "
-                         "(--ours-venv), so the ratios compare the tools; here: in this interpreter's environment")
-    ap.add_argument("--ours-venv", type=Path, default=OURS_VENV)
+    add_options(ap, OURS_VENV)
     ap.add_argument("--output", type=Path, default=HERE / "results" / "vs_optimum.json")
     ap.add_argument("--keep-logs", type=Path, help="a directory to copy every run's output to (NAME-SIDE-ROUND.log)")
     args = ap.parse_args()
@@ -340,15 +337,11 @@ def main() -> int:
     if cli is None:
         print(f"skipped: Optimum is not available ({how}); nothing was measured")
         return 0
-    ours_env = "this environment"
-    if args.ours_env == "same":
-        bin_dir, ours_how, only_ours = ours_in(args.venv, args.ours_venv, HERE.parent, not args.no_install)
-        if bin_dir is None:
-            print(f"skipped: our side's environment is not available ({ours_how}); nothing was measured")
-            return 0
-        OUR_BIN.append(bin_dir)
-        ours_env = f"{args.ours_venv} ({ours_how}): Optimum's versions, plus {', '.join(only_ours) or 'nothing'}"
-    args.ours_env_text = ours_env
+    ours = our_environment(args, HERE.parent)
+    if ours is None:
+        return 0
+    OUR_BIN[:] = [ours[0]] if ours[0] else []
+    args.ours_env_text = ours_env = ours[1]
     tmp = Path(tempfile.mkdtemp(prefix="bench-optimum-"))
     try:
         (tmp / "sitecustomize.py").write_text(SITE_CUSTOMIZE)

@@ -6,6 +6,7 @@ a package only installed on one side (scipy, which scikit-learn brings to the de
 with every model when present: ~0.2 s) is another such difference."""
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,23 @@ def ours_in(peer: Path, venv: Path, repo: Path, install: bool) -> tuple[Path | N
         return None, f"making {venv} failed: {err.splitlines()[-1] if err else e}", []
     have = frozen(venv)
     return venv / "bin", "installed", sorted(f"{n}=={v}" for n, v in have.items() if n not in want)
+
+
+def add_options(ap: argparse.ArgumentParser, venv: Path) -> None:
+    """``--ours-env`` and ``--ours-venv``, the same in every benchmark against a peer."""
+    ap.add_argument("--ours-env", choices=("same", "here"), default="same",
+                    help="same: our side runs in a venv with the peer venv's package versions plus this checkout "
+                         "(--ours-venv), so the ratios compare the tools; here: in this interpreter's environment")
+    ap.add_argument("--ours-venv", type=Path, default=venv)
+
+
+def our_environment(args: argparse.Namespace, repo: Path) -> tuple[Path | None, str] | None:
+    """(our side's bin directory, None for this interpreter's; what it is) under ``args.ours_env``, or None (and a
+    line saying why nothing is measured) when the same-versions venv cannot be had."""
+    if args.ours_env == "here":
+        return None, "this environment"
+    bin_dir, how, only_ours = ours_in(args.venv, args.ours_venv, repo, not args.no_install)
+    if bin_dir is None:
+        print(f"skipped: our side's environment is not available ({how}); nothing was measured")
+        return None
+    return bin_dir, f"{args.ours_venv} ({how}): the peer venv's versions, plus {', '.join(only_ours) or 'nothing'}"
