@@ -159,7 +159,19 @@ def _no_graph(ctx: ExportContext, attempts: list[CaptureAttempt]) -> errors.Capt
         return errors.CaptureError(f"no exporter wrote opset {ctx.options.opset} and --strict-opset refuses "
                                    f"another ({detail}); pass another --opset, or drop --strict-opset",
                                    path=ctx.loaded.source_path)
-    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail})", path=ctx.loaded.source_path)
+    return errors.CaptureError(f"no exporter produced a valid ONNX graph ({detail}){_cache_hint(ctx, detail)}",
+                               path=ctx.loaded.source_path)
+
+
+def _cache_hint(ctx: ExportContext, detail: str) -> str:
+    """What to do when a transformers model with its cache on returned a Cache object neither exporter takes (a
+    decoder exported through the Python API with its own example inputs and no past)."""
+    config = getattr(ctx.model, "config", None)
+    if not getattr(config, "use_cache", False) or "Cache" not in detail:
+        return ""
+    return ("; the model's config has use_cache on, so its outputs hold its cache object: set "
+            "model.config.use_cache = False for one graph without it, or export the prefill and decode graphs with "
+            "cann_export.export_multi(model, ...)")
 
 
 def _specialised(ctx: ExportContext, checked: dict[str, Any] | None,

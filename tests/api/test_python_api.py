@@ -227,3 +227,18 @@ def test_simplifier_that_changes_outputs_is_rejected(tmp_path, monkeypatch):
     monkeypatch.setattr(onnxsim, "simplify", failing)
     result = cann_export.export(make_mlp(), tmp_path / "c", example_inputs=torch.randn(2, 12))
     assert result.ok and "simplifier crashed" in result.manifest["optimize"]["onnxsim"]
+
+
+def test_a_decoder_with_its_cache_on_and_own_inputs_is_told_what_to_do(tmp_path):
+    """A transformers decoder whose config has use_cache on, given its own keyword inputs and no past: its outputs
+    hold a Cache object neither exporter takes; the error says so and names both fixes, and nothing is written."""
+    from helpers.hf_models import tiny_decoder_gpt2
+
+    model = tiny_decoder_gpt2()
+    feed = {"input_ids": torch.randint(1, 96, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    with pytest.raises(errors.CaptureError) as raised:
+        cann_export.export(model, tmp_path / "m.onnx", "onnx", example_inputs=feed)
+    assert "use_cache" in raised.value.message and "export_multi" in raised.value.message, raised.value.message
+    assert not (tmp_path / "m.onnx").exists()
+    model.config.use_cache = False  # the first fix, as the message gives it
+    assert cann_export.export(model, tmp_path / "m.onnx", "onnx", example_inputs=feed).ok
