@@ -56,6 +56,7 @@ class CaptureReport:
     opset_requested: int
     attempts: list[CaptureAttempt] = field(default_factory=list)
     specialized: dict[str, Any] | None = None  # a traced graph that warned: {traced_path_only, accepted, warnings}
+    guards: list[dict[str, Any]] | None = None  # the input checks the trace passed (capture/trace_guards.py)
     warning: str | None = None  # another opset than requested was written (no --strict-opset)
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,15 +24,16 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
     try:
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(sys.stderr):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
-            if record is not None:
+            if record is not None:  # each with the model's frames it came through (capture/trace_guards.py)
                 import torch
 
+                from .trace_guards import recorder
+
                 warnings.simplefilter("always", torch.jit.TracerWarning)
+                warnings.showwarning = recorder(record)
             yield
-            if record is not None:
-                record.extend(caught)
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)

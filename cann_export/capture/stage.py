@@ -11,6 +11,7 @@ from ..graph import module_paths
 from ..hooks import manager
 from ..judging import GraphJudge
 from . import attempt_scratch, large_graph
+from .trace_warnings import guards, path_dependent
 
 
 @dataclass
@@ -108,7 +109,7 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         run.traced[exporter.name] = ctx.trace_warnings
         loaded, checked_file = model is scratch.loaded, model is scratch.checked
         scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
-        if ctx.trace_warnings and exporter_choice.gated(ctx):  # judged by validate's parity, else by the gate now
+        if path_dependent(ctx.trace_warnings) and exporter_choice.gated(ctx):  # judged by parity, else the gate now
             deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
             check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
             run.checked[exporter.name] = check
@@ -139,7 +140,9 @@ def _record(ctx: ExportContext, name: str, run: CaptureRun) -> str:
     ctx.module_origins = module_paths.collect_origins(ctx.onnx_model)
     opset = opset_of(ctx.onnx_model)
     ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
-    ctx.trace_warnings = traced.get(name, [])
+    found = traced.get(name, [])
+    ctx.trace_warnings = path_dependent(found)
+    ctx.capture.guards = guards(found) or None
     if ctx.trace_warnings:
         _specialised(ctx, checked, run.path_references)
     else:  # a rejected trace's path variants: the chosen graph took no path the example decided

@@ -29,24 +29,43 @@ def _generated(filename: str) -> bool:
 
 
 def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
-    """TracerWarnings (``warnings.catch_warnings(record=True)`` entries) as findings with their
-    source file, line and code; one per source line."""
+    """TracerWarnings (``warnings.WarningMessage`` entries, with the ``stack`` trace_guards.recorder adds) as
+    findings with their source file, line and code; one per source line. ``guard``: every time it warned, the line
+    was an input check (capture/trace_guards.py), which specialises nothing."""
     import torch
 
-    out, seen = [], set()
+    from .trace_guards import Sources, is_guard
+
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    sources = Sources()
     for w in records:
         if not issubclass(w.category, torch.jit.TracerWarning) or _generated(w.filename):
             continue
+        guard = is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources)
         key = (w.filename, w.lineno)
-        if key in seen:
+        if key in out:
+            out[key]["guard"] = out[key]["guard"] and guard
             continue
-        seen.add(key)
         message = " ".join(str(w.message).split())
         kind = next((k for word, k in _KINDS if word in message.lower()), "other")
         code = linecache.getline(w.filename, w.lineno).strip()
-        out.append({"file": _library_relative(w.filename), "line": w.lineno, "code": code,
-                    "kind": kind, "message": message.split(". ")[0].rstrip(".")})
-    return out
+        out[key] = {"file": _library_relative(w.filename), "line": w.lineno, "code": code,
+                    "kind": kind, "message": message.split(". ")[0].rstrip("."), "guard": guard}
+    return list(out.values())
+
+
+def path_dependent(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings that may specialise the graph to the example's path (all but the input checks)."""
+    return [_unflagged(f) for f in findings if not f.get("guard")]
+
+
+def guards(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input checks the trace passed (the capture record's ``guards``)."""
+    return [_unflagged(f) for f in findings if f.get("guard")]
+
+
+def _unflagged(finding: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in finding.items() if k != "guard"}
 
 
 def where(finding: dict[str, Any]) -> str:

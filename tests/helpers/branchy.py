@@ -75,3 +75,46 @@ def mask_branch_loader(plugin):
         return MaskBranch(), feed, {"dynamic_axes": axes, "exporter_order": ["torchscript", "dynamo"]}
 
     _loader(plugin, "mask-branch", ".maskbranch", make)
+
+
+class InputChecks(torch.nn.Module):
+    """Input checks only (``if ...: raise`` and ``assert`` on sizes): the tracer warns at both, yet every input the
+    model accepts takes the traced path (capture/trace_guards.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        if x.shape[2] != 3:
+            raise ValueError(f"x needs 3 features, got {x.shape[2]}")
+        assert x.shape[1] <= 64, "at most 64 positions"
+        return self.proj(x) * 2.0
+
+
+class CaughtCheck(torch.nn.Module):
+    """An input check whose ValueError the caller catches to take another path: data-dependent control flow, which a
+    trace at the example's size (8) gets wrong past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def fast(self, x):
+        if x.shape[1] > 8:
+            raise ValueError("too long for the fast path")
+        return self.proj(x) * 2.0
+
+    def forward(self, x):
+        try:
+            return self.fast(x)
+        except ValueError:
+            return self.proj(x) - 1.0
+
+
+def checks_loader(plugin, module_class, name, suffix):
+    def make():
+        return module_class(), {"x": torch.randn(2, 8, 3)}, {"dynamic_axes": {"x": {1: "seq"}},
+                                                            "exporter_order": ["torchscript", "dynamo"]}
+
+    _loader(plugin, name, suffix, make)

@@ -1,0 +1,99 @@
+"""Tracer warnings from input checks (``if cond: raise`` / ``assert``) specialise nothing: the trace is kept without
+the gate or probes and the manifest names them as ``capture.guards``; a check whose exception a caller catches is
+control flow, gated as before (capture/trace_guards.py)."""
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from helpers.branchy import CaughtCheck, InputChecks, checks_loader
+
+import cann_export
+from cann_export.capture.trace_guards import Sources, is_guard
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_input_checks_are_guards_and_the_trace_is_kept_unspecialised(plugin, tmp_path, run_ort, validate):
+    checks_loader(plugin, InputChecks, "input-checks", ".checks")
+    (tmp_path / "m.checks").write_text("")
+    result = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "m.onnx", export_format="onnx",
+                                validate=validate)
+    assert result.ok and result.onnx["exporter"] == "torchscript", result.onnx
+    capture = result.manifest["capture"]
+    codes = [g["code"] for g in capture["guards"]]
+    assert codes == ["if x.shape[2] != 3:", 'assert x.shape[1] <= 64, "at most 64 positions"'], codes
+    assert "specialized" not in capture and len(capture["attempts"]) == 1, capture
+    assert not (result.parity or {}).get("trace_specialized") and "trace" not in result.manifest.get("warnings", {})
+    x = torch.randn(2, 40, 3)  # another length than traced (and its range): the graph computes what eager does
+    _, (got,) = run_ort(tmp_path / "m.onnx", {"x": x})
+    torch.manual_seed(0)
+    want = InputChecks().eval()(x).detach().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_input_checks_need_no_acceptance_when_tracing_is_forced(plugin, tmp_path):
+    checks_loader(plugin, InputChecks, "input-checks", ".checks")
+    (tmp_path / "m.checks").write_text("")
+    result = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "m.onnx", export_format="onnx",
+                                exporter="torchscript")
+    assert result.ok and result.parity["passed"] and not result.parity.get("trace_specialized")
+
+
+def test_a_check_a_caller_catches_is_control_flow_and_the_gate_rejects_the_trace(plugin, tmp_path, run_ort):
+    checks_loader(plugin, CaughtCheck, "caught-check", ".caught")
+    (tmp_path / "m.caught").write_text("")
+    result = cann_export.export(str(tmp_path / "m.caught"), tmp_path / "m.onnx", export_format="onnx",
+                                validate=False)
+    first = result.manifest["capture"]["attempts"][0]
+    assert first["exporter"] == "torchscript" and "traced graph not kept" in first.get("note", ""), first
+    assert "guards" not in result.manifest["capture"]
+
+
+def _source(tmp_path, text):
+    path = tmp_path / "model_code.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _line(path, needle):
+    return next(i for i, line in enumerate(open(path), 1) if needle in line)
+
+
+@pytest.mark.parametrize(("code", "guard"), [
+    ("if x.shape[1] != 3:\n    raise ValueError('channels')\n", True),
+    ("if x.shape[1] == 3:\n    y = x\nelse:\n    raise ValueError('channels')\n", True),
+    ("assert x.shape[1] == 3, 'channels'\n", True),
+    ("if x.shape[1] != 3:\n    print('channels')\n    raise ValueError('channels')\n", False),  # not a lone raise
+    ("if x.shape[1] > 0:\n    y = x\n", False),  # control flow
+    ("if (n := int(x.shape[1])) != 3:\n    raise ValueError('channels')\n", False),  # binds a value
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError('channels')\nexcept TypeError:\n    pass\n", True),
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError('channels')\nexcept Exception:\n    pass\n", False),
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError\nexcept (TypeError, LookupError):\n    pass\n", True),
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError\nexcept (TypeError, ValueError):\n    pass\n", False),
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError('c')\nexcept MyError:\n    pass\n", False),  # unknown
+    ("try:\n    if x.shape[1] != 3:\n        raise MyError('c')\nexcept TypeError:\n    pass\n", False),
+    ("try:\n    if x.shape[1] != 3:\n        raise ValueError('c')\nfinally:\n    pass\n", True),  # no handler
+])
+def test_what_counts_as_a_guard(tmp_path, code, guard):
+    path = _source(tmp_path, code)
+    line = _line(path, "x.shape[1]")
+    assert is_guard(path, line, [(path, line)], Sources()) is guard
+
+
+def test_a_caller_frame_in_a_try_and_unreadable_source_are_not_guards(tmp_path):
+    path = _source(tmp_path, """
+        def check(x):
+            if x.shape[1] != 3:
+                raise ValueError('channels')
+
+        def caller(x):
+            try:
+                check(x)
+            except ValueError:
+                return None
+    """)
+    line, call = _line(path, "x.shape[1]"), _line(path, "    check(x)")
+    assert is_guard(path, line, [(path, line)], Sources())
+    assert not is_guard(path, line, [(path, line), (path, call)], Sources())  # the caller catches it
+    assert not is_guard(path, line, None, Sources())  # no stack recorded
+    assert not is_guard(str(tmp_path / "gone.py"), 1, [], Sources())
