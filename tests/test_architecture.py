@@ -393,7 +393,8 @@ def test_capture_is_handed_the_reference_it_judges_against():
     assert not {(m, t) for m, targets in graph.items() if m.startswith("cann_export.capture.") for t in targets
                 if t in forward}
     reached = reach(call_graph(), ["cann_export.capture.stage.capture"])
-    assert "cann_export.inputs.path_probes.add_path_references" not in reached
+    assert not {"cann_export.inputs.path_probes.add_path_references", "cann_export.inputs.stage.gate_references",
+                "cann_export.inputs.stage.add_gate_sets"} & reached
     assert not {q for q in reached if q.startswith(("cann_export.inputs.reference.", "cann_export.inputs.spill."))}
 
 

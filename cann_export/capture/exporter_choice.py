@@ -15,9 +15,11 @@ copies itself as its specialisation probes, in place of the heavy-tailed random 
 reach further off the example's range), so the gate and parity judge them on the one reference and add no forward. All
 agree: kept, the specialisation recorded as checked (a warning naming the sets). Any differ, or it cannot be checked
 (a quantized export): rejected, the next exporter runs, and the attempt names why. Under --no-validate, when a
-checkable trace comes first, prepare still builds the sets the gate checks (the example, the realistic random draws,
-the probes, one set at each dynamic axis' range ends and middle; a multi-graph component's shape sets) and the gate
-judges every verdict set at the least floor (nothing measured), so skipping parity keeps a checked trace (dynamo was
+checkable trace comes first, the sets the gate checks (the example, the realistic random draws, the probes, one set
+at each dynamic axis' range ends and middle) are built once a trace warned at more than input checks
+(inputs/stage.py ``add_gate_sets``; a multi-graph component's shape sets in prepare, as its later graphs' inputs come
+from them) and the gate judges every verdict set at the least floor (nothing measured), so skipping parity keeps a
+checked trace (dynamo was
 slower: ViT-small 19-25 s against 16 s validated; GPT-2 small's two graphs 62 s against 55 s). When the stages run
 validate after capture (an export's usual run) the check waits until the graph is written
 (trace_judged_by_parity.py): validating, parity judges the same sets on the written graph; under --no-validate the
@@ -51,9 +53,12 @@ def gated(ctx: Any) -> bool:
 
 
 def _prepared(ctx: Any) -> bool:
-    """Whether prepare built sets for the gate beyond the example (under --no-validate it does only when the trace
-    comes first: ``Decisions.trace_first``; a trace tried after another exporter failed finds the example alone)."""
-    return any(label.get("source") in ("random", "shape", "trace_path") for label in ctx.input_set_labels)
+    """Whether the gate has sets beyond the example (under --no-validate only when the trace comes first:
+    ``Decisions.trace_first``; prepare leaves them to ``inputs.stage.add_gate_sets``, which the ``path_references``
+    of ``gate_sets`` runs once a trace warned; a trace tried after another exporter failed finds the example
+    alone)."""
+    return ctx.gate_sets_pending is not None or any(label.get("source") in ("random", "shape", "trace_path")
+                                                    for label in ctx.input_set_labels)
 
 
 def unchecked(ctx: Any) -> str | None:
@@ -124,7 +129,7 @@ def gate_sets(ctx: Any, path_references: Callable[[Any], None]
     from ..inputs.path_probes import PATH_SCALES
     from ..inputs.tensors import set_label
 
-    path_references(ctx)
+    path_references(ctx)  # under --no-validate also the sets prepare left for a trace that warned
     count = len(ctx.input_sets)
     labels = [dict(label) for label in ctx.input_set_labels[:count]]
     labels += [set_label("trace_path", f"example x {scale:g}", 0, probe=True)

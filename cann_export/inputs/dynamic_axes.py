@@ -268,10 +268,11 @@ def _like(example: Any, shape: list[int], gen: Any, name: str = "") -> Any:
     return torch.randint(low, high + 1, shape, generator=gen, dtype=torch.int64).to(example.dtype)
 
 
-def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
-    """The shape sets and their reference outputs, appended to the input sets (with validation on); every label
-    names its shape. A dimension the model fails at: an OptionsError when the user asked for it (--dynamic, -1
-    in --input-shape), else (a loader's task axis, a program's) the axis is dropped with a warning."""
+def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = False) -> None:
+    """The shape sets and their reference outputs, appended to the input sets (with validation on, or ``gate``: the
+    trace gate's, after capture, under --no-validate); every label names its shape. A dimension the model fails at:
+    an OptionsError when the user asked for it (--dynamic, -1 in --input-shape), else (a loader's task axis, a
+    program's) the axis is dropped with a warning; for the gate, the PrepareError (the trace is not kept)."""
     from ..heap_release import give_back
     from . import eos_rows
     from .reference import reference_outputs
@@ -282,7 +283,7 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             return reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)[1]
 
     failed: dict[str, str] = {}
-    if ctx.options.validate or ctx.decisions.trace_first:  # without validation: the sets the trace gate checks
+    if ctx.options.validate or gate:
         feed = ctx.example_inputs
         example = example_point(ctx.dynamic_axes, feed)
         drawn = list(_point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)))
@@ -296,6 +297,8 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str]) -> None:
             try:
                 outputs = shared[k] if k in shared else run(sets)
             except errors.PrepareError as e:
+                if gate:  # the captured graph holds the axis: the trace is not kept (capture/exporter_choice.py)
+                    raise
                 failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
                 continue
             for index, label in enumerate(labels, start=len(ctx.input_sets)):

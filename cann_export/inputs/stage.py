@@ -29,6 +29,8 @@ def prepare(ctx: ExportContext) -> str | None:
     eos_rows.place(ctx, eos_rows.drawn(ctx.input_sets, ctx.input_set_labels, source.endswith(eos_rows.DUMMY)))
     if not ctx.options.quantize:
         _float_reference(ctx, source, accepted)
+        if not ctx.options.validate and ctx.decisions.trace_first and not _gate_sets_now(ctx):
+            ctx.gate_sets_pending = {"source": source, "accepted": accepted}
         return f"{len(ctx.input_sets)} input sets from {source}" + (f"; frozen in the graph: {frozen}" * bool(frozen))
     # --qat / --ptq: the float model's outputs on the sets, then the model calibrated (the train stage fine-tunes
     # it): the reference is the fake-quant model after train
@@ -67,6 +69,43 @@ def _float_reference(ctx: ExportContext, source: str, accepted: list[str]) -> No
         from .quant_noise import int8_noise
 
         ctx.int8_noise = int8_noise(ctx, ctx.model)
+
+
+def _gate_sets_now(ctx: ExportContext) -> bool:
+    """Whether prepare builds the trace gate's sets under --no-validate: for a multi-graph component with a trace
+    first (its later graphs' inputs come from these sets' references); a single graph's wait until a trace warns
+    at more than input checks (``add_gate_sets``)."""
+    return bool(ctx.decisions.trace_first and ctx.decisions.shape_sets)
+
+
+def add_gate_sets(ctx: ExportContext) -> None:
+    """Under --no-validate, the sets the trace gate checks, built when capture's trace warned (the variants, the path
+    probes, one set at each dynamic axis' range ends and middle, with the traced module's outputs on them): a trace
+    that warns nowhere, or only at input checks (capture/trace_guards.py), needs none (ViT-small on transformers 4.57:
+    8.1 -> 5.7 CPU-s). A size the model fails at fails the trace (the graph holds the axis already)."""
+    from .dynamic_axes import add_shape_sets
+
+    pending, ctx.gate_sets_pending = ctx.gate_sets_pending, None
+    if pending is None:
+        return
+    variants, labels = _variants(ctx, ctx.example_inputs, gate=True)
+    eos_rows.place(ctx, variants)
+    _, outputs = reference_outputs(ctx, ctx.model, pending["source"], pending["accepted"], input_sets=variants)
+    ctx.input_sets += variants
+    ctx.input_set_labels += labels
+    ctx.reference_outputs += outputs
+    if ctx.dynamic_axes:
+        add_shape_sets(ctx, pending["source"], pending["accepted"], gate=True)
+
+
+def gate_references(ctx: ExportContext) -> None:
+    """What the trace gate judges a trace that warned on, handed to capture by the stage table (capture runs no
+    forward itself): the sets prepare left for it under --no-validate (``add_gate_sets``), then the path variants'
+    reference (inputs/path_probes.py)."""
+    from .path_probes import add_path_references
+
+    add_gate_sets(ctx)
+    add_path_references(ctx)
 
 
 def _frozen_arguments(ctx: ExportContext, feed: dict[str, Any]) -> str:
@@ -109,9 +148,11 @@ def example_inputs(ctx: ExportContext, accepted: list[str]) -> tuple[dict[str, A
     return {n: feed[n] for n in accepted if n in feed} or feed, source
 
 
-def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _variants(ctx: ExportContext, feed: dict[str, Any], gate: bool = False
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The seeded random variants, the --parity-data samples and (a trace checked first) the path variants with
-    their labels (what each set is), and their counts in the reference report."""
+    their labels (what each set is), and their counts in the reference report. ``gate``: the trace gate's, under
+    --no-validate (``add_gate_sets``)."""
     from .signature import feed_embedding_rows
 
     opts = ctx.options
@@ -120,7 +161,7 @@ def _variants(ctx: ExportContext, feed: dict[str, Any]) -> tuple[list[dict[str, 
     quantized = ctx.decisions.quantized
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples, paths, count = [], [], [], opts.num_random_inputs
-    if opts.validate or ctx.decisions.trace_first:  # without validation: the sets the trace gate checks
+    if opts.validate or gate or _gate_sets_now(ctx):  # without validation: the sets the trace gate checks
         paths = [] if quantized else _path_sets(ctx, feed)
         if paths:  # the path variants are the probes: the random draws keep the realistic distributions
             count = sum(1 for k in range(count) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)

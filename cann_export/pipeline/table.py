@@ -7,7 +7,6 @@ from ..capture import stage as capture
 from ..context import ExportContext
 from ..inputs import stage as inputs
 from ..inputs.graph_fit import fit_sets_to_graph
-from ..inputs.path_probes import add_path_references
 from ..load import stage as load
 from ..model_zoo import stage as zoo
 from ..options import ExportOptions
@@ -20,10 +19,11 @@ from .stage import Stage
 
 
 def _capture(ctx: ExportContext) -> str | None:
-    # capture judges a graph by parity's rules and takes the path probes' reference from prepare's forward, both
-    # handed to it here; then prepare's sets fit the graph it made (an axis it fixed cannot vary)
+    # capture judges a graph by parity's rules and takes the gate's sets and the path probes' reference from
+    # prepare's forwards, both handed to it here; then prepare's sets fit the graph it made (an axis it fixed
+    # cannot vary)
     resolved = [a.name for a in ctx.dynamic_axes]
-    status = capture.capture(ctx, PARITY_JUDGE, add_path_references)
+    status = capture.capture(ctx, PARITY_JUDGE, inputs.gate_references)
     fit_sets_to_graph(ctx, resolved)
     return status
 
@@ -37,7 +37,7 @@ def _validate(ctx: ExportContext) -> str | None:
     from ..capture import trace_judged_by_parity
 
     if not ctx.options.validate:
-        return trace_judged_by_parity.gate_after_write(ctx, PARITY_JUDGE, add_path_references)
+        return trace_judged_by_parity.gate_after_write(ctx, PARITY_JUDGE, inputs.gate_references)
     return trace_judged_by_parity.judged(ctx, lambda: validators.run_validators(ctx, "validate"))
 
 

@@ -6,7 +6,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from helpers.branchy import CaughtCheck, InputChecks, checks_loader
+from helpers.branchy import CaughtCheck, InputChecks, branchy_loader, checks_loader
 
 import cann_export
 from cann_export.capture.trace_guards import Sources, is_guard
@@ -29,6 +29,49 @@ def test_input_checks_are_guards_and_the_trace_is_kept_unspecialised(plugin, tmp
     torch.manual_seed(0)
     want = InputChecks().eval()(x).detach().numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def _eager_forwards(cls):
+    """The forwards of ``cls`` modules outside tracing and dynamo (the references the prepared sets cost)."""
+    calls = []
+
+    def hook(module, args, kwargs, output):
+        if isinstance(module, cls) and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+            calls.append(tuple([*args, *kwargs.values()][0].shape))
+
+    return calls, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+
+
+def test_without_validation_a_trace_that_warned_only_at_checks_costs_no_gate_sets(plugin, tmp_path):
+    """Under --no-validate the gate's sets are built once a trace warned at more than input checks
+    (inputs/stage.py add_gate_sets): here the example's forward is the only one."""
+    checks_loader(plugin, InputChecks, "input-checks", ".checks")
+    (tmp_path / "m.checks").write_text("")
+    calls, handle = _eager_forwards(InputChecks)
+    try:
+        result = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "m.onnx", export_format="onnx",
+                                    validate=False, sandbox="off")
+        assert result.ok and result.onnx["exporter"] == "torchscript" and calls == [(2, 8, 3)], calls
+        calls.clear()
+        validated = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "v.onnx", export_format="onnx",
+                                       sandbox="off")
+    finally:
+        handle.remove()
+    assert validated.ok and len(calls) >= validated.parity["input_sets"] > 3  # parity's sets, as before
+
+
+def test_without_validation_the_gate_builds_its_sets_after_a_trace_warned(plugin, tmp_path):
+    """A branch on a size that holds at every size of the range (size 0): the trace warned, so the gate's sets are
+    built after capture (the example, the draws, the probes, the range's ends and middle) and the trace kept on them."""
+    branchy_loader(plugin, ["torchscript", "dynamo"], size=0)
+    (tmp_path / "m.branch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx",
+                                validate=False, sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript", result.manifest["capture"]
+    checked = result.manifest["capture"]["specialized"]["checked"]
+    seqs = sorted(s["seq"] for s in checked["shapes"])
+    assert checked["path_variants"] == 4 and seqs[0] == 1 and seqs[-1] > 8 and len(seqs) >= 3, checked
+    assert checked["input_sets"] >= 1 + 2 + 4 + len(seqs) - 1, checked
 
 
 def test_input_checks_need_no_acceptance_when_tracing_is_forced(plugin, tmp_path):
