@@ -109,9 +109,13 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         run.traced[exporter.name] = ctx.trace_warnings
         loaded, checked_file = model is scratch.loaded, model is scratch.checked
         scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
-        if path_dependent(ctx.trace_warnings) and exporter_choice.gated(ctx):  # judged by parity, else the gate now
+        dependent = bool(path_dependent(ctx.trace_warnings))
+        # judged by parity, else by the gate now; a trace that warned at input checks only needs no gate, but when
+        # parity follows it is deferred too: parity's onnxruntime load stands in for capture's (rejected: rewound)
+        if ctx.trace_warnings and exporter_choice.gated(ctx) and (dependent or ctx.options.validate):
             deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
-            check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
+            check = deferred or (exporter_choice.check(ctx, model, run.judge, run.path_references) if dependent
+                                 else {})
             run.checked[exporter.name] = check
             loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         if large_graph.state(ctx):

@@ -74,6 +74,22 @@ def test_without_validation_the_gate_builds_its_sets_after_a_trace_warned(plugin
     assert checked["input_sets"] >= 1 + 2 + 4 + len(seqs) - 1, checked
 
 
+def test_with_validation_a_trace_that_warned_only_at_checks_is_loaded_by_parity_alone(plugin, tmp_path, monkeypatch):
+    """Parity follows, so capture does not load the graph in onnxruntime too: the trace is deferred to parity as a
+    gated one is (a graph parity cannot run is rewound to the next exporter), with no gate and no specialisation."""
+    from cann_export.graph import onnx_helpers
+
+    loads, check = [], onnx_helpers.check_graph
+    monkeypatch.setattr(onnx_helpers, "check_graph", lambda model, *a, loaded=False, **k: loads.append(loaded)
+                        or check(model, *a, loaded=loaded, **k))
+    checks_loader(plugin, InputChecks, "input-checks", ".checks")
+    (tmp_path / "m.checks").write_text("")
+    result = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "m.onnx", export_format="onnx", sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript" and result.parity["passed"]
+    assert False not in loads, loads  # no onnxruntime load at capture
+    assert "specialized" not in result.manifest["capture"] and not result.parity.get("trace_specialized")
+
+
 def test_input_checks_need_no_acceptance_when_tracing_is_forced(plugin, tmp_path):
     checks_loader(plugin, InputChecks, "input-checks", ".checks")
     (tmp_path / "m.checks").write_text("")
