@@ -114,10 +114,10 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         # parity follows it is deferred too: parity's onnxruntime load stands in for capture's (rejected: rewound)
         if ctx.trace_warnings and exporter_choice.gated(ctx) and (dependent or ctx.options.validate):
             deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
-            check = deferred or (exporter_choice.check(ctx, model, run.judge, run.path_references) if dependent
-                                 else {})
-            run.checked[exporter.name] = check
-            loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
+            if deferred or dependent:  # not deferred, a guard-only trace is checked below as any graph is
+                check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
+                run.checked[exporter.name] = check
+                loaded = loaded or bool(check.get("ran") or check.get("deferred"))  # deferred: parity loads it
         if large_graph.state(ctx):
             large_graph.check(model, ctx)
         elif not (checked_file and loaded):  # else both halves of the check are done

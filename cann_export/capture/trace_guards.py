@@ -5,14 +5,21 @@ a Python bool while tracing, so the tracer warns. But the trace completed, so it
 raise, and every input the model accepts takes that branch too: the graph is not specialised by it. Such a warning
 is a *guard*; a trace whose warnings are all guards needs neither the trace gate nor specialisation probes.
 
-A warning is a guard when its line lies in the test of an ``if`` one of whose branches is a lone ``raise`` (or of an
-``assert``), the test binds no name (``:=``: its value could be used later), and no frame of the model's code between
-the forward and the warning runs inside a ``try`` with a handler that may catch what the check raises (a caller that
-catches it may take another path: that is data-dependent control flow; transformers' ``check_model_inputs`` catches
-only TypeError around every forward, which a ``raise ValueError`` check passes). Only builtin exception classes are
-told apart; any other class, or a handler naming one, counts as caught. Frames of torch and of this package are not
-the model's code; the walk outward stops at this package's first frame (the exporter's call). Unreadable source is
-never a guard.
+A warning is a guard when:
+
+- its line holds only the test of an ``if`` one of whose branches is a lone ``raise`` of a builtin error (ValueError,
+  TypeError, RuntimeError, ArithmeticError), or of an ``assert``; never StopIteration, AttributeError or LookupError,
+  which callers take as signals (a loop's end, getattr's default), nor a class the source does not show;
+- the test binds no name (``:=``) and calls only pure builtins (``len``, ``isinstance``, ``int`` ...) and tensor
+  queries (``dim``, ``size``, ``all`` ...): another call could store the value the tracer froze;
+- no frame of the model's code between the forward and the warning runs in the body of a ``try`` whose handler may
+  catch what the check raises or whose ``finally`` returns, breaks or continues, nor of a ``with`` (its context
+  manager may suppress it). A caller that catches the error may take another path: data-dependent control flow.
+  Builtin classes are told apart (transformers' ``check_model_inputs`` catches only TypeError around every forward,
+  which a ``raise ValueError`` check passes); a handler naming any other class counts as catching it.
+
+Frames of torch and of this package are not the model's code; the walk outward stops at this package's first frame
+(the exporter's call). Unreadable source is never a guard.
 """
 from __future__ import annotations
 
@@ -87,14 +94,27 @@ def is_guard(filename: str, lineno: int, stack: list[tuple[str, int]] | None, so
     """Whether the warning at ``filename:lineno`` (raised with ``stack``) comes from an input check (module doc)."""
     if stack is None:
         return False
-    check = _check(sources.tree(filename), lineno)
-    if check is None:
+    raised = _check(sources.tree(filename), lineno)
+    if raised is None:
         return False
-    return not any(_caught(sources.tree(name), line, check) for name, line in stack)
+    return not any(_caught(sources.tree(name), line, raised) for name, line in stack)
 
 
-def _check(tree: ast.Module | None, lineno: int) -> ast.stmt | None:
-    """The ``raise`` or ``assert`` of the input check whose test holds ``lineno``, or None."""
+# what an input check may raise: errors a caller does not take as a signal (not StopIteration, which ends a loop,
+# AttributeError, which getattr / hasattr / __getattr__ turn into a default, nor LookupError, which ends an old-style
+# iteration or a .get)
+_CHECK_ERRORS = (ValueError, TypeError, RuntimeError, AssertionError, ArithmeticError)
+_SIGNALS = (StopIteration, StopAsyncIteration, AttributeError, LookupError)
+# calls an input check's test may make: builtins and tensor queries that store nothing
+_PURE_FUNCTIONS = {"len", "isinstance", "int", "float", "bool", "all", "any", "min", "max", "abs", "tuple", "list"}
+_PURE_METHODS = {"dim", "ndimension", "size", "numel", "nelement", "all", "any", "is_floating_point", "is_complex",
+                 "isnan", "isinf", "isfinite", "item", "equal", "sum", "min", "max", "get_device"}
+
+
+def _check(tree: ast.Module | None, lineno: int) -> type | None:
+    """The builtin error class the input check whose test holds ``lineno`` raises, or None when there is none: the
+    line must hold that test alone (no other statement on it, as after a ``;``), the test bind no name and call
+    nothing but pure builtins and tensor queries (a call could store the value the tracer froze)."""
     if tree is None:
         return None
     for node in ast.walk(tree):
@@ -102,41 +122,76 @@ def _check(tree: ast.Module | None, lineno: int) -> ast.stmt | None:
             fails = next((b[0] for b in (node.body, node.orelse) if len(b) == 1 and isinstance(b[0], ast.Raise)), None)
         else:
             fails = node if isinstance(node, ast.Assert) else None
-        test = getattr(node, "test", None)
-        if fails is not None and test.lineno <= lineno <= (test.end_lineno or test.lineno) \
-                and not any(isinstance(n, ast.NamedExpr) for n in ast.walk(test)):
-            return fails
+        if fails is None or not node.test.lineno <= lineno <= (node.test.end_lineno or node.test.lineno):
+            continue
+        raised = _raised(fails)
+        if raised is None or not _pure(node.test) or _shares_line(tree, node, fails, lineno):
+            return None
+        return raised
     return None
 
 
 def _raised(fails: ast.stmt) -> type | None:
-    """The builtin exception class the check raises, or None (another class, or not known from the source)."""
+    """The builtin error class the check raises when it is one an input check raises (``_CHECK_ERRORS``), else None
+    (another class, one a caller may take as a signal, or not known from the source)."""
     if isinstance(fails, ast.Assert):
         return AssertionError
     exc = getattr(fails, "exc", None)
     name = exc.func if isinstance(exc, ast.Call) else exc
     found = getattr(builtins, name.id, None) if isinstance(name, ast.Name) else None
-    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+    if isinstance(found, type) and issubclass(found, _CHECK_ERRORS) and not issubclass(found, _SIGNALS):
+        return found
+    return None
 
 
-def _caught(tree: ast.Module | None, lineno: int, fails: ast.stmt) -> bool:
-    """Whether ``lineno`` runs in the body of a ``try`` with a handler that may catch what ``fails`` raises
-    (unreadable source: assumed so)."""
-    if tree is None:
-        return True
-    raised = _raised(fails)
-    try_nodes = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
+def _pure(test: ast.expr) -> bool:
+    for node in ast.walk(test):
+        if isinstance(node, (ast.NamedExpr, ast.Lambda, ast.Await, ast.Yield, ast.YieldFrom)):
+            return False
+        if isinstance(node, ast.Call):
+            func = node.func
+            if not (isinstance(func, ast.Name) and func.id in _PURE_FUNCTIONS
+                    or isinstance(func, ast.Attribute) and func.attr in _PURE_METHODS):
+                return False
+    return True
+
+
+def _shares_line(tree: ast.Module, check: ast.stmt, fails: ast.stmt, lineno: int) -> bool:
+    """Whether a statement other than the check, its raise and the blocks around it spans ``lineno``."""
     for node in ast.walk(tree):
-        if isinstance(node, try_nodes) and node.body \
-                and node.body[0].lineno <= lineno <= (node.body[-1].end_lineno or node.body[-1].lineno) \
-                and any(_may_catch(handler, raised) for handler in node.handlers):
+        if isinstance(node, ast.stmt) and node is not check and node is not fails \
+                and node.lineno <= lineno <= (node.end_lineno or node.lineno) and not _within(check, node):
             return True
     return False
 
 
-def _may_catch(handler: ast.ExceptHandler, raised: type | None) -> bool:
-    """Unless every class it names is a builtin exception that ``raised`` (a builtin) is not a subclass of."""
-    if handler.type is None or raised is None:
+def _within(inner: ast.AST, outer: ast.AST) -> bool:
+    return outer is not inner and any(child is inner for child in ast.walk(outer))
+
+
+_DROPS = (ast.Return, ast.Break, ast.Continue)  # in a ``finally``: the exception in flight is dropped
+
+
+def _caught(tree: ast.Module | None, lineno: int, raised: type) -> bool:
+    """Whether ``lineno`` runs where what the check raises may not reach the caller: the body of a ``try`` with a
+    handler that may catch it or a ``finally`` that returns, breaks or continues (which drops it), or of a ``with``
+    (its context manager may suppress it). Unreadable source: assumed so."""
+    if tree is None:
+        return True
+    try_nodes = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
+    for node in ast.walk(tree):
+        if not isinstance(node, (*try_nodes, ast.With, ast.AsyncWith)) or not node.body \
+                or not node.body[0].lineno <= lineno <= (node.body[-1].end_lineno or node.body[-1].lineno):
+            continue
+        if isinstance(node, (ast.With, ast.AsyncWith)) or any(_may_catch(h, raised) for h in node.handlers) \
+                or any(isinstance(n, _DROPS) for f in node.finalbody for n in ast.walk(f)):
+            return True
+    return False
+
+
+def _may_catch(handler: ast.ExceptHandler, raised: type) -> bool:
+    """Unless every class it names is a builtin exception that ``raised`` is not a subclass of."""
+    if handler.type is None:
         return True
     names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
     for name in names:

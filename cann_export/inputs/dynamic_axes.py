@@ -268,11 +268,14 @@ def _like(example: Any, shape: list[int], gen: Any, name: str = "") -> Any:
     return torch.randint(low, high + 1, shape, generator=gen, dtype=torch.int64).to(example.dtype)
 
 
-def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = False) -> None:
-    """The shape sets and their reference outputs, appended to the input sets (with validation on, or ``gate``: the
-    trace gate's, after capture, under --no-validate); every label names its shape. A dimension the model fails at:
-    an OptionsError when the user asked for it (--dynamic, -1 in --input-shape), else (a loader's task axis, a
-    program's) the axis is dropped with a warning; for the gate, the PrepareError (the trace is not kept)."""
+def add_shape_sets(ctx: Any, source: str, accepted: list[str], for_gate: bool = False,
+                   after_capture: bool = False) -> None:
+    """The shape sets and their reference outputs, appended to the input sets (with validation on, or ``for_gate``:
+    the trace gate's under --no-validate); every label names its shape. A dimension the model fails at: an
+    OptionsError when the user asked for it (--dynamic, -1 in --input-shape), else (a loader's task axis, a
+    program's) the axis is dropped with a warning; ``after_capture`` (the gate's sets, built once a trace warned:
+    inputs/stage.py add_gate_sets), the graph holds the axis already: its sets at that size are left out, with a
+    warning that the gate did not check there."""
     from ..heap_release import give_back
     from . import eos_rows
     from .reference import reference_outputs
@@ -283,13 +286,19 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = Fals
             return reference_outputs(ctx, ctx.model, source, accepted, input_sets=sets)[1]
 
     failed: dict[str, str] = {}
-    if ctx.options.validate or gate:
+    missed: list[tuple[str, str]] = []  # after capture: (axis, why) of each size the model fails at
+    if ctx.options.validate or for_gate:
         feed = ctx.example_inputs
         example = example_point(ctx.dynamic_axes, feed)
         drawn = list(_point_sets(ctx, ctx.dynamic_axes, len(ctx.input_sets)))
         for _, sets, _ in drawn:
             eos_rows.place(ctx, sets)
-        shared = shared_references(ctx, drawn, run)  # the batch sizes' rows from one set (inputs/row_reuse.py)
+        try:
+            shared = shared_references(ctx, drawn, run)  # the batch sizes' rows from one set (inputs/row_reuse.py)
+        except errors.PrepareError:
+            if not after_capture:
+                raise
+            shared = {}  # each size on its own below, where the one that fails is named
         for k, (point, sets, labels) in enumerate(drawn):
             varied = next(n for n in point if point[n] != example[n])
             if varied in failed:
@@ -297,9 +306,11 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = Fals
             try:
                 outputs = shared[k] if k in shared else run(sets)
             except errors.PrepareError as e:
-                if gate:  # the captured graph holds the axis: the trace is not kept (capture/exporter_choice.py)
-                    raise
-                failed[varied] = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
+                why = f"the model fails at {varied}={point[varied]} ({e.message[:300]})"
+                if after_capture:  # that size only: the others are still checked
+                    missed.append((varied, why))
+                else:
+                    failed[varied] = why
                 continue
             for index, label in enumerate(labels, start=len(ctx.input_sets)):
                 label["index"] = index
@@ -307,6 +318,19 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = Fals
             ctx.input_set_labels += labels
             ctx.reference_outputs += outputs
             give_back()  # this shape's forward freed before the next (larger) one
+    _failed_sizes(ctx, failed, missed)
+    point = example_point(ctx.dynamic_axes, ctx.example_inputs)
+    for label in ctx.input_set_labels:
+        label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
+    ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
+
+
+def _failed_sizes(ctx: Any, failed: dict[str, str], missed: list[tuple[str, str]]) -> None:
+    """The axes the model fails at a size of (``failed``): an OptionsError when the user asked for one, else each is
+    dropped (exported static) with a warning; ``missed`` (after capture): a warning per size the gate left out."""
+    ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
+        f"{a.input}:{a.axis} ({name}, from {a.source}): {why}; the trace gate did not check the graph there "
+        "(--no-validate)" for name, why in missed for a in ctx.dynamic_axes if a.name == name)] or None
     for name, why in failed.items():
         axes = [a for a in ctx.dynamic_axes if a.name == name]
         asked = [a for a in axes if a.source in (FLAG, "--input-shape")]
@@ -320,10 +344,6 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str], gate: bool = Fals
         from .shape_budget import keep_left
 
         keep_left(ctx, {a.name for a in ctx.dynamic_axes})
-    point = example_point(ctx.dynamic_axes, ctx.example_inputs)
-    for label in ctx.input_set_labels:
-        label["shape"] = {n: v for n, v in (label.get("shape") or point).items() if n in point}
-    ctx.reports.reference.input_sets["shapes"] = sum(1 for label in ctx.input_set_labels if label["source"] == "shape")
 
 
 @contextlib.contextmanager

@@ -49,7 +49,7 @@ def _float_reference(ctx: ExportContext, source: str, accepted: list[str]) -> No
     if ctx.dynamic_axes:  # parity at every gear, or the range's ends and middle; every set names its shape
         from .dynamic_axes import add_shape_sets
 
-        add_shape_sets(ctx, source, accepted)
+        add_shape_sets(ctx, source, accepted, for_gate=_gate_sets_now(ctx))
     elif ctx.decisions.shape_sets:  # a multi-graph component's sizes, consistent across its graphs
         from .given_shapes import add_given_shape_sets
 
@@ -82,12 +82,15 @@ def add_gate_sets(ctx: ExportContext) -> None:
     """Under --no-validate, the sets the trace gate checks, built when capture's trace warned (the variants, the path
     probes, one set at each dynamic axis' range ends and middle, with the traced module's outputs on them): a trace
     that warns nowhere, or only at input checks (capture/trace_guards.py), needs none (ViT-small on transformers 4.57:
-    8.1 -> 5.7 CPU-s). A size the model fails at fails the trace (the graph holds the axis already)."""
+    8.1 -> 5.7 CPU-s). The references are the traced module's (after strip), as the path probes' are; a size the
+    model fails at is left out with a warning (the graph holds the axis already)."""
+    from ..backend.eval_mode import to_eval
     from .dynamic_axes import add_shape_sets
 
     pending, ctx.gate_sets_pending = ctx.gate_sets_pending, None
     if pending is None:
         return
+    to_eval(ctx.model, ctx.loaded.kind)  # an exporter may have left a training flag set
     variants, labels = _variants(ctx, ctx.example_inputs, gate=True)
     eos_rows.place(ctx, variants)
     _, outputs = reference_outputs(ctx, ctx.model, pending["source"], pending["accepted"], input_sets=variants)
@@ -95,7 +98,7 @@ def add_gate_sets(ctx: ExportContext) -> None:
     ctx.input_set_labels += labels
     ctx.reference_outputs += outputs
     if ctx.dynamic_axes:
-        add_shape_sets(ctx, pending["source"], pending["accepted"], gate=True)
+        add_shape_sets(ctx, pending["source"], pending["accepted"], for_gate=True, after_capture=True)
 
 
 def gate_references(ctx: ExportContext) -> None:

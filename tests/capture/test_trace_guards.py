@@ -6,7 +6,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from helpers.branchy import CaughtCheck, InputChecks, branchy_loader, checks_loader
+from helpers.branchy import CaughtCheck, FailsAtOne, InputChecks, branchy_loader, checks_loader
 
 import cann_export
 from cann_export.capture.trace_guards import Sources, is_guard
@@ -90,6 +90,33 @@ def test_with_validation_a_trace_that_warned_only_at_checks_is_loaded_by_parity_
     assert "specialized" not in result.manifest["capture"] and not result.parity.get("trace_specialized")
 
 
+def test_without_validation_a_size_the_model_fails_at_is_left_out_of_the_gate_with_a_warning(plugin, tmp_path):
+    """The gate's sets come after capture, so the graph holds the axis already: a size the model fails at is not
+    checked there, and the manifest says so (a validated export exports such a loader axis static instead)."""
+    checks_loader(plugin, FailsAtOne, "fails-at-one", ".failsone")
+    (tmp_path / "m.failsone").write_text("")
+    result = cann_export.export(str(tmp_path / "m.failsone"), tmp_path / "m.onnx", export_format="onnx",
+                                validate=False, sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript", result.manifest["capture"]
+    checked = result.manifest["capture"]["specialized"]["checked"]
+    assert 1 not in {s["seq"] for s in checked["shapes"]} and len(checked["shapes"]) >= 2, checked
+    assert any("seq=1" in w and "did not check" in w for w in result.manifest["warnings"]["dynamic"]), \
+        result.manifest["warnings"]
+
+
+def test_a_guard_only_trace_that_cannot_wait_for_parity_is_checked_at_capture(plugin, tmp_path, monkeypatch):
+    """Validating, where the trace cannot be left to parity (the stages cannot go back, --format om, the last
+    exporter): kept after capture's own onnxruntime load, as any graph, with no gate."""
+    from cann_export.capture import trace_judged_by_parity
+
+    monkeypatch.setattr(trace_judged_by_parity, "defer", lambda *a, **k: None)
+    checks_loader(plugin, InputChecks, "input-checks", ".checks")
+    (tmp_path / "m.checks").write_text("")
+    result = cann_export.export(str(tmp_path / "m.checks"), tmp_path / "m.onnx", export_format="onnx", sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript" and result.parity["passed"], result.manifest
+    assert result.manifest["capture"]["guards"] and len(result.manifest["capture"]["attempts"]) == 1
+
+
 def test_input_checks_need_no_acceptance_when_tracing_is_forced(plugin, tmp_path):
     checks_loader(plugin, InputChecks, "input-checks", ".checks")
     (tmp_path / "m.checks").write_text("")
@@ -132,6 +159,18 @@ def _line(path, needle):
     ("try:\n    if x.shape[1] != 3:\n        raise ValueError('c')\nexcept MyError:\n    pass\n", False),  # unknown
     ("try:\n    if x.shape[1] != 3:\n        raise MyError('c')\nexcept TypeError:\n    pass\n", False),
     ("try:\n    if x.shape[1] != 3:\n        raise ValueError('c')\nfinally:\n    pass\n", True),  # no handler
+    ("for _ in range(2):\n    try:\n        if x.shape[1] != 3:\n            raise ValueError\n"
+     "    finally:\n        break\n", False),  # the finally drops it
+    ("with tolerant():\n    if x.shape[1] != 3:\n        raise ValueError('c')\n", False),  # may suppress it
+    ("if x.shape[1] != 3:\n    raise StopIteration\n", False),  # a loop's end
+    ("if x.shape[1] != 3:\n    raise AttributeError('c')\n", False),  # getattr's default
+    ("if x.shape[1] != 3:\n    raise KeyError('c')\n", False),
+    ("if x.shape[1] != 3:\n    raise MyError('c')\n", False),  # a class the source does not show
+    ("assert x.shape[1] == 3; s = float(x.mean())\n", False),  # another statement on the line
+    ("if not self.remember(int(x.shape[1])):\n    raise ValueError('c')\n", False),  # a call may store it
+    ("if x.dim() != 3 or x.shape[1] != len(x) or not isinstance(x, int):\n    raise TypeError('c')\n", True),
+    ("if x.shape[1] != 3:\n    raise ValueError(f'{x.shape[1]} channels')\nelif x.shape[1] > 9:\n    y = 1\n", True),
+    ("if x.shape[1] != 3: raise ValueError('c')\n", True),  # its raise on the same line
 ])
 def test_what_counts_as_a_guard(tmp_path, code, guard):
     path = _source(tmp_path, code)

@@ -118,3 +118,18 @@ def checks_loader(plugin, module_class, name, suffix):
                                                             "exporter_order": ["torchscript", "dynamo"]}
 
     _loader(plugin, name, suffix, make)
+
+
+class FailsAtOne(torch.nn.Module):
+    """A size branch that holds at every size (a warned trace that is right) and a forward that fails at seq=1
+    (``x[:, 1]``): the range's low end cannot be checked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x) * x[:, 1][:, None]
+        if x.shape[1] > 0:
+            return y * 2.0
+        return y - 1.0
