@@ -112,8 +112,9 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         dependent = bool(path_dependent(ctx.trace_warnings))
         # judged by parity, else by the gate now; a trace that warned at input checks only needs no gate, but when
         # parity follows it is deferred too: parity's onnxruntime load stands in for capture's (rejected: rewound)
-        if ctx.trace_warnings and exporter_choice.gated(ctx) and (dependent or ctx.options.validate):
-            deferred = deferrable and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
+        if ctx.trace_warnings and exporter_choice.gated(ctx):
+            deferred = deferrable and (dependent or ctx.options.validate) \
+                and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
             if deferred or dependent:  # not deferred, a guard-only trace is checked below as any graph is
                 check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
                 run.checked[exporter.name] = check

@@ -328,9 +328,10 @@ def add_shape_sets(ctx: Any, source: str, accepted: list[str], for_gate: bool = 
 def _failed_sizes(ctx: Any, failed: dict[str, str], missed: list[tuple[str, str]]) -> None:
     """The axes the model fails at a size of (``failed``): an OptionsError when the user asked for one, else each is
     dropped (exported static) with a warning; ``missed`` (after capture): a warning per size the gate left out."""
-    ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
-        f"{a.input}:{a.axis} ({name}, from {a.source}): {why}; the trace gate did not check the graph there "
-        "(--no-validate)" for name, why in missed for a in ctx.dynamic_axes if a.name == name)] or None
+    if missed:
+        ctx.reports.warnings.dynamic = [*(ctx.reports.warnings.dynamic or []), *(
+            f"{a.input}:{a.axis} ({name}, from {a.source}): {why}; the trace gate did not check the graph there "
+            "(--no-validate)" for name, why in missed for a in ctx.dynamic_axes if a.name == name)]
     for name, why in failed.items():
         axes = [a for a in ctx.dynamic_axes if a.name == name]
         asked = [a for a in axes if a.source in (FLAG, "--input-shape")]
