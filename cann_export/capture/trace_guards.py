@@ -69,15 +69,43 @@ def _skipped_roots() -> tuple[str, ...]:
 
 
 class Sources:
-    """Parsed source files, each read once per capture (bounded; None when unreadable)."""
+    """Parsed source files, each read and indexed once per capture (bounded; None when unreadable)."""
 
     def __init__(self) -> None:
-        self._trees: dict[str, ast.Module | None] = {}
+        self._indexes: dict[str, _Index | None] = {}
 
-    def tree(self, filename: str) -> ast.Module | None:
-        if filename not in self._trees:
-            self._trees[filename] = _parse(filename)
-        return self._trees[filename]
+    def index(self, filename: str) -> _Index | None:
+        if filename not in self._indexes:
+            tree = _parse(filename)
+            self._indexes[filename] = None if tree is None else _Index(tree)
+        return self._indexes[filename]
+
+
+class _Index:
+    """One file's checks, ``try`` / ``with`` blocks and statements, in ``ast.walk`` order, from one walk: a model's
+    trace warns dozens of times in one large file (GPT-2: 54 warnings), and a walk of the whole tree per warning
+    and per frame cost more than a second."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.checks: list[tuple[ast.stmt, ast.stmt]] = []  # (if / assert, its lone raise / itself)
+        self.blocks: list[ast.stmt] = []
+        self.statements: list[ast.stmt] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.stmt):
+                self.statements.append(node)
+            if isinstance(node, ast.If):
+                fails = next((b[0] for b in (node.body, node.orelse) if len(b) == 1 and isinstance(b[0], ast.Raise)),
+                             None)
+                if fails is not None:
+                    self.checks.append((node, fails))
+            elif isinstance(node, ast.Assert):
+                self.checks.append((node, node))
+            elif isinstance(node, _BLOCKS) and node.body:
+                self.blocks.append(node)
+
+
+_BLOCKS = (ast.Try, ast.TryStar, ast.With, ast.AsyncWith) if hasattr(ast, "TryStar") else (ast.Try, ast.With,
+                                                                                               ast.AsyncWith)
 
 
 def _parse(filename: str) -> ast.Module | None:
@@ -94,10 +122,10 @@ def is_guard(filename: str, lineno: int, stack: list[tuple[str, int]] | None, so
     """Whether the warning at ``filename:lineno`` (raised with ``stack``) comes from an input check (module doc)."""
     if stack is None:
         return False
-    raised = _check(sources.tree(filename), lineno)
+    raised = _check(sources.index(filename), lineno)
     if raised is None:
         return False
-    return not any(_caught(sources.tree(name), line, raised) for name, line in stack)
+    return not any(_caught(sources.index(name), line, raised) for name, line in stack)
 
 
 # what an input check may raise: errors a caller does not take as a signal (not StopIteration, which ends a loop,
@@ -111,21 +139,17 @@ _PURE_METHODS = {"dim", "ndimension", "size", "numel", "nelement", "all", "any",
                  "isnan", "isinf", "isfinite", "item", "equal", "sum", "min", "max", "get_device"}
 
 
-def _check(tree: ast.Module | None, lineno: int) -> type | None:
+def _check(index: _Index | None, lineno: int) -> type | None:
     """The builtin error class the input check whose test holds ``lineno`` raises, or None when there is none: the
     line must hold that test alone (no other statement on it, as after a ``;``), the test bind no name and call
     nothing but pure builtins and tensor queries (a call could store the value the tracer froze)."""
-    if tree is None:
+    if index is None:
         return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            fails = next((b[0] for b in (node.body, node.orelse) if len(b) == 1 and isinstance(b[0], ast.Raise)), None)
-        else:
-            fails = node if isinstance(node, ast.Assert) else None
-        if fails is None or not node.test.lineno <= lineno <= (node.test.end_lineno or node.test.lineno):
+    for node, fails in index.checks:
+        if not node.test.lineno <= lineno <= (node.test.end_lineno or node.test.lineno):
             continue
         raised = _raised(fails)
-        if raised is None or not _pure(node.test) or _shares_line(tree, node, fails, lineno):
+        if raised is None or not _pure(node.test) or _shares_line(index, node, fails, lineno):
             return None
         return raised
     return None
@@ -156,10 +180,10 @@ def _pure(test: ast.expr) -> bool:
     return True
 
 
-def _shares_line(tree: ast.Module, check: ast.stmt, fails: ast.stmt, lineno: int) -> bool:
+def _shares_line(index: _Index, check: ast.stmt, fails: ast.stmt, lineno: int) -> bool:
     """Whether a statement other than the check, its raise and the blocks around it spans ``lineno``."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node is not check and node is not fails \
+    for node in index.statements:
+        if node is not check and node is not fails \
                 and node.lineno <= lineno <= (node.end_lineno or node.lineno) and not _within(check, node):
             return True
     return False
@@ -172,16 +196,14 @@ def _within(inner: ast.AST, outer: ast.AST) -> bool:
 _DROPS = (ast.Return, ast.Break, ast.Continue)  # in a ``finally``: the exception in flight is dropped
 
 
-def _caught(tree: ast.Module | None, lineno: int, raised: type) -> bool:
+def _caught(index: _Index | None, lineno: int, raised: type) -> bool:
     """Whether ``lineno`` runs where what the check raises may not reach the caller: the body of a ``try`` with a
     handler that may catch it or a ``finally`` that returns, breaks or continues (which drops it), or of a ``with``
     (its context manager may suppress it). Unreadable source: assumed so."""
-    if tree is None:
+    if index is None:
         return True
-    try_nodes = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
-    for node in ast.walk(tree):
-        if not isinstance(node, (*try_nodes, ast.With, ast.AsyncWith)) or not node.body \
-                or not node.body[0].lineno <= lineno <= (node.body[-1].end_lineno or node.body[-1].lineno):
+    for node in index.blocks:
+        if not node.body[0].lineno <= lineno <= (node.body[-1].end_lineno or node.body[-1].lineno):
             continue
         if isinstance(node, (ast.With, ast.AsyncWith)) or any(_may_catch(h, raised) for h in node.handlers) \
                 or any(isinstance(n, _DROPS) for f in node.finalbody for n in ast.walk(f)):
