@@ -311,6 +311,7 @@ class ExportContext:
     trace_rewind: bool = False  # the stages run validate after capture, so they can go back to it
     trace_deferred: dict[str, Any] | None = None  # {"exporter", "reason"?} until validate has judged it
     gate_sets_pending: dict[str, Any] | None = None  # {"source", "accepted"}: the gate's sets, built if a trace warns
+    trace_probes: bool = True  # the trace's warnings may depend on input values: path probes (capture/shape_tests.py)
     traces_rejected: dict[str, str] = field(default_factory=dict)  # exporter -> why its trace was not kept
     halted: str | None = None  # set by a stage when this process must not go on (e.g. DDP rank != 0)
     finalized: bool = False  # the format's finalize ran (in the load sandbox): commit only moves it into place

@@ -26,14 +26,19 @@ def quiet_export(record: list | None = None) -> Iterator[None]:
             logging.getLogger(name).setLevel(logging.ERROR)
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
-            if record is not None:  # each with the model's frames it came through (capture/trace_guards.py)
-                import torch
+            if record is None:
+                yield
+                return
+            import torch
 
-                from .trace_guards import recorder
+            from .trace_guards import recorder
+            from .trace_taint import Trace, untraced_reads
 
-                warnings.simplefilter("always", torch.jit.TracerWarning)
-                warnings.showwarning = recorder(record)
-            yield
+            trace = Trace()  # each warning with the model's frames it came through (capture/trace_guards.py)
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            warnings.showwarning = recorder(record, trace)
+            with untraced_reads(trace):
+                yield
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)

@@ -26,6 +26,7 @@ class CaptureRun:
     attempts: list[CaptureAttempt] = field(default_factory=list)
     traced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # exporter -> its graph's TracerWarnings
     checked: dict[str, dict[str, Any]] = field(default_factory=dict)  # exporter -> the trace gate's check
+    probes: dict[str, bool] = field(default_factory=dict)  # exporter -> its trace needs the path probes
 
 
 def capture(ctx: ExportContext, judge: GraphJudge, path_references: Callable[[Any], None]) -> str | None:
@@ -101,6 +102,7 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         attempts.append(CaptureAttempt(exporter.name, error="does not support this model type"))
         return None
     notes: list[str] = []
+    ctx.trace_probes = True
     try:
         ctx.trace_warnings = []
         with attempt_scratch.attempt(run.judge) as scratch:
@@ -110,11 +112,14 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
         loaded, checked_file = model is scratch.loaded, model is scratch.checked
         scratch.loaded = scratch.checked = None  # the graphs it held are not kept past the check
         dependent = bool(path_dependent(ctx.trace_warnings))
-        # judged by parity, else by the gate now; a trace that warned at input checks only needs no gate, but when
-        # parity follows it is deferred too: parity's onnxruntime load stands in for capture's (rejected: rewound)
+        ctx.trace_probes = run.probes[exporter.name] = _probes_needed(ctx.trace_warnings, model)
+        # judged by parity, else by the gate now; a trace that warned at input checks only needs no gate (nor the
+        # path probes), but when parity follows it is deferred too: parity's onnxruntime load stands in for
+        # capture's (rejected: rewound)
         if ctx.trace_warnings and exporter_choice.gated(ctx):
+            references = run.path_references if dependent else _no_references
             deferred = deferrable and (dependent or ctx.options.validate) \
-                and trace_judged_by_parity.defer(ctx, exporter.name, run.path_references)
+                and trace_judged_by_parity.defer(ctx, exporter.name, references)
             if deferred or dependent:  # not deferred, a guard-only trace is checked below as any graph is
                 check = deferred or exporter_choice.check(ctx, model, run.judge, run.path_references)
                 run.checked[exporter.name] = check
@@ -136,6 +141,20 @@ def _attempt(exporter: Any, ctx: ExportContext, run: CaptureRun, deferrable: boo
     return model
 
 
+def _probes_needed(findings: list[dict[str, Any]], model: Any) -> bool:
+    """Whether the trace's warnings need the path probes: one may depend on input values, or a size in the graph may
+    (capture/shape_tests.py); a trace that warned only at tests of sizes is checked at the ranges' sizes alone."""
+    from .shape_tests import sizes_from_shapes_only
+    from .trace_warnings import value_dependent
+
+    dependent = [f for f in findings if not f.get("guard")]
+    return not dependent or value_dependent(dependent) or not sizes_from_shapes_only(model)
+
+
+def _no_references(ctx: ExportContext) -> None:
+    """The path references of a trace that warned at input checks only: none (its check needs no probes)."""
+
+
 def _record(ctx: ExportContext, name: str, run: CaptureRun) -> str:
     """The chosen graph's module paths, opset, attempts and trace warnings into the context; the status."""
     from ..graph.onnx_helpers import opset_of
@@ -147,6 +166,7 @@ def _record(ctx: ExportContext, name: str, run: CaptureRun) -> str:
     ctx.capture = CaptureReport(name, opset, ctx.options.opset, attempts)
     found = traced.get(name, [])
     ctx.trace_warnings = path_dependent(found)
+    ctx.trace_probes = run.probes.get(name, True)  # the chosen graph's (a later attempt may have set another)
     ctx.capture.guards = guards(found) or None
     if ctx.trace_warnings:
         _specialised(ctx, checked, run.path_references)

@@ -34,17 +34,41 @@ from typing import Any
 _MAX_SOURCE = 4 << 20  # characters of one source file parsed; a larger file is not read (never a guard)
 
 
-def recorder(records: list[Any]) -> Callable[..., None]:
+def recorder(records: list[Any], trace: Any = None) -> Callable[..., None]:
     """A ``warnings.showwarning`` that appends a ``warnings.WarningMessage`` with ``stack``: the (file, line) of the
-    model's frames from the warning outward to this package's first frame."""
+    model's frames from the warning outward to this package's first frame; and ``tested``: what the warned line
+    does (capture/shape_tests.py: a literal constant, a test of sizes, or None), read in the warning's frame."""
     import warnings
+
+    from .shape_tests import classify
+    from .trace_taint import Trace
+
+    sources, trace = Sources(), trace if trace is not None else Trace()
 
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
         entry = warnings.WarningMessage(message, category, filename, lineno, file, line)
-        entry.stack = list(_model_frames(sys._getframe(1)))  # type: ignore[attr-defined]
+        caller = sys._getframe(1)
+        entry.stack = list(_model_frames(caller))  # type: ignore[attr-defined]
+        entry.tested = None  # type: ignore[attr-defined]
+        try:  # raised here, it would end the model's forward: then the warning may depend on values
+            frame = _frame_at(caller, filename, lineno)
+            if frame is not None:
+                entry.tested = classify(frame, lineno, sources.index(filename), "registered as constants" in
+                                        str(message), trace)
+        except Exception:  # noqa: BLE001 - an object of the model's that resists being read
+            entry.tested = None
         records.append(entry)
 
     return show
+
+
+def _frame_at(frame: Any, filename: str, lineno: int) -> Any:
+    """The frame running ``filename:lineno`` (the warning's), outward from ``frame``; None when there is none."""
+    while frame is not None:
+        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def _model_frames(frame: Any) -> Iterator[tuple[str, int]]:
@@ -76,9 +100,28 @@ class Sources:
 
     def index(self, filename: str) -> _Index | None:
         if filename not in self._indexes:
-            tree = _parse(filename)
-            self._indexes[filename] = None if tree is None else _Index(tree)
+            self._indexes[filename] = _shared_index(filename)
         return self._indexes[filename]
+
+
+_INDEXES: dict[tuple[str, int, int], _Index | None] = {}  # (file, mtime, size): the graphs of one model share it
+_MAX_INDEXES = 64
+
+
+def _shared_index(filename: str) -> _Index | None:
+    """The file's index, parsed once per process while the file is unchanged (a decoder's two graphs, an
+    encoder-decoder's three, warn in the same transformers files)."""
+    try:
+        stat = os.stat(filename)
+    except (OSError, ValueError):
+        return None
+    key = (filename, stat.st_mtime_ns, stat.st_size)
+    if key not in _INDEXES:
+        if len(_INDEXES) >= _MAX_INDEXES:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        tree = _parse(filename)
+        _INDEXES[key] = None if tree is None else _Index(tree)
+    return _INDEXES[key]
 
 
 class _Index:

@@ -107,6 +107,11 @@ def _failed(report: Any) -> str | None:
     if fp32.get("passed") and (report.probes or {}).get("passed", True) and others.get("passed", True):
         return None
     failing = [f for f in report.failing_sets or [] if f.get("role") != "probe"] or list(report.failing_sets or [])
+    if not failing and not others.get("passed", True):  # the path probes, judged apart (built after capture)
+        worst = max((o["max_abs"] for o in others.get("outputs", []) if o.get("max_abs") is not None), default=None)
+        where = f" on {others['first_failing']}" if others.get("first_failing") else ""
+        return (f"the path probes (sign-flipped / scaled examples) differ{where}"
+                + (f": max abs {worst:.3g}" if worst is not None else ""))
     if failing:
         f = failing[0]
         return (f"{f['output']} differs on input set {f['set']} ({f['kind']}): max abs {f['max_abs']:.3g}, "

@@ -38,34 +38,54 @@ def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
 
     out: dict[tuple[str, int], dict[str, Any]] = {}
     sources = Sources()
+    converted_inside_torch = False  # torch's own code turned a tensor into a Python value (``int(split_size)``)
     for w in records:
-        if not issubclass(w.category, torch.jit.TracerWarning) or _generated(w.filename):
+        if not issubclass(w.category, torch.jit.TracerWarning):
             continue
-        guard = is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources)
+        if _generated(w.filename):  # not the model's: it only voids the tests of sizes, unless a check or a size
+            converted_inside_torch |= "registered as constants" not in str(w.message) and not (
+                getattr(w, "tested", None) == "sizes"
+                or is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources))
+            continue
+        tested = getattr(w, "tested", None)
+        guard = tested == "constant" or is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources)
+        sizes = guard or tested == "sizes"
         key = (w.filename, w.lineno)
         if key in out:
             out[key]["guard"] = out[key]["guard"] and guard
+            out[key]["sizes"] = out[key]["sizes"] and sizes
             continue
         message = " ".join(str(w.message).split())
         kind = next((k for word, k in _KINDS if word in message.lower()), "other")
         code = linecache.getline(w.filename, w.lineno).strip()
         out[key] = {"file": _library_relative(w.filename), "line": w.lineno, "code": code,
-                    "kind": kind, "message": message.split(". ")[0].rstrip("."), "guard": guard}
+                    "kind": kind, "message": message.split(". ")[0].rstrip("."), "guard": guard, "sizes": sizes}
+    if converted_inside_torch:  # a value may have sized a tensor there, unseen: no test is one of sizes only
+        for finding in out.values():
+            finding["sizes"] = finding["guard"]
     return list(out.values())
 
 
 def path_dependent(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The findings that may specialise the graph to the example's path (all but the input checks)."""
+    """The findings that may specialise the graph to the example's path (all but the input checks and literal
+    constants)."""
     return [_unflagged(f) for f in findings if not f.get("guard")]
 
 
 def guards(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input checks the trace passed (the capture record's ``guards``)."""
+    """The input checks the trace passed and the literal constants it registered (the capture record's
+    ``guards``)."""
     return [_unflagged(f) for f in findings if f.get("guard")]
 
 
+def value_dependent(findings: list[dict[str, Any]]) -> bool:
+    """Whether a finding may depend on input values (not only on sizes: capture/shape_tests.py), which the path
+    probes (inputs/path_probes.py) are for."""
+    return any(not f.get("sizes") for f in findings)
+
+
 def _unflagged(finding: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in finding.items() if k != "guard"}
+    return {k: v for k, v in finding.items() if k not in ("guard", "sizes")}
 
 
 def where(finding: dict[str, Any]) -> str:
@@ -124,6 +144,9 @@ def record(ctx: Any, findings: list[dict[str, Any]], checked: dict[str, Any] | N
 
     accepted = bool(ctx.options.accept_trace_specialization)
     ctx.capture.specialized = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
+    if not ctx.trace_probes:
+        ctx.capture.specialized["probes"] = ("none: every warning tests sizes only and no size in the graph depends on "
+                                             "input values (checked at the sizes of its ranges)")
     if checked is not None:
         ctx.capture.specialized["checked"] = {k: checked[k] for k in ("input_sets", "path_variants", "shapes")}
         ctx.reports.warnings.trace = summary(checked)
@@ -139,9 +162,10 @@ def message(findings: list[dict[str, Any]], other: dict[str, Any] | None) -> str
     if other is not None:
         worst = max((o.get("max_abs") for o in other.get("outputs", []) if o.get("max_abs") is not None),
                     default=None)
+        first = f" (first on {other['first_failing']})" if other.get("first_failing") else ""
         text += ("; on inputs that take other paths (sign-flipped / scaled) the graph "
                  + ("agrees, but other inputs may still differ" if other.get("passed") else
-                    f"is off by {worst:.3g} max abs" if worst is not None else "differs"))
+                    f"is off by {worst:.3g} max abs{first}" if worst is not None else f"differs{first}"))
     return (text + ". Make the forward traceable (torch.where / torch.cond instead of Python control flow on "
             "tensors) or pass --accept-trace-specialization (accept_trace_specialization=True) to accept a graph "
             "that is valid only on that path")
@@ -160,10 +184,12 @@ def apply_specialisation(report: dict[str, Any], spec: dict[str, Any] | None,
     if not spec:
         return report
     if other is not None:
+        failing = next((f.get("kind") for f in other.get("failing_sets") or [] if isinstance(f, dict)), None)
         other = {"input_sets": other.get("input_sets"), "passed": other.get("passed"),
                  "reference": other.get("reference"),
                  "outputs": [{k: o[k] for k in ("name", "max_abs", "cosine", "passed") if k in o}
-                             for o in other.get("outputs", [])]}
+                             for o in other.get("outputs", [])],
+                 **({"first_failing": str(failing)[:80]} if failing and not other.get("passed") else {})}
     report["trace_specialized"] = {"accepted": spec["accepted"], "warnings": spec["warnings"],
                                    **({"checked": spec["checked"]} if spec.get("checked") else {}),
                                    **({"other_paths": other} if other is not None else {})}

@@ -29,7 +29,7 @@ def add_path_references(ctx: Any) -> None:
     or they are there already: the trace check and parity judge a warned trace on them."""
     from .reference import reference_outputs
 
-    if ctx.path_input_sets or prepared_paths(ctx):
+    if ctx.path_input_sets or prepared_paths(ctx) or not ctx.trace_probes:  # sizes only: capture/shape_tests.py
         return
     ctx.path_input_sets = path_variants(ctx.example_inputs)
     if ctx.path_input_sets:

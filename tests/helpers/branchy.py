@@ -133,3 +133,78 @@ class FailsAtOne(torch.nn.Module):
         if x.shape[1] > 0:
             return y * 2.0
         return y - 1.0
+
+
+class ValueBranch(torch.nn.Module):
+    """Python control flow on a value that no prepared set nor probe reaches (a mean past 10): a warned trace that
+    depends on values, right on every set, so the gate keeps it after judging it on the path probes too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if float(x.abs().mean()) > 10.0:
+            return y * 0.0
+        return y
+
+
+class SizeOfValues(torch.nn.Module):
+    """A test of a size that comes from values (``x[x > 0]``: NonZero in the graph): a value probe can move it, so it
+    is probed like any value-dependent warning (capture/shape_tests.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if x[x > 0].shape[0] > 1000:
+            return y * 0.0
+        return y
+
+
+def value_branch_loader(plugin, order, module_class=ValueBranch, suffix=".valuebranch"):
+    def make():
+        extras = {"dynamic_axes": {"x": {1: "seq"}}, **({"exporter_order": order} if order else {})}
+        return module_class(), {"x": torch.randn(2, 8, 3)}, extras
+
+    _loader(plugin, module_class.__name__.lower(), suffix, make)
+
+
+class ArangeOfValues(torch.nn.Module):
+    """A test of a size made from values by an op the exported graph drops (``torch.arange`` of a count: the tracer
+    records the 0-dim tensor as its size without a warning): only a value probe reaches the other branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x)
+        r = torch.arange((x > 5).sum())
+        if r.shape[0] > 0:
+            return y * 0.0
+        return y
+
+
+class NonlocalSize(torch.nn.Module):
+    """A size rebound to a value by a nested function (``nonlocal``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.proj(x)
+        n = x.shape[1]
+
+        def bump():
+            nonlocal n
+            n = (x > 5).sum()
+
+        bump()
+        if n > 0:
+            return y * 0.0
+        return y

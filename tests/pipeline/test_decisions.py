@@ -4,7 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from helpers.branchy import branchy_loader
+from helpers.branchy import branchy_loader, value_branch_loader
 
 import cann_export
 from cann_export.context import ExportContext
@@ -42,11 +42,24 @@ def test_no_trace_first_where_the_gate_cannot_check_it(plugin, tmp_path, options
     assert plan.large_graph == ("external_data_threshold" in options)
 
 
-@pytest.mark.parametrize(("order", "probes"), [(["torchscript", "dynamo"], 4), (None, None)])
-def test_prepare_builds_the_probes_when_the_plan_traces_first(plugin, tmp_path, order, probes):
-    """The prepare stage's trace probes follow the plan: a trace first gets its four sign-flipped / scaled
-    examples among the prepared sets; the same model with the exporters' own order (dynamo first) gets none."""
-    branchy_loader(plugin, order)
+def test_the_probes_wait_for_a_trace_that_warned_on_a_value(plugin, tmp_path):
+    """The trace probes follow the plan: a trace first that warned on a value is judged on its four sign-flipped /
+    scaled examples, built once it warned, so prepare's verdict sets hold none (inputs/stage.py)."""
+    value_branch_loader(plugin, ["torchscript", "dynamo"])
+    (tmp_path / "m.valuebranch").write_text("")
+    result = cann_export.export(str(tmp_path / "m.valuebranch"), tmp_path / "m.onnx", export_format="onnx",
+                                sandbox="off")
+    assert result.ok and result.onnx["exporter"] == "torchscript"
+    assert "trace_path" not in result.manifest["parity"]["input_sets_from"]
+    judged = result.manifest["parity"]["trace_specialized"]["other_paths"]
+    assert judged["input_sets"] == 4 and judged["passed"], result.manifest["parity"]
+
+
+def test_no_probes_where_dynamo_comes_first(plugin, tmp_path):
+    """The same plan with the exporters' own order (dynamo first, which takes this model): no probes at all."""
+    branchy_loader(plugin, None)
     (tmp_path / "m.branch").write_text("")
     result = cann_export.export(str(tmp_path / "m.branch"), tmp_path / "m.onnx", export_format="onnx", sandbox="off")
-    assert result.manifest["parity"]["input_sets_from"].get("trace_path") == probes
+    assert result.ok and result.onnx["exporter"] == "dynamo"
+    assert "trace_path" not in result.manifest["parity"]["input_sets_from"]
+    assert not result.manifest["parity"].get("trace_specialized"), result.manifest["parity"]

@@ -1,0 +1,228 @@
+"""Whether anything a running trace recorded has sizes that may depend on input values (capture/shape_tests.py).
+
+The exported graph drops what only fed Python (``r = torch.arange((x > 5).sum()); if r.shape[0] > 0: ...``: ``r``
+never reaches an output), so the check reads the tracer's own graph while it is being built
+(``torch._C._get_tracing_state()``). A mark flows through it from the traced forward's tensor inputs (and from tensor
+constants: ``x.data`` is read untraced) to every op's outputs; a size read (``aten::size``, ``dim``, ``numel``)
+carries none. A marked input is refused (the test of sizes is probed) where it may size a tensor:
+
+- at a non-tensor argument (an int, a Scalar, a list of ints: ``torch.arange(n)``, ``expand(n)``, a slice's end,
+  passed as 0-dim tensors that the tracer takes without a warning);
+- at any op outside an allow-list of aten ops whose output sizes follow from their tensor inputs' sizes and their
+  non-tensor arguments (so nonzero, unique, masked_select, pack_padded_sequence, to_sparse, a custom op, a Python
+  autograd function, and whatever torch adds later are refused), and at ``torch.where(cond)`` or a boolean-mask index;
+- at an in-place write of values into a tensor (or a view of one) that held none: later reads of its base would not
+  carry the mark.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+_SIZE_READS = frozenset(("aten::size", "aten::dim", "aten::numel", "prim::shape"))
+_VALUELESS = frozenset(("prim::GetAttr", "prim::TracedAttr"))
+
+
+class Trace:
+    """The marks of one running trace, kept between the warnings it raises: each call walks only what was recorded
+    since, so a trace that warns once per layer does not walk its graph once per layer. The tracer appends to the
+    block it is in, and inserts conversions (``aten::Int`` of a size, constants) next to the value they convert when
+    a later op needs them; a value whose node was not walked is marked from its node when it is read."""
+
+    def __init__(self) -> None:
+        self.untraced = False  # a tensor's ``.data`` was read while tracing: its values became a constant
+        self.marks: dict[int, int] = {}  # every value walked: 1 when it carries input values
+        self.cursors: dict[tuple[int, ...], tuple[int, tuple[str, tuple[int, ...]]]] = {}  # block: walked, last
+        self.failed = False
+
+    def sizes_from_shapes(self) -> bool:
+        """Whether no tensor the current trace recorded so far has sizes that depend on input values; False outside
+        a trace or when torch's tracing API does not answer."""
+        import torch
+
+        if self.failed or self.untraced:
+            return False
+        try:
+            state = torch._C._get_tracing_state()
+            if state is None:
+                return False
+            graph = state.graph()
+            if not self.marks:
+                self.marks.update((v.unique(), 1) for v in graph.inputs() if v.type().kind() != "ClassType")
+            try:
+                self._walk(graph, ())
+            except _Moved:  # the tracer changed what was walked: walk it all again
+                self.marks, self.cursors = {}, {}
+                self.marks.update((v.unique(), 1) for v in graph.inputs() if v.type().kind() != "ClassType")
+                self._walk(graph, ())
+        except _Rejected:
+            self.failed = True
+        except Exception:  # noqa: BLE001 - torch's private tracing API changed: no claim
+            self.failed = True
+        return not self.failed
+
+    def _walk(self, block: Any, key: tuple[int, ...]) -> None:
+        nodes = list(block.nodes())
+        for index in range(self._resumed(nodes, key), len(nodes)):
+            node = nodes[index]
+            blocks = list(node.blocks())
+            for k, inner in enumerate(blocks):
+                self._walk(inner, (*key, index, k))
+            if blocks and index == len(nodes) - 1:  # a module's forward still running: marked once it returned
+                break
+            self._marked(node, blocks)
+            self.cursors[key] = (index + 1, _identity(node))
+
+    def _resumed(self, nodes: list[Any], key: tuple[int, ...]) -> int:
+        """Where the walk of a block goes on: after the last node it walked, which inserted conversions may have
+        moved further down; gone, and the trace is walked again (``_Moved``)."""
+        done, last = self.cursors.get(key, (0, None))
+        if not done:
+            return 0
+        if done <= len(nodes) and _identity(nodes[done - 1]) == last:
+            return done
+        found = next((j for j in range(done - 1, len(nodes)) if _identity(nodes[j]) == last), None)
+        if found is None:
+            raise _Moved
+        return found + 1
+
+    def _marked(self, node: Any, blocks: list[Any], depth: int = 0) -> int:
+        mark = _mark(node, lambda v: self._mark_of(v, depth), blocks)
+        if mark is None:
+            raise _Rejected
+        self.marks.update((out.unique(), mark) for out in node.outputs())
+        return mark
+
+    def _mark_of(self, value: Any, depth: int) -> int:
+        unique = value.unique()
+        if unique not in self.marks:  # a conversion inserted before the walk's cursor, or an unknown producer
+            node = value.node()
+            if depth > 64 or node.kind() == "prim::Param":
+                return 1
+            self._marked(node, list(node.blocks()), depth + 1)
+        return self.marks.get(unique, 1)
+
+
+@contextlib.contextmanager
+def untraced_reads(trace: Trace) -> Iterator[None]:
+    """While a trace runs, a tensor's ``.data`` read (the tracer records its values as a constant, with no warning)
+    marks ``trace`` untraced: no test of sizes in it is taken for one."""
+    import torch
+
+    base = torch._C.TensorBase.data
+
+    def read(tensor: Any) -> Any:
+        if torch._C._get_tracing_state() is not None:
+            trace.untraced = True
+        return base.__get__(tensor)
+
+    def write(tensor: Any, value: Any) -> None:
+        base.__set__(tensor, value)
+
+    had = "data" in vars(torch.Tensor)
+    saved = vars(torch.Tensor).get("data")
+    torch.Tensor.data = property(read, write)
+    try:
+        yield
+    finally:
+        if had:
+            torch.Tensor.data = saved
+        else:
+            del torch.Tensor.data
+
+
+class _Moved(Exception):
+    pass
+
+
+class _Rejected(Exception):
+    """A tensor was sized by values."""
+
+
+def _identity(node: Any) -> tuple[str, tuple[int, ...]]:
+    return node.kind(), tuple(v.unique() for v in node.outputs())
+
+
+def _mark(node: Any, mark_of: Any, blocks: list[Any]) -> int | None:
+    """The mark of ``node``'s outputs (``mark_of``: a value's), or None when it may size a tensor by values."""
+    kind = node.kind()
+    if kind in _VALUELESS:
+        return 0
+    if kind == "prim::Constant":  # a value read untraced (``x.data``) is refused where it is read (``untraced``)
+        return 0
+    ins = list(node.inputs())
+    got = [mark_of(v) for v in ins]
+    if blocks:  # a module's forward: its outputs are its block's returns
+        got += [mark_of(v) for b in blocks for v in b.outputs()]
+    if not any(got):
+        return 0
+    if kind in _SIZE_READS:
+        return 1 if any(got[1:]) else 0  # the tensor's sizes carry no value
+    if kind in _PASS_THROUGH:
+        return 1
+    namespace, _, name = kind.partition("::")
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    if namespace != "aten" or base not in _SIZED_BY_SHAPES:  # any other op: its sizes may follow values
+        return None
+    if any(m and not _tensor_like(v) for m, v in zip(got, ins)):  # a value as an int, a Scalar, a list of ints
+        return None
+    if base != name and not got[0]:  # an in-place write of values into a tensor (or a view of one) that had none
+        return None
+    if kind == "aten::where" and len(ins) == 1 or kind == "aten::index" and _masked(ins):
+        return None
+    return 1
+
+
+# conversions and containers: their outputs carry what their inputs do (what then reads them is judged)
+_PASS_THROUGH = frozenset(("prim::ListConstruct", "prim::TupleConstruct", "prim::ListUnpack", "prim::TupleUnpack",
+                           "prim::NumToTensor", "prim::TracedModuleForward", "aten::Int", "aten::IntImplicit",
+                           "aten::ScalarImplicit", "aten::FloatImplicit", "aten::Float", "aten::Bool"))
+# aten ops whose outputs' sizes follow from their tensor inputs' sizes and their non-tensor arguments alone (a marked
+# non-tensor argument is refused above); an op not listed may size its output by its inputs' values (nonzero,
+# unique, masked_select, pack_padded_sequence, to_sparse ...), and so may an op torch adds later
+_SIZED_BY_SHAPES = frozenset("""
+abs acos acosh add addbmm addcdiv addcmul addmm addmv alias all amax amin any arange argmax argmin argsort asin asinh
+atan atan2 atanh avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
+adaptive_max_pool1d adaptive_max_pool2d baddbmm batch_norm bitwise_and bitwise_not bitwise_or bitwise_xor bmm
+broadcast_tensors broadcast_to cat ceil celu chunk clamp clamp_max clamp_min clip clone concat concatenate contiguous
+conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d _convolution convolution copy cos cosh cumprod
+cumsum detach diagonal div dot dropout einsum elu embedding empty empty_like eq erf erfc exp exp2 expand expand_as expm1
+feature_dropout fill flatten flip float floor floor_divide fmod frac full full_like gather ge gelu glu group_norm gt
+hardsigmoid hardswish hardtanh index index_select instance_norm isfinite isinf isnan layer_norm le leaky_relu lerp
+lift_fresh linear linalg_vector_norm log log10 log1p log2 log_softmax _log_softmax logical_and logical_not logical_or
+logical_xor logsumexp lt masked_fill matmul max max_pool1d max_pool2d max_pool3d maximum mean min minimum mish mm mul
+movedim mv nan_to_num narrow native_layer_norm ne neg new_empty new_full new_ones new_zeros norm ones ones_like outer
+permute pixel_shuffle pixel_unshuffle pow prod reciprocal relu relu6 remainder repeat reshape reshape_as roll round
+rsqrt rsub scaled_dot_product_attention scatter scatter_add select selu sigmoid sign silu sin sinh slice softmax
+_softmax softplus softsign sort split split_with_sizes sqrt square squeeze stack std sub sum t take_along_dim tan tanh
+threshold to topk transpose tril triu true_divide trunc type_as unbind unflatten unsqueeze upsample_bilinear2d
+upsample_nearest1d upsample_nearest2d upsample_nearest3d var view view_as where zero zeros zeros_like
+__and__ __or__ __xor__ __invert__ __lshift__ __rshift__
+""".split())
+
+
+def _masked(ins: list[Any]) -> bool:
+    """An index by a boolean (or untyped) mask: the output's size is its count of True."""
+    listed = ins[1].node() if len(ins) > 1 else None
+    indices = list(listed.inputs()) if listed is not None and listed.kind() == "prim::ListConstruct" else None
+    return indices is None or any(_mask_or_unknown(v) for v in indices)
+
+
+def _tensor_like(value: Any) -> bool:
+    """A tensor, or a list / optional of tensors (``torch.cat``'s, an index's): what reaches an op as data."""
+    kind = value.type()
+    while kind.kind() in ("ListType", "OptionalType"):
+        kind = kind.getElementType()
+    return kind.kind() == "TensorType"
+
+
+def _mask_or_unknown(value: Any) -> bool:
+    import torch
+
+    kind = value.type()
+    if kind.kind() == "NoneType":
+        return False
+    while kind.kind() == "OptionalType":
+        kind = kind.getElementType()
+    return kind.kind() != "TensorType" or kind.dtype() in (torch.bool, torch.uint8, None)

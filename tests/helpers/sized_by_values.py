@@ -1,0 +1,67 @@
+"""Modules whose only tracer warning tests a size (``if r.shape[0] > 2``) that input values set without a warning of
+their own: each must be probed (capture/trace_taint.py); ``Fine`` tests a size made from sizes and needs no probe.
+Each traced graph differs from eager on a sign-flipped or scaled copy of the example the tests use."""
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+
+def tail(x, r):
+    if r.shape[0] > 2:
+        return x + 1
+    return x - 1
+
+
+class Arange(torch.nn.Module):  # a count as a size argument, a 0-dim tensor the tracer takes as an int
+    def forward(self, x):
+        return tail(x, torch.arange((x > 0.5).sum()))
+
+
+class Alias(torch.nn.Module):  # values copied into a base whose earlier view is read
+    def forward(self, x):
+        buf = torch.zeros(4)
+        view = buf[:]
+        buf.copy_(x[:4])
+        return tail(x, torch.arange((view > 0.5).sum()))
+
+
+class SelectFill(torch.nn.Module):  # values written through a view (select) of a tensor that held none
+    def forward(self, x):
+        buf = torch.zeros(2, 6)
+        buf[0] = x
+        return tail(x, torch.arange((buf > 0.5).sum()))
+
+
+class ViewAdd(torch.nn.Module):
+    def forward(self, x):
+        buf = torch.zeros(6)
+        buf.view(-1).add_(x)
+        return tail(x, torch.arange((buf > 0.5).sum()))
+
+
+class Split(torch.nn.Module):  # torch's own code converts the count (int(split_size)): the graph holds a constant
+    def forward(self, x):
+        return tail(x, torch.split(x, (x > 0.5).sum())[0])
+
+
+class Pack(torch.nn.Module):  # an op PyTorch does not tag as sized by values
+    def forward(self, x):
+        lengths = (x[:2] > 0.5).long() + 1
+        return tail(x, pack_padded_sequence(x.reshape(-1, 2, 1)[:2], lengths, enforce_sorted=False).data)
+
+
+class Sparse(torch.nn.Module):
+    def forward(self, x):
+        return tail(x, (x > 0.5).float().to_sparse()._values())
+
+
+class Data(torch.nn.Module):  # .data: read untraced, a constant in the trace
+    def forward(self, x):
+        return tail(x, torch.arange((x.data > 0.5).sum()))
+
+
+class Fine(torch.nn.Module):
+    def forward(self, x):
+        return tail(x, x[: x.shape[0] - 1])
+
+
+PROBED = (Arange, Alias, SelectFill, ViewAdd, Split, Pack, Sparse, Data)
