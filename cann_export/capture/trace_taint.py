@@ -165,7 +165,7 @@ def _mark(node: Any, mark_of: Any, blocks: list[Any]) -> int | None:
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
     if namespace != "aten" or base not in _SIZED_BY_SHAPES:  # any other op: its sizes may follow values
         return None
-    if any(m and not _tensor_like(v) for m, v in zip(got, ins)):  # a value as an int, a Scalar, a list of ints
+    if any(m and not _tensor_like(v) for m, v in zip(got[:len(ins)], ins, strict=True)):  # an int, a Scalar, ints
         return None
     if base != name and not got[0]:  # an in-place write of values into a tensor (or a view of one) that had none
         return None
