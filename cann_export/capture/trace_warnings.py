@@ -129,8 +129,10 @@ def short_line(spec: dict[str, Any]) -> str:
             for dim, size in shape.items():
                 sizes.setdefault(str(dim), set()).add(int(size))
         dims = ", ".join(f"{d} {min(v)}..{max(v)}" for d, v in sizes.items())
+        probes = checked.get("path_variants") or 0
         state = f"agrees with the model on the {checked.get('input_sets')} input sets checked" + (
-            f" ({dims})" if dims else "")
+            f" ({dims})" if dims else "") + (f", {probes} of them sign-flipped / scaled probes" if probes else
+                                             ", no probe: it tested sizes only" if spec.get("probes") else "")
     else:
         state = "accepted unchecked" if spec.get("accepted") else "not accepted"
     return (f"traced graph, specialised to the example's path at {len(found)} place(s): {places}{more}; {state} "

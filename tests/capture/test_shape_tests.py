@@ -196,3 +196,26 @@ def test_literal_constants_need_no_gate(plugin, tmp_path):
     capture = result.manifest["capture"]
     assert result.ok and capture["exporter"] == "torchscript" and "specialized" not in capture, capture
     assert [g["line"] for g in capture["guards"]] and "torch.tensor" in capture["guards"][0]["code"]
+
+
+def test_the_probes_built_after_capture_share_parity_s_session(plugin, tmp_path, monkeypatch):
+    """Validating a trace that warned on a value: its probes, built after capture, and the verdict sets run in one
+    onnxruntime session of the written graph (a second load cost GPT-2 small's decode graph 1.3 CPU-s)."""
+    import collections
+
+    import onnxruntime
+
+    loads: collections.Counter = collections.Counter()
+    real = onnxruntime.InferenceSession
+
+    class Counted(real):
+        def __init__(self, path, *args, **kwargs):
+            loads[str(path)] += 1
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Counted)
+    value_branch_loader(plugin, ["torchscript", "dynamo"])
+    result = _export(tmp_path, ".valuebranch")
+    other = result.manifest["parity"]["trace_specialized"]["other_paths"]
+    assert result.ok and other["input_sets"] == 4 and other["passed"]
+    assert loads and max(loads.values()) == 1, loads
