@@ -78,13 +78,13 @@ def _tested(statement: ast.stmt, lineno: int) -> ast.expr | None:
 
 
 def _literal_constants(statement: ast.stmt) -> bool:
-    """Whether every tensor constructor the statement's line calls (``torch.tensor``, ``as_tensor``, ``new_tensor``
-    ...; one at least) builds its tensor from a literal (``torch.tensor([], dtype=..., device=...)``), so each
-    constant the tracer registered is the same for every input. Its other calls warn on their own when they convert
-    a tensor."""
+    """Whether the statement's line calls tensor constructors only (``torch.tensor``, ``as_tensor``, ``new_tensor``
+    ...; one at least), each building its tensor from a literal (``torch.tensor([], dtype=..., device=...)``), so
+    each constant the tracer registered is the same for every input."""
     scope = _tested(statement, 0) if isinstance(statement, (ast.If, ast.While, ast.Assert)) else statement
-    tensors = [n for n in ast.walk(scope) if isinstance(n, ast.Call) and _is_tensor_call(n)] if scope else []
-    if not tensors:
+    calls = [n for n in ast.walk(scope) if isinstance(n, ast.Call)] if scope else []
+    tensors = [c for c in calls if _is_tensor_call(c)]
+    if not tensors or len(tensors) != len(calls):  # another call may be a constructor by another name (an alias)
         return False
     for call in tensors:
         if len(call.args) != 1 or any(k.arg not in ("dtype", "device", "requires_grad") for k in call.keywords):

@@ -148,7 +148,10 @@ def _probes_needed(findings: list[dict[str, Any]], model: Any) -> bool:
     from .trace_warnings import value_dependent
 
     dependent = [f for f in findings if not f.get("guard")]
-    return not dependent or value_dependent(dependent) or not sizes_from_shapes_only(model)
+    try:
+        return not dependent or value_dependent(dependent) or not sizes_from_shapes_only(model)
+    except Exception:  # noqa: BLE001 - a graph the check cannot read: probed, as before
+        return True
 
 
 def _no_references(ctx: ExportContext) -> None:

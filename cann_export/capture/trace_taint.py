@@ -167,8 +167,8 @@ def _mark(node: Any, mark_of: Any, blocks: list[Any]) -> int | None:
         return None
     if any(m and not _tensor_like(v) for m, v in zip(got[:len(ins)], ins, strict=True)):  # an int, a Scalar, ints
         return None
-    if base != name and not got[0]:  # an in-place write of values into a tensor (or a view of one) that had none
-        return None
+    if any(not mark_of(_root(ins[k])) for k in _written(node, base != name, len(ins))):
+        return None  # values written into a tensor, or a view of one, whose base held none: its reads stay unmarked
     if kind == "aten::where" and len(ins) == 1 or kind == "aten::index" and _masked(ins):
         return None
     return 1
@@ -200,6 +200,39 @@ threshold to topk transpose tril triu true_divide trunc type_as unbind unflatten
 upsample_nearest1d upsample_nearest2d upsample_nearest3d var view view_as where zero zeros zeros_like
 __and__ __or__ __xor__ __invert__ __lshift__ __rshift__
 """.split())
+
+
+# ops whose output is a view of their first input (an in-place write into it writes into that input)
+_VIEWS = frozenset(("aten::view", "aten::reshape", "aten::slice", "aten::select", "aten::narrow", "aten::transpose",
+                    "aten::permute", "aten::expand", "aten::expand_as", "aten::view_as", "aten::reshape_as",
+                    "aten::squeeze", "aten::unsqueeze", "aten::t", "aten::diagonal", "aten::unflatten",
+                    "aten::flatten", "aten::as_strided", "aten::alias", "aten::detach", "aten::movedim",
+                    "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::unfold",
+                    "aten::contiguous", "aten::to", "aten::type_as", "prim::ListUnpack", "aten::__getitem__"))
+
+
+def _root(value: Any) -> Any:
+    """The tensor ``value`` is a view of (through views and the lists split / chunk / unbind return), else itself."""
+    for _ in range(64):
+        node = value.node()
+        inputs = list(node.inputs())
+        if node.kind() not in _VIEWS or not inputs:
+            return value
+        value = inputs[0]
+    return value
+
+
+def _written(node: Any, in_place: bool, count: int) -> list[int]:
+    """The inputs ``node`` writes into: ``self`` of an in-place op, any argument its schema marks mutable (``out=``)."""
+    try:
+        schema = node.schema()
+    except Exception:  # noqa: BLE001 - a node without a schema: its in-place form only
+        schema = ""
+    written = [0] if in_place else []
+    if "!" in schema:
+        arguments = schema.partition("(")[2].rpartition(") ->")[0].replace("*, ", "").split(", ")
+        written += [k for k, a in enumerate(arguments) if "!" in a.split(" ")[0] and k < count]
+    return sorted(set(written))
 
 
 def _masked(ins: list[Any]) -> bool:

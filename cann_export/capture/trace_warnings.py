@@ -43,9 +43,8 @@ def tracer_findings(records: list[Any]) -> list[dict[str, Any]]:
         if not issubclass(w.category, torch.jit.TracerWarning):
             continue
         if _generated(w.filename):  # not the model's: it only voids the tests of sizes, unless a check or a size
-            converted_inside_torch |= "registered as constants" not in str(w.message) and not (
-                getattr(w, "tested", None) == "sizes"
-                or is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources))
+            converted_inside_torch |= not (getattr(w, "tested", None) in ("sizes", "constant")
+                                           or is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources))
             continue
         tested = getattr(w, "tested", None)
         guard = tested == "constant" or is_guard(w.filename, w.lineno, getattr(w, "stack", None), sources)
@@ -146,7 +145,9 @@ def record(ctx: Any, findings: list[dict[str, Any]], checked: dict[str, Any] | N
 
     accepted = bool(ctx.options.accept_trace_specialization)
     ctx.capture.specialized = {"traced_path_only": True, "accepted": accepted, "warnings": findings}
-    if not ctx.trace_probes:
+    from ..inputs.path_probes import prepared_paths
+
+    if not ctx.trace_probes and not prepared_paths(ctx) and not ctx.path_input_sets:
         ctx.capture.specialized["probes"] = ("none: every warning tests sizes only and no size in the graph depends on "
                                              "input values (checked at the sizes of its ranges)")
     if checked is not None:

@@ -55,8 +55,8 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
             disabled = ["WeightBiasQuantization"]
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=disabled)
-    if _KEPT is not None and _KEPT.get("path") == str(path):
-        _KEPT[key] = session
+    if _KEPT is not None and _KEPT.get("path") == str(path) and not _KEPT.get("kept"):
+        _KEPT[key], _KEPT["kept"] = session, True  # once: the next run on the graph takes it, later ones load
     wanted = [i.name for i in session.get_inputs()]
     missing = [n for n in wanted if n not in input_sets[0]]
     if missing:

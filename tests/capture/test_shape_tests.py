@@ -55,7 +55,8 @@ _CONSTANTS = [
     ("k = x.new_tensor([1.0, 2.0])", "constant"),
     ("k = torch.tensor([x.shape[0]])", None),
     ("k = torch.tensor(1.0) if t else x", "constant"),  # the constant is; the test warns apart (a value)
-    ("k = torch.tensor(1.0) + x.sum().item()", "constant"),  # .item() warns apart
+    ("k = torch.tensor(1.0) + x.sum().item()", None),  # another call on the line
+    ("tt = torch.tensor\nk = torch.tensor(1.0) + tt(t)", None),  # a constructor by another name
 ]
 
 
@@ -189,7 +190,8 @@ def test_literal_constants_need_no_gate(plugin, tmp_path):
             self.proj = torch.nn.Linear(3, 3)
 
         def forward(self, x):
-            return self.proj(x) - torch.tensor(1.0, dtype=x.dtype)
+            one = torch.tensor(1.0, dtype=x.dtype)  # a line of constructors only (another call could be one)
+            return self.proj(x) - one
 
     value_branch_loader(plugin, ["torchscript", "dynamo"], Constant, ".constant")
     result = _export(tmp_path, ".constant", validate=False)

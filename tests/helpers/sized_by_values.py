@@ -38,6 +38,20 @@ class ViewAdd(torch.nn.Module):
         return tail(x, torch.arange((buf > 0.5).sum()))
 
 
+class ViewAs(torch.nn.Module):  # a view made marked by its other argument, written into: its base stays unmarked
+    def forward(self, x):
+        buf = torch.zeros(x.shape[0])
+        buf.view_as(x).copy_(x)
+        return tail(x, torch.arange((buf > 0.5).sum()))
+
+
+class OutView(torch.nn.Module):  # out= into a view of a tensor that held no values
+    def forward(self, x):
+        buf = torch.zeros(2, x.shape[0])
+        torch.add(x, 0.0, out=buf[0])
+        return tail(x, torch.arange((buf > 0.5).sum()))
+
+
 class Split(torch.nn.Module):  # torch's own code converts the count (int(split_size)): the graph holds a constant
     def forward(self, x):
         return tail(x, torch.split(x, (x > 0.5).sum())[0])
@@ -64,4 +78,4 @@ class Fine(torch.nn.Module):
         return tail(x, x[: x.shape[0] - 1])
 
 
-PROBED = (Arange, Alias, SelectFill, ViewAdd, Split, Pack, Sparse, Data)
+PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data)
