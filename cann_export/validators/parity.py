@@ -270,10 +270,10 @@ class ParityValidator:
         try:
             from ..capture.large_graph import state
 
-            with one_session(ctx.onnx_path) if state(ctx) is None else contextlib.nullcontext():  # else: shared weights
-                other = None
-                if ctx.path_input_sets and ctx.path_reference_outputs:  # a trace: inputs that take other paths
-                    other = _graph_runs(ctx, lambda: path_probe_report(ctx))
+            probed = bool(ctx.path_input_sets and ctx.path_reference_outputs)  # a trace: inputs that take other paths
+            # the probes' session is the verdict sets' too (a large graph's weights are fed from the module instead)
+            with one_session(ctx.onnx_path) if probed and state(ctx) is None else contextlib.nullcontext():
+                other = _graph_runs(ctx, lambda: path_probe_report(ctx)) if probed else None
                 report = self.check_graph(ctx)
             report["input_sets_from"] = dict(ctx.reports.reference.input_sets)
             if ctx.reports.reference.shape_budget is not None:

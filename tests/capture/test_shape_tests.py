@@ -3,6 +3,7 @@ specialisation (no gate); a test of sizes on a graph whose sizes follow from its
 ranges' sizes without the path probes; anything that may read a value is probed as before."""
 from __future__ import annotations
 
+import onnx
 import pytest
 import torch
 from helpers import sized_by_values
@@ -221,3 +222,25 @@ def test_the_probes_built_after_capture_share_parity_s_session(plugin, tmp_path,
     other = result.manifest["parity"]["trace_specialized"]["other_paths"]
     assert result.ok and other["input_sets"] == 4 and other["passed"]
     assert loads and max(loads.values()) == 1, loads
+
+
+def test_one_session_keeps_the_graph_s_session_for_one_more_run_only(tmp_path):
+    """The probes' session is taken by the verdict sets' run, then freed as before (never held through the
+    device-precision runs); outside ``one_session`` nothing is kept."""
+    import numpy as np
+
+    from cann_export.validators import parity
+
+    path = tmp_path / "m.onnx"
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = [{"x": np.ones(2, np.float32)}]
+    with parity.one_session(path):
+        first, _ = parity.onnx_session(path, feeds)
+        second, _ = parity.onnx_session(path, feeds)
+        third, _ = parity.onnx_session(path, feeds)
+        assert parity._KEPT == {"path": str(path), "kept": True}  # nothing held after the second use
+    assert first is second and third is not first and parity._KEPT is None
+    assert parity.onnx_session(path, feeds)[0] is not first
