@@ -49,18 +49,20 @@ class Trace:
                 return False
             graph = state.graph()
             if not self.marks:
-                self.marks.update((v.unique(), 1) for v in graph.inputs() if v.type().kind() != "ClassType")
+                self._restart(graph)
             try:
                 self._walk(graph, ())
             except _Moved:  # the tracer changed what was walked: walk it all again
-                self.marks, self.cursors = {}, {}
-                self.marks.update((v.unique(), 1) for v in graph.inputs() if v.type().kind() != "ClassType")
+                self._restart(graph)
                 self._walk(graph, ())
-        except _Rejected:
-            self.failed = True
-        except Exception:  # noqa: BLE001 - torch's private tracing API changed: no claim
+        except Exception:  # noqa: BLE001 - _Rejected, or torch's private tracing API changed: no claim
             self.failed = True
         return not self.failed
+
+    def _restart(self, graph: Any) -> None:
+        """Nothing walked yet: the forward's inputs (not the module itself) carry values."""
+        self.marks = {v.unique(): 1 for v in graph.inputs() if v.type().kind() != "ClassType"}
+        self.cursors = {}
 
     def _walk(self, block: Any, key: tuple[int, ...]) -> None:
         nodes = list(block.nodes())
