@@ -195,6 +195,7 @@ def apply_specialisation(report: dict[str, Any], spec: dict[str, Any] | None,
                  **({"first_failing": str(failing)[:80]} if failing and not other.get("passed") else {})}
     report["trace_specialized"] = {"accepted": spec["accepted"], "warnings": spec["warnings"],
                                    **({"checked": spec["checked"]} if spec.get("checked") else {}),
+                                   **({"probes": spec["probes"]} if spec.get("probes") else {}),
                                    **({"other_paths": other} if other is not None else {})}
     if spec.get("checked") and other is not None and not other.get("passed"):  # the written graph, unlike the trace
         report["passed"] = False

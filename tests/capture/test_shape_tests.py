@@ -155,6 +155,10 @@ def test_a_trace_that_tested_sizes_only_is_gated_at_the_sizes_without_probes(plu
     assert specialized["checked"]["path_variants"] == 0 and "tests sizes only" in specialized["probes"]
     assert len(specialized["checked"]["shapes"]) >= 3  # the range's ends and middle are still judged
     assert not (result.manifest["parity"].get("trace_specialized") or {}).get("other_paths")
+    if validate:  # the CLI's line on the traced graph says so
+        from cann_export.capture.trace_warnings import short_line
+
+        assert "no probe: it tested sizes only" in short_line(result.manifest["parity"]["trace_specialized"])
 
 
 def test_a_trace_wrong_at_another_size_is_still_rejected_without_probes(plugin, tmp_path):
