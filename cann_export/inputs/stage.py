@@ -165,8 +165,7 @@ def _variants(ctx: ExportContext, feed: dict[str, Any], gate: bool = False
     kinds = ("normal",) if quantized else tensors.FLOAT_DISTRIBUTIONS
     variants, samples, paths, count = [], [], [], opts.num_random_inputs
     if opts.validate or gate or _gate_sets_now(ctx):  # without validation: the sets the trace gate checks
-        now = gate and ctx.trace_probes or _gate_sets_now(ctx) and not opts.validate
-        paths = _path_sets(ctx, feed) if now and not quantized else []
+        paths = _path_sets(ctx, feed) if gate and ctx.trace_probes and not quantized else []
         if paths or _probed(ctx, feed):  # the path variants are the probes: the draws keep the realistic ones
             count = sum(1 for k in range(count) if kinds[k % len(kinds)] in tensors.REALISTIC_DISTRIBUTIONS)
             kinds = tensors.REALISTIC_DISTRIBUTIONS
@@ -188,11 +187,12 @@ def _variants(ctx: ExportContext, feed: dict[str, Any], gate: bool = False
 
 def _path_sets(ctx: ExportContext, feed: dict[str, Any]) -> list[dict[str, Any]]:
     """Sign-flipped / scaled copies of the example when capture will first try a trace the gate checks on them
-    (capture/exporter_choice.py), built here for the trace gate's sets under --no-validate (``add_gate_sets``, and a
-    multi-graph component's in prepare). A validated export leaves them to the trace gate (``gate_references``),
-    which builds them once a trace warned at more than input checks, literal constants and tests of sizes
-    (capture/shape_tests.py): such a trace took no path a probe could change (ViT-small: 4 eager forwards and 4
-    onnxruntime runs at the example's shape)."""
+    (capture/exporter_choice.py), built here for a single graph's gate sets under --no-validate (``add_gate_sets``,
+    once its trace warned). Every other export, a multi-graph component under --no-validate too, leaves them to the
+    trace gate (``gate_references``), which builds them once a trace warned at more than input checks, literal
+    constants and tests of sizes (capture/shape_tests.py): such a trace took no path a probe could change
+    (ViT-small: 4 eager forwards and 4 onnxruntime runs at the example's shape; Whisper's encoder under
+    --no-validate: 4 of each over its 3000-frame window)."""
     return path_variants(feed) if ctx.decisions.trace_first else []
 
 

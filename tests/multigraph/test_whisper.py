@@ -188,3 +188,21 @@ def test_each_decoder_set_runs_at_the_encoder_length_its_label_names():
                         assert tensor.shape[axis] == point["encoder_sequence_length"], (comp.name, name, point)
                         checked += point["encoder_sequence_length"] != SOURCE
     assert checked  # some sets run at another encoder length than the encoder's own
+
+
+def test_no_validate_probes_only_the_graphs_that_warned_on_a_value(whisper, tmp_path):
+    """--no-validate: a component's path probes wait for its trace, as a validating export's do. The encoder warns
+    only at tests of sizes (sdpa's ``is_causal = query.shape[2] > 1 ...``), so it is gated at its sizes with no
+    probe (it was probed in prepare: 4 eager forwards and 4 onnxruntime runs of the window); a graph whose trace
+    warned on a value still gets its probes."""
+    res = CliRunner().invoke(cli, [str(whisper["dir"]), "--format", "onnx", "-o", str(tmp_path / "nv"),
+                                   "--no-validate"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    probed = {}
+    for name in ("encoder", "decoder", "decoder_with_past"):
+        own = json.loads((tmp_path / "nv" / "components" / name / "manifest.json").read_text())
+        specialized = own["capture"].get("specialized") or {}
+        if "checked" in specialized:
+            probed[name] = specialized["checked"]["path_variants"]
+            assert probed[name] == (0 if "probes" in specialized else 4), (name, specialized)
+    assert probed.get("encoder") == 0, probed
