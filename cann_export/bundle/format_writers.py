@@ -25,11 +25,24 @@ def _external(ctx: ExportContext) -> bool:
 
 def _save(ctx: ExportContext, path: Path) -> list[Path]:
     from ..capture import large_graph
+    from ..graph import onnx_stream
     from ..graph.onnx_helpers import save_model
 
     if large_graph.state(ctx) is not None:  # the captured graph's data file moves in; nothing is re-encoded
         return large_graph.save(ctx.onnx_model, path, ctx)
-    return save_model(ctx.onnx_model, path, _external(ctx))
+    placed: dict[str, tuple[int, int]] = {}
+    files = save_model(ctx.onnx_model, path, _external(ctx), placed)  # onnx's external save slims the graph itself
+    if placed and not _quantized(ctx):  # the stages after write keep the structure, the weights read from the file
+        ctx.onnx_model = onnx_stream.referring_to(ctx.onnx_model, path, placed)
+    return files
+
+
+def _quantized(ctx: ExportContext) -> bool:
+    """A Q/DQ graph (or one becoming it): its analyses after write (AMCT's, the int8 emulation) read its weights
+    from the graph in memory, so it stays whole."""
+    decisions = ctx.decisions
+    return (decisions is None or decisions.quantized or decisions.fake_quantized or bool(ctx.quant_table)
+            or any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in ctx.onnx_model.graph.node))
 
 
 def _finalize_parity(ctx: ExportContext, staging: Path) -> None:

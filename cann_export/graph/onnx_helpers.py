@@ -198,8 +198,10 @@ def prune_initializers(model: onnx.ModelProto) -> None:
     model.CopyFrom(ir.to_proto(ir_model))
 
 
-def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> list[Path]:
-    """Save a graph; with ``external`` the weights go to ``<name>.data`` beside it."""
+def save_model(model: onnx.ModelProto, path: Path, external: bool = False,
+               placed: dict[str, tuple[int, int]] | None = None) -> list[Path]:
+    """Save a graph; with ``external`` the weights go to ``<name>.data`` beside it. ``placed``: filled with where
+    each weight's bytes went in a graph written with its weights inline (onnx_stream.save)."""
     if external:
         data_name = path.name + ".data"
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -208,7 +210,7 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> li
     from . import onnx_stream
 
     if onnx_stream.streamable(model):  # the same bytes, without a serialised copy of the whole graph
-        onnx_stream.save(model, path)
+        (placed if placed is not None else {}).update(onnx_stream.save(model, path))
     else:
         onnx.save_model(model, str(path))
     return [path]

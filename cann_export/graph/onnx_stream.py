@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 Piece = tuple[int, Callable[[], bytes]]  # (size, bytes when written)
+WEIGHT_BYTES = 1 << 16  # a weight this large is read from the file by ``referring_to``; smaller ones stay inline
 
 
 def _varint(n: int) -> bytes:
@@ -53,13 +54,23 @@ def _fixed(data: bytes) -> Piece:
     return len(data), lambda: data
 
 
+class _RawData:
+    """A weight's bytes, read when written (the tensor named, so ``save`` can say where they went)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __call__(self) -> bytes:
+        return self.tensor.raw_data
+
+
 def _tensor(tensor: Any, number: int) -> list[Piece]:
     """An initializer: its small fields serialised now, its ``raw_data`` read when written."""
     pieces: list[Piece] = []
     for field, value in tensor.ListFields():
         if field.name == "raw_data":
             size = len(value)
-            pieces += [_fixed(_header(field.number, size)), (size, lambda t=tensor: t.raw_data)]
+            pieces += [_fixed(_header(field.number, size)), (size, _RawData(tensor))]
         else:
             pieces.append(_fixed(_field(tensor, field, value)))
     return [_fixed(_header(number, sum(s for s, _ in pieces))), *pieces]
@@ -95,18 +106,60 @@ def streamable(model: Any) -> bool:
             and not any(len(UnknownFieldSet(m)) for m in (model, model.graph, *inits)))
 
 
-def save(model: Any, path: Path) -> None:
-    """``model`` (see ``streamable``) to ``path``."""
+def save(model: Any, path: Path) -> dict[str, tuple[int, int]]:
+    """``model`` (see ``streamable``) to ``path``; where each initializer's ``raw_data`` lies in the file (name ->
+    offset, length)."""
     with open(path, "wb") as out:
-        _write(_pieces(model), out)
+        return _write(_pieces(model), out)
 
 
-def _write(pieces: Iterator[Piece], out: BinaryIO) -> None:
+def _write(pieces: Iterator[Piece], out: BinaryIO) -> dict[str, tuple[int, int]]:
+    placed, at = {}, 0
     for size, data in pieces:
         chunk = data()
         if len(chunk) != size:  # a weight changed while written: nothing sensible to leave
             raise RuntimeError("the graph changed while it was written")
         out.write(chunk)
+        tensor = getattr(data, "tensor", None)
+        if tensor is not None:
+            placed[tensor.name] = (at, size)
+        at += size
+    return placed
+
+
+def referring_to(model: Any, path: Path, placed: dict[str, tuple[int, int]]) -> Any:
+    """A copy of ``model`` whose weights of ``WEIGHT_BYTES`` or more are external data at their bytes in ``path``
+    (the file ``save`` wrote them to, ``placed`` its answer), the rest as they are: what stays in memory of a
+    written graph. Stages after write read the graph's structure; a value they need is read from the file
+    (validators/parity.py:written_graph), so the weights are not held beside onnxruntime's copy while parity runs
+    (ViT-small's peak RSS at its batch-16 set: 845-1012 -> 808-811 MiB)."""
+    import onnx
+
+    slim = type(model)()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            copy_field(slim, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            copy_field(slim.graph, field, value)
+            continue
+        for tensor in value:
+            where = placed.get(tensor.name)
+            if where is None or where[1] < WEIGHT_BYTES or not tensor.HasField("raw_data"):
+                slim.graph.initializer.add().CopyFrom(tensor)
+                continue
+            kept = slim.graph.initializer.add()
+            for part in tensor.DESCRIPTOR.fields:  # its bytes never read: each read of raw_data copies them
+                if part.name == "raw_data":
+                    continue
+                content = getattr(tensor, part.name)
+                if (len(content) if _repeated(part) else tensor.HasField(part.name)):
+                    copy_field(kept, part, content)
+            kept.data_location = onnx.TensorProto.EXTERNAL
+            for key, text in (("location", path.name), ("offset", str(where[0])), ("length", str(where[1]))):
+                entry = kept.external_data.add()
+                entry.key, entry.value = key, text
+    return slim
 
 
 def _read_varint(f: BinaryIO) -> int | None:

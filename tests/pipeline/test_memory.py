@@ -3,6 +3,7 @@ peak RSS does not stack on what the stage before it freed (a graph's serialised 
 from __future__ import annotations
 
 import subprocess
+import types
 import sys
 
 import pytest
@@ -265,3 +266,71 @@ def test_opening_an_emulated_graph_holds_its_weights_once(tmp_path):
     held, peak, same = out.stdout.split()[-3:]
     assert same == "True"  # the same emulation as from the whole graph
     assert int(peak) - int(held) < 16, (held, peak)  # was 32 MiB over: the graph's copy of the weights
+
+
+def test_a_written_graph_kept_in_memory_refers_to_its_weights_in_the_file(tmp_path):
+    """After write the stages keep the graph's structure; each weight of 64 KiB or more is external data at its
+    bytes inside the file just written (the small ones stay inline), so onnx reads back exactly that file."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from cann_export.graph import onnx_stream
+
+    model = _rich_model()
+    big = numpy_helper.from_array(np.random.default_rng(1).standard_normal((256, 128)).astype(np.float32), "B")
+    model.graph.initializer.append(big)  # 128 KiB: read from the file
+    path = tmp_path / "m.onnx"
+    slim = onnx_stream.referring_to(model, path, onnx_stream.save(model, path))
+    kept = {t.name: t for t in slim.graph.initializer}
+    assert kept["B"].data_location == onnx.TensorProto.EXTERNAL and not kept["B"].raw_data
+    assert {e.key: e.value for e in kept["B"].external_data}["location"] == "m.onnx"
+    assert kept["W"] == model.graph.initializer[0] and kept["shape"] == model.graph.initializer[1]  # inline
+    assert slim.ByteSize() < big.ByteSize() // 4
+    assert _read_back(slim, tmp_path) == onnx.load(str(path)) == model
+
+
+def _read_back(model, directory):
+    """``model`` with its external weights read in, as the file it refers to holds them."""
+    from onnx import external_data_helper
+
+    external_data_helper.load_external_data_for_model(model, str(directory))
+    for tensor in model.graph.initializer:
+        tensor.ClearField("data_location")  # onnx sets DEFAULT explicitly: the same bytes, another field set
+    return model
+
+
+def test_the_stages_after_write_hold_no_copy_of_the_weights(tmp_path):
+    """The validate stage sees the written graph's structure with its weights left in the file (ViT-small's peak
+    RSS, at parity's batch-16 run: 845-1012 -> 805-811 MiB); the device check reads them from there and agrees."""
+    import onnx
+    import torch
+
+    import cann_export
+    from cann_export import hookimpl
+    from cann_export.hooks.manager import get_plugin_manager
+
+    seen = {}
+
+    class Watcher:
+        name, stage, formats = "weights-watcher", "validate", "*"
+
+        def check(self, ctx):
+            kept = onnx.ModelProto()
+            kept.CopyFrom(ctx.onnx_model)
+            seen["external"] = sorted(t.name for t in kept.graph.initializer
+                                      if t.data_location == onnx.TensorProto.EXTERNAL)
+            seen["same"] = _read_back(kept, ctx.onnx_path.parent) == onnx.load(str(ctx.onnx_path))
+            return {"passed": True, "findings": []}
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).eval()
+    module = types.SimpleNamespace(register_validators=hookimpl(lambda register: register(Watcher())))
+    pm = get_plugin_manager()
+    pm.register(module, name="weights-watcher")
+    try:
+        result = cann_export.export(model, tmp_path / "b", "atc_ready", example_inputs=torch.randn(3, 16))
+    finally:
+        pm.unregister(module)
+    assert seen["external"] and seen["same"] is True, seen  # the 256 x 256 weight (256 KiB) is read from the file
+    assert result.manifest["parity"]["passed"] is True
+    assert result.manifest["parity"]["device"]["passed"] is True  # the device check ran on the weights from the file
