@@ -44,8 +44,9 @@ def classify(frame: Any, lineno: int, index: Any, constant: bool, trace: Any = N
     if constant:
         return "constant" if _literal_constants(statement) else None
     tested = _tested(statement, lineno)
-    if tested is not None and _sizes_only(tested, _Scope(frame, index, lineno)) \
-            and (trace if trace is not None else Trace()).sizes_from_shapes():
+    trace = trace if trace is not None else Trace()
+    if tested is not None and _sizes_only(tested, _Scope(frame, index, lineno, trace=trace)) \
+            and trace.sizes_from_shapes():
         return "sizes"
     return None
 
@@ -109,6 +110,8 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
     """Whether every operand of ``expr`` is a size, a literal, an ``is None`` test or a plain Python scalar."""
     if isinstance(expr, ast.Constant):
         return True
+    if isinstance(expr, ast.NamedExpr):  # (padding := kv_length - mask.shape[-1]) > 0
+        return _sizes_only(expr.value, frame)
     if isinstance(expr, ast.Compare):
         if all(isinstance(op, (ast.Is, ast.IsNot)) for op in expr.ops):
             return all(isinstance(e, (ast.Name, ast.Attribute, ast.Constant)) for e in [expr.left, *expr.comparators])
@@ -126,18 +129,26 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
     if isinstance(expr, ast.Call):
         return _size_call(expr, frame)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        return isinstance(_static_value(expr, frame), _SCALARS) or isinstance(expr, ast.Name) and _bound_to_sizes(
-            expr.id, frame)
+        value = _static_value(expr, frame)
+        return isinstance(value, _SCALARS) or _traced_size(value, frame) or isinstance(expr, ast.Name) \
+            and _bound_to_sizes(expr.id, frame)
     return False
+
+
+def _traced_size(value: Any, scope: Any) -> bool:
+    """A 0-dim tensor the running trace computed from sizes alone (a parameter ``kv_length`` its caller computed
+    from ``.shape``): capture/trace_taint.py follows it to the forward's inputs."""
+    trace = getattr(scope, "trace", None)
+    return trace is not None and getattr(value, "dim", None) is not None and trace.unmarked(value)
 
 
 class _Scope:
     """Where a test is read: the warning's frame (its locals), the file's index and the test's line; ``depth``: how
     many assignments deep a name was followed."""
 
-    def __init__(self, frame: Any, index: Any, lineno: int, depth: int = 0) -> None:
+    def __init__(self, frame: Any, index: Any, lineno: int, depth: int = 0, trace: Any = None) -> None:
         self.f_locals = frame.f_locals if frame is not None else {}
-        self.index, self.lineno, self.depth = index, lineno, depth
+        self.index, self.lineno, self.depth, self.trace = index, lineno, depth, trace
         code = getattr(frame, "f_code", None)
         self.shared = set(getattr(code, "co_cellvars", ())) | set(getattr(code, "co_freevars", ()))
 

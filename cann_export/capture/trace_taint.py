@@ -59,6 +59,26 @@ class Trace:
             self.failed = True
         return not self.failed
 
+    def unmarked(self, value: Any) -> bool:
+        """Whether ``value``, a 0-dim tensor a warning's frame holds, is a value of this trace that carries no input
+        values: a size computed while tracing (``kv_length = past_length + query.shape[1]``, passed on as an argument:
+        the tracer keeps sizes as 0-dim tensors). A tensor the trace does not hold makes no such claim; the constant
+        torch's lookup inserts for it is taken out again."""
+        import torch
+
+        if not isinstance(value, torch.Tensor) or value.dim() != 0 or not self.sizes_from_shapes() \
+                or torch._C._get_tracing_state() is None:  # torch's lookup needs a running trace (else it crashes)
+            return False
+        try:
+            traced = torch._C._get_value_trace(value)
+            if traced.node().kind() == "prim::Constant":  # not recorded by the trace: no claim
+                if not traced.uses():
+                    traced.node().destroy()
+                return False
+            return self._mark_of(traced, 0) == 0
+        except Exception:  # noqa: BLE001 - made by an op that may size by values (_Rejected), or torch's API changed
+            return False
+
     def _restart(self, graph: Any) -> None:
         """Nothing walked yet: the forward's inputs (not the module itself) carry values."""
         self.marks = {v.unique(): 1 for v in graph.inputs() if v.type().kind() != "ClassType"}

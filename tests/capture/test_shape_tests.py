@@ -38,6 +38,8 @@ _SIZES = [
     ("q = x.shape[1]\nwith mask as q:\n    pass\nok = q > 1", None),
     ("q = x.shape[1]\nwith mask:\n    y = q\nok = q > 1", "sizes"),  # used in a with body, not bound there
     ("ok = t.shape[0] > 1 and n > 0 and mask is None", "sizes"),
+    ("ok = (p := x.shape[-1] - n) > 0", "sizes"),  # an assignment expression
+    ("ok = (p := t) > 0", None),
     ("ok = x.sum() > 0", None),  # a value
     ("ok = t > 0", None),  # a name holding a tensor
     ("ok = x.shape[0] > t", None),
@@ -111,12 +113,14 @@ def test_sizes_from_shapes_only_follows_values_into_size_operands():
     assert not sizes_from_shapes_only(_graph(cond))
 
 
-@pytest.mark.parametrize("module_class", [*sized_by_values.PROBED, sized_by_values.Fine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("module_class", [*sized_by_values.PROBED, *sized_by_values.FINE],
+                         ids=lambda c: c.__name__)
 def test_a_size_that_values_set_without_a_warning_is_probed(module_class):
     """The one warning tests a size; values set it through a size argument, a write into a tensor or a view of one, a
-    conversion inside torch, an op PyTorch does not tag, or an untraced ``.data`` read: all probed (capture/
-    trace_taint.py). The control, a size made from sizes, is not. Each traced graph is checked to differ from eager
-    at the same size where it is probed, so the case is one only a value probe catches."""
+    conversion inside torch, an op PyTorch does not tag, an untraced ``.data`` read, or a count passed as an argument:
+    all probed (capture/trace_taint.py). The controls, a size made from sizes and a size passed as an argument (a
+    0-dim tensor the trace computed from ``.shape``), are not. Each traced graph is checked to differ from eager at
+    the same size where it is probed, so the case is one only a value probe catches."""
     import io
     import warnings
 
@@ -129,7 +133,7 @@ def test_a_size_that_values_set_without_a_warning_is_probed(module_class):
         torch.onnx.export(model, (x,), io.BytesIO(), dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "n"}})
     findings = tracer_findings(caught)
     assert findings and [f["line"] for f in findings] == [findings[0]["line"]]  # the one test, in tail()
-    probed = module_class is not sized_by_values.Fine
+    probed = module_class not in sized_by_values.FINE
     assert findings[0]["sizes"] is not probed, findings
     if probed:
         with warnings.catch_warnings():

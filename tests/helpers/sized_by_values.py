@@ -78,4 +78,22 @@ class Fine(torch.nn.Module):
         return tail(x, x[: x.shape[0] - 1])
 
 
-PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data)
+def tail_limit(x, n):
+    """A test of sizes against an argument: the tracer hands a size computed from ``.shape`` on as a 0-dim tensor."""
+    if (limit := n + 2) < x.shape[0]:
+        return x + 1
+    return x - limit
+
+
+class ValueArgument(torch.nn.Module):  # the argument is a count of values
+    def forward(self, x):
+        return tail_limit(x, (x > 0.5).sum())
+
+
+class SizeArgument(torch.nn.Module):  # the argument is a size (as transformers' kv_length): no probe
+    def forward(self, x):
+        return tail_limit(x, x.shape[0] - 1)
+
+
+PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data, ValueArgument)
+FINE = (Fine, SizeArgument)
