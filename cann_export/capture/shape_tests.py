@@ -225,13 +225,15 @@ def _index_ok(index: ast.expr, frame: Any) -> bool:
 
 
 def _size_call(call: ast.Call, frame: Any) -> bool:
-    """``x.size(1)``, ``x.dim()``, ``len(x)`` (a size whatever ``x`` is), ``int(...)`` / ``min(...)`` of sizes, and
-    ``getattr(obj, "name", literal)`` of a plain scalar attribute."""
+    """``x.size(1)``, ``x.dim()``, ``len(x)`` (a size whatever ``x`` is), ``int(...)`` / ``min(...)`` / ``.item()`` of
+    sizes, and ``getattr(obj, "name", literal)`` of a plain scalar attribute."""
     func, args = call.func, call.args
     if call.keywords or any(isinstance(a, ast.Starred) for a in args):
         return False
     if isinstance(func, ast.Attribute) and func.attr in _SIZE_METHODS:
         return all(_sizes_only(a, frame) for a in args)
+    if isinstance(func, ast.Attribute) and func.attr == "item" and not args:  # sdpa's is_causal.item() of a size test
+        return _sizes_only(func.value, frame)
     if not isinstance(func, ast.Name):
         return False
     if func.id == "len" and len(args) == 1:

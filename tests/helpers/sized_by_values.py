@@ -95,5 +95,19 @@ class SizeArgument(torch.nn.Module):  # the argument is a size (as transformers'
         return tail_limit(x, x.shape[0] - 1)
 
 
-PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data, ValueArgument)
-FINE = (Fine, SizeArgument)
+class ItemOfValues(torch.nn.Module):  # a test of a count, converted with .item()
+    def forward(self, x):
+        flag = (x > 0.5).sum() > 3
+        flag = flag.item()
+        return x + 1 if flag else x - 1
+
+
+class ItemOfSize(torch.nn.Module):  # as transformers' sdpa: ``is_causal = is_causal.item()`` of a test of sizes
+    def forward(self, x):
+        flag = x.shape[0] > 3
+        flag = flag.item()
+        return x + 1 if flag else x - 1
+
+
+PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data, ValueArgument, ItemOfValues)
+FINE = (Fine, SizeArgument, ItemOfSize)
