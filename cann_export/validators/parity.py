@@ -340,14 +340,16 @@ class ParityValidator:
 
 def written_graph(ctx: Any) -> Any:
     """The graph the write stage wrote: the context's own when it holds its weights (never changed by the checks,
-    which build their graphs from copies of its nodes), else read from the file. Reading it again held the
-    weights twice while the device check added its own copies."""
+    which build their graphs from copies of its nodes), else read from the file one weight at a time (the context
+    keeps a written graph's structure only, format_writers._save: its weights are not held beside the checks')."""
     import onnx
+
+    from ..graph.onnx_stream import load
 
     model = ctx.onnx_model
     if model is not None and all(i.data_location != onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
         return model
-    return onnx.load(str(ctx.onnx_path))
+    return load(Path(ctx.onnx_path))
 
 
 def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, model: Any, keep: list[str],
