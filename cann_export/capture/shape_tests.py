@@ -45,7 +45,7 @@ def classify(frame: Any, lineno: int, index: Any, constant: bool, trace: Any = N
         return "constant" if _literal_constants(statement) else None
     tested = _tested(statement, lineno)
     trace = trace if trace is not None else Trace()
-    if tested is not None and _sizes_only(tested, _Scope(frame, index, lineno, trace=trace)) \
+    if tested is not None and _sizes_only(tested, _Scope(frame, index, lineno, trace=trace, tested=tested)) \
             and trace.sizes_from_shapes():
         return "sizes"
     return None
@@ -129,10 +129,17 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
     if isinstance(expr, ast.Call):
         return _size_call(expr, frame)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        value = _static_value(expr, frame)
+        value = _static_value(expr, frame) if _root_name(expr) not in getattr(frame, "rebound", ()) else _UNKNOWN
         return isinstance(value, _SCALARS) or _traced_size(value, frame) or isinstance(expr, ast.Name) \
             and _bound_to_sizes(expr.id, frame)
     return False
+
+
+def _root_name(expr: ast.expr) -> str | None:
+    """The name an attribute chain starts from (``self`` of ``self.size``)."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
 
 
 def _traced_size(value: Any, scope: Any) -> bool:
@@ -146,9 +153,13 @@ class _Scope:
     """Where a test is read: the warning's frame (its locals), the file's index and the test's line; ``depth``: how
     many assignments deep a name was followed."""
 
-    def __init__(self, frame: Any, index: Any, lineno: int, depth: int = 0, trace: Any = None) -> None:
+    def __init__(self, frame: Any, index: Any, lineno: int, depth: int = 0, trace: Any = None,
+                 tested: ast.expr | None = None) -> None:
         self.f_locals = frame.f_locals if frame is not None else {}
         self.index, self.lineno, self.depth, self.trace = index, lineno, depth, trace
+        # names the test itself rebinds (``(n := ...)``): the frame holds the new value, the test may read the old
+        self.rebound = {n.target.id for n in ast.walk(tested) if isinstance(n, ast.NamedExpr)
+                        and isinstance(n.target, ast.Name)} if tested is not None else set()
         code = getattr(frame, "f_code", None)
         self.shared = set(getattr(code, "co_cellvars", ())) | set(getattr(code, "co_freevars", ()))
 

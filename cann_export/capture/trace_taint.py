@@ -60,24 +60,28 @@ class Trace:
         return not self.failed
 
     def unmarked(self, value: Any) -> bool:
-        """Whether ``value``, a 0-dim tensor a warning's frame holds, is a value of this trace that carries no input
-        values: a size computed while tracing (``kv_length = past_length + query.shape[1]``, passed on as an argument:
-        the tracer keeps sizes as 0-dim tensors). A tensor the trace does not hold makes no such claim; the constant
-        torch's lookup inserts for it is taken out again."""
+        """Whether ``value``, a 0-dim tensor a warning's frame holds, is a size this trace computed: the tracer keeps
+        sizes as 0-dim tensors, so a caller's ``kv_length = past_length + query.shape[1]`` reaches a test as such an
+        argument. Its recorded producers must be size reads, scalar constants, conversions and out-of-place
+        arithmetic only (``_SIZE_EXPRESSION``), and nothing recorded may write into it or anything made from it (a
+        write through an alias the tracer does not map back: ``broadcast_tensors``' views). A tensor the trace does
+        not hold (torch's lookup records it as a constant, as its first use would), or one needing grad (the lookup
+        would stop the trace), makes no such claim."""
         import torch
 
-        if not isinstance(value, torch.Tensor) or value.dim() != 0 or not self.sizes_from_shapes() \
-                or torch._C._get_tracing_state() is None:  # torch's lookup needs a running trace (else it crashes)
+        if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.requires_grad \
+                or not self.sizes_from_shapes():
+            return False
+        state = torch._C._get_tracing_state()
+        if state is None:  # torch's lookup needs a running trace (else it crashes)
             return False
         try:
-            traced = torch._C._get_value_trace(value)
-            if traced.node().kind() == "prim::Constant":  # not recorded by the trace: no claim
-                if not traced.uses():
-                    traced.node().destroy()
-                return False
-            return self._mark_of(traced, 0) == 0
-        except Exception:  # noqa: BLE001 - made by an op that may size by values (_Rejected), or torch's API changed
+            return _size_expression(torch._C._get_value_trace(value))
+        except Exception:  # noqa: BLE001 - torch's private tracing API changed: no claim
             return False
+        finally:
+            if torch._C._get_tracing_state() is None:  # a failed lookup may have paused the trace
+                torch._C._set_tracing_state(state)
 
     def _restart(self, graph: Any) -> None:
         """Nothing walked yet: the forward's inputs (not the module itself) carry values."""
@@ -129,7 +133,8 @@ class Trace:
 @contextlib.contextmanager
 def untraced_reads(trace: Trace) -> Iterator[None]:
     """While a trace runs, a tensor's ``.data`` read (the tracer records its values as a constant, with no warning)
-    marks ``trace`` untraced: no test of sizes in it is taken for one."""
+    or write (the trace keeps the tensor's earlier value) marks ``trace`` untraced: no test of sizes in it is taken
+    for one."""
     import torch
 
     base = torch._C.TensorBase.data
@@ -139,7 +144,9 @@ def untraced_reads(trace: Trace) -> Iterator[None]:
             trace.untraced = True
         return base.__get__(tensor)
 
-    def write(tensor: Any, value: Any) -> None:
+    def write(tensor: Any, value: Any) -> None:  # values put in untraced: the trace keeps the tensor's old value
+        if torch._C._get_tracing_state() is not None:
+            trace.untraced = True
         base.__set__(tensor, value)
 
     had = "data" in vars(torch.Tensor)
@@ -166,6 +173,71 @@ def _identity(node: Any) -> tuple[str, tuple[int, ...]]:
     return node.kind(), tuple(v.unique() for v in node.outputs())
 
 
+# what a size computed while tracing is made of: size reads (their tensor is not followed), scalar constants,
+# conversions, and out-of-place arithmetic and comparisons on those
+_SIZE_EXPRESSION = _SIZE_READS | frozenset((
+    "prim::NumToTensor", "aten::Int", "aten::IntImplicit", "aten::ScalarImplicit", "aten::Float", "aten::Bool",
+    "aten::FloatImplicit", "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::floor_divide",
+    "aten::floordiv", "aten::remainder", "aten::neg", "aten::gt", "aten::lt", "aten::ge", "aten::le", "aten::eq",
+    "aten::ne", "aten::__and__", "aten::__or__", "aten::__not__", "aten::logical_and", "aten::logical_or",
+    "aten::logical_not", "aten::minimum", "aten::maximum"))
+
+
+def _size_expression(value: Any, budget: int = 64) -> bool:
+    """Whether the traced ``value`` is made of ``_SIZE_EXPRESSION`` nodes down to size reads and non-tensor
+    constants, with no recorded write into it or into anything made from it."""
+    if value.node().kind() == "prim::Constant":  # not recorded by the trace (its lookup made it a constant)
+        return False
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if current.unique() in seen:
+            continue
+        seen.add(current.unique())
+        node = current.node()
+        kind = node.kind()
+        if len(seen) > budget or _written_later(current, budget):
+            return False
+        if kind == "prim::Constant":  # a literal operand (``- 1`` is a 0-dim tensor constant), or module state
+            if current.type().kind() == "TensorType" and node.t("value").dim() != 0:
+                return False
+            continue
+        if kind not in _SIZE_EXPRESSION:
+            return False
+        if kind not in _SIZE_READS:
+            stack.extend(node.inputs())
+    return True
+
+
+# ops whose outputs are new tensors (never a view of an input): a write into what they return leaves their inputs
+_FRESH = (_SIZE_EXPRESSION - _SIZE_READS) | frozenset((
+    "aten::arange", "aten::zeros", "aten::ones", "aten::full", "aten::empty", "aten::zeros_like", "aten::ones_like",
+    "aten::full_like", "aten::cat", "aten::stack", "aten::where", "aten::masked_fill", "aten::clone", "aten::index",
+    "aten::abs", "aten::min", "aten::max", "aten::sum", "aten::prod", "aten::pow", "aten::sqrt", "aten::exp"))
+
+
+def _written_later(value: Any, budget: int) -> bool:
+    """Whether a recorded node writes (in place, or ``out=``) into ``value`` or into a tensor that may alias it
+    (any op's tensor outputs but a ``_FRESH`` one's, followed; an int made from it cannot)."""
+    stack, seen = [value], set()
+    while stack:
+        current = stack.pop()
+        if current.unique() in seen:
+            continue
+        seen.add(current.unique())
+        if len(seen) > budget:
+            return True
+        for use in current.uses():
+            node = use.user
+            name = node.kind().partition("::")[2]
+            if name.endswith("_") and not name.endswith("__") or _written(node, False, len(list(node.inputs()))):
+                return True
+            if node.kind() not in _FRESH:
+                stack.extend(v for v in node.outputs() if _tensor_like(v))
+    return False
+
+
 def _mark(node: Any, mark_of: Any, blocks: list[Any]) -> int | None:
     """The mark of ``node``'s outputs (``mark_of``: a value's), or None when it may size a tensor by values."""
     kind = node.kind()
@@ -189,7 +261,7 @@ def _mark(node: Any, mark_of: Any, blocks: list[Any]) -> int | None:
         return None
     if any(m and not _tensor_like(v) for m, v in zip(got[:len(ins)], ins, strict=True)):  # an int, a Scalar, ints
         return None
-    if any(not mark_of(_root(ins[k])) for k in _written(node, base != name, len(ins))):
+    if any(not mark_of(r) for k in _written(node, base != name, len(ins)) for r in _roots(ins[k])):
         return None  # values written into a tensor, or a view of one, whose base held none: its reads stay unmarked
     if kind == "aten::where" and len(ins) == 1 or kind == "aten::index" and _masked(ins):
         return None
@@ -230,18 +302,31 @@ _VIEWS = frozenset(("aten::view", "aten::reshape", "aten::slice", "aten::select"
                     "aten::squeeze", "aten::unsqueeze", "aten::t", "aten::diagonal", "aten::unflatten",
                     "aten::flatten", "aten::as_strided", "aten::alias", "aten::detach", "aten::movedim",
                     "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::unfold",
-                    "aten::contiguous", "aten::to", "aten::type_as", "prim::ListUnpack", "aten::__getitem__"))
+                    "aten::contiguous", "aten::to", "aten::type_as", "prim::ListUnpack", "aten::__getitem__",
+                    "aten::broadcast_tensors", "aten::broadcast_to", "aten::meshgrid", "aten::tensor_split",
+                    "aten::swapaxes", "aten::swapdims", "aten::unsafe_split", "aten::unsafe_chunk", "aten::dropout",
+                    "aten::feature_dropout", "aten::view_as_real", "aten::view_as_complex", "aten::real",
+                    "aten::imag"))
 
 
-def _root(value: Any) -> Any:
-    """The tensor ``value`` is a view of (through views and the lists split / chunk / unbind return), else itself."""
-    for _ in range(64):
-        node = value.node()
+def _roots(value: Any) -> list[Any]:
+    """The tensors ``value`` may be a view of (through views, and into every element of the lists split / chunk /
+    unbind / broadcast_tensors take or return), else itself."""
+    found, stack, seen = [], [value], set()
+    while stack and len(seen) < 256:
+        current = stack.pop()
+        if current.unique() in seen:
+            continue
+        seen.add(current.unique())
+        node = current.node()
         inputs = list(node.inputs())
-        if node.kind() not in _VIEWS or not inputs:
-            return value
-        value = inputs[0]
-    return value
+        if node.kind() in _VIEWS and inputs:
+            stack.append(inputs[0])
+        elif node.kind() == "prim::ListConstruct" and inputs:
+            stack.extend(inputs)
+        else:
+            found.append(current)
+    return found if not stack else [*found, *stack]
 
 
 def _written(node: Any, in_place: bool, count: int) -> list[int]:

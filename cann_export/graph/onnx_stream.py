@@ -132,7 +132,9 @@ def referring_to(model: Any, path: Path, placed: dict[str, tuple[int, int]]) -> 
     (the file ``save`` wrote them to, ``placed`` its answer), the rest as they are: what stays in memory of a
     written graph. Stages after write read the graph's structure; a value they need is read from the file
     (validators/parity.py:written_graph), so the weights are not held beside onnxruntime's copy while parity runs
-    (ViT-small's peak RSS at its batch-16 set: 845-1012 -> 808-811 MiB)."""
+    (ViT-small's peak RSS at its batch-16 set: 845-1012 -> 808-811 MiB). The location is the file's full path: onnx's
+    own readers refuse it (they resolve a relative one against the working directory, where another model.onnx
+    may lie), so a plugin reading a weight another way fails loudly rather than reading other bytes."""
     import onnx
 
     slim = type(model)()
@@ -156,7 +158,7 @@ def referring_to(model: Any, path: Path, placed: dict[str, tuple[int, int]]) -> 
                 if (len(content) if _repeated(part) else tensor.HasField(part.name)):
                     copy_field(kept, part, content)
             kept.data_location = onnx.TensorProto.EXTERNAL
-            for key, text in (("location", path.name), ("offset", str(where[0])), ("length", str(where[1]))):
+            for key, text in (("location", str(path.resolve())), ("offset", str(where[0])), ("length", str(where[1]))):
                 entry = kept.external_data.add()
                 entry.key, entry.value = key, text
     return slim

@@ -142,6 +142,23 @@ def test_a_size_that_values_set_without_a_warning_is_probed(module_class):
         assert any(not torch.equal(traced(x * s), model(x * s)) for s in (-1.0, 4.0, -4.0, 0.25))
 
 
+@pytest.mark.parametrize("module_class", sized_by_values.UNTRACED, ids=lambda c: c.__name__)
+def test_a_tensor_the_trace_does_not_hold_is_no_size_and_the_trace_goes_on(module_class):
+    """A 0-dim tensor the test reads that the trace never recorded (an attribute, a default argument, one needing
+    grad): torch's lookup records it as a constant (destroying that node left the tracer's map pointing at freed
+    memory: a segfault), or would stop the trace (grad): no claim, and the export completes as before."""
+    import io
+
+    from cann_export.capture.exporters import quiet_export
+    from cann_export.capture.trace_warnings import tracer_findings
+
+    x, caught = torch.tensor([1.0, 2.0, 3.0, -1.0, 0.2, 0.7]), []
+    with quiet_export(record=caught):
+        torch.onnx.export(module_class().eval(), (x,), io.BytesIO(), dynamo=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "n"}})
+    assert [f["sizes"] for f in tracer_findings(caught)] == [False]
+
+
 def _export(tmp_path, suffix: str, **options):
     (tmp_path / f"m{suffix}").write_text("")
     return cann_export.export(str(tmp_path / f"m{suffix}"), tmp_path / "m.onnx", export_format="onnx", sandbox="off",

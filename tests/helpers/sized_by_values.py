@@ -109,5 +109,77 @@ class ItemOfSize(torch.nn.Module):  # as transformers' sdpa: ``is_causal = is_ca
         return x + 1 if flag else x - 1
 
 
-PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data, ValueArgument, ItemOfValues)
+class Walrus(torch.nn.Module):  # the test rebinds n (:=) after reading it: the frame holds the new, a size
+    def forward(self, x):
+        n = (x > 0.5).sum()
+        if (n > 2) & ((n := x.shape[0]) > 0):
+            return x + 1
+        return x - 1
+
+
+class BroadcastWrite(torch.nn.Module):  # values written into n through a broadcast_tensors view of it
+    def forward(self, x):
+        n = torch.zeros((), dtype=torch.long)
+        count = (x > 0.5).sum().reshape(1)
+        v, _ = torch.broadcast_tensors(n, count)
+        v.copy_(count)
+        if n > 2:
+            return x + 1
+        return x - 1
+
+
+class BroadcastArange(torch.nn.Module):  # the same write, the count then sizing a tensor
+    def forward(self, x):
+        n = torch.zeros((), dtype=torch.long)
+        count = (x > 0.5).sum().reshape(1)
+        v, _ = torch.broadcast_tensors(n, count)
+        v.copy_(count)
+        return tail(x, torch.arange(n))
+
+
+class DataSet(torch.nn.Module):  # values put in with the .data setter (untraced: the trace keeps zeros)
+    def forward(self, x):
+        n = torch.zeros((), dtype=torch.long)
+        n.data = (x > 0.5).sum()
+        return tail(x, torch.arange(n))
+
+
+PROBED = (Arange, Alias, SelectFill, ViewAdd, ViewAs, OutView, Split, Pack, Sparse, Data, ValueArgument, ItemOfValues,
+          Walrus, BroadcastWrite, BroadcastArange, DataSet)
 FINE = (Fine, SizeArgument, ItemOfSize)
+
+
+class TensorAttribute(torch.nn.Module):  # a plain 0-dim tensor attribute the test reads: looked up, never crashes
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = torch.tensor(0)
+
+    def forward(self, x):
+        if x.shape[0] > 2 and self.limit < 1:
+            return x * 2 + self.limit
+        return x - 1
+
+
+def _floor_test(x, floor=torch.tensor(1)):  # noqa: B008 - the default tensor is the case
+    if x.shape[0] > 2 and floor > 0:
+        return x * floor
+    return x
+
+
+class DefaultTensor(torch.nn.Module):  # a helper's default 0-dim tensor
+    def forward(self, x):
+        return _floor_test(x)
+
+
+class GradAttribute(torch.nn.Module):  # a grad-requiring tensor the test never reaches (short-circuit)
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = torch.tensor(0.0, requires_grad=True)
+
+    def forward(self, x):
+        if x.shape[0] > 2 or self.limit < 1:
+            return x + 1
+        return x - 1
+
+
+UNTRACED = (TensorAttribute, DefaultTensor, GradAttribute)
