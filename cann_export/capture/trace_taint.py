@@ -184,8 +184,9 @@ _SIZE_EXPRESSION = _SIZE_READS | frozenset((
 
 
 def _size_expression(value: Any, budget: int = 64) -> bool:
-    """Whether the traced ``value`` is made of ``_SIZE_EXPRESSION`` nodes down to size reads and non-tensor
-    constants, with no recorded write into it or into anything made from it."""
+    """Whether the traced ``value`` is made of ``_SIZE_EXPRESSION`` nodes down to size reads and scalar constants
+    (a 0-dim tensor constant is one: ``x.shape[0] - 1``'s ``1``), with no recorded write into it or into a tensor
+    that may alias it."""
     if value.node().kind() == "prim::Constant":  # not recorded by the trace (its lookup made it a constant)
         return False
     seen: set[int] = set()
