@@ -129,7 +129,7 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
     if isinstance(expr, ast.Call):
         return _size_call(expr, frame)
     if isinstance(expr, (ast.Name, ast.Attribute)):
-        value = _static_value(expr, frame) if _root_name(expr) not in getattr(frame, "rebound", ()) else _UNKNOWN
+        value = _static_value(expr, frame) if _root_name(expr) not in frame.rebound else _UNKNOWN
         return isinstance(value, _SCALARS) or _traced_size(value, frame) or isinstance(expr, ast.Name) \
             and _bound_to_sizes(expr.id, frame)
     return False
@@ -142,11 +142,10 @@ def _root_name(expr: ast.expr) -> str | None:
     return expr.id if isinstance(expr, ast.Name) else None
 
 
-def _traced_size(value: Any, scope: Any) -> bool:
+def _traced_size(value: Any, scope: _Scope) -> bool:
     """A 0-dim tensor the running trace computed from sizes alone (a parameter ``kv_length`` its caller computed
-    from ``.shape``): capture/trace_taint.py follows it to the forward's inputs."""
-    trace = getattr(scope, "trace", None)
-    return trace is not None and getattr(value, "dim", None) is not None and trace.unmarked(value)
+    from ``.shape``): capture/trace_taint.py reads what the trace made it from."""
+    return scope.trace is not None and getattr(value, "dim", None) is not None and scope.trace.computed_size(value)
 
 
 class _Scope:

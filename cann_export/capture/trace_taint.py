@@ -59,7 +59,7 @@ class Trace:
             self.failed = True
         return not self.failed
 
-    def unmarked(self, value: Any) -> bool:
+    def computed_size(self, value: Any) -> bool:
         """Whether ``value``, a 0-dim tensor a warning's frame holds, is a size this trace computed: the tracer keeps
         sizes as 0-dim tensors, so a caller's ``kv_length = past_length + query.shape[1]`` reaches a test as such an
         argument. Its recorded producers must be size reads, scalar constants, conversions and out-of-place
