@@ -263,10 +263,32 @@ def inferred_values(model: Any, input_shapes: dict[str, tuple[int, ...]] | None 
     probe = _skeleton(model, shapes)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=bool(shapes)).graph
-        return list(inferred.value_info) + list(inferred.output) + list(inferred.input)
     except Exception:  # noqa: BLE001 - inference may give up on exotic graphs; fall back to declared types
         inits = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer]
         return list(g.value_info) + list(g.output) + list(g.input) + inits
+    values = list(inferred.value_info) + list(inferred.output) + list(inferred.input)
+    return _symbolic_sizes(probe, values) if shapes else values
+
+
+def _sized(value: Any) -> bool:
+    shape = value.type.tensor_type.shape
+    return value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in shape.dim)
+
+
+def _symbolic_sizes(probe: Any, values: list[Any]) -> list[Any]:
+    """``values`` with the shapes onnx's inference left symbolic at concrete input shapes filled in by
+    onnxruntime's symbolic inference, which computes shape arithmetic onnx's data propagation gives up on (GPT-2's
+    causal-mask Slice, whose unknown size reached every value after it); ``values`` as they are where it fails."""
+    if all(_sized(v) for v in values):
+        return values
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        graph = SymbolicShapeInference.infer_shapes(probe, auto_merge=False, guess_output_rank=False).graph
+    except Exception:  # noqa: BLE001 - an op it does not know, a conflict: keep onnx's answer
+        return values
+    found = {v.name: v for v in [*graph.value_info, *graph.output] if _sized(v)}
+    return [v if _sized(v) else found.get(v.name, v) for v in values]
 
 
 def graph_dims(model: Any) -> dict[str, list[int | str]]:
