@@ -78,21 +78,20 @@ def check(model: Any, module_paths: dict[str, str], findings: _Findings) -> None
 def _static_info(model: Any) -> tuple[dict[str, list[int | None]], dict[str, int]]:
     """``({value name: dims (None where unknown)}, {value name: elem type})`` from ONNX shape inference; empty
     when inference fails (a graph over 2 GiB, an op it does not know)."""
-    import onnx
+    from ..graph.onnx_helpers import inferred_graph
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        graph = inferred_graph(model)
     except Exception:  # noqa: BLE001 - no shapes: the shape-based traps are skipped, the others still run
-        inferred = model
+        graph = model.graph
     shapes: dict[str, list[int | None]] = {}
     types: dict[str, int] = {}
-    graph = inferred.graph
     for value in [*graph.input, *graph.value_info, *graph.output]:
         t = value.type.tensor_type
         types[value.name] = t.elem_type
         if t.HasField("shape"):
             shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-    for init in graph.initializer:
+    for init in model.graph.initializer:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
     return shapes, types

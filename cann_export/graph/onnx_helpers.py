@@ -218,10 +218,9 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False,
 
 def _skeleton(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None, shape_operands: bool = False) -> Any:
     """A copy of ``model`` for type and shape inference without weight data: each initializer a graph input of its
-    type and shape (its bytes never serialised); ``input_shapes``: concrete shapes of graph inputs; small int64
-    initializers (shape operands) keep their data when ``input_shapes`` or ``shape_operands``, for the ops that
-    read them (Reshape's shape)."""
-    import onnx
+    type and shape (its bytes never serialised); ``input_shapes``: concrete shapes of graph inputs; small
+    initializers (shape operands, Resize's scales) keep their data when ``input_shapes`` or ``shape_operands``, for
+    the ops that read them (Reshape's shape)."""
     from onnx import helper
 
     g = model.graph
@@ -229,12 +228,21 @@ def _skeleton(model: Any, input_shapes: dict[str, tuple[int, ...]] | None = None
     shapes = input_shapes or {}
     inputs = [helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, list(shapes[i.name]))
               if i.name in shapes else i for i in g.input]
-    small = [i for i in g.initializer if (shapes or shape_operands) and i.data_type == onnx.TensorProto.INT64
-             and len(i.dims) <= 1 and (not i.dims or i.dims[0] <= 16)]
+    small = [i for i in g.initializer if (shapes or shape_operands) and len(i.dims) <= 1
+             and (not i.dims or i.dims[0] <= 16)]
     skeleton = helper.make_graph(list(g.node), g.name or "g", inputs + inits, list(g.output), small)
     probe = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     probe.functions.extend(model.functions)
     return probe
+
+
+def inferred_graph(model: Any) -> Any:
+    """The graph of ``model`` after type and shape inference (strict mode off) on a copy without weight data: the
+    weights' bytes are neither serialised nor copied (a whole-model infer_shapes held three copies of GPT-2's
+    500 MB). Raises what inference raises."""
+    import onnx
+
+    return onnx.shape_inference.infer_shapes(_skeleton(model, shape_operands=True), strict_mode=False).graph
 
 
 def declared_outputs_hold(model: Any) -> bool:
