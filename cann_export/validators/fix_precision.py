@@ -47,14 +47,16 @@ class Trial:
     def non_finite(self, kept: list[str]) -> set[str]:
         """The float values that hold inf/nan (on a saturating SoC: a saturated +-max) on the device, on the first
         input set."""
-        from .origin import chunks, float_values
+        from .origin import chunks, earlier_reads, feed_sizes, fetched, float_values
 
         e = self.emulator
         order = float_values(e)
         keep = expand_keep(self.keep + kept, self.args[4])
+        feed = self.args[0][0]
+        runs = chunks(e, order, feed_sizes(e, feed))
         bad = set()
-        for chunk in chunks(e, order):
-            values = e.session(keep, expose=chunk, only=True).run(self.args[0][0], chunk)
+        for chunk, values in fetched(feed, runs, earlier_reads(e.model, runs),
+                                     lambda chunk, cut: e.session(keep, expose=chunk, only=True, cut=cut)):
             sat = e.saturation
             bad.update(t for t, v in zip(chunk, values, strict=False)
                        if not np.all(np.isfinite(v)) or (sat is not None and np.any(np.abs(v) == sat)))

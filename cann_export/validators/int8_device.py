@@ -385,11 +385,12 @@ def plan(model: Any, deq_scale: str = S19) -> Int8Plan | None:
     return found if found.quants else None
 
 
-def prune(nodes: list[Any], roots: list[str]) -> list[Any]:
-    """``nodes`` without those whose outputs nothing needed reads (the weights' Q/DQ the int8 ops replaced)."""
+def prune(nodes: list[Any], roots: list[str], given: frozenset[str] = frozenset()) -> list[Any]:
+    """``nodes`` without those whose outputs nothing needed reads (the weights' Q/DQ the int8 ops replaced);
+    values in ``given`` are taken as they are (their makers are not needed for them)."""
     needed, kept = set(roots), []
     for node in reversed(nodes):
         if any(o in needed for o in node.output):
             kept.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(i for i in node.input if i and i not in given)
     return kept[::-1]

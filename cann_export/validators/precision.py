@@ -328,10 +328,13 @@ class Emulator:
         return not self._in_range[name]
 
     def build(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
-              reference: bool = False, only: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
+              reference: bool = False, only: bool = False, cut: frozenset[str] = frozenset(),
+              ) -> tuple[Any, dict[str, np.ndarray]]:
         """The emulated graph (the plain fp32 graph when ``reference``) with the tensors in ``expose``
         added as outputs, and the weights to feed with every run; ``only``: ``expose`` are its only outputs and
-        it holds only the nodes they need (onnxruntime runs every node of a graph, whatever a run fetches)."""
+        it holds only the nodes they need (onnxruntime runs every node of a graph, whatever a run fetches);
+        ``cut`` (with ``only``): values a run feeds, as it fetched them from an earlier run of this graph, in place of
+        the nodes that make them (a value a kept node makes anyway is computed, not fed)."""
         from . import int8_device
 
         build = _Build(self)
@@ -352,12 +355,15 @@ class Emulator:
         nodes = build.nodes
         if int8 is not None:  # the Q/DQ nodes the int8 ops no longer read
             nodes = int8_device.prune(nodes, [o.name for o in self.model.graph.output] + list(expose or []))
+        fed: list[str] = []
         if only:
-            nodes = needed_nodes(nodes, list(expose or []))
-        return self._assemble(nodes, build.weights, build.extra_inits, expose, only), build.weights
+            nodes = needed_nodes(nodes, list(expose or []), cut)
+            made = {o for n in nodes for o in n.output}
+            fed = sorted({i for n in nodes for i in n.input if i in cut and i not in made})
+        return self._assemble(nodes, build.weights, build.extra_inits, expose, only, fed), build.weights
 
     def _assemble(self, nodes: list[Any], weights: dict[str, np.ndarray], extra_inits: list[Any],
-                  expose: list[str] | None, only: bool = False) -> Any:
+                  expose: list[str] | None, only: bool = False, fed: list[str] | None = None) -> Any:
         """The model of ``nodes``: the weights fed as inputs, ``expose`` added to the outputs (``only``: in place
         of them)."""
         from onnx import helper
@@ -368,14 +374,15 @@ class Emulator:
         outputs += [helper.make_tensor_value_info(t, FLOAT, None) for t in expose or [] if t not in present]
         inputs = list(self.graph_inputs) + [helper.make_tensor_value_info(n, FLOAT, list(w.shape))
                                             for n, w in weights.items()]
+        inputs += [helper.make_tensor_value_info(n, FLOAT, None) for n in fed or []]
         graph = helper.make_graph(nodes, g.name or "g", inputs, outputs, list(self.embedded) + extra_inits)
         model = helper.make_model(graph, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
         model.functions.extend(self.model.functions)
         return model
 
     def session(self, keep: set[str] | frozenset[str] = frozenset(), expose: list[str] | None = None,
-                reference: bool = False, only: bool = False) -> Session:
-        model, weights = self.build(keep, expose, reference, only)
+                reference: bool = False, only: bool = False, cut: frozenset[str] = frozenset()) -> Session:
+        model, weights = self.build(keep, expose, reference, only, cut)
         return Session(model, weights)
 
     def reused_session(self, keep: set[str] | frozenset[str], expose: list[str] | None = None) -> Session:
@@ -499,16 +506,17 @@ class Session:
         return self.sess.run(names, {**{n: feed[n] for n in self.inputs}, **self.weights})
 
 
-def needed_nodes(nodes: list[Any], roots: list[str]) -> list[Any]:
-    """Of ``nodes`` (in graph order), those ``roots`` depend on. A graph with a subgraph (If, Loop, Scan),
-    whose body reads values of the graph around it by name, is kept whole."""
+def needed_nodes(nodes: list[Any], roots: list[str], given: frozenset[str] = frozenset()) -> list[Any]:
+    """Of ``nodes`` (in graph order), those ``roots`` depend on, values in ``given`` taken as they are (not made).
+    A graph with a subgraph (If, Loop, Scan), whose body reads values of the graph around it by name, is kept
+    whole."""
     from onnx import AttributeProto
 
     from .int8_device import prune
 
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
         return nodes
-    return prune(nodes, roots)
+    return prune(nodes, roots, given)
 
 
 def emulate(model: Any, emulation: Emulation, keep: set[str], overflow: str = INF_NAN, deq_scale: str = "s19",
