@@ -201,13 +201,11 @@ def check(model: Any, ctx: Any) -> None:
 
 def session(path: Path) -> Any:
     """An onnxruntime CPU session read from ``path`` (external data mapped, no prepacked weight copies)."""
-    import onnxruntime as ort
-
-    from ..graph.onnx_helpers import session_options
+    from ..graph.onnx_helpers import check_session, session_options
 
     opts = session_options()
     opts.add_session_config_entry("session.disable_prepacking", "1")
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return check_session(str(path), opts)
 
 
 def save(model: Any, path: Path, ctx: Any) -> list[Path]:

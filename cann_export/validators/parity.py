@@ -46,15 +46,14 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
     session = _KEPT.pop(key, None) if _KEPT is not None else None  # used once more, then freed as before
     if session is None:
         session = parity_session(Path(path))  # a large export's graph: weights not held twice
-        from ..graph.onnx_helpers import session_options
+        from ..graph.onnx_helpers import check_session, session_options
 
         options = session_options()
         disabled = []
         if quantized:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             disabled = ["WeightBiasQuantization"]
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                       disabled_optimizers=disabled)
+        session = check_session(str(path), options, disabled_optimizers=disabled)
     if _KEPT is not None and _KEPT.get("path") == str(path) and not _KEPT.get("kept"):
         _KEPT[key], _KEPT["kept"] = session, True  # once: the next run on the graph takes it, later ones load
     wanted = [i.name for i in session.get_inputs()]

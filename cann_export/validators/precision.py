@@ -538,11 +538,11 @@ def session(model: Any) -> Any:
     """An onnxruntime session with graph optimisations off, so Cast pairs are never folded away."""
     import onnxruntime as ort
 
-    from ..graph.onnx_helpers import session_options
+    from ..graph.onnx_helpers import check_session, session_options
 
-    opts = session_options()  # no arena: the device check's sessions live together, none keeps its largest run
+    opts = session_options()  # the device check's sessions live together: none keeps its largest run
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return check_session(model.SerializeToString(), opts)
 
 
 def run(model: Any, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
