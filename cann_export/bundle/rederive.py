@@ -375,14 +375,16 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
              "paths": checked.module_paths, "float_expected": [floats[s] for s in chosen] if floats else None,
              "mixlist": checked.options.atc_hints.get("modify_mixlist"),
              "custom": checked.options.atc_hints.get("customize_dtypes")}
-    report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"], rerun["expected"],
-                                tolerance, checked.module_paths, soc=checked.options.soc_version, overflow=overflow,
-                                float_expected=rerun["float_expected"], layers=layers, mixlist=rerun["mixlist"],
-                                custom=rerun["custom"])
     from ..validators.parity import shape_verdicts
+    from ..validators.precision import shared_emulators
 
-    report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,
-                            checked.module_paths, "quantization" in manifest)
+    with shared_emulators(rerun["model"]):  # one Emulator for the device verdict and the other shapes'
+        report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"],
+                                    rerun["expected"], tolerance, checked.module_paths, soc=checked.options.soc_version,
+                                    overflow=overflow, float_expected=rerun["float_expected"], layers=layers,
+                                    mixlist=rerun["mixlist"], custom=rerun["custom"])
+        report = shape_verdicts(report, labels, rerun["model"], checked.keep_nodes, feeds, expected, tolerance,
+                                checked.module_paths, "quantization" in manifest)
     return report, mode, rerun
 
 

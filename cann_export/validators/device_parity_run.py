@@ -11,7 +11,7 @@ from ..progress import counted
 from . import msprobe_metrics
 from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
-from .precision import INF_NAN, Emulator
+from .precision import INF_NAN, Emulator, emulator_for
 
 
 SMALL = 1 << 22  # float elements of every value together, below which the verdict's run exposes them all
@@ -35,7 +35,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
     ``float_expected`` (the float model's outputs) too (device_verdict.within_int8_noise). ``layers``: the per-layer
     curve on the worst set (validators/layers.py). ``lists``: the SoC's mixed lists (atc/mixlists.py)."""
-    emulator = emulator or Emulator(model, mode, overflow, deq_scale, lists)
+    emulator = emulator or emulator_for(model, mode, overflow, deq_scale, lists)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
     keep_set = expand_keep(keep, paths)

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import flops
 from .device_parity_run import device_report, expand_keep, in_graph
-from .precision import INF_NAN, Emulator
+from .precision import INF_NAN, emulator_for
 
 __all__ = ["device_report", "expand_keep", "fix_precision"]
 
@@ -29,7 +29,7 @@ class Trial:
                  deq_scale: str = "s19", float_expected: list | None = None, lists: Any = None):
         self.model, self.mode, self.keep, self.args = model, mode, keep, args
         self.float_expected = float_expected
-        self.emulator = Emulator(model, mode, overflow, deq_scale, lists)
+        self.emulator = emulator_for(model, mode, overflow, deq_scale, lists)
         self.runs = 0
 
     def report(self, kept: list[str], localise: bool = True, layers: bool = False) -> dict[str, Any]:

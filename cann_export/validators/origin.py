@@ -181,7 +181,7 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
     verdicts, wrong = _judge_all(emulator, keep, feed, policy, order, held)
     if not wrong:
         return None
-    designed = _by_design(graph, producer)
+    designed = _by_design(graph, producer, emulator.fed)
     benign: set[str] = set()
     injection, trials, first_candidate, origin = None, 0, None, None
     for t in (t for t in order if t in wrong):
@@ -208,9 +208,10 @@ def localise(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], po
     return describe(producer[origin], origin, verdicts[origin], keep, paths, sorted(benign, key=order.index))
 
 
-def _by_design(graph: Any, producer: dict[str, Any]):
+def _by_design(graph: Any, producer: dict[str, Any], fed: dict[str, np.ndarray]):
     """``designed(tensor)``: whether the node making ``tensor`` reads a constant past the fp16 range, or is a
-    clamp / select, or the value reaches one through data movement only."""
+    clamp / select, or the value reaches one through data movement only (``fed``: the weights the graph holds by
+    name only)."""
     from onnx import numpy_helper
 
     huge = set()
@@ -219,7 +220,7 @@ def _by_design(graph: Any, producer: dict[str, Any]):
                   if a.name == "value"]
     for name, tensor in constants:
         if tensor.data_type == 1 and int(np.prod(tensor.dims)) <= 1 << 16:
-            value = numpy_helper.to_array(tensor)
+            value = fed[name] if name in fed else numpy_helper.to_array(tensor)
             if value.size and float(np.abs(value).max()) > FP16_MAX:
                 huge.add(name)
     consumers: dict[str, list[Any]] = {}

@@ -317,38 +317,42 @@ class ParityValidator:
         from ..atc.hints import effective_precision
         from ..heap_release import give_back
 
+        from .precision import shared_emulators
+
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
-        model = written_graph(ctx)
+        model, fed = written_graph(ctx)
         # the device verdict: realistic sets only, at the example's shape (other shapes: shape_verdicts, once each)
         chosen = example_shape(labels, verdict_sets(labels or [], len(feeds)))
         known = quantized and len(ctx.float_reference_outputs) == len(feeds)  # the int8 device yardstick
         floats = [ctx.float_reference_outputs[s] for s in chosen] if known else None
-        report = with_device_parity(report, model, effective_precision(ctx.options), keep,
-                                    [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
-                                    ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
-                                    reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats,
-                                    layers=True,  # report.html's per-layer curve
-                                    mixlist=ctx.options.atc_hints.get("modify_mixlist"),
-                                    custom=ctx.options.atc_hints.get("customize_dtypes"))
-        ctx.reports.layers = report.pop("layers", None)
-        give_back()  # the per-layer curve's exposed values: freed before the other shapes' device runs
-        final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's, as validate
-        return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
-                              ctx.options.tolerance, ctx.module_paths, quantized)
+        with shared_emulators(model, fed):  # one Emulator (and one copy of the weights) for every device run
+            report = with_device_parity(report, model, effective_precision(ctx.options), keep,
+                                        [feeds[s] for s in chosen], [ctx.reference_outputs[s] for s in chosen],
+                                        ctx.options.tolerance, ctx.module_paths, fix=ctx.options.fix_precision,
+                                        reports=ctx.reports, soc=ctx.options.soc_version, float_expected=floats,
+                                        layers=True,  # report.html's per-layer curve
+                                        mixlist=ctx.options.atc_hints.get("modify_mixlist"),
+                                        custom=ctx.options.atc_hints.get("customize_dtypes"))
+            ctx.reports.layers = report.pop("layers", None)
+            give_back()  # the per-layer curve's exposed values: freed before the other shapes' device runs
+            final_keep = list((report.get("precision") or {}).get("keep_dtype", keep))  # --fix-precision's
+            return shape_verdicts(report, labels, model, final_keep, feeds, ctx.reference_outputs,
+                                  ctx.options.tolerance, ctx.module_paths, quantized)
 
 
-def written_graph(ctx: Any) -> Any:
-    """The graph the write stage wrote: the context's own when it holds its weights (never changed by the checks,
-    which build their graphs from copies of its nodes), else read from the file one weight at a time (the context
-    keeps a written graph's structure only, format_writers._save: its weights are not held beside the checks')."""
+def written_graph(ctx: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The graph the write stage wrote and the weights an Emulator of it feeds: the context's own graph (never
+    changed by the checks, which build their graphs from copies of its nodes) when it holds its weights (None:
+    the Emulator reads them from it), else the file's graph with those weights read apart, once
+    (precision.fed_weights: the context keeps a written graph's structure only, format_writers._save)."""
     import onnx
 
-    from ..graph.onnx_stream import load
+    from .precision import fed_weights
 
     model = ctx.onnx_model
     if model is not None and all(i.data_location != onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
-        return model
-    return load(Path(ctx.onnx_path))
+        return model, None
+    return fed_weights(Path(ctx.onnx_path))
 
 
 def shape_verdicts(report: dict[str, Any], labels: list[dict[str, Any]] | None, model: Any, keep: list[str],

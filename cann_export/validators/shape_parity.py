@@ -51,9 +51,9 @@ def device_check(model: Any, mode: str, keep: list[str], feeds: list, expected: 
     """indices -> the device verdict on those sets alone (one emulator for every shape)."""
     from ..heap_release import give_back
     from .device_parity_run import device_report
-    from .precision import Emulator
+    from .precision import emulator_for
 
-    emulator = Emulator(model, mode, overflow, deq_scale, lists)
+    emulator = emulator_for(model, mode, overflow, deq_scale, lists)
 
     def check(sets: list[int]) -> bool:
         report = device_report(model, mode, keep, [feeds[s] for s in sets], [expected[s] for s in sets], names,
