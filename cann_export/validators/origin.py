@@ -45,9 +45,10 @@ def chunks(emulator: Emulator, tensors: list[str], sizes: dict[str, int] | None 
 
 
 def float_values(emulator: Emulator) -> list[str]:
-    """The float values the graph's nodes make, in graph order (constants aside)."""
-    return [out for node in emulator.model.graph.node if node.op_type != "Constant" for out in node.output
-            if out in emulator.floats]
+    """The float values the graph's nodes make, in graph order (constants aside, and what the emulator computed
+    from weights alone and feeds as one: the same fp32 array on the device and in the reference)."""
+    return [out for k, node in enumerate(emulator.model.graph.node) if node.op_type != "Constant"
+            and k not in emulator.folded for out in node.output if out in emulator.floats]
 
 
 def value_pairs(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], order: list[str],

@@ -262,6 +262,37 @@ class Emulator:
         # the AMCT-adapted int8 path of a Q/DQ graph (None without QuantizeLinear, or when nothing is reduced)
         self.int8 = int8_device.plan(model, deq_scale) if self.emulation.reduces != "none" else None
         self._kept: tuple[tuple[frozenset[str], tuple[str, ...]], Session] | None = None  # reused_session's
+        self.folded = self._fold_weight_ops() if self.int8 is None else set()
+
+    def _fold_weight_ops(self) -> set[int]:
+        """The graph's nodes that compute a large float value from weights alone (the Transpose of a tied
+        embedding that passes/dedupe.py leaves for the LM head), computed here once, in fp32 as ATC folds them on
+        the host, and fed from then on as weights (``fed``): the emulated and reference graphs run no optimiser, so
+        each run transposed GPT-2's 38.6M-element embedding and rounded the copy again (0.3 s a run). Their indices."""
+        from onnx import AttributeProto, helper
+
+        g = self.model.graph
+        found = [(k, n) for k, n in enumerate(g.node)
+                 if n.input and n.domain in ("", "ai.onnx") and n.op_type != "Constant"
+                 and all(i in self.init_names for i in n.input if i) and self.custom_for(n) is None
+                 and not any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)
+                 and all(o in self.floats and self.sizes.get(o, 0) >= FED_MIN for o in n.output)]
+        if not found:
+            return set()
+        nodes = [n for _, n in found]
+        names = sorted({i for n in nodes for i in n.input if i})
+        inputs = [helper.make_tensor_value_info(i, FLOAT if i in self.fed else self._init_type(i), None)
+                  for i in names]
+        outputs = [helper.make_tensor_value_info(o, FLOAT, None) for n in nodes for o in n.output]
+        model = helper.make_model(helper.make_graph(nodes, "fold", inputs, outputs), ir_version=self.model.ir_version,
+                                  opset_imports=list(self.model.opset_import))
+        values = Session(model, {}).run({i: self._init_array(i) for i in names})
+        self.fed = {**self.fed, **{o.name: np.asarray(v) for o, v in zip(outputs, values, strict=True)}}
+        self.init_names |= {o.name for o in outputs}
+        return {k for k, _ in found}
+
+    def _init_type(self, name: str) -> int:
+        return next(i.data_type for i in self.embedded if i.name == name)
 
     @property
     def saturation(self) -> float | None:
@@ -377,6 +408,8 @@ class Emulator:
         keep = set(keep)
         int8 = None if reference else self.int8
         for k, original in enumerate(self.model.graph.node):
+            if k in self.folded:  # its outputs are fed
+                continue
             node = type(original)()
             node.CopyFrom(original)
             if int8 is not None and int8.emit(k, node, build):

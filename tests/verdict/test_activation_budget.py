@@ -252,3 +252,34 @@ def test_a_run_takes_the_values_earlier_runs_fetched_instead_of_recomputing_them
         feed, order)
     for k, t in enumerate(order):
         assert np.array_equal(got[t][0], whole[0][k]) and np.array_equal(got[t][1], whole[1][k]), t
+
+
+def test_a_value_made_from_weights_alone_is_computed_once_and_fed(monkeypatch):
+    """The Transpose of a tied embedding (passes/dedupe.py's, for GPT-2's LM head) is folded by ATC on the host;
+    the emulated graphs run no optimiser, so each run transposed the weight and rounded the copy again (0.3 s a run
+    on GPT-2's 38.6M elements). It is computed once and fed: the emulated graph holds no Transpose, the device and
+    reference outputs are those of the unfolded graph, bit for bit."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cann_export.validators import origin
+    from cann_export.validators.precision import Emulator
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 48)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"]),
+             helper.make_node("Transpose", ["emb"], ["emb_t"], perm=[1, 0], name="tied_transpose"),
+             helper.make_node("MatMul", ["h", "emb_t"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, 64])],
+                              [numpy_helper.from_array(weight, "emb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"ids": rng.integers(0, 64, (2, 3)).astype(np.int64)}
+    folded = Emulator(model, "force_fp16")
+    assert folded.folded == {1} and "emb_t" not in origin.float_values(folded)
+    assert all(n.op_type != "Transpose" for n in folded.build()[0].graph.node)
+    monkeypatch.setattr(Emulator, "_fold_weight_ops", lambda self: set())
+    plain = Emulator(model, "force_fp16")
+    for reference in (False, True):
+        got, want = folded.session(reference=reference).run(feed), plain.session(reference=reference).run(feed)
+        assert np.array_equal(got[0], want[0])
