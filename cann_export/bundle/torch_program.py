@@ -87,6 +87,13 @@ def unstripped_copy(ctx: Any) -> Any:
 
 
 def write_program(ctx: Any, staging: Path) -> list[Path]:
+    """``torch/program.pt2`` written into ``staging`` (or the warning why not). The unstripped copy is let go here:
+    held on, it was a second copy of the weights through the validate stage's peak."""
+    trainable, ctx.trainable_model = ctx.trainable_model, None
+    return _write_program(ctx, staging, trainable)
+
+
+def _write_program(ctx: Any, staging: Path, trainable: Any) -> list[Path]:
     import torch
 
     model, loaded = ctx.model, ctx.loaded
@@ -121,10 +128,10 @@ def write_program(ctx: Any, staging: Path) -> list[Path]:
 
             shapes = dynamic_shapes(ctx)
             program = None
-            if ctx.trainable_model is not None and ctx.program_form is None:  # dropout and BatchNorm kept
-                with contextlib.suppress(Exception), named_forward(ctx.trainable_model, list(ctx.input_names)) \
+            if trainable is not None and ctx.program_form is None:  # dropout and BatchNorm kept
+                with contextlib.suppress(Exception), named_forward(trainable, list(ctx.input_names)) \
                         if shapes else contextlib.nullcontext():
-                    program = _export(ctx.trainable_model, args, kwargs, True, shapes)
+                    program = _export(trainable, args, kwargs, True, shapes)
             if program is None:
                 with named_forward(model, list(ctx.input_names)) if shapes else contextlib.nullcontext():
                     program = _export(model, args, kwargs, loaded.kind == "module", shapes)
