@@ -376,7 +376,7 @@ def _rerun_parity(checked: CheckedBundle, tolerance: Tolerance,
              "mixlist": checked.options.atc_hints.get("modify_mixlist"),
              "custom": checked.options.atc_hints.get("customize_dtypes")}
     from ..validators.parity import shape_verdicts
-    from ..validators.precision import shared_emulators
+    from ..validators.emulators import shared_emulators
 
     with shared_emulators(rerun["model"]):  # one Emulator for the device verdict and the other shapes'
         report = with_device_parity(report, rerun["model"], mode, checked.keep_nodes, rerun["feeds"],

@@ -11,7 +11,8 @@ from ..progress import counted
 from . import msprobe_metrics
 from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
-from .precision import INF_NAN, Emulator, emulator_for
+from .emulators import emulator_for
+from .precision import INF_NAN, Emulator
 
 
 SMALL = 1 << 22  # float elements of every value together, below which the verdict's run exposes them all

@@ -14,7 +14,8 @@ import numpy as np
 
 from . import flops
 from .device_parity_run import device_report, expand_keep, in_graph
-from .precision import INF_NAN, emulator_for
+from .emulators import emulator_for
+from .precision import INF_NAN
 
 __all__ = ["device_report", "expand_keep", "fix_precision"]
 

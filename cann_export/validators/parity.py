@@ -317,7 +317,7 @@ class ParityValidator:
         from ..atc.hints import effective_precision
         from ..heap_release import give_back
 
-        from .precision import shared_emulators
+        from .emulators import shared_emulators
 
         keep = ctx.reports.atc.get("keep_dtype", {}).get("nodes", [])
         model, fed = written_graph(ctx)

@@ -51,7 +51,7 @@ def device_check(model: Any, mode: str, keep: list[str], feeds: list, expected: 
     """indices -> the device verdict on those sets alone (one emulator for every shape)."""
     from ..heap_release import give_back
     from .device_parity_run import device_report
-    from .precision import emulator_for
+    from .emulators import emulator_for
 
     emulator = emulator_for(model, mode, overflow, deq_scale, lists)
 

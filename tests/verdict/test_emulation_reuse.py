@@ -92,3 +92,35 @@ def test_the_curves_saturation_flag_is_the_rules_own_on_large_values():
         whole = bool(np.any((np.abs(a) == bound) & (np.abs(e) > bound * (1 + 2 * eps))))
         got = metrics(a, e, DevicePolicy(), eps, bound)["overflow"]
         assert got is whole is want
+
+
+def test_a_graphs_device_checks_share_one_emulator_and_its_weights(monkeypatch, tmp_path):
+    """The device verdict at the example's shape and the other shapes' verdicts build one Emulator of the written
+    graph, on its weights read from the file once (each built its own: CLIP-base held four copies of its weights)."""
+    import onnx
+
+    from cann_export.validators.emulators import emulator_for, shared_emulators
+    from cann_export.validators.parity import shape_verdicts, with_device_parity
+    from cann_export.validators.precision import fed_weights
+
+    path = tmp_path / "g.onnx"
+    onnx.save(_dynamic_graph(), str(path))
+    model, fed = fed_weights(path)
+    assert "w1" in fed
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((b, 16)).astype(np.float32) * 0.1} for b in (2, 1, 7)]
+    expected = [_fp32(onnx.load(str(path)), f) for f in feeds]
+    labels = [{"shape": {"batch": b}} for b in (2, 1, 7)]
+    made = []
+    init = Emulator.__init__
+    monkeypatch.setattr(Emulator, "__init__", lambda self, *a, **k: made.append(k.get("fed")) or init(self, *a, **k))
+    base = {"passed": True, "outputs": [{"name": "y", "passed": True}], "tolerance": {}}
+    with shared_emulators(model, fed):
+        report = with_device_parity(base, model, "force_fp16", [], feeds[:1], expected[:1], Tolerance(), {},
+                                    layers=True)
+        report = shape_verdicts(report, labels, model, [], feeds, expected, Tolerance(), {}, False)
+        assert len(made) == 1 and made[0] is fed
+        assert emulator_for(model, "force_fp16", "inf_nan") is emulator_for(model, "force_fp16", "inf_nan")
+    assert report["device"]["passed"] and len(report["shapes"]) == 3
+    whole = _dynamic_graph()
+    assert emulator_for(whole, "force_fp16") is not emulator_for(whole, "force_fp16")  # outside: a new one each
