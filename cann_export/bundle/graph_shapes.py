@@ -264,9 +264,10 @@ def module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], i
     """(``point -> elements`` of the inputs and outputs of one of the component's input sets at export, its
     activation terms): its inputs' shapes from its dynamic axes, its outputs' from the module run at the example
     and at each dimension's low end (an output axis that moves with a dimension is ``NAME + k``, as the exported
-    graph writes it), its largest intermediate's estimate from the ops of the same runs (inputs/activations.py).
-    Measured once per component of a plan (``plan.sized``): decode's budget counts prefill's, which prefill's own
-    budget measured (shapes and op sizes, whatever the random ids ``gen`` draws)."""
+    graph writes it; one that moves otherwise counts 1, as validate counts a graph dim it cannot size), its largest
+    intermediate's estimate from the ops of the same runs (inputs/activations.py). Measured once per component of a
+    plan (``plan.sized``): decode's budget counts prefill's, which prefill's own budget measured (shapes and op
+    sizes, whatever the random ids ``gen`` draws)."""
     sized = getattr(plan, "sized", None)
     if sized is not None and comp.name in sized:
         return sized[comp.name]
@@ -305,5 +306,7 @@ def _module_elements(plan: Any, comp: Any, gen: Any) -> tuple[Callable[[Point], 
                 k = was - size
                 if was != now and now - probe == k and k >= 0:
                     outputs[key][a] = f"{name} + {k}" if k else name
+                elif was != now and isinstance(outputs[key][a], int):  # it scales (a VAE's image side, twice the
+                    outputs[key][a] = 1  # latent's): no dim name validate sizes, so counted as validate counts it
         del moved
     return shape_elements([*shapes, *outputs.values()], dim_size), terms_of(example, ops, probes)

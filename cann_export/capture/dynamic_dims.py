@@ -102,6 +102,38 @@ def _over(label: str, names: set[str]) -> bool:
     return label in names or bool(plus and base in names and count.isdigit())
 
 
+def unname_contradicted(model: Any, ctx: Any) -> bool:
+    """An output dim the trace's shape inference named after an input's dimension although the reference's sizes
+    there are not that dimension's (a VAE decoder's image height, twice the latent's, came out ``batch_size``):
+    renamed ``<output>_dim_<axis>``, so the graph claims no size it does not have (validate's parity budget and ATC
+    read its dims). Whether a dim changed."""
+    where = {d.dim_param: (v.name, axis) for v in model.graph.input if v.type.HasField("tensor_type")
+             for axis, d in enumerate(v.type.tensor_type.shape.dim) if d.dim_param}
+    index = {name: i for i, name in enumerate(ctx.output_names)}
+    changed = False
+    for value in model.graph.output:
+        i = index.get(value.name)
+        if i is None or not value.type.HasField("tensor_type"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param in where and _contradicted(ctx, where[dim.dim_param], i, axis):
+                dim.dim_param = f"{value.name}_dim_{axis}"
+                changed = True
+    return changed
+
+
+def _contradicted(ctx: Any, source: tuple[str, int], output: int, axis: int) -> bool:
+    """Whether a prepared set's reference output ``output`` has a size at ``axis`` other than its input's at
+    ``source`` (input name, axis)."""
+    name, at = source
+    for feed, outputs in zip(ctx.input_sets, ctx.reference_outputs, strict=False):
+        given, out = feed.get(name), outputs[output] if output < len(outputs) else None
+        shape_in, shape_out = tuple(getattr(given, "shape", ())), tuple(getattr(out, "shape", ()))
+        if at < len(shape_in) and axis < len(shape_out) and shape_in[at] != shape_out[axis]:
+            return True
+    return False
+
+
 def fix_declared_outputs(model: Any, ctx: Any) -> bool:
     """A traced graph of a module that declares its axes: an output dim it does not declare dynamic that the
     tracer's shape inference left symbolic (decode's one-token logits) takes the reference's size where every
@@ -109,7 +141,7 @@ def fix_declared_outputs(model: Any, ctx: Any) -> bool:
     declared = ctx.loaded.extras.get("output_axes") if ctx.loaded.extras.get("graph_axes") else None
     if not declared or not ctx.reference_outputs:
         return False
-    changed = False
+    changed = unname_contradicted(model, ctx)
     index = {name: i for i, name in enumerate(ctx.output_names)}
     for value in model.graph.output:
         i = index.get(value.name)

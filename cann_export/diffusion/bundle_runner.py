@@ -53,7 +53,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
 
     from .cached_denoiser import cached_denoiser
     from .end_to_end import device_runs, graph_path
-    from .hosted import hosted_pipeline, ort_run
+    from .hosted import hosted_pipeline, ort_run, pipeline_flags
     from .sides import latent_limits
 
     cls = manifest["pipeline"]["class"]
@@ -80,7 +80,7 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
     loop = (denoiser, "vae_decoder", *((spec.skip,) if spec else ()))  # the graphs the loop may call
     limits = latent_limits({n: _own(root, n) for n in loop})
-    return hosted_pipeline(cls, parts, runs, configs, cached, limits)
+    return hosted_pipeline(cls, parts, runs, configs, cached, limits, pipeline_flags(index))
 
 
 def _own(root: Path, component: str) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def skip_graph(name: str, model: nn.Module, sides: tuple[int, int], spec: CacheS
     cls = SkipSD3 if name == "transformer" else SkipUNet
     graph = cls(_skip_model(model, spec, store), sides)
     graph.store, graph.residuals = store, residual_names(spec)
-    graph.graph_input_names = (*cls.graph_input_names, *graph.residuals)
+    graph.graph_input_names = (*graph.graph_input_names, *graph.residuals)
     graph.graph_dynamic_axes.update(_residual_axes(graph.residuals))
     if name != "transformer":  # a UNet's mid-block residual has the latent's sides / 2^k, which no dimension label
         graph.graph_dynamic_axes["sample"] = {0: "batch_size"}  # (NAME + k) can say: its sides stay the example's

@@ -119,7 +119,7 @@ def hosted_like(pipe: Any, runs: dict[str, Any], cache: Any = None) -> Any:
     """``pipe``'s class, scheduler and tokenizers with ``runs`` in place of its model parts (its denoiser applying
     ``cache``, a cache_spec.CacheSpec, when given)."""
     from .cached_denoiser import cached_denoiser
-    from .hosted import hosted_pipeline
+    from .hosted import hosted_pipeline, pipeline_flags
 
     cls = type(pipe).__name__
     encoders, denoiser = PIPELINES[cls]
@@ -127,7 +127,7 @@ def hosted_like(pipe: Any, runs: dict[str, Any], cache: Any = None) -> Any:
     parts.update({k: v for k, v in pipe.components.items() if k.startswith("tokenizer") and v is not None})
     configs = {n: getattr(pipe, n).config for n in (*encoders, denoiser, "vae")}
     cached = cached_denoiser(cache, denoiser, runs, configs[denoiser], parts["scheduler"]) if cache else None
-    return hosted_pipeline(cls, parts, runs, configs, cached)
+    return hosted_pipeline(cls, parts, runs, configs, cached, flags=pipeline_flags(dict(pipe.config)))
 
 
 def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -86,17 +86,38 @@ class SD3Transformer(PipelineGraph):
         return {"out_hidden_states": out[0]}
 
 
+ADDED = {None: (), "text_time": ("text_embeds", "time_ids")}  # a UNet's addition_embed_type -> its added inputs
+
+
+def added_inputs(config: Any) -> tuple[str, ...]:
+    """The ``added_cond_kwargs`` a UNet of ``config`` takes, as graph inputs (Optimum's names: SDXL's ``text_embeds``
+    and ``time_ids``); a UNet conditioned on what no exported graph gives (images, a guidance embedding) is refused."""
+    from ..errors import OptionsError
+
+    kind = getattr(config, "addition_embed_type", None)
+    if kind not in ADDED or getattr(config, "time_cond_proj_dim", None) is not None:
+        what = f"addition_embed_type={kind!r}" if kind not in ADDED else "time_cond_proj_dim (a guidance embedding)"
+        raise OptionsError(f"the pipeline's UNet has {what}, which this tool does not export (it exports UNets "
+                           f"with addition_embed_type {' or '.join(repr(k) for k in ADDED)}); export its modules one "
+                           "by one from Python (cann_export.export(pipe.unet, ...))")
+    return ADDED[kind]
+
+
 class UNet(PipelineGraph):
-    graph_input_names = ("sample", "timestep", "encoder_hidden_states")
+    graph_input_names: tuple[str, ...] = ("sample", "timestep", "encoder_hidden_states")
 
     def __init__(self, model: nn.Module, sides: tuple[int, int]):
+        added = added_inputs(model.config)
         axes = {"sample": _latent_axes("sample"), "timestep": {0: "batch_size"},
-                "encoder_hidden_states": {0: "batch_size"}}
+                "encoder_hidden_states": {0: "batch_size"}, **{n: {0: "batch_size"} for n in added}}
         super().__init__(model, axes, {"height": sides, "width": sides})
+        self.added = added
+        self.graph_input_names = (*type(self).graph_input_names, *added)
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        added = {n: feed[n] for n in self.added}
         out = self.model(feed["sample"], feed["timestep"], encoder_hidden_states=feed["encoder_hidden_states"],
-                         return_dict=False)
+                         added_cond_kwargs=added or None, return_dict=False)
         return {"out_sample": out[0]}
 
     def graph_output_axes(self) -> dict[str, dict[int, str]]:

@@ -91,11 +91,27 @@ class HostedTransformer(HostedDenoiser):
 
 
 class HostedUNet(HostedDenoiser):
+    """A UNet's graph; one conditioned on ``added_cond_kwargs`` (SDXL's ``text_embeds`` and ``time_ids``) takes them
+    as graph inputs, and shows the width of its ``add_embedding`` (SDXL's ``_get_add_time_ids`` checks it)."""
+
+    def __init__(self, name: str, run: Run, config: Any):
+        from types import SimpleNamespace
+
+        from .graphs import added_inputs
+
+        super().__init__(name, run, config)
+        self.added = added_inputs(config)
+        if self.added:
+            width = int(config.projection_class_embeddings_input_dim)
+            self.add_embedding = SimpleNamespace(linear_1=SimpleNamespace(in_features=width))
+
     def forward(self, sample: torch.Tensor, timestep: Any, encoder_hidden_states: torch.Tensor, *_: Any,
-                return_dict: bool = False, **__: Any) -> Any:
+                added_cond_kwargs: dict[str, torch.Tensor] | None = None, return_dict: bool = False,
+                **__: Any) -> Any:
         self.check(sample)
+        added = {n: (added_cond_kwargs or {})[n].float() for n in self.added}
         out = self.call(sample=sample.float(), timestep=_steps(timestep, sample.shape[0]),
-                        encoder_hidden_states=encoder_hidden_states.float())
+                        encoder_hidden_states=encoder_hidden_states.float(), **added)
         return (out["out_sample"],)
 
 
@@ -198,12 +214,21 @@ class _LazyRun:
         return self.run(feed)
 
 
+PIPELINE_FLAGS = ("force_zeros_for_empty_prompt",)  # the pipeline's own settings (model_index.json), if booleans
+
+
+def pipeline_flags(config: Any) -> dict[str, bool]:
+    """The settings of PIPELINE_FLAGS a pipeline's config (or its model_index.json) records as booleans."""
+    return {k: config[k] for k in PIPELINE_FLAGS if isinstance(config, dict) and isinstance(config.get(k), bool)}
+
+
 def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], configs: dict[str, Any],
-                    cached: Any = None, limits: dict[str, tuple[int, int]] | None = None) -> Any:
+                    cached: Any = None, limits: dict[str, tuple[int, int]] | None = None,
+                    flags: dict[str, bool] | None = None) -> Any:
     """A diffusers ``cls`` pipeline whose model parts are the graphs' ``runs`` (by component name); ``parts``: its
     scheduler and tokenizers; ``configs``: each model part's config (``vae`` for both VAE graphs); ``cached``: a
     denoiser applying a cache (cached_denoiser) in place of the plain one; ``limits``: the latent sides the graphs
-    take (checked before the denoiser runs)."""
+    take (checked before the denoiser runs); ``flags``: the source pipeline's pipeline_flags."""
     import diffusers
 
     from .known_pipelines import PIPELINES
@@ -215,7 +240,7 @@ def hosted_pipeline(cls: str, parts: dict[str, Any], runs: dict[str, Run], confi
     modules["vae"] = HostedVae(runs["vae_decoder"], configs["vae"], runs.get("vae_encoder"))
     extra = {"requires_safety_checker": False, "safety_checker": None, "feature_extractor": None} \
         if cls == "StableDiffusionPipeline" else {}
-    pipe = getattr(diffusers, cls)(**modules, **parts, **extra)
+    pipe = getattr(diffusers, cls)(**modules, **parts, **extra, **(flags or {}))
     pipe.set_progress_bar_config(disable=True)
     modules[denoiser].limits, modules[denoiser].scale = limits, int(pipe.vae_scale_factor)
     return pipe

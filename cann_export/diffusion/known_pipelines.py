@@ -1,6 +1,9 @@
 """The pipelines this package exports, as a table: each pipeline class's components in Optimum's folder names
-(``text_encoder``..., ``transformer`` or ``unet``, ``vae_encoder``, ``vae_decoder``). A new pipeline of known
-component classes (SDXL's two text encoders and a UNet, Flux's CLIP + T5 + transformer) is a row here."""
+(``text_encoder``..., ``transformer`` or ``unet``, ``vae_encoder``, ``vae_decoder``), and where its denoiser
+reads CLIP's penultimate hidden state and pooled embedding (``POOLED_INTO``). A new pipeline of known component
+classes is a row here (SDXL's two CLIPs and a ``text_time`` UNet were: its UNet's extra inputs come from the
+UNet's own config, graphs.added_inputs); one whose denoiser takes inputs of its own kind (Flux's packed latents
+and position ids) also needs its graph class in graphs.py."""
 from __future__ import annotations
 
 TASK = "text-to-image"  # what api.graphs answers for a pipeline: several graphs, planned here
@@ -10,7 +13,12 @@ KIND = "diffusion-pipeline"  # the multi-graph bundle kind
 PIPELINES: dict[str, tuple[tuple[str, ...], str]] = {
     "StableDiffusion3Pipeline": (("text_encoder", "text_encoder_2", "text_encoder_3"), "transformer"),
     "StableDiffusionPipeline": (("text_encoder",), "unet"),
+    "StableDiffusionXLPipeline": (("text_encoder", "text_encoder_2"), "unet"),
 }
+# pipeline class -> the denoiser input its CLIPs' pooled embeddings (``text_embeds``) feed; the pipelines listed here
+# also read every CLIP's penultimate hidden state (each CLIP's graph outputs its hidden states), the rest the last
+POOLED_INTO: dict[str, str] = {"StableDiffusion3Pipeline": "pooled_projections",
+                               "StableDiffusionXLPipeline": "text_embeds"}
 
 # the classes a model_index.json may name, by library (nothing else is imported: no remote code)
 ALLOWED = {

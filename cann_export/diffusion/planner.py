@@ -9,7 +9,7 @@ from typing import Any
 
 from ..plan import Component, Plan
 from ..errors import OptionsError
-from .known_pipelines import KIND, PIPELINES, components_of, tokenizer_of
+from .known_pipelines import KIND, PIPELINES, POOLED_INTO, components_of, tokenizer_of
 from .sides import FIXED_SIDES, side_range
 
 EXAMPLE_BATCH = 2  # torch.export must not specialize the batch to 1
@@ -46,9 +46,10 @@ def wiring(cls: str, outputs: dict[str, list[str]], cache: Any = None) -> list[t
     for enc in encoders:
         names = outputs.get(enc, [])
         hidden = hidden_state_names(names)
-        if denoiser == "transformer" and hidden:  # SD3: CLIP's penultimate hidden state and pooled embedding
+        if cls in POOLED_INTO and hidden:  # SD3, SDXL: CLIP's penultimate hidden state and pooled embedding
             conns.append((enc, hidden[-2], denoiser, "encoder_hidden_states"))
-            conns.append((enc, "text_embeds", denoiser, "pooled_projections"))
+            if "text_embeds" in names:  # SDXL's first CLIP has no projection: only its hidden state is read
+                conns.append((enc, "text_embeds", denoiser, POOLED_INTO[cls]))
         else:
             conns.append((enc, "last_hidden_state", denoiser, "encoder_hidden_states"))
     out = "out_hidden_states" if denoiser == "transformer" else "out_sample"
@@ -73,7 +74,7 @@ def cache_wiring(cache: Any, conns: list[tuple[str, str, str, str]]) -> list[tup
 
 
 def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
-    """The plan of ``pipe`` (a StableDiffusion3Pipeline or StableDiffusionPipeline, on the CPU, fp32); ``cache``
+    """The plan of ``pipe`` (a pipeline of known_pipelines.PIPELINES, on the CPU, fp32); ``cache``
     (cache_spec.CacheSpec): the denoiser's graphs for it (cache_graphs) in place of the plain one."""
     import torch
 
@@ -93,7 +94,7 @@ def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
             ids = tok(EXAMPLE_PROMPTS, padding="max_length", max_length=length, truncation=True,
                       return_tensors="pt").input_ids
             module = getattr(pipe, enc).eval()
-            hidden = denoiser_name == "transformer" and "CLIP" in type(module).__name__  # SD3 reads CLIP's
+            hidden = cls in POOLED_INTO and "CLIP" in type(module).__name__  # SD3 / SDXL read CLIP's
             comps.append(Component(enc, enc, TextEncoder(module, hidden_states=hidden), {"input_ids": ids}))
         denoiser = getattr(pipe, denoiser_name).eval()
         side = int(denoiser.config.sample_size)
@@ -101,7 +102,7 @@ def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
         scale = pipe.vae_scale_factor
         latents = torch.randn(EXAMPLE_BATCH, channels, side, side, generator=gen)
         timestep = torch.tensor([500.0, 250.0])
-        conditioning = _conditioning(pipe, cls)
+        conditioning = _conditioning(pipe, cls, side * scale)
         sides = side_range(denoiser, side)
         first = "hidden_states" if denoiser_name == "transformer" else "sample"
         feed = {first: latents, **conditioning, "timestep": timestep}
@@ -134,11 +135,20 @@ def _cache_components(cache: Any, denoiser: Any, sides: tuple[int, int], feed: d
     return comps
 
 
-def _conditioning(pipe: Any, cls: str) -> dict[str, Any]:
-    """The denoiser's text conditioning for the example prompts, from the pipeline's own ``encode_prompt``."""
+def _conditioning(pipe: Any, cls: str, pixels: int) -> dict[str, Any]:
+    """The denoiser's text conditioning for the example prompts, from the pipeline's own ``encode_prompt`` (SDXL's
+    ``time_ids`` as its ``_get_add_time_ids`` makes them: original size, crop corner, target size, at ``pixels``)."""
+    import torch
+
     if cls == "StableDiffusion3Pipeline":
         embeds, _, pooled, _ = pipe.encode_prompt(prompt=EXAMPLE_PROMPTS, prompt_2=None, prompt_3=None,
                                                   do_classifier_free_guidance=False, device="cpu")
         return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
+    if cls == "StableDiffusionXLPipeline":
+        embeds, _, pooled, _ = pipe.encode_prompt(prompt=EXAMPLE_PROMPTS, device="cpu", num_images_per_prompt=1,
+                                                  do_classifier_free_guidance=False)
+        time_ids = torch.tensor([[pixels, pixels, 0, 0, pixels, pixels]], dtype=embeds.dtype)
+        return {"encoder_hidden_states": embeds, "text_embeds": pooled,
+                "time_ids": time_ids.repeat(embeds.shape[0], 1)}
     embeds, _ = pipe.encode_prompt(EXAMPLE_PROMPTS, "cpu", 1, False)
     return {"encoder_hidden_states": embeds}

@@ -1,6 +1,9 @@
 """The strip and optimize stages: module passes, graph passes and onnxsim (kept only when outputs match)."""
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from .. import errors
@@ -131,8 +134,9 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     from .dedupe import feeds
 
     try:  # onnxsim's onnxruntime fusions (com.microsoft::Attention ...) are no ONNX: ATC could not parse them
-        simplified, ok = onnxsim.simplify(str(original), skipped_optimizers=list(ONNXSIM_CONTRIB_FUSIONS),
-                                          output_path=str(target))
+        with _native_output_dropped():
+            simplified, ok = onnxsim.simplify(str(original), skipped_optimizers=list(ONNXSIM_CONTRIB_FUSIONS),
+                                              output_path=str(target))
     except Exception as e:  # noqa: BLE001
         return f"failed: {type(e).__name__}: {_gist(e, 200)}", None
     if not ok:
@@ -161,6 +165,34 @@ def _simplified(ctx: ExportContext, original: Any, target: Any, refused: set | N
     except Exception as e:  # noqa: BLE001
         return f"failed: simplified graph does not run ({type(e).__name__}: {_gist(e, 200)})", None
     return "rejected: simplified graph changed outputs beyond tolerance", None
+
+
+@contextlib.contextmanager
+def _native_output_dropped() -> Iterator[None]:
+    """onnxsim's C++ writes to the process's stderr past Python (a CLIP's causal mask: "WARNING: failed to run
+    "Where" op ... skip", twice a layer) what its own result already says; dropped, as the load sandbox's child drops
+    its native output, so an in-process export (the Python API, an in-memory model) prints only what we print."""
+    import sys
+    import tempfile
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # a process without a stdout / stderr: nothing to keep quiet
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
 
 
 def _refused_before(ctx: ExportContext) -> set | None:

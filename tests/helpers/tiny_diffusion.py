@@ -1,6 +1,6 @@
 """Tiny diffusers pipelines for tests, built offline: diffusers' own fast-test sizes (tests/pipelines/
-stable_diffusion_3 and stable_diffusion ``get_dummy_components``), random weights, and CLIP / T5 tokenizers
-made from a small local vocabulary (no hub access), written with ``save_pretrained``."""
+stable_diffusion_3, stable_diffusion and stable_diffusion_xl ``get_dummy_components``), random weights, and CLIP /
+T5 tokenizers made from a small local vocabulary (no hub access), written with ``save_pretrained``."""
 from __future__ import annotations
 
 import json
@@ -41,6 +41,15 @@ def t5_tokenizer() -> Any:
                            extra_ids=0, model_max_length=256)
 
 
+def _clip_config() -> Any:
+    """The fast tests' CLIP text config of SD3 and SDXL (5 layers, width 32, projection 32)."""
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(bos_token_id=0, eos_token_id=1, hidden_size=32, intermediate_size=37, layer_norm_eps=1e-05,
+                          num_attention_heads=4, num_hidden_layers=5, pad_token_id=2, vocab_size=64,
+                          hidden_act="gelu", projection_dim=32)
+
+
 def sd3_components(seed: int = 0, layers: int = 1) -> dict[str, Any]:
     """diffusers' SD3 fast-test components (StableDiffusion3PipelineFastTests.get_dummy_components), with a local
     T5 of the tiny-random-t5 sizes and local tokenizers; ``layers``: the transformer's blocks (the fast test's 1)."""
@@ -48,15 +57,13 @@ def sd3_components(seed: int = 0, layers: int = 1) -> dict[str, Any]:
 
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=layers,
                                         attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
                                         joint_attention_dim=32, pooled_projection_dim=64, out_channels=4)
-    clip = CLIPTextConfig(bos_token_id=0, eos_token_id=1, hidden_size=32, intermediate_size=37, layer_norm_eps=1e-05,
-                          num_attention_heads=4, num_hidden_layers=5, pad_token_id=2, vocab_size=64,
-                          hidden_act="gelu", projection_dim=32)
+    clip = _clip_config()
     torch.manual_seed(seed)
     text_encoder = CLIPTextModelWithProjection(clip)
     torch.manual_seed(seed)
@@ -106,6 +113,40 @@ def sd_components(seed: int = 0) -> dict[str, Any]:
             "tokenizer": tokenizer, "safety_checker": None, "feature_extractor": None, "image_encoder": None}
 
 
+def sdxl_components(seed: int = 0) -> dict[str, Any]:
+    """diffusers' StableDiffusionXLPipeline fast-test components (a ``text_time`` UNet, two CLIPs, a two-block VAE),
+    with local CLIP tokenizers."""
+    import tempfile
+
+    import torch
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(block_out_channels=(2, 4), layers_per_block=2, sample_size=32, in_channels=4,
+                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
+                                use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
+                                transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=80,
+                                cross_attention_dim=64, norm_num_groups=1)
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(block_out_channels=[32, 64], in_channels=3, out_channels=3,
+                        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                        latent_channels=4, sample_size=128)
+    clip = _clip_config()
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModel(clip)
+    torch.manual_seed(seed)
+    text_encoder_2 = CLIPTextModelWithProjection(clip)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer, tokenizer_2 = clip_tokenizer(Path(tmp) / "clip"), clip_tokenizer(Path(tmp) / "clip2")
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, steps_offset=1,
+                                       beta_schedule="scaled_linear", timestep_spacing="leading")
+    return {"unet": unet, "scheduler": scheduler, "vae": vae, "text_encoder": text_encoder, "tokenizer": tokenizer,
+            "text_encoder_2": text_encoder_2, "tokenizer_2": tokenizer_2, "image_encoder": None,
+            "feature_extractor": None}
+
+
 def _eval(parts: dict[str, Any]) -> dict[str, Any]:
     """Modules built from a config are in training mode (T5's dropout on); from_pretrained gives eval mode."""
     return {k: v.eval() if hasattr(v, "eval") and hasattr(v, "parameters") else v for k, v in parts.items()}
@@ -121,6 +162,12 @@ def sd_pipeline(seed: int = 0) -> Any:
     from diffusers import StableDiffusionPipeline
 
     return StableDiffusionPipeline(**_eval(sd_components(seed)), requires_safety_checker=False).to("cpu")
+
+
+def sdxl_pipeline(seed: int = 0) -> Any:
+    from diffusers import StableDiffusionXLPipeline
+
+    return StableDiffusionXLPipeline(**_eval(sdxl_components(seed))).to("cpu")
 
 
 def overflow_t5(pipe: Any, factor: float = 5e4) -> Any:
