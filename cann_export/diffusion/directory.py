@@ -15,16 +15,69 @@ EXTRA = "pip install 'cann-export[diffusers]'"
 TOKENIZER_MARKS = ("tokenizer.json", "vocab.json", "spiece.model")
 
 
+MAX_ENTRIES = 20000  # files and folders of one pipeline directory walked for links (a real one has < 200)
+
+
 def is_pipeline_directory(path: Any) -> bool:
-    return isinstance(path, (str, Path)) and Path(path).is_dir() and (Path(path) / MODEL_INDEX).is_file()
+    """A directory with model_index.json, or a hub cache's ``models--org--name`` folder whose snapshot has one."""
+    if not isinstance(path, (str, Path)) or not Path(path).is_dir():
+        return False
+    path = Path(path)
+    if (path / MODEL_INDEX).is_file() or (path / MODEL_INDEX).is_symlink():
+        return True
+    if path.name.startswith("models--") and (path / "snapshots").is_dir():
+        from ..hf.directory_files import snapshot
+
+        try:
+            return (snapshot(path) / MODEL_INDEX).exists()
+        except LoadError:
+            return False
+    return False
 
 
-def read_index(directory: Path) -> tuple[str, dict[str, tuple[str, str]]]:
-    """(the pipeline class, ``{part: (library, class)}``) of ``directory``'s model_index.json, every name checked."""
+def pipeline_directory(path: Path) -> tuple[Path, list[Path]]:
+    """(the directory holding model_index.json, the roots its files may resolve into): ``path``, or the snapshot
+    refs/main names in a hub cache's repo folder; a snapshot's files are links into the cache's ``blobs/``. A link
+    anywhere else (or a linked folder, which a hub cache never makes) is refused before anything is read."""
+    from ..hf.directory_files import roots_of, snapshot
+
+    directory = path
+    if not (path / MODEL_INDEX).exists() and not (path / MODEL_INDEX).is_symlink() and (path / "snapshots").is_dir():
+        directory = snapshot(path)
+    roots = roots_of(directory)
+    _check_links(directory, roots)
+    return directory, roots
+
+
+def _check_links(directory: Path, roots: list[Path]) -> None:
+    """Every link under ``directory`` is a file link resolving inside ``roots`` (bounded walk)."""
+    import os
+
+    from ..hf.directory_files import check_inside
+
+    seen = 0
+    for top, folders, files in os.walk(directory, followlinks=False):
+        seen += len(folders) + len(files)
+        if seen > MAX_ENTRIES:
+            raise LoadError(f"the pipeline directory holds more than {MAX_ENTRIES} files and folders, far past any "
+                            "pipeline's; refused. Pass the pipeline's own directory", path=directory)
+        for name in folders:
+            if (Path(top) / name).is_symlink():
+                raise LoadError(f"{name}/ is a linked folder, which neither save_pretrained nor a hub cache makes; "
+                                "refused unread. Copy the folder into the pipeline directory", path=Path(top) / name)
+        for name in files:
+            if (Path(top) / name).is_symlink():
+                check_inside(Path(top) / name, roots)
+
+
+def read_index(path: Path) -> tuple[str, dict[str, tuple[str, str]]]:
+    """(the pipeline class, ``{part: (library, class)}``) of the pipeline directory ``path``'s model_index.json
+    (pipeline_directory), every name checked."""
+    from ..fs.regular import check_regular_file
+
+    directory, _ = pipeline_directory(path)
     where = directory / MODEL_INDEX
-    if where.is_symlink():
-        raise LoadError("model_index.json is a link; a pipeline directory's files must be regular files in it",
-                        path=where)
+    check_regular_file(where, MODEL_INDEX, "it must be a regular file (or a hub cache's link to one)", LoadError)
     index = read_json(where, MODEL_INDEX)
     cls = index.get("_class_name")
     if cls not in PIPELINES:
@@ -38,14 +91,15 @@ def read_index(directory: Path) -> tuple[str, dict[str, tuple[str, str]]]:
         if entry in ([None, None], [None]) or (len(entry) == 2 and entry[1] is None):
             continue
         library, klass = (entry + [None, None])[:2]
+        if name in OPTIONAL_PARTS:  # left out of the export and never loaded (load_pipeline passes None)
+            continue
         if not (isinstance(name, str) and PART.fullmatch(name)) or library not in ALLOWED \
                 or klass not in ALLOWED[library]:
             raise LoadError(f"model_index.json's part {str(name)[:64]!r} names {str(library)[:40]}.{str(klass)[:80]}, "
                             "not a diffusers or transformers class this tool loads (no remote code is run); use a "
                             f"pipeline whose parts are {', '.join(sorted(set().union(*ALLOWED.values())))}",
                             path=where)
-        if name not in OPTIONAL_PARTS:
-            parts[name] = (library, klass)
+        parts[name] = (library, klass)
     _check_parts(directory, cls, parts)
     return cls, parts
 
@@ -58,8 +112,7 @@ def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]]) -
             raise LoadError(f"the diffusers pipeline {cls} has no {name}/ folder listed in model_index.json; it "
                             f"exports {', '.join(components_of(cls))}. Save the whole pipeline "
                             "(pipe.save_pretrained(DIR)) or copy the folder from the model's snapshot", path=folder)
-        if name != "scheduler" and not any(p.suffix == ".safetensors" and p.is_file() and not p.is_symlink()
-                                           for p in folder.iterdir()):
+        if name != "scheduler" and not any(p.suffix == ".safetensors" and p.is_file() for p in folder.iterdir()):
             raise LoadError(f"{name}/ holds no .safetensors weights (pickled .bin weights are not loaded); save "
                             "the pipeline with pipe.save_pretrained(DIR, safe_serialization=True)", path=folder)
     for enc in encoders:
@@ -89,11 +142,14 @@ def load_pipeline(directory: Path) -> tuple[Any, bytes]:
     import torch
 
     cls, _ = read_index(directory)
+    directory, _ = pipeline_directory(directory)
+    index = read_json(directory / MODEL_INDEX, MODEL_INDEX)
+    left_out = {p: None for p in OPTIONAL_PARTS if isinstance(index.get(p), list) and any(index[p])}
     diffusers = diffusers_module()
     os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
+    try:  # an optional part (SD's safety checker) is passed as None: never imported nor loaded
         pipe = getattr(diffusers, cls).from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
-                                                       torch_dtype=torch.float32)
+                                                       torch_dtype=torch.float32, **left_out)
     except Exception as e:  # noqa: BLE001 - any failure of diffusers' load of the user's directory
         raise LoadError(f"diffusers could not load the {cls}: {type(e).__name__}: {str(e)[:300]}. Check the "
                         "directory is a complete pipeline saved with save_pretrained", path=directory) from e

@@ -42,7 +42,7 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
     directory with no config.json are refused here."""
     directory = path
     if not (path / CONFIG).exists() and (path / "snapshots").is_dir():
-        directory = _snapshot(path)
+        directory = snapshot(path)
     if (directory / DIFFUSERS).exists() and not (directory / CONFIG).exists():
         raise LoadError("this is a diffusers pipeline (model_index.json), which exports as one bundle of its "
                         "components through `cann-export DIR` or cann_export.export(DIR), not as one transformers "
@@ -56,6 +56,11 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
         raise LoadError("is a directory but not a transformers model: there is no config.json. Pass a directory "
                         "written by save_pretrained (config.json + model.safetensors), a hub-cache snapshot, or a "
                         "model file (.pt2, .pt, .pth, .safetensors)", path=directory)
+    return directory, roots_of(directory)
+
+
+def roots_of(directory: Path) -> list[Path]:
+    """The roots a model directory's files may resolve into: the directory, and a hub-cache snapshot's ``blobs/``."""
     roots = [directory.resolve()]
     lexical = Path(os.path.abspath(directory))  # a relative path (run inside the repo folder) has no parents
     hub = lexical.parent.name == "snapshots" and lexical.parent.parent.resolve().name.startswith("models--")
@@ -67,7 +72,7 @@ def resolve(path: Path) -> tuple[Path, list[Path]]:
         blobs = _blobs(lexical.parent.parent)
         if blobs is not None:
             roots.append(blobs)
-    return directory, roots
+    return roots
 
 
 def _blobs(repo: Path) -> Path | None:
@@ -84,7 +89,7 @@ def _blobs(repo: Path) -> Path | None:
     return real
 
 
-def _snapshot(repo: Path) -> Path:
+def snapshot(repo: Path) -> Path:
     """The snapshot ``refs/main`` names in a hub-cache repo folder, else its only snapshot."""
     ref = repo / "refs" / "main"
     if ref.is_file():
