@@ -87,20 +87,25 @@ class SD3Transformer(PipelineGraph):
 
 
 ADDED = {None: (), "text_time": ("text_embeds", "time_ids")}  # a UNet's addition_embed_type -> its added inputs
+GUIDANCE_EMBEDDING = "timestep_cond"  # an LCM-distilled UNet's guidance-scale embedding (time_cond_proj_dim)
 
 
 def added_inputs(config: Any) -> tuple[str, ...]:
-    """The ``added_cond_kwargs`` a UNet of ``config`` takes, as graph inputs (Optimum's names: SDXL's ``text_embeds``
-    and ``time_ids``); a UNet conditioned on what no exported graph gives (images, a guidance embedding) is refused."""
+    """The conditioning a UNet of ``config`` takes beyond the latents, timestep and text, as graph inputs (Optimum's
+    names): SDXL's ``added_cond_kwargs`` ``text_embeds`` and ``time_ids``, and an LCM UNet's ``timestep_cond`` (its
+    guidance-scale embedding, made on the host); a UNet conditioned on what no exported graph gives (images, class
+    labels) is refused by name."""
     from ..errors import OptionsError
 
     kind = getattr(config, "addition_embed_type", None)
-    if kind not in ADDED or getattr(config, "time_cond_proj_dim", None) is not None:
-        what = f"addition_embed_type={kind!r}" if kind not in ADDED else "time_cond_proj_dim (a guidance embedding)"
+    classes = getattr(config, "class_embed_type", None)
+    if kind not in ADDED or classes is not None:
+        what = f"addition_embed_type={kind!r}" if kind not in ADDED else f"class_embed_type={classes!r}"
         raise OptionsError(f"the pipeline's UNet has {what}, which this tool does not export (it exports UNets "
-                           f"with addition_embed_type {' or '.join(repr(k) for k in ADDED)}); export its modules one "
-                           "by one from Python (cann_export.export(pipe.unet, ...))")
-    return ADDED[kind]
+                           f"with addition_embed_type {' or '.join(repr(k) for k in ADDED)} and no class "
+                           "embedding); export its modules one by one from Python (cann_export.export(pipe.unet, ...))")
+    guided = getattr(config, "time_cond_proj_dim", None) is not None
+    return (*ADDED[kind], *((GUIDANCE_EMBEDDING,) if guided else ()))
 
 
 class UNet(PipelineGraph):
@@ -115,9 +120,10 @@ class UNet(PipelineGraph):
         self.graph_input_names = (*type(self).graph_input_names, *added)
 
     def compute(self, feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        added = {n: feed[n] for n in self.added}
+        added = {n: feed[n] for n in self.added if n != GUIDANCE_EMBEDDING}
         out = self.model(feed["sample"], feed["timestep"], encoder_hidden_states=feed["encoder_hidden_states"],
-                         added_cond_kwargs=added or None, return_dict=False)
+                         timestep_cond=feed.get(GUIDANCE_EMBEDDING), added_cond_kwargs=added or None,
+                         return_dict=False)
         return {"out_sample": out[0]}
 
     def graph_output_axes(self) -> dict[str, dict[int, str]]:

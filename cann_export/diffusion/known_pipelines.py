@@ -24,7 +24,7 @@ POOLED_INTO: dict[str, str] = {"StableDiffusion3Pipeline": "pooled_projections",
 ALLOWED = {
     "diffusers": {"SD3Transformer2DModel", "UNet2DConditionModel", "AutoencoderKL", "FlowMatchEulerDiscreteScheduler",
                   "EulerDiscreteScheduler", "DDIMScheduler", "PNDMScheduler", "LMSDiscreteScheduler",
-                  "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "DDPMScheduler"},
+                  "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "DDPMScheduler", "LCMScheduler"},
     "transformers": {"CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "CLIPTokenizer",
                      "CLIPTokenizerFast", "T5Tokenizer", "T5TokenizerFast"},
 }

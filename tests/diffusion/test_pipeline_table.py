@@ -1,6 +1,7 @@
 """What a pipeline row relies on, without an export: a UNet's added conditioning read from its own config (SDXL's
-``text_time``), one conditioned on what no exported graph gives refused by name; and an output dim the tracer named
-after an input's dimension, though the reference's sizes there differ, renamed so the graph claims no wrong size."""
+``text_time``, an LCM UNet's guidance embedding), one conditioned on what no exported graph gives refused by name;
+and an output dim the tracer named after an input's dimension, though the reference's sizes there differ, renamed
+so the graph claims no wrong size."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,10 +16,11 @@ def test_unet_added_inputs_come_from_its_config_and_unknown_conditioning_is_refu
     assert added_inputs(SimpleNamespace(addition_embed_type=None, time_cond_proj_dim=None)) == ()
     assert added_inputs(SimpleNamespace(addition_embed_type="text_time", time_cond_proj_dim=None)) == (
         "text_embeds", "time_ids")
+    assert added_inputs(SimpleNamespace(addition_embed_type=None, time_cond_proj_dim=256)) == ("timestep_cond",)
     with pytest.raises(OptionsError, match="addition_embed_type='image'.*pipe.unet"):
         added_inputs(SimpleNamespace(addition_embed_type="image", time_cond_proj_dim=None))
-    with pytest.raises(OptionsError, match="time_cond_proj_dim"):
-        added_inputs(SimpleNamespace(addition_embed_type=None, time_cond_proj_dim=256))
+    with pytest.raises(OptionsError, match="class_embed_type='timestep'"):
+        added_inputs(SimpleNamespace(addition_embed_type=None, class_embed_type="timestep", time_cond_proj_dim=None))
 
 
 def _graph(output_dims):

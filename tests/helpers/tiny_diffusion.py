@@ -85,8 +85,9 @@ def sd3_components(seed: int = 0, layers: int = 1) -> dict[str, Any]:
             "image_encoder": None, "feature_extractor": None}
 
 
-def sd_components(seed: int = 0) -> dict[str, Any]:
-    """diffusers' StableDiffusionPipeline fast-test components, with a local CLIP tokenizer."""
+def sd_components(seed: int = 0, time_cond_proj_dim: int | None = None) -> dict[str, Any]:
+    """diffusers' StableDiffusionPipeline fast-test components, with a local CLIP tokenizer; ``time_cond_proj_dim``:
+    an LCM-distilled UNet (its guidance-scale embedding) with diffusers' LCMScheduler, as its LCM fast test."""
     import tempfile
 
     import torch
@@ -97,7 +98,7 @@ def sd_components(seed: int = 0) -> dict[str, Any]:
     unet = UNet2DConditionModel(block_out_channels=(4, 8), layers_per_block=1, sample_size=32, in_channels=4,
                                 out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
                                 up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
-                                norm_num_groups=2, attention_head_dim=2)
+                                norm_num_groups=2, attention_head_dim=2, time_cond_proj_dim=time_cond_proj_dim)
     torch.manual_seed(seed)
     vae = AutoencoderKL(block_out_channels=[4, 8], in_channels=3, out_channels=3,
                         down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
@@ -109,6 +110,10 @@ def sd_components(seed: int = 0) -> dict[str, Any]:
         tokenizer = clip_tokenizer(Path(tmp) / "clip")
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                                        steps_offset=1)
+    if time_cond_proj_dim is not None:
+        from diffusers import LCMScheduler
+
+        scheduler = LCMScheduler.from_config(scheduler.config)
     return {"unet": unet, "scheduler": scheduler, "vae": vae, "text_encoder": CLIPTextModel(clip),
             "tokenizer": tokenizer, "safety_checker": None, "feature_extractor": None, "image_encoder": None}
 
@@ -158,10 +163,11 @@ def sd3_pipeline(seed: int = 0, layers: int = 1) -> Any:
     return StableDiffusion3Pipeline(**_eval(sd3_components(seed, layers))).to("cpu")
 
 
-def sd_pipeline(seed: int = 0) -> Any:
+def sd_pipeline(seed: int = 0, time_cond_proj_dim: int | None = None) -> Any:
     from diffusers import StableDiffusionPipeline
 
-    return StableDiffusionPipeline(**_eval(sd_components(seed)), requires_safety_checker=False).to("cpu")
+    return StableDiffusionPipeline(**_eval(sd_components(seed, time_cond_proj_dim)),
+                                   requires_safety_checker=False).to("cpu")
 
 
 def sdxl_pipeline(seed: int = 0) -> Any:
