@@ -53,7 +53,7 @@ def recorder(records: list[Any], trace: Any = None) -> Callable[..., None]:
         try:  # raised here, it would end the model's forward: then the warning may depend on values
             frame = _frame_at(caller, filename, lineno)
             if frame is not None:
-                entry.tested = classify(frame, lineno, sources.index(filename), "registered as constants" in
+                entry.tested = classify(frame, lineno, sources.index(filename, lineno), "registered as constants" in
                                         str(message), trace)
         except Exception:  # noqa: BLE001 - an object of the model's that resists being read
             entry.tested = None
@@ -96,40 +96,64 @@ class Sources:
     """Parsed source files, each read and indexed once per capture (bounded; None when unreadable)."""
 
     def __init__(self) -> None:
-        self._indexes: dict[str, _Index | None] = {}
+        self._files: dict[str, _File | None] = {}
 
-    def index(self, filename: str) -> _Index | None:
-        if filename not in self._indexes:
-            self._indexes[filename] = _shared_index(filename)
-        return self._indexes[filename]
+    def index(self, filename: str, lineno: int | None = None) -> _Index | None:
+        """The index of the top-level statement (a class or function) of ``filename`` that holds ``lineno``: every
+        question asked of it is about that line (the whole file's when ``lineno`` is None or at module level)."""
+        if filename not in self._files:
+            self._files[filename] = _shared_file(filename)
+        found = self._files[filename]
+        return None if found is None else found.index_at(lineno)
 
 
-_INDEXES: dict[tuple[str, int, int], _Index | None] = {}  # (file, mtime, size): the graphs of one model share it
-_MAX_INDEXES = 64
+_FILES: dict[tuple[str, int, int], _File | None] = {}  # (file, mtime, size): the graphs of one model share it
+_MAX_FILES = 64
 
 
-def _shared_index(filename: str) -> _Index | None:
-    """The file's index, parsed once per process while the file is unchanged (a decoder's two graphs, an
-    encoder-decoder's three, warn in the same transformers files)."""
+def _shared_file(filename: str) -> _File | None:
+    """The file, parsed once per process while it is unchanged (a decoder's two graphs, an encoder-decoder's three,
+    a pipeline's six warn in the same transformers and diffusers files)."""
     try:
         stat = os.stat(filename)
     except (OSError, ValueError):
         return None
     key = (filename, stat.st_mtime_ns, stat.st_size)
-    if key not in _INDEXES:
-        if len(_INDEXES) >= _MAX_INDEXES:
-            _INDEXES.pop(next(iter(_INDEXES)))
+    if key not in _FILES:
+        if len(_FILES) >= _MAX_FILES:
+            _FILES.pop(next(iter(_FILES)))
         tree = _parse(filename)
-        _INDEXES[key] = None if tree is None else _Index(tree)
-    return _INDEXES[key]
+        _FILES[key] = None if tree is None else _File(tree)
+    return _FILES[key]
+
+
+class _File:
+    """A parsed file whose top-level statements are indexed when a warning first falls in them: walking the whole
+    tree of diffusers' attention_processor.py or resnet.py for one check cost a pipeline's capture 0.35 s."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.parts: dict[int, _Index] = {}
+
+    def index_at(self, lineno: int | None) -> _Index:
+        for k, node in enumerate(self.tree.body):
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+            if lineno is not None and first <= lineno <= (node.end_lineno or node.lineno) \
+                    and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if k not in self.parts:
+                    self.parts[k] = _Index(node)
+                return self.parts[k]
+        if -1 not in self.parts:
+            self.parts[-1] = _Index(self.tree)
+        return self.parts[-1]
 
 
 class _Index:
-    """One file's checks, ``try`` / ``with`` blocks and statements, in ``ast.walk`` order, from one walk: a model's
-    trace warns dozens of times in one large file (GPT-2: 54 warnings), and a walk of the whole tree per warning
-    and per frame cost more than a second."""
+    """One file's (or one top-level statement's) checks, ``try`` / ``with`` blocks and statements, in ``ast.walk``
+    order, from one walk: a model's trace warns dozens of times in one large file (GPT-2: 54 warnings), and a walk
+    of the whole tree per warning and per frame cost more than a second."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.AST) -> None:
         self.checks: list[tuple[ast.stmt, ast.stmt]] = []  # (if / assert, its lone raise / itself)
         self.blocks: list[ast.stmt] = []
         self.statements: list[ast.stmt] = []
@@ -165,10 +189,10 @@ def is_guard(filename: str, lineno: int, stack: list[tuple[str, int]] | None, so
     """Whether the warning at ``filename:lineno`` (raised with ``stack``) comes from an input check (module doc)."""
     if stack is None:
         return False
-    raised = _check(sources.index(filename), lineno)
+    raised = _check(sources.index(filename, lineno), lineno)
     if raised is None:
         return False
-    return not any(_caught(sources.index(name), line, raised) for name, line in stack)
+    return not any(_caught(sources.index(name, line), line, raised) for name, line in stack)
 
 
 # what an input check may raise: errors a caller does not take as a signal (not StopIteration, which ends a loop,

@@ -34,7 +34,12 @@ def cli() -> None:
 
     `cann-export MODEL ...` is short for `cann-export export MODEL ...`.
     """
-    click.get_current_context().with_resource(as_cli())  # errors name flags, not export()'s arguments
+    context = click.get_current_context()
+    context.with_resource(as_cli())  # errors name flags, not export()'s arguments
+    if context.invoked_subcommand != "export":  # only an export loads a model: the others collect as usual
+        from .. import collector
+
+        collector.settle()
 
 
 @cli.command("export", epilog=examples(
@@ -363,9 +368,11 @@ def _register_plugin_commands() -> None:
 
 
 def _start() -> None:
+    from .. import collector
     from ..sandbox.child import note_process_start
 
     note_process_start()
+    collector.hold()  # off while the libraries and the model load; an export settles it (collector.py)
     # before torch (and its OpenMP) loads: a thread waiting at a parallel region's end sleeps instead of spinning.
     # On cores shared with other work a spinning thread holds the core its late peer needs: ViT-small's 7 eager
     # forwards took 4.4-9.0 s instead of 1.3 s on a shared 2-core machine. A value the user set is kept.

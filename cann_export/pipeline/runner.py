@@ -45,8 +45,10 @@ def run_one(ctx: ExportContext, stage: Stage, registry: manager.Registry, progre
     that are not already an ``ExportError`` are wrapped in the stage's error with their gist, so the CLI
     never shows a traceback for them. Its start and end (and the countable work inside it) are progress
     events (cann_export/progress.py); ``progress`` hears of its end."""
-    from .. import progress as events
+    from .. import collector, progress as events
 
+    if stage.name != "load":
+        collector.settle()  # the libraries and the model are loaded: the CLI's collector back on (collector.py)
     if stage.runs(ctx):
         events.emit(events.ProgressEvent("start", stage.name, index, stages))
         heard: list[str] = []

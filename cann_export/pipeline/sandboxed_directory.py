@@ -103,6 +103,9 @@ def _confined(path: Path, output: Path, export_one: Any, what: tuple[str | None,
             raise ExportError(f"{e}. The model directory ran in the load sandbox ({support.kind}); nothing was "
                               "written. A crafted file, or a load that needs more memory than is free",
                               path=str(path), stage="load") from e
+        from .. import collector
+
+        collector.settle()  # the child exported: this process's collector back on (collector.py)
         result = _checked(box / "bundle", path, output, f"the sandboxed stages ({support.kind})")
         place(box / "bundle", output, overwrite)
     finally:

@@ -1,6 +1,7 @@
 """Tracer warnings from input checks (``if cond: raise`` / ``assert``) specialise nothing: the trace is kept without
 the gate or probes and the manifest names them as ``capture.guards``; a check whose exception a caller catches is
 control flow, gated as before (capture/trace_guards.py)."""
+import ast
 import textwrap
 
 import numpy as np
@@ -200,3 +201,34 @@ def test_a_caller_frame_in_a_try_and_unreadable_source_are_not_guards(tmp_path):
     assert not is_guard(path, line, [(path, line), (path, call)], Sources())  # the caller catches it
     assert not is_guard(path, line, None, Sources())  # no stack recorded
     assert not is_guard(str(tmp_path / "gone.py"), 1, [], Sources())
+
+
+def test_a_warning_indexes_only_the_top_level_statement_that_holds_it(tmp_path):
+    """A large file (diffusers' attention_processor.py) is walked only where a warning falls; the answers are the
+    whole file's: the check in a method, the caller's try in another function, a module-level line."""
+    path = _source(tmp_path, """
+        import torch
+
+        class Block:
+            def forward(self, x):
+                if x.shape[1] != 3:
+                    raise ValueError('channels')
+
+        def caller(x):
+            try:
+                Block().forward(x)
+            except ValueError:
+                return None
+
+        LIMIT = 3
+    """)
+    line, call = _line(path, "x.shape[1]"), _line(path, "Block().forward(x)")
+    sources = Sources()
+    index = sources.index(path, line)
+    assert {type(s).__name__ for s in index.statements} >= {"ClassDef", "FunctionDef", "If", "Raise"}
+    assert not any(isinstance(s, ast.Try) for s in index.statements)  # caller's function is another part
+    assert sources.index(path, call) is not index and sources.index(path, line) is index  # each built once
+    assert is_guard(path, line, [(path, line)], sources)
+    assert not is_guard(path, line, [(path, line), (path, call)], sources)  # the caller's try still found
+    module_level = sources.index(path, _line(path, "LIMIT = 3"))
+    assert len(module_level.statements) > len(index.statements)  # a module-level line: the whole file
