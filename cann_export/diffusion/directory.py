@@ -73,6 +73,13 @@ def _check_links(directory: Path, roots: list[Path]) -> None:
 def read_index(path: Path) -> tuple[str, dict[str, tuple[str, str]]]:
     """(the pipeline class, ``{part: (library, class)}``) of the pipeline directory ``path``'s model_index.json
     (pipeline_directory), every name checked."""
+    _, cls, parts, _ = checked_index(path)
+    return cls, parts
+
+
+def checked_index(path: Path) -> tuple[Path, str, dict[str, tuple[str, str]], dict[str, Any]]:
+    """(the directory holding model_index.json, the pipeline class, the parts exported, the whole index) of the
+    pipeline directory ``path`` (read_index)."""
     from ..fs.regular import check_regular_file
 
     directory, _ = pipeline_directory(path)
@@ -88,11 +95,9 @@ def read_index(path: Path) -> tuple[str, dict[str, tuple[str, str]]]:
     for name, entry in index.items():
         if name.startswith("_") or not isinstance(entry, list):
             continue
-        if entry in ([None, None], [None]) or (len(entry) == 2 and entry[1] is None):
-            continue
+        if entry in ([None, None], [None]) or (len(entry) == 2 and entry[1] is None) or name in OPTIONAL_PARTS:
+            continue  # an optional part is left out of the export and never loaded (load_pipeline passes None)
         library, klass = (entry + [None, None])[:2]
-        if name in OPTIONAL_PARTS:  # left out of the export and never loaded (load_pipeline passes None)
-            continue
         if not (isinstance(name, str) and PART.fullmatch(name)) or library not in ALLOWED \
                 or klass not in ALLOWED[library]:
             raise LoadError(f"model_index.json's part {str(name)[:64]!r} names {str(library)[:40]}.{str(klass)[:80]}, "
@@ -101,7 +106,7 @@ def read_index(path: Path) -> tuple[str, dict[str, tuple[str, str]]]:
                             path=where)
         parts[name] = (library, klass)
     _check_parts(directory, cls, parts)
-    return cls, parts
+    return directory, cls, parts, index
 
 
 def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]]) -> None:
@@ -135,15 +140,13 @@ def diffusers_module() -> Any:
     return diffusers
 
 
-def load_pipeline(directory: Path) -> tuple[Any, bytes]:
-    """The checked pipeline of ``directory``, loaded offline in fp32 on the CPU, and its model_index.json bytes."""
+def load_pipeline(path: Path) -> tuple[Any, bytes]:
+    """The checked pipeline of ``path``, loaded offline in fp32 on the CPU, and its model_index.json bytes."""
     import os
 
     import torch
 
-    cls, _ = read_index(directory)
-    directory, _ = pipeline_directory(directory)
-    index = read_json(directory / MODEL_INDEX, MODEL_INDEX)
+    directory, cls, _, index = checked_index(path)
     left_out = {p: None for p in OPTIONAL_PARTS if isinstance(index.get(p), list) and any(index[p])}
     diffusers = diffusers_module()
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -97,20 +97,21 @@ class HostedUNet(HostedDenoiser):
     def __init__(self, name: str, run: Run, config: Any):
         from types import SimpleNamespace
 
-        from .graphs import GUIDANCE_EMBEDDING, added_inputs
+        from .graphs import added_inputs
 
         super().__init__(name, run, config)
         self.added = added_inputs(config)
         if "time_ids" in self.added:
             width = int(config.projection_class_embeddings_input_dim)
             self.add_embedding = SimpleNamespace(linear_1=SimpleNamespace(in_features=width))
-        self.guided = GUIDANCE_EMBEDDING in self.added
 
     def forward(self, sample: torch.Tensor, timestep: Any, encoder_hidden_states: torch.Tensor, *_: Any,
                 timestep_cond: torch.Tensor | None = None, added_cond_kwargs: dict[str, torch.Tensor] | None = None,
                 return_dict: bool = False, **__: Any) -> Any:
+        from .graphs import GUIDANCE_EMBEDDING
+
         self.check(sample)
-        given = {**(added_cond_kwargs or {}), **({"timestep_cond": timestep_cond} if self.guided else {})}
+        given = {**(added_cond_kwargs or {}), GUIDANCE_EMBEDDING: timestep_cond}
         added = {n: given[n].float() for n in self.added}
         out = self.call(sample=sample.float(), timestep=_steps(timestep, sample.shape[0]),
                         encoder_hidden_states=encoder_hidden_states.float(), **added)

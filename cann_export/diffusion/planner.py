@@ -78,7 +78,7 @@ def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
     (cache_spec.CacheSpec): the denoiser's graphs for it (cache_graphs) in place of the plain one."""
     import torch
 
-    from .graphs import TextEncoder, VaeDecoder, VaeEncoder, denoiser_graph
+    from .graphs import GUIDANCE_EMBEDDING, TextEncoder, VaeDecoder, VaeEncoder, added_inputs, denoiser_graph
 
     cls = pipeline_class(pipe)
     encoders, denoiser_name = PIPELINES[cls]
@@ -103,10 +103,10 @@ def pipeline_plan(pipe: Any, cache: Any = None) -> Plan:
         latents = torch.randn(EXAMPLE_BATCH, channels, side, side, generator=gen)
         timestep = torch.tensor([500.0, 250.0])
         conditioning = _conditioning(pipe, cls, side * scale)
-        guided = getattr(denoiser.config, "time_cond_proj_dim", None) if denoiser_name == "unet" else None
-        if guided is not None:  # an LCM UNet: the guidance-scale embedding the pipeline makes on the host
-            scales = torch.full((EXAMPLE_BATCH,), 4.0)
-            conditioning["timestep_cond"] = pipe.get_guidance_scale_embedding(scales, embedding_dim=int(guided))
+        if denoiser_name == "unet" and GUIDANCE_EMBEDDING in added_inputs(denoiser.config):  # an LCM UNet: the
+            scales = torch.full((EXAMPLE_BATCH,), 4.0)  # guidance-scale embedding the pipeline makes on the host
+            dim = int(denoiser.config.time_cond_proj_dim)
+            conditioning[GUIDANCE_EMBEDDING] = pipe.get_guidance_scale_embedding(scales, embedding_dim=dim)
         sides = side_range(denoiser, side)
         first = "hidden_states" if denoiser_name == "transformer" else "sample"
         feed = {first: latents, **conditioning, "timestep": timestep}
