@@ -74,7 +74,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
                verbose: bool, trace: str | None, summary_file: str | None, junit_file: str | None,
                **values: Any) -> int:
     """Export MODEL (.pt2, TorchScript .pt, state_dict/checkpoint .pth, .safetensors) to FORMAT."""
-    from .. import api
+    from .. import api, torchao_hidden
 
     click.get_current_context().with_resource(as_cli())  # also when run as `cann.torch.export`, without the group
     ci = CiReports("export", output or model or model_opt or "", summary_file, junit_file, as_json)
@@ -82,6 +82,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
         model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
+        torchao_hidden.hide_for(model, bool(kwargs.get("trust_remote_code")))  # before transformers imports
         api.check_options(export_format, kwargs)  # before graphs(), which may import torch for a directory
         quiet_progress_bars(verbose)
         out = ci.path = output or _default_output(model, export_format, api.graphs(model, kwargs) is not None)
@@ -368,10 +369,11 @@ def _register_plugin_commands() -> None:
 
 
 def _start() -> None:
-    from .. import collector
+    from .. import collector, torchao_hidden
     from ..sandbox.child import note_process_start
 
     note_process_start()
+    torchao_hidden.own_process()  # an export of a directory may then hide torchao (torchao_hidden.py)
     collector.hold()  # off while the libraries and the model load; an export settles it (collector.py)
     # before torch (and its OpenMP) loads: a thread waiting at a parallel region's end sleeps instead of spinning.
     # On cores shared with other work a spinning thread holds the core its late peer needs: ViT-small's 7 eager
