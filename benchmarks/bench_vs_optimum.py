@@ -21,8 +21,10 @@ of the benchmark (on the .pt2 path, a multi-graph task is our side unavailable).
 
 Optimum runs from a side virtualenv this script makes (``benchmarks/.optimum-venv``, or ``--venv``: optimum-onnx
 pinned with the transformers it supports and the same CPU torch, so nothing large downloads, plus torchao at this
-environment's version when it is installed here: transformers imports it with every model, so both sides pay
-that); when it cannot be installed the benchmark says so and exits 0 without a table.
+environment's version when it is installed here: transformers imports it with every model class, and a user of
+this environment has it; our CLI hides it from a model directory's export (cann_export/torchao_hidden.py), so
+Optimum pays that import alone, 0.4-0.6 s a model: docs/benchmarks.md gives the ratios with it hidden on both
+sides too); when it cannot be installed the benchmark says so and exits 0 without a table.
 
 By default each side runs the command a user types, with nothing but the task: ``cann-export DIR --format onnx
 --task T`` (its dynamic axes are the task's: batch and sequence, parity at their ranges' ends and middle) against
@@ -93,7 +95,7 @@ sys.modules.setdefault("torchvision", None)  # its wheel here does not load agai
 
 def same_as_ours() -> list[str]:
     """Pins for packages transformers imports at model import when they are installed (torchao: seconds and
-    ~85 MiB), at this environment's versions, so both sides pay the same import costs."""
+    ~85 MiB), at this environment's versions, so both sides run where a user of this environment runs."""
     from importlib import metadata
 
     pins = []
