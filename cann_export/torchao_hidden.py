@@ -12,6 +12,7 @@ process, which may use torchao itself) are left alone: only a process the CLI ow
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -56,8 +57,11 @@ def _quantized(root: Path) -> bool:
 
 
 def _names_quantization(path: Path) -> bool:
+    """Whether ``path`` names a quantization config, or is no plain file of a bounded size (a FIFO would block the
+    read: the loader refuses such a file later, with torchao left as it is)."""
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
+        found = path.stat()
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_CONFIG_BYTES:
             return True
         with path.open("rb") as f:
             return b"quantization_config" in f.read(MAX_CONFIG_BYTES + 1)

@@ -59,6 +59,13 @@ def test_an_oversized_config_keeps_it(tmp_path, torchao_slot, monkeypatch):
     assert not torchao_hidden.hide_for(str(_directory(tmp_path)), trust_remote_code=False)
 
 
+def test_a_config_that_is_a_fifo_keeps_it_without_blocking(tmp_path, torchao_slot):
+    import os
+
+    os.mkfifo(tmp_path / "config.json")  # opening it to read would wait for a writer
+    assert not torchao_hidden.hide_for(str(tmp_path), trust_remote_code=False)
+
+
 def test_the_cli_process_of_a_directory_export_never_imports_torchao(tmp_path, cli_env):
     from helpers import hf_dirs
 
