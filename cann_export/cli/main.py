@@ -82,7 +82,7 @@ def export_cmd(model: str | None, model_opt: str | None, output: str | None, as_
         model = one_model(model, model_opt)
         kwargs = to_api_kwargs(values)
         export_format = kwargs.pop("export_format")
-        torchao_hidden.hide_for(model, bool(kwargs.get("trust_remote_code")))  # before transformers imports
+        torchao_hidden.hide_for(model, kwargs)  # before transformers imports
         api.check_options(export_format, kwargs)  # before graphs(), which may import torch for a directory
         quiet_progress_bars(verbose)
         out = ci.path = output or _default_output(model, export_format, api.graphs(model, kwargs) is not None)
