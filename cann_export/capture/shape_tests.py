@@ -124,8 +124,8 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
         return _sizes_only(expr.left, frame) and _sizes_only(expr.right, frame)
     if isinstance(expr, ast.Attribute) and expr.attr in _SIZE_ATTRIBUTES:
         return True
-    if isinstance(expr, ast.Subscript):  # x.shape[-1], x.shape[1:]
-        return _is_shape(expr.value) and _index_ok(expr.slice, frame)
+    if isinstance(expr, ast.Subscript):  # x.shape[-1], x.shape[1:]; input_shape[-1] of a tuple of sizes
+        return (_is_shape(expr.value) or _sizes_tuple(expr.value, frame)) and _index_ok(expr.slice, frame)
     if isinstance(expr, ast.Call):
         return _size_call(expr, frame)
     if isinstance(expr, (ast.Name, ast.Attribute)):
@@ -133,6 +133,17 @@ def _sizes_only(expr: ast.expr, frame: Any) -> bool:
         return isinstance(value, _SCALARS) or _traced_size(value, frame) or isinstance(expr, ast.Name) \
             and _bound_to_sizes(expr.id, frame)
     return False
+
+
+def _sizes_tuple(expr: ast.expr, scope: _Scope) -> bool:
+    """A name holding, where it warned, a tuple (a ``torch.Size`` too) of plain scalars and sizes the trace computed
+    from shapes alone: transformers' ``input_shape = (batch_size, query_length)`` in ``to_causal_4d``, its caller's
+    sizes passed in."""
+    if not isinstance(expr, ast.Name) or expr.id in scope.rebound:
+        return False
+    value = _static_value(expr, scope)
+    return isinstance(value, tuple) and bool(value) and all(
+        isinstance(item, _SCALARS) or _traced_size(item, scope) for item in value)
 
 
 def _root_name(expr: ast.expr) -> str | None:

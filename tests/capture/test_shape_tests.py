@@ -48,6 +48,12 @@ _SIZES = [
     ("ok = x.shape[int(t)] > 1", None),
     ("ok = f(x).shape[0] > 1; y = 2", None),  # two statements on the line
     ("ok = torch.tensor([], dtype=x.dtype)", None),  # not a conversion: judged only as a constant warning
+    ("ok = dims[-1] > 1 or module.is_causal is not None", "sizes"),  # a tuple of sizes (to_causal_4d's input_shape)
+    ("ok = dims[n - 2] > 1", "sizes"),
+    ("ok = mixed[-1] > 1", None),  # a tuple holding a tensor that is no size
+    ("ok = listed[-1] > 1", None),  # a list: only a tuple is taken
+    ("ok = dims[int(t)] > 1", None),  # its index reads a value
+    ("ok = (dims := mixed)[0] > 1", None),  # rebound in the test itself
 ]
 _CONSTANTS = [
     ("k = torch.tensor([], dtype=x.dtype, device=x.device)", "constant"),
@@ -69,7 +75,8 @@ def _classified(tmp_path, line: str, constant: bool) -> str | None:
     lines = line.split("\n")
     path.write_text("def f(x, t, n, mask, module):\n" + "".join(f"    {one}\n" for one in lines))
     frame = type("Frame", (), {"f_locals": {"x": torch.ones(2, 3, 4), "t": torch.tensor(1.0), "n": 3, "mask": None,
-                                            "module": _Flags()}})()
+                                            "module": _Flags(), "dims": torch.Size([2, 3]),
+                                            "mixed": (2, torch.tensor(3.0)), "listed": [2, 3]}})()
     return classify(frame, 1 + len(lines), Sources().index(str(path)), constant)
 
 
@@ -269,3 +276,32 @@ def test_one_session_keeps_the_graph_s_session_for_one_more_run_only(tmp_path):
         assert parity._KEPT == {"path": str(path), "kept": True}  # nothing held after the second use
     assert first is second and third is not first and parity._KEPT is None
     assert parity.onnx_session(path, feeds)[0] is not first
+
+
+def _to_causal_4d_tests_a_tuple_of_sizes() -> bool:
+    """Whether this transformers' CLIP builds its causal mask with ``to_causal_4d``, which tests the tuple."""
+    import inspect
+
+    try:
+        from transformers.modeling_attn_mask_utils import AttentionMaskConverter
+        from transformers.models.clip import modeling_clip
+    except ImportError:
+        return False
+    return "input_shape[-1] > 1" in inspect.getsource(AttentionMaskConverter.to_causal_4d) and \
+        "_create_4d_causal_attention_mask" in inspect.getsource(modeling_clip)
+
+
+@pytest.mark.transformers4
+@pytest.mark.skipif(not _to_causal_4d_tests_a_tuple_of_sizes(), reason="this transformers' CLIP builds its causal "
+                    "mask elsewhere (run: bash tests/transformers4_env.sh; .ci/run runs it)")
+def test_clip_s_causal_mask_tests_sizes_only_so_its_trace_is_gated_without_probes(tmp_path):
+    """transformers 4.x's ``to_causal_4d`` tests ``input_shape[-1] > 1`` on the tuple of sizes its caller passed:
+    a test of sizes (no path probes), still gated at the ranges' ends and middle (sequence_length 1 among them)."""
+    from helpers import hf_dirs
+
+    model = hf_dirs.save("clip", tmp_path / "clip")
+    result = cann_export.export(str(model), tmp_path / "m.onnx", "onnx", validate=False, sandbox="off")
+    specialized = result.manifest["capture"]["specialized"]
+    assert any("input_shape[-1] > 1" in w["code"] for w in specialized["warnings"]), specialized
+    assert specialized["checked"]["path_variants"] == 0
+    assert any(shape.get("sequence_length") == 1 for shape in specialized["checked"]["shapes"]), specialized
