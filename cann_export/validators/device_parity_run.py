@@ -12,6 +12,7 @@ from . import msprobe_metrics
 from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
 from .origin import BUDGET, float_values, localise
 from .emulators import emulator_for
+from .layers import curve, one_sample, sampled_curve
 from .precision import INF_NAN, Emulator
 
 
@@ -49,8 +50,11 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
         sizes = {**value_types(model, {k: np.shape(v) for k, v in feeds[0].items()})[1], **sizes}
     total = sum(sizes.get(t, BUDGET) for t in values)
     expose = values if total <= SMALL else []
-    # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run
-    first_only = values if layers and not expose and total <= BUDGET else []
+    # the per-layer curve of a larger graph: on one sample of a batched set (layers.one_sample: its runs hold a value
+    # of each side at once, the transformer of a guided pipeline's at batch 2), else on the first set, its values
+    # fetched in the verdict's own run
+    sample = one_sample(model, feeds[0]) if layers and not expose else None
+    first_only = values if layers and not expose and sample is None and total <= BUDGET else []
     sess = emulator.reused_session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
@@ -74,11 +78,10 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
         worst = worst_set(actual, expected)
         held = dict(zip(outs + extra, runs[worst], strict=True)) if expose else None
         if layers:
-            from .layers import curve
-
             at = 0 if first_only else worst
             on = dict(zip(outs + extra, runs[0], strict=True)) if first_only else held
-            report["layers"] = curve(emulator, keep_set, feeds[at], pol, paths, on, at)
+            report["layers"] = sampled_curve(emulator, keep_set, feeds[at], pol, paths, at) if sample else \
+                curve(emulator, keep_set, feeds[at], pol, paths, on, at)
         if localising:
             failing = [o["name"] for o in outputs if not o["passed"]]
             report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)

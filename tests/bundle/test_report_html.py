@@ -37,9 +37,22 @@ class Small(nn.Module):
         return torch.softmax(self.fc2(nn.functional.gelu(self.norm(self.fc1(x)))), -1)
 
 
+class Attention(nn.Module):
+    """One attention over 1024 positions: its values (two 1024 x 1024 score maps a sample) are past what the
+    verdict's own run exposes, so its curve runs apart, on one sample of the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 8.0, -1) @ self.v(x)
+
+
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    """A passing bundle and one whose device precision fails (fp16 overflow in RMSNorm), on an inf/nan SoC."""
+    """A passing bundle, one whose device precision fails (fp16 overflow in RMSNorm) on an inf/nan SoC, and a
+    batched one whose curve is on one sample."""
     root = tmp_path_factory.mktemp("report")
     torch.manual_seed(0)
     small = cann_export.export(Small().eval(), root / "small", example_inputs=(torch.randn(4, 16),),
@@ -47,7 +60,9 @@ def bundles(tmp_path_factory):
     model, inputs, _ = om.rms_decoder()
     rms = cann_export.export(model, root / "rms", example_inputs=inputs, num_random_inputs=1,
                              soc_version="Ascend910B1")
-    return {"small": (root / "small", small), "rms": (root / "rms", rms)}
+    batched = cann_export.export(Attention().eval(), root / "batched", example_inputs=(torch.randn(2, 1024, 64),),
+                                 dynamic="x:0=batch:1..16", num_random_inputs=1)
+    return {"small": (root / "small", small), "rms": (root / "rms", rms), "batched": (root / "batched", batched)}
 
 
 def page_data(path: Path) -> dict:
@@ -82,9 +97,10 @@ def _round16(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
 
 
-def independent_curve(out: Path, input_set: int) -> dict[str, tuple[float, float]]:
+def independent_curve(out: Path, input_set: int, samples: int | None = None) -> dict[str, tuple[float, float]]:
     """{tensor: (cosine, max_rel)} of every float value: each node run alone in numpy (onnx.reference), once on
-    the fp32 values and once on the device's values (inputs rounded to fp16, fp32 compute, output rounded)."""
+    the fp32 values and once on the device's values (inputs rounded to fp16, fp32 compute, output rounded);
+    ``samples``: the set's first samples only."""
     import onnx
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
@@ -94,7 +110,7 @@ def independent_curve(out: Path, input_set: int) -> dict[str, tuple[float, float
     from cann_export.inputs.parity_data import read_bundle_parity
 
     feeds, _, _ = read_bundle_parity(out, manifest)
-    feed = {k: np.asarray(v) for k, v in feeds[input_set].items()}
+    feed = {k: np.asarray(v)[:samples] for k, v in feeds[input_set].items()}
     ref = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     ref.update(feed)
     dev = {k: _round16(v) for k, v in ref.items()}
@@ -126,11 +142,13 @@ def independent_curve(out: Path, input_set: int) -> dict[str, tuple[float, float
     return found
 
 
-@pytest.mark.parametrize("name", ["small", "rms"])
+@pytest.mark.parametrize("name", ["small", "rms", "batched"])
 def test_per_layer_values_equal_an_independent_node_by_node_comparison(bundles, name):
     out = bundles[name][0]
     data = page_data(out / "report.html")
-    mine = independent_curve(out, data["layers"]["input_set"])
+    sample = data["layers"].get("sample")
+    assert (sample == {"index": 0, "of": 2}) == (name == "batched"), sample  # a large batched set: its first sample
+    mine = independent_curve(out, data["layers"]["input_set"], 1 if sample else None)
     points = data["layers"]["points"]
     assert [p["tensor"] for p in points] == [t for t in mine if t in {p["tensor"] for p in points}]
     assert len(points) >= 0.9 * len(mine)
