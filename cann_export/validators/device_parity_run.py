@@ -50,11 +50,11 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
         sizes = {**value_types(model, {k: np.shape(v) for k, v in feeds[0].items()})[1], **sizes}
     total = sum(sizes.get(t, BUDGET) for t in values)
     expose = values if total <= SMALL else []
-    # the per-layer curve of a larger graph: on one sample of a batched set (layers.one_sample: its runs hold a value
-    # of each side at once, the transformer of a guided pipeline's at batch 2), else on the first set, its values
-    # fetched in the verdict's own run
-    sample = one_sample(model, feeds[0]) if layers and not expose else None
-    first_only = values if layers and not expose and sample is None and total <= BUDGET else []
+    # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run; past what
+    # one run exposes, on one sample of a batched set (layers.one_sample: its chunked runs hold values of each side
+    # at once, a guided denoiser's at batch 2 twice what one sample shows)
+    first_only = values if layers and not expose and total <= BUDGET else []
+    sample = layers and not expose and not first_only and one_sample(model, feeds[0])
     sess = emulator.reused_session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]
