@@ -198,7 +198,8 @@ def _curve(view: dict[str, Any], ident: str = "curve", index: int = 0) -> str:
     note = (f"{len(layers['points'])} values of {layers['values']} (cut at the plot's limit)"
             if layers.get("truncated") else f"{len(layers['points'])} values")
     sample = layers.get("sample") or {}
-    where = f"input set {layers['input_set']}" + (f" (its first sample of {sample['of']})" if sample else "")
+    where = f"input set {layers['input_set']}" + (f" (its sample {sample['index']} of {sample['of']})" if sample
+                                                   else "")
     return (f"<h2>Per-layer precision</h2><p>Every float value the graph makes, in graph order, as the device "
             f"computes it ({escape(str(layers['mode']))}) against fp32, on {escape(where)}: {note}. "
             "Red: fails the device rule; hollow: kept in fp32 (keep_dtype); dashed line: the first divergence. "

@@ -9,10 +9,10 @@ import numpy as np
 from ..heap_release import give_back
 from ..progress import counted
 from . import msprobe_metrics
-from .device_verdict import DevicePolicy, compare_output, cosine, within_int8_noise
+from .device_verdict import DevicePolicy, compare_output, within_int8_noise
 from .origin import BUDGET, float_values, localise
 from .emulators import emulator_for
-from .layers import curve, one_sample, sampled_curve
+from .layers import agreement, curve, one_sample, sampled_curve
 from .precision import INF_NAN, Emulator
 
 
@@ -36,7 +36,9 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
     ``float_expected`` (the float model's outputs) too (device_verdict.within_int8_noise). ``layers``: the per-layer
-    curve on the worst set (validators/layers.py). ``lists``: the SoC's mixed lists (atc/mixlists.py)."""
+    curve (validators/layers.py) on the first set from the verdict's own run, or past what one run exposes on the
+    worst set, on its worst sample where it is a batch (layers.sampled_curve). ``lists``: the SoC's mixed lists
+    (atc/mixlists.py)."""
     emulator = emulator or emulator_for(model, mode, overflow, deq_scale, lists)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
@@ -80,8 +82,8 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
         if layers:
             at = 0 if first_only else worst
             on = dict(zip(outs + extra, runs[0], strict=True)) if first_only else held
-            report["layers"] = sampled_curve(emulator, keep_set, feeds[at], pol, paths, at) if sample else \
-                curve(emulator, keep_set, feeds[at], pol, paths, on, at)
+            report["layers"] = sampled_curve(emulator, keep_set, feeds[at], pol, paths, at, (
+                actual[at], expected[at])) if sample else curve(emulator, keep_set, feeds[at], pol, paths, on, at)
         if localising:
             failing = [o["name"] for o in outputs if not o["passed"]]
             report["first_divergence"] = localise(emulator, keep_set, feeds[worst], pol, paths, failing, held)
@@ -109,9 +111,5 @@ def expand_keep(keep: list[str], paths: dict[str, str]) -> set[str]:
 
 
 def worst_set(actual: list[list[np.ndarray]], expected: list[list[np.ndarray]]) -> int:
-    def score(a: np.ndarray, e: np.ndarray) -> float:
-        a, e = np.asarray(a, dtype=np.float64).ravel(), np.asarray(e, dtype=np.float64).ravel()
-        return cosine(a, e) if a.shape == e.shape else 0.0
-
-    return int(np.argmin([min(score(a, e) for a, e in zip(act, exp, strict=False))
+    return int(np.argmin([min(agreement(a, e) for a, e in zip(act, exp, strict=False))
                           for act, exp in zip(actual, expected, strict=False)]))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..graph import module_paths
-from .device_verdict import DevicePolicy, judge
+from .device_verdict import DevicePolicy, cosine, judge
 from .origin import float_values, value_pairs
 from .precision import Emulator
 
@@ -37,34 +37,58 @@ def curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], polic
             "truncated": total > MAX_POINTS}
 
 
-def one_sample(model: Any, feed: dict[str, np.ndarray]) -> bool:
-    """Whether ``feed`` is a batch that the graph's signature says it computes sample by sample: every input and
-    output shares one symbolic first axis (Optimum's ``batch_size``) and the feed holds more than one sample there."""
+def one_sample(model: Any, feed: dict[str, np.ndarray]) -> int:
+    """The batch size of ``feed`` where the graph's signature says it computes sample by sample: every input and
+    output shares one symbolic first axis (Optimum's ``batch_size``) and the feed holds more than one sample there;
+    else 0."""
     def first_axis(value: Any) -> str | None:
         dims = value.type.tensor_type.shape.dim
         return dims[0].dim_param or None if len(dims) else None
 
-    weights = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in weights]
+    inputs = _inputs(model)
     axes = {first_axis(v) for v in [*inputs, *model.graph.output]}
     sizes = {np.shape(feed[i.name])[0] if i.name in feed and np.ndim(feed[i.name]) else 0 for i in inputs}
-    return bool(inputs) and len(axes) == 1 and None not in axes and len(sizes) == 1 and sizes.pop() > 1
+    size = sizes.pop() if len(sizes) == 1 else 0
+    return size if inputs and len(axes) == 1 and None not in axes and size > 1 else 0
 
 
 def sampled_curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], policy: DevicePolicy,
-                  paths: dict[str, str], input_set: int) -> dict[str, Any]:
-    """The curve on the first sample of a batched set (one_sample): its runs hold a value of each side at once, so a
-    guided denoiser's curve at batch 2 held twice what one sample shows. The whole set where the graph refuses one
-    sample (a batch range that starts above 1)."""
-    if not one_sample(emulator.model, feed):
+                  paths: dict[str, str], input_set: int, outputs: tuple[list, list]) -> dict[str, Any]:
+    """The curve on one sample of a batched set (one_sample): the one whose ``outputs`` (the emulated and reference
+    outputs of the set) agree least. Its chunked runs hold values of each side at once, so a guided denoiser's curve
+    at batch 2 held twice what one sample shows. The whole set where onnxruntime refuses one sample (a graph that
+    fixed its batch inside: a Reshape to a traced size)."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+    batch = one_sample(emulator.model, feed)
+    if not batch:
         return curve(emulator, keep, feed, policy, paths, input_set=input_set)
-    batch = len(next(iter(feed.values())))
+    at = worst_sample(*outputs)
+    names = {i.name for i in _inputs(emulator.model)}
+    cut = {k: np.ascontiguousarray(v[at:at + 1]) if k in names else v for k, v in feed.items()}
     try:
-        out = curve(emulator, keep, {k: np.ascontiguousarray(v[:1]) for k, v in feed.items()}, policy, paths,
-                    input_set=input_set)
-    except Exception:  # noqa: BLE001 - onnxruntime's errors are plain Exceptions: the whole set, as before
+        out = curve(emulator, keep, cut, policy, paths, input_set=input_set)
+    except (Fail, InvalidArgument, RuntimeException):  # the graph's own batch: the whole set, as before
         return curve(emulator, keep, feed, policy, paths, input_set=input_set)
-    return {**out, "sample": {"index": 0, "of": batch}}
+    return {**out, "sample": {"index": at, "of": batch}}
+
+
+def worst_sample(actual: list[np.ndarray], expected: list[np.ndarray]) -> int:
+    """The sample (first axis) whose outputs agree least with the reference (agreement)."""
+    samples = min(len(a) for a in actual) if actual else 0
+    return int(np.argmin([min(agreement(a[i], e[i]) for a, e in zip(actual, expected, strict=False))
+                          for i in range(samples)])) if samples else 0
+
+
+def agreement(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The cosine of two outputs in float64 (0.0 where their shapes differ)."""
+    a, e = np.asarray(actual, dtype=np.float64).ravel(), np.asarray(expected, dtype=np.float64).ravel()
+    return cosine(a, e) if a.shape == e.shape else 0.0
+
+
+def _inputs(model: Any) -> list[Any]:
+    weights = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in weights]
 
 
 def metrics(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilon: float,
