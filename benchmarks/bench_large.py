@@ -30,7 +30,9 @@ SD3 fast-test pipeline with a 768-wide, 3-block transformer, 264 MB of fp32 weig
 ``cann-export DIR -o OUT`` with no flags (every component validated, the end-to-end check), and
 ``cann-export trivial.pt2`` (a Linear 4 -> 4) measured the same way: the runtime's floor. Peak RSS over the weight
 bytes, and what is above the floor over the weight bytes. Results go to ``benchmarks/results/large_pipeline.json``.
-``--pipeline-model sd3-512`` measures a 512-wide transformer instead (124 MB of weights: the same ratios, sooner).
+``--pipeline-model sd3-512`` measures a 512-wide transformer instead (124 MB of weights: the same ratios, sooner);
+``--pipeline-model sd3-2g`` a 1536-wide, 7-block one (2.3 GB: the issue's pipeline past 2 GB, its transformer written
+with external data).
 
 Usage::
 
@@ -358,8 +360,9 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="the same for a 2.38 GB Hugging Face (Llama) directory")
     ap.add_argument("--pipeline", action="store_true",
                     help="the same for a 264 MB diffusers SD3 pipeline directory, with the runtime's floor")
-    ap.add_argument("--pipeline-model", default="sd3-wide", choices=("sd3-wide", "sd3-512"),
-                    help="--pipeline's directory: sd3-wide (264 MB) or sd3-512 (124 MB, the same ratios sooner)")
+    ap.add_argument("--pipeline-model", default="sd3-wide", choices=("sd3-wide", "sd3-512", "sd3-2g"),
+                    help="--pipeline's directory: sd3-wide (264 MB), sd3-512 (124 MB, the same ratios sooner) or "
+                         "sd3-2g (2.3 GB: a component past protobuf's 2 GB)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before --pipeline's export is killed")
     args = ap.parse_args()
     if args.safetensors or args.hf or args.pipeline:

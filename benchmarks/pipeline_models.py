@@ -104,6 +104,8 @@ PIPELINES = {
     "sd3-tiny": ((4, 8, 1), "SD3 fast-test pipeline (diffusers' sizes; 1 transformer block), random weights"),
     "sd3-wide": ((12, 64, 3), "SD3 fast-test pipeline with a 768-wide, 3-block transformer, random weights"),
     "sd3-512": ((8, 64, 3), "SD3 fast-test pipeline with a 512-wide, 3-block transformer, random weights"),
+    "sd3-2g": ((24, 64, 7), "SD3 fast-test pipeline with a 1536-wide, 7-block transformer (2.3 GB of fp32 weights: "
+                            "past protobuf's 2 GB), random weights"),
 }
 
 

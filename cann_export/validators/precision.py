@@ -171,17 +171,22 @@ def fed_weight(init: Any) -> bool:
 
 def fed_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
     """The graph at ``path`` and the weights an Emulator of it feeds, each read once: the graph holds those by
-    name, type and dims alone (``Emulator(model, ..., fed=weights)``), so the weights are in memory once."""
+    name, type and dims alone (``Emulator(model, ..., fed=weights)``), so the weights are in memory once. A weight
+    in external data is read from its file beside the graph (onnx resolves and checks the location) into its array:
+    read into the graph instead, a component past 2 GB made an emulated graph protobuf cannot serialise."""
+    import os
+
     from onnx import numpy_helper
 
     from ..graph.onnx_stream import load
 
     fed: dict[str, np.ndarray] = {}
+    base = os.path.dirname(str(path))
 
     def divert(init: Any) -> bool:
-        if init.data_location == 1 or not fed_weight(init):  # external data: read in as it is
+        if not fed_weight(init):
             return False
-        fed[init.name] = numpy_helper.to_array(init)
+        fed[init.name] = numpy_helper.to_array(init, base)
         return True
 
     return load(path, divert=divert), fed

@@ -124,3 +124,25 @@ def test_a_graphs_device_checks_share_one_emulator_and_its_weights(monkeypatch, 
     assert report["device"]["passed"] and len(report["shapes"]) == 3
     whole = _dynamic_graph()
     assert emulator_for(whole, "force_fp16") is not emulator_for(whole, "force_fp16")  # outside: a new one each
+
+
+def test_weights_in_external_data_are_fed_not_built_into_the_emulated_graph(tmp_path):
+    """A graph past external_data_threshold (its weights in a file beside it): the emulator feeds them, as it feeds
+    inline ones. Read into the graph instead, the end-to-end check's emulated graph of a 2.3 GB transformer held
+    every weight and its rounded copy inline, and protobuf refused to serialise it ("Failed to serialize proto")."""
+    import onnx
+
+    from cann_export.validators.precision import fed_weights
+
+    path = tmp_path / "g.onnx"
+    onnx.save_model(_dynamic_graph(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="g.onnx.data", size_threshold=0)
+    model, fed = fed_weights(path)
+    w1, w2 = model.graph.initializer  # w1 past FED_MIN elements (fed), w2 under it (kept in the graph)
+    assert set(fed) == {"w1"} and not w1.raw_data and not w1.external_data and not w2.external_data
+    np.testing.assert_array_equal(fed["w1"], numpy_helper.to_array(_dynamic_graph().graph.initializer[0]))
+    built, weights = Emulator(model, "force_fp16", fed=fed).build(set())
+    assert "w1" in weights and all(len(i.raw_data) < 4 * 16 * 64 for i in built.graph.initializer)  # w1 fed
+    feed = {"x": np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32) * 0.1}
+    got = Emulator(model, "force_fp16", fed=fed).session(set()).run(feed, ["y"])[0]
+    np.testing.assert_allclose(got, _fp32(onnx.load(str(path)), feed)[0], atol=1e-2)
