@@ -36,9 +36,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     AscendDequant scale held as ``deq_scale``); judge every output against the reference; localise the divergence
     on failure. A Q/DQ graph's output that fails the fp16 rule against the fake-quant model is judged against
     ``float_expected`` (the float model's outputs) too (device_verdict.within_int8_noise). ``layers``: the per-layer
-    curve (validators/layers.py) on the first set from the verdict's own run, or past what one run exposes on the
-    worst set, on its worst sample where it is a batch (layers.sampled_curve). ``lists``: the SoC's mixed lists
-    (atc/mixlists.py)."""
+    curve (validators/layers.py). ``lists``: the SoC's mixed lists (atc/mixlists.py)."""
     emulator = emulator or emulator_for(model, mode, overflow, deq_scale, lists)
     paths = in_graph(paths, model)
     pol = DevicePolicy(**policy)
@@ -53,8 +51,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     total = sum(sizes.get(t, BUDGET) for t in values)
     expose = values if total <= SMALL else []
     # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run; past what
-    # one run exposes, on one sample of a batched set (layers.one_sample: its chunked runs hold values of each side
-    # at once, a guided denoiser's at batch 2 twice what one sample shows)
+    # one run exposes, on the worst set's worst sample where it is a batch (layers.sampled_curve)
     first_only = values if layers and not expose and total <= BUDGET else []
     sample = layers and not expose and not first_only and one_sample(model, feeds[0])
     sess = emulator.reused_session(keep_set, expose=expose or first_only)
