@@ -53,7 +53,7 @@ def device_report(model: Any, mode: str, keep: list[str], feeds: list[dict[str, 
     # the per-layer curve of a larger graph: on the first set, its values fetched in the verdict's own run; past what
     # one run exposes, on the worst set's worst sample where it is a batch (layers.sampled_curve)
     first_only = values if layers and not expose and total <= BUDGET else []
-    sample = layers and not expose and not first_only and one_sample(model, feeds[0])
+    sample = layers and not expose and not first_only and one_sample(emulator, feeds[0])
     sess = emulator.reused_session(keep_set, expose=expose or first_only)
     outs = [o.name for o in model.graph.output]
     extra = [t for t in expose or first_only if t not in outs]

@@ -37,7 +37,7 @@ def curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray], polic
             "truncated": total > MAX_POINTS}
 
 
-def one_sample(model: Any, feed: dict[str, np.ndarray]) -> int:
+def one_sample(emulator: Emulator, feed: dict[str, np.ndarray]) -> int:
     """The batch size of ``feed`` where the graph's signature says it computes sample by sample: every input and
     output shares one symbolic first axis (Optimum's ``batch_size``) and the feed holds more than one sample there;
     else 0."""
@@ -45,8 +45,8 @@ def one_sample(model: Any, feed: dict[str, np.ndarray]) -> int:
         dims = value.type.tensor_type.shape.dim
         return dims[0].dim_param or None if len(dims) else None
 
-    inputs = _inputs(model)
-    axes = {first_axis(v) for v in [*inputs, *model.graph.output]}
+    inputs = emulator.graph_inputs
+    axes = {first_axis(v) for v in [*inputs, *emulator.model.graph.output]}
     sizes = {np.shape(feed[i.name])[0] if i.name in feed and np.ndim(feed[i.name]) else 0 for i in inputs}
     size = sizes.pop() if len(sizes) == 1 else 0
     return size if inputs and len(axes) == 1 and None not in axes and size > 1 else 0
@@ -60,11 +60,11 @@ def sampled_curve(emulator: Emulator, keep: set[str], feed: dict[str, np.ndarray
     fixed its batch inside: a Reshape to a traced size)."""
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
-    batch = one_sample(emulator.model, feed)
+    batch = one_sample(emulator, feed)
     if not batch:
         return curve(emulator, keep, feed, policy, paths, input_set=input_set)
     at = worst_sample(*outputs)
-    names = {i.name for i in _inputs(emulator.model)}
+    names = {i.name for i in emulator.graph_inputs}
     cut = {k: np.ascontiguousarray(v[at:at + 1]) if k in names else v for k, v in feed.items()}
     try:
         out = curve(emulator, keep, cut, policy, paths, input_set=input_set)
@@ -84,11 +84,6 @@ def agreement(actual: np.ndarray, expected: np.ndarray) -> float:
     """The cosine of two outputs in float64 (0.0 where their shapes differ)."""
     a, e = np.asarray(actual, dtype=np.float64).ravel(), np.asarray(expected, dtype=np.float64).ravel()
     return cosine(a, e) if a.shape == e.shape else 0.0
-
-
-def _inputs(model: Any) -> list[Any]:
-    weights = {i.name for i in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in weights]
 
 
 def metrics(actual: np.ndarray, expected: np.ndarray, policy: DevicePolicy, epsilon: float,

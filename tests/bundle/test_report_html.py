@@ -225,12 +225,14 @@ def test_the_curve_takes_a_batch_by_its_signature_and_the_sample_that_agrees_lea
     from onnx import TensorProto, helper
 
     from cann_export.validators.layers import one_sample, worst_sample
+    from cann_export.validators.precision import Emulator
 
-    def graph(first_axes: list, out_axis: str | int = "batch") -> object:
+    def graph(first_axes: list, out_axis: str | int = "batch") -> Emulator:
         inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [a, 4] if a != "rank0" else [])
                   for k, a in enumerate(first_axes)]
         out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [out_axis, 4])
-        return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x0"], ["y"])], "g", inputs, [out]))
+        model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x0"], ["y"])], "g", inputs, [out]))
+        return Emulator(model, "force_fp16")
 
     batch = {"x0": np.zeros((3, 4), np.float32), "x1": np.zeros((3, 4), np.float32)}
     assert one_sample(graph(["batch", "batch"]), batch) == 3
