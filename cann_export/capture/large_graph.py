@@ -285,7 +285,13 @@ def run_session(model: Any, ctx: Any) -> Any:
         path.unlink(missing_ok=True)
 
 
-def _fed_session(path: Path, module: Any) -> Any:
+def fed_session(path: Path, module: Any) -> Any:
+    """A session on the graph at ``path`` fed ``module``'s tensors where its data file holds the same bytes (as
+    parity's), or None where it holds none of them (a graph without external data)."""
+    return _fed_session(path, module, plain=lambda _: None)
+
+
+def _fed_session(path: Path, module: Any, plain: Any = None) -> Any:
     import onnx
     from onnx import helper
     from onnx.external_data_helper import uses_external_data
@@ -305,7 +311,7 @@ def _fed_session(path: Path, module: Any) -> Any:
         if _same_bytes(path.parent / info["location"], int(info.get("offset", 0)), arr):
             shared[init.name] = arr
     if not shared:
-        return session(path)
+        return (plain or session)(path)
     kept = [t for t in graph.graph.initializer if t.name not in shared]
     fed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
            for t in graph.graph.initializer if t.name in shared]

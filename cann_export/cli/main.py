@@ -114,8 +114,8 @@ def _print_multi_export(result: Any, as_json: bool) -> int:
         if c["passed"] is None:
             click.echo(f"  {terminal(name)}: parity not validated (--no-validate)")
             continue
-        device = "" if c["device_passed"] is None and not atc else \
-            f", device {'ok' if c['device_passed'] else 'FAIL'}"
+        device = "" if c["device_passed"] is None and not atc else ", device not emulated" \
+            if c["device_passed"] is None else f", device {'ok' if c['device_passed'] else 'FAIL'}"
         verdict = f"parity {'passed' if c['passed'] else 'FAILED'}{covered(manifests.get(name))}"
         click.echo(f"  {terminal(name)}: {verdict} (fp32 {'ok' if c['fp32_passed'] else 'FAIL'}{device})")
         if cost := checks_line(((manifests.get(name) or {}).get("parity") or {}).get("checks")):

@@ -35,11 +35,11 @@ def measure(pipe: Any, root: Path, spec: CacheSpec) -> dict[str, Any]:
     """The ``cache`` entry of the end-to-end section for a pipeline bundle staged at ``root``."""
     from .cached_denoiser import skipped_steps
     from .end_to_end import generate, graph_path, hosted_like, psnr
-    from .hosted import ort_run
+    from .hosted import fp32_run, source_module
     from .known_pipelines import components_of
 
     names = [*components_of(type(pipe).__name__), *(g for g in spec.graphs.values() if g != spec.component)]
-    runs = {n: ort_run(graph_path(root, n)) for n in names}
+    runs = {n: fp32_run(graph_path(root, n), source_module(pipe, n), arena=True) for n in names}
     uncached = generate(hosted_like(pipe, runs), "np", steps=STEPS)
     cache_off = hosted_like(pipe, runs, off(spec))
     image_off = generate(cache_off, "np", steps=STEPS)

@@ -43,12 +43,15 @@ def graph_path(root: Path, name: str) -> str:
     return str(root / "components" / name / str(own["model"]["file"]))
 
 
-def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True, slot: Any = None) -> dict[str, Any]:
+def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True, slot: Any = None,
+                modules: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each component under the device emulation its own parity used (its mode, the SoC's overflow, keep_dtype);
     ``fixed=False``: without the nodes --fix-precision added to its keep set; ``slot`` (hosted.OneOpen): each
-    emulation built when its component first runs, one at a time."""
+    emulation built when its component first runs, one at a time. Given ``modules`` (the export's check), a
+    component whose own check skipped the emulation (a large graph: not_emulated) runs in fp32, fed
+    ``modules[name]``'s weights (hosted.fp32_run); a runner asked for the device emulation gets it everywhere."""
     from ..bundle.read import load_manifest_file
-    from .hosted import emulated_run
+    from .hosted import emulated_run, fp32_run
 
     runs = {}
     for name in names:
@@ -59,9 +62,23 @@ def device_runs(root: Path, names: tuple[str, ...], fixed: bool = True, slot: An
         added = set() if fixed else set(parity.get("fixed_by_keep_dtype") or [])
         keep = [n for n in precision.get("keep_dtype") or [] if n not in added]
         path = graph_path(root, name)
-        runs[name] = slot.lazy(partial(emulated_run, path, mode, overflow, keep)) if slot is not None \
-            else emulated_run(path, mode, overflow, keep)
+        opener = partial(fp32_run, path, modules.get(name)) if modules is not None and precision.get(
+            "emulated") is False else partial(emulated_run, path, mode, overflow, keep)
+        runs[name] = slot.lazy(opener) if slot is not None else opener()
     return runs
+
+
+def not_emulated(root: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """The components whose own device check skipped the emulation, with its reason (run in fp32 in the loop)."""
+    from ..bundle.read import load_manifest_file
+
+    said = {}
+    for name in names:
+        precision = (load_manifest_file(root / "components" / name / "manifest.json").get("parity") or {}) \
+            .get("precision") or {}
+        if precision.get("emulated") is False:
+            said[name] = str(precision.get("reason") or "skipped")
+    return said
 
 
 def fix_kept(root: Path, names: tuple[str, ...]) -> list[str]:
@@ -72,9 +89,11 @@ def fix_kept(root: Path, names: tuple[str, ...]) -> list[str]:
             .get("fixed_by_keep_dtype")]
 
 
-def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray,
+                   skipped: dict[str, str] | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """The image of ``pipe``'s loop over the emulated ``runs`` against diffusers' ``eager_image``: finite, no
-    component's NaN / Inf, cosine distance under the bar (and its PSNR); with the image itself."""
+    component's NaN / Inf, cosine distance under the bar (and its PSNR); with the image itself. ``skipped``: the
+    components run in fp32 (not_emulated), recorded with their reasons."""
     from .hosted import nonfinite
 
     device = hosted_like(pipe, runs)
@@ -86,6 +105,8 @@ def device_verdict(pipe: Any, runs: dict[str, Any], eager_image: np.ndarray) -> 
     entry = {"passed": finite and not any(bad.values()) and distance < MAX_COSINE_DISTANCE,
              "cosine_distance": distance, "psnr_db": psnr(image, eager_image) if finite else None,
              "max_cosine_distance": MAX_COSINE_DISTANCE, "nonfinite": bad}
+    if skipped:
+        entry["not_emulated"] = dict(skipped)
     return entry, image
 
 
@@ -137,13 +158,14 @@ def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[s
     and at most once more by the graph running, not once per component and per check."""
     import time
 
-    from .hosted import OneOpen, nonfinite, ort_run
+    from .hosted import OneOpen, fp32_run, nonfinite, source_module
 
     started = time.perf_counter()
     names = components_of(type(pipe).__name__)
+    modules = {n: source_module(pipe, n) for n in names}  # a large graph's session is fed their weights
     eager_latents, eager_image = generate_with_latents(pipe)
     slot = OneOpen()
-    fp32 = hosted_like(pipe, {n: slot.lazy(partial(ort_run, graph_path(root, n), False)) for n in names})
+    fp32 = hosted_like(pipe, {n: slot.lazy(partial(fp32_run, graph_path(root, n), modules[n])) for n in names})
     latents, image = generate_with_latents(fp32)
     slot.close()
     close = bool(np.allclose(latents, eager_latents, atol=LATENT_ATOL, rtol=LATENT_RTOL))
@@ -151,10 +173,13 @@ def check(pipe: Any, root: Path, images: dict[str, Any] | None = None) -> dict[s
                   "latents_max_abs": float(np.max(np.abs(latents - eager_latents))),
                   "image_max_abs": float(np.max(np.abs(image - eager_image))),
                   "tolerance": {"atol": LATENT_ATOL, "rtol": LATENT_RTOL}, "nonfinite": nonfinite(fp32)}
-    device_entry, device_image = device_verdict(pipe, device_runs(root, names, slot=slot), eager_image)
+    skipped = not_emulated(root, names)
+    device_entry, device_image = device_verdict(pipe, device_runs(root, names, slot=slot, modules=modules),
+                                                eager_image, skipped)
     slot.close()
     if fixed := fix_kept(root, names):  # rerun with the fix: the loop as it was without the keep sets it added
-        unfixed, _ = device_verdict(pipe, device_runs(root, names, fixed=False, slot=slot), eager_image)
+        unfixed, _ = device_verdict(pipe, device_runs(root, names, fixed=False, slot=slot, modules=modules),
+                                    eager_image, skipped)
         slot.close()
         device_entry["before_fix"] = {**unfixed, "fixed_components": fixed}
     if images is not None:

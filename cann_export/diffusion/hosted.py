@@ -149,7 +149,10 @@ def ort_run(path: str, arena: bool = True) -> Run:
 
     from ..graph.onnx_helpers import session_options
 
-    sess = ort.InferenceSession(path, session_options(arena=arena), providers=["CPUExecutionProvider"])
+    return _named_run(ort.InferenceSession(path, session_options(arena=arena), providers=["CPUExecutionProvider"]))
+
+
+def _named_run(sess: Any) -> Run:
     names = [o.name for o in sess.get_outputs()]
     wanted = [i.name for i in sess.get_inputs()]
 
@@ -157,6 +160,27 @@ def ort_run(path: str, arena: bool = True) -> Run:
         return dict(zip(names, sess.run(names, {n: feed[n] for n in wanted}), strict=True))
 
     return run
+
+
+def fp32_run(path: str, module: Any = None, arena: bool = False) -> Run:
+    """ort_run, except that a graph whose weights are in its external-data file (``model.onnx.data``: a large
+    graph, capture/large_graph.py) is fed ``module``'s tensors (the pipeline's own part) where the file holds the
+    same bytes, so the weights are held once, by the pipeline."""
+    from pathlib import Path
+
+    from ..capture.large_graph import fed_session
+
+    graph = Path(path)
+    large = module is not None and graph.with_name(graph.name + ".data").is_file()
+    sess = fed_session(graph, module) if large else None
+    return ort_run(path, arena=arena) if sess is None else _named_run(sess)
+
+
+def source_module(pipe: Any, name: str) -> nn.Module | None:
+    """The part of ``pipe`` whose weights component ``name``'s graph holds (both VAE graphs: ``vae``; a cache's
+    graphs, ``transformer_cache_skip``: their denoiser)."""
+    module = getattr(pipe, "vae" if name.startswith("vae_") else name.split("_cache_")[0], None)
+    return module if isinstance(module, nn.Module) else None
 
 
 def emulated_run(path: str, mode: str, overflow: str, keep: list[str]) -> Run:

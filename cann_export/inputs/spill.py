@@ -68,3 +68,12 @@ def spill_for(ctx: Any, model: Any) -> SpillDir | None:
     if found is None or found.target != Path(ctx.output_path):  # a freed context's id reused by another export
         found = _OPEN[id(ctx)] = SpillDir(Path(ctx.output_path))
     return found
+
+
+def discard(ctx: Any) -> None:
+    """What this export spilled beside its output, removed when its run ends: a component's output is inside a
+    multi-graph bundle's staging, which would move into place with whatever is left in it."""
+    unfolded = getattr(ctx, "unfolded_modules", None)
+    for directory in (_OPEN.pop(id(ctx), None), getattr(unfolded, "_directory", None)):
+        if directory is not None:
+            directory._remove()

@@ -8,6 +8,7 @@ from .. import errors
 from ..capture import large_graph
 from ..context import ExportContext
 from ..fs import atomic
+from ..inputs import spill
 from ..hooks import manager
 from . import chatter, rewind
 from .. import heap_release
@@ -36,6 +37,7 @@ def run(ctx: ExportContext, progress: ProgressFn | None = None, stages: tuple[St
         raise
     finally:
         large_graph.cleanup(ctx)
+        spill.discard(ctx)
         confined.cleanup(ctx)
 
 

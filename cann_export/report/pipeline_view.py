@@ -67,7 +67,7 @@ def _end_to_end(view: dict[str, Any], badge: Any, num: Any) -> str:
              f"{num(tol.get('rtol'))}); image max |diff| {num(fp32.get('image_max_abs'))}"),
             ("device emulation", badge(device.get("passed")),
              f"cosine distance {num(device.get('cosine_distance'))} (bar {num(device.get('max_cosine_distance'))});"
-             f" PSNR {num(device.get('psnr_db'))} dB")]
+             f" PSNR {num(device.get('psnr_db'))} dB" + _fp32_there(device))]
     table = "".join(f"<tr><th>{escape(a)}</th><td>{b}</td><td>{c}</td></tr>" for a, b, c in rows)
     names = sorted(set(fp32.get("nonfinite") or {}) | set(device.get("nonfinite") or {}))
     counts = "".join(f"<tr><td>{escape(str(n))}</td>{_count((fp32.get('nonfinite') or {}).get(n))}"
@@ -82,6 +82,14 @@ def _end_to_end(view: dict[str, Any], badge: Any, num: Any) -> str:
             f'<table id="nonfinite"><tr><th>component</th><th>NaN / Inf, fp32</th><th>NaN / Inf, device</th></tr>'
             f"{counts}</table>"
             f'<div class="images">{figures}</div></section>')
+
+
+def _fp32_there(device: dict[str, Any]) -> str:
+    """The components the device loop ran in fp32, as their own device check did not emulate them (large graphs)."""
+    skipped = device.get("not_emulated")
+    if not isinstance(skipped, dict) or not skipped:
+        return ""
+    return "; not emulated, run in fp32: " + escape(", ".join(f"{n} ({r})" for n, r in skipped.items()))
 
 
 def _count(value: Any) -> str:

@@ -46,6 +46,7 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
     session = _KEPT.pop(key, None) if _KEPT is not None else None  # used once more, then freed as before
     if session is None:
         session = parity_session(Path(path))  # a large export's graph: weights not held twice
+    if session is None:
         from ..graph.onnx_helpers import check_session, session_options
 
         options = session_options()

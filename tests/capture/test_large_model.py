@@ -107,6 +107,11 @@ def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):
         session = large_model.parity_session(out)
     # the four weight matrices live in the data file (the biases are small enough to stay in the proto)
     assert sorted(session.weights) == [f"{k}.weight" for k in range(4)]
+    from cann_export.validators.parity import onnx_session
+
+    with large_model.sharing(ctx):  # what parity runs on: the fed session, not a second load of the weights
+        used, wanted = onnx_session(out, [{"input": x.numpy()}])
+    assert sorted(used.weights) == sorted(session.weights) and wanted == ["input"]
     assert [i.name for i in session.get_inputs()] == ["input"]
     assert sorted(tmp_path.iterdir()) == sorted([out, out.with_name("m.onnx.data")])  # the view file is gone
     np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], model(x).detach().numpy(),
