@@ -199,13 +199,14 @@ def check(model: Any, ctx: Any) -> None:
         path.unlink(missing_ok=True)
 
 
-def session(path: Path) -> Any:
-    """An onnxruntime CPU session read from ``path`` (external data mapped, no prepacked weight copies)."""
-    from ..graph.onnx_helpers import check_session, session_options
+def session(path: Path, quantized: bool = False) -> Any:
+    """An onnxruntime CPU session read from ``path`` (external data mapped, no prepacked weight copies); a Q/DQ
+    graph's as parity runs one (onnx_helpers.for_qdq)."""
+    from ..graph.onnx_helpers import check_session, for_qdq, session_options
 
     opts = session_options()
     opts.add_session_config_entry("session.disable_prepacking", "1")
-    return check_session(str(path), opts)
+    return check_session(str(path), opts, disabled_optimizers=for_qdq(opts) if quantized else [])
 
 
 def save(model: Any, path: Path, ctx: Any) -> list[Path]:
@@ -258,7 +259,7 @@ class sharing:
             _SHARED.pop(self.key, None)
 
 
-def parity_session(path: Path) -> Any:
+def parity_session(path: Path, quantized: bool = False) -> Any:
     """A session on the written graph at ``path``, or None when it is not a large export's graph.
 
     Each initializer stored in the data file whose dtype, shape and bytes equal the module's tensor of that
@@ -268,7 +269,7 @@ def parity_session(path: Path) -> Any:
     module = _SHARED.get(str(path))
     if module is None:
         return None
-    return _fed_session(path, module)
+    return _fed_session(path, module, quantized=quantized)
 
 
 def run_session(model: Any, ctx: Any) -> Any:
@@ -291,7 +292,7 @@ def fed_session(path: Path, module: Any) -> Any:
     return _fed_session(path, module, plain=lambda _: None)
 
 
-def _fed_session(path: Path, module: Any, plain: Any = None) -> Any:
+def _fed_session(path: Path, module: Any, plain: Any = None, quantized: bool = False) -> Any:
     import onnx
     from onnx import helper
     from onnx.external_data_helper import uses_external_data
@@ -304,14 +305,17 @@ def _fed_session(path: Path, module: Any, plain: Any = None) -> Any:
         t = tensors.get(init.name.removeprefix("model.")) if t is None else t
         if t is None or not uses_external_data(init) or t.device.type != "cpu" or not t.is_contiguous():
             continue
-        arr = t.detach().numpy()
+        try:
+            arr = t.detach().numpy()
+        except TypeError:  # a dtype numpy has not (bfloat16): read from the file
+            continue
         if list(arr.shape) != list(init.dims) or helper.tensor_dtype_to_np_dtype(init.data_type) != arr.dtype:
             continue
         info = {e.key: e.value for e in init.external_data}
         if _same_bytes(path.parent / info["location"], int(info.get("offset", 0)), arr):
             shared[init.name] = arr
     if not shared:
-        return (plain or session)(path)
+        return plain(path) if plain is not None else session(path, quantized)
     kept = [t for t in graph.graph.initializer if t.name not in shared]
     fed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
            for t in graph.graph.initializer if t.name in shared]
@@ -321,7 +325,7 @@ def _fed_session(path: Path, module: Any, plain: Any = None) -> Any:
     view = path.with_name(f".{path.name}.parity-view.onnx")  # beside the data file; gone before return
     onnx.save_model(graph, str(view))
     try:
-        return _FedSession(session(view), shared)
+        return _FedSession(session(view, quantized), shared)
     finally:
         view.unlink(missing_ok=True)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .cache_spec import bundle_components
 from .files import IMAGE_FILE, MODEL_INDEX, PIPELINE_DIR, allowed
-from .known_pipelines import PIPELINES
+from .known_pipelines import PIPELINES, components_of
 
 SECTION_KEYS = ("class", "model_index", "scheduler", "parts", "end_to_end", "warnings", "cache")
 
@@ -45,7 +45,24 @@ def wiring_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]]) -
         problems.append(f"manifest.json connections: not the {len(expected)} of a {cls} bundle's graphs")
     if run != run_notes(cls):
         problems.append(f"manifest.json run: not the run notes of a {cls} bundle")
-    return problems + section_problems(manifest, cls)
+    return problems + section_problems(manifest, cls) + not_emulated_problems(manifest, owns, cls)
+
+
+def not_emulated_problems(manifest: dict[str, Any], owns: dict[str, dict[str, Any]], cls: str) -> list[str]:
+    """The end-to-end device loop ran in fp32 exactly the components whose own manifests say their device emulation
+    was skipped (large graphs; validate checks each such claim against its external data). A bundle exported
+    before the loop recorded them (it emulated every component) has no ``not_emulated``."""
+    e2e = (manifest.get("pipeline") or {}).get("end_to_end")
+    device = e2e.get("device") if isinstance(e2e, dict) else None
+    if not isinstance(device, dict) or "not_emulated" not in device:
+        return []
+    skipped = sorted(n for n in components_of(cls)
+                     if (((owns.get(n) or {}).get("parity") or {}).get("precision") or {}).get("emulated") is False)
+    said = device["not_emulated"]
+    if not isinstance(said, dict) or sorted(said) != skipped:
+        return ["manifest.json pipeline.end_to_end.device.not_emulated: not the components whose device emulation "
+                f"was skipped ({', '.join(skipped) or 'none'})"]
+    return []
 
 
 def recorded_cache(manifest: dict[str, Any]) -> tuple[Any, str | None]:

@@ -60,6 +60,17 @@ def session(model: onnx.ModelProto | str | Path) -> Any:
     return check_session(source, session_options())
 
 
+def for_qdq(options: Any) -> list[str]:
+    """``options`` for a Q/DQ graph's checks, and the optimizers to disable: the basic level only (the extended
+    level fuses Q/DQ into u8s8 int8 kernels, which saturate on AVX2 CPUs without VNNI, onnxruntime's quantization
+    docs), without WeightBiasQuantization (it rounds a float bias after Q/DQ inputs to int32, changing the
+    graph's numbers) (validators/parity.py onnx_session)."""
+    import onnxruntime as ort
+
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ["WeightBiasQuantization"]
+
+
 SHRINK = ("memory.enable_memory_arena_shrinkage", "cpu:0")  # a run's arena memory goes back when it ends
 
 

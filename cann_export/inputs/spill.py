@@ -12,8 +12,9 @@ from typing import Any
 
 
 class SpillDir:
-    """A staging directory beside the output (inside the sandbox's root when confined), removed when the last
-    set that refers to it goes, at exit, or by the stale-staging sweep after a crash."""
+    """A staging directory beside the output (inside the sandbox's root when confined), removed when the export's
+    run ends (``discard``), else when the last set that refers to it goes, at exit, or by the stale-staging sweep
+    after a crash."""
 
     def __init__(self, target: Path) -> None:
         from ..fs import atomic
@@ -21,6 +22,10 @@ class SpillDir:
         self.path = atomic.staging_dir(target)
         self.target = target
         self._remove = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+    def remove(self) -> None:
+        """The directory and its files gone now (arrays mapped before stay readable; new reads fail)."""
+        self._remove()
 
     def keep(self, arrays: list[Any]) -> SpilledOutputs:
         return SpilledOutputs(self, arrays)
@@ -73,7 +78,10 @@ def spill_for(ctx: Any, model: Any) -> SpillDir | None:
 def discard(ctx: Any) -> None:
     """What this export spilled beside its output, removed when its run ends: a component's output is inside a
     multi-graph bundle's staging, which would move into place with whatever is left in it."""
+    found = _OPEN.get(id(ctx))
+    if found is not None and ctx.output_path is not None and found.target == Path(ctx.output_path):
+        _OPEN.pop(id(ctx), None)
+        found.remove()
     unfolded = getattr(ctx, "unfolded_modules", None)
-    for directory in (_OPEN.pop(id(ctx), None), getattr(unfolded, "_directory", None)):
-        if directory is not None:
-            directory._remove()
+    if unfolded is not None:
+        unfolded.directory.remove()

@@ -19,7 +19,7 @@ class UnfoldedModules:
     def __init__(self, directory: SpillDir, modules: dict[str, Any]) -> None:
         from safetensors.torch import save_file
 
-        self._directory = directory  # kept alive (and its file) while this record is
+        self.directory = directory  # kept alive (and its file) while this record is
         self._file = Path(directory.path) / FILE
         tensors = {f"{k}/{name}": t.detach().contiguous() for k, module in enumerate(modules.values())
                    for name, t in module.state_dict(keep_vars=True).items()}

@@ -37,23 +37,19 @@ def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool =
     of this runtime that the Q/DQ semantics, and ATC, do not have; and without the basic level's
     WeightBiasQuantization, which rounds a float bias after Q/DQ inputs to int32 at input x weight scale, a
     change of the graph's numbers (6e-5 relative on a MobileNetV3 squeeze-excite conv) that later rounding points
-    carry on to the output as several 8-bit steps."""
-    import onnxruntime as ort
-
+    carry on to the output as several 8-bit steps (onnx_helpers.for_qdq). A large export's graph is fed the
+    module's own tensors (large_graph.parity_session), under the same options."""
     from ..capture.large_graph import parity_session
 
     key = (str(path), quantized)
     session = _KEPT.pop(key, None) if _KEPT is not None else None  # used once more, then freed as before
     if session is None:
-        session = parity_session(Path(path))  # a large export's graph: weights not held twice
+        session = parity_session(Path(path), quantized)  # a large export's graph: weights not held twice
     if session is None:
-        from ..graph.onnx_helpers import check_session, session_options
+        from ..graph.onnx_helpers import check_session, for_qdq, session_options
 
         options = session_options()
-        disabled = []
-        if quantized:
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            disabled = ["WeightBiasQuantization"]
+        disabled = for_qdq(options) if quantized else []
         session = check_session(str(path), options, disabled_optimizers=disabled)
     if _KEPT is not None and _KEPT.get("path") == str(path) and not _KEPT.get("kept"):
         _KEPT[key], _KEPT["kept"] = session, True  # once: the next run on the graph takes it, later ones load

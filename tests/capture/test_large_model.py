@@ -112,6 +112,10 @@ def test_parity_feeds_only_weights_whose_written_bytes_match(tmp_path):
     with large_model.sharing(ctx):  # what parity runs on: the fed session, not a second load of the weights
         used, wanted = onnx_session(out, [{"input": x.numpy()}])
     assert sorted(used.weights) == sorted(session.weights) and wanted == ["input"]
+    with large_model.sharing(ctx):  # a Q/DQ graph's options hold for the fed session too (parity.onnx_session)
+        qdq, _ = onnx_session(out, [{"input": x.numpy()}], quantized=True)
+    levels = [s.inner.get_session_options().graph_optimization_level for s in (used, qdq)]
+    assert levels == [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC]
     assert [i.name for i in session.get_inputs()] == ["input"]
     assert sorted(tmp_path.iterdir()) == sorted([out, out.with_name("m.onnx.data")])  # the view file is gone
     np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], model(x).detach().numpy(),

@@ -57,6 +57,7 @@ def test_large_components_run_on_the_pipelines_own_weights_in_the_end_to_end_che
     import cann_export
     from cann_export.capture import large_graph
     from cann_export.cli.main import _print_multi_export
+    from cann_export.errors import ExportError
 
     fed: list[tuple[str, dict[str, int]]] = []
     real = large_graph.fed_session
@@ -86,3 +87,8 @@ def test_large_components_run_on_the_pipelines_own_weights_in_the_end_to_end_che
     shown = CliRunner().invoke(click.command()(lambda: _print_multi_export(result, False)), [])
     assert "unet: parity passed" in shown.output and "(fp32 ok, device not emulated)" in shown.output, shown.output
     assert cann_export.validate(out)["passed"]
+    manifest = json.loads((out / "manifest.json").read_text())  # a component claimed emulated that was not
+    del manifest["pipeline"]["end_to_end"]["device"]["not_emulated"]["unet"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="device.not_emulated: not the components"):
+        cann_export.validate(out)

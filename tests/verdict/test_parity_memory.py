@@ -109,8 +109,10 @@ def test_a_large_models_reference_outputs_live_on_disk_and_go(tmp_path, monkeypa
     real_keep = spill.SpillDir.keep
 
     def keep(self, arrays):
-        kept.append((self.path, real_keep(self, arrays)))
-        return kept[-1][1]
+        spilled = real_keep(self, arrays)
+        one = spilled[0]  # what parity reads: mapped read-only from the file
+        kept.append((self.path, spilled, isinstance(one, np.memmap) and not one.flags.writeable, one.shape))
+        return spilled
 
     monkeypatch.setattr(spill.SpillDir, "keep", keep)
     torch.manual_seed(0)
@@ -119,12 +121,10 @@ def test_a_large_models_reference_outputs_live_on_disk_and_go(tmp_path, monkeypa
     result = cann_export.export(model, out, "onnx", example_inputs=torch.randn(2, 64), external_data_threshold=10_000)
     assert result.ok and result.parity["passed"] and result.parity["input_sets"] >= 3
     assert len(kept) >= result.parity["input_sets"]  # every set's reference outputs went to disk
-    one = kept[0][1][0]
-    assert isinstance(one, np.memmap) and one.shape == (2, 64) and not one.flags.writeable
-    directory = kept[0][0]
-    del one, kept[:]
+    assert kept[0][2:] == (True, (2, 64))
+    assert not kept[0][0].exists()  # the spill went when the export's run ended, with sets still referring to it
+    del kept[:]
     gc.collect()
-    assert not directory.exists()  # the spill went with the export's last reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
     small = tmp_path / "small.onnx"
     assert cann_export.export(model, small, "onnx", example_inputs=torch.randn(2, 64)).ok
