@@ -105,14 +105,21 @@ def checked_index(path: Path) -> tuple[Path, str, dict[str, tuple[str, str]], di
                             f"pipeline whose parts are {', '.join(sorted(set().union(*ALLOWED.values())))}",
                             path=where)
         parts[name] = (library, klass)
-    _check_parts(directory, cls, parts)
+    _check_parts(directory, cls, parts, index)
     return directory, cls, parts, index
 
 
-def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]]) -> None:
+def _check_parts(directory: Path, cls: str, parts: dict[str, tuple[str, str]], index: dict[str, Any]) -> None:
     encoders, denoiser = PIPELINES[cls]
     for name in (*encoders, denoiser, "vae", "scheduler"):
         folder = directory / name
+        if name not in parts and index.get(name) in ([None, None], [None]):  # dropped on purpose (SD3 without T5)
+            raise LoadError(f"model_index.json sets {name} to null: the pipeline was saved without it (as diffusers "
+                            f"suggests for SD3's T5, to save memory). This tool exports every part of a {cls} "
+                            f"({', '.join(components_of(cls))}) and checks the assembled loop, so a pipeline without "
+                            f"{name} is not exported; save it with its {name} (load it without passing {name}=None) "
+                            "or copy the folder and its model_index.json entry from the model's snapshot",
+                            path=directory / "model_index.json")
         if name not in parts or not folder.is_dir() or folder.is_symlink():
             raise LoadError(f"the diffusers pipeline {cls} has no {name}/ folder listed in model_index.json; it "
                             f"exports {', '.join(components_of(cls))}. Save the whole pipeline "

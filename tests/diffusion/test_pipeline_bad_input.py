@@ -66,6 +66,15 @@ def test_a_missing_tokenizer_is_refused_naming_its_folder_and_the_fix(tmp_path):
              "save_pretrained")
 
 
+def test_an_sd3_saved_without_its_t5_is_refused_saying_why_not_to_save_the_whole_pipeline(tmp_path):
+    """diffusers' docs suggest dropping SD3's T5 (text_encoder_3=None) to save memory; such a pipeline saves
+    ``text_encoder_3: [null, null]``. The refusal names that entry and what to do, not a folder gone missing."""
+    index = {**SD3_INDEX, "text_encoder_3": [None, None], "tokenizer_3": [None, None]}
+    text = _refused(tmp_path, _directory(tmp_path / "pipe", index), "model_index.json sets text_encoder_3 to null",
+                    "text_encoder_3=None", "snapshot")
+    assert "has no text_encoder_3/ folder" not in text
+
+
 def test_pickled_weights_are_refused(tmp_path):
     root = _directory(tmp_path / "pipe")
     (root / "vae" / "model.safetensors").unlink()
