@@ -56,8 +56,9 @@ def not_emulated_problems(manifest: dict[str, Any], owns: dict[str, dict[str, An
     device = e2e.get("device") if isinstance(e2e, dict) else None
     if not isinstance(device, dict) or "not_emulated" not in device:
         return []
-    skipped = sorted(n for n in components_of(cls)
-                     if (((owns.get(n) or {}).get("parity") or {}).get("precision") or {}).get("emulated") is False)
+    from .end_to_end import skipped_in
+
+    skipped = sorted(skipped_in({n: owns.get(n) for n in components_of(cls)}))
     said = device["not_emulated"]
     if not isinstance(said, dict) or sorted(said) != skipped:
         return ["manifest.json pipeline.end_to_end.device.not_emulated: not the components whose device emulation "

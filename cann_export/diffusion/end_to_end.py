@@ -72,10 +72,14 @@ def not_emulated(root: Path, names: tuple[str, ...]) -> dict[str, str]:
     """The components whose own device check skipped the emulation, with its reason (run in fp32 in the loop)."""
     from ..bundle.read import load_manifest_file
 
+    return skipped_in({n: load_manifest_file(root / "components" / n / "manifest.json") for n in names})
+
+
+def skipped_in(owns: dict[str, Any]) -> dict[str, str]:
+    """Of components' own manifests (name -> manifest), those saying the device emulation was skipped: its reason."""
     said = {}
-    for name in names:
-        precision = (load_manifest_file(root / "components" / name / "manifest.json").get("parity") or {}) \
-            .get("precision") or {}
+    for name, own in owns.items():
+        precision = ((own or {}).get("parity") or {}).get("precision") or {}
         if precision.get("emulated") is False:
             said[name] = str(precision.get("reason") or "skipped")
     return said

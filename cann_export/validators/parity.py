@@ -30,15 +30,10 @@ def one_session(path: Any) -> Iterator[None]:
 
 
 def onnx_session(path: Path, input_sets: list[dict[str, Any]], quantized: bool = False) -> tuple[Any, list[str]]:
-    """An onnxruntime (CPU) session on the graph at ``path`` and the names of the inputs it is fed.
-
-    A Q/DQ graph runs with basic optimisations only: onnxruntime's extended level fuses Q/DQ into u8s8
-    int8 kernels, which saturate on AVX2 CPUs without VNNI (onnxruntime's quantization docs), an artifact
-    of this runtime that the Q/DQ semantics, and ATC, do not have; and without the basic level's
-    WeightBiasQuantization, which rounds a float bias after Q/DQ inputs to int32 at input x weight scale, a
-    change of the graph's numbers (6e-5 relative on a MobileNetV3 squeeze-excite conv) that later rounding points
-    carry on to the output as several 8-bit steps (onnx_helpers.for_qdq). A large export's graph is fed the
-    module's own tensors (large_graph.parity_session), under the same options."""
+    """An onnxruntime (CPU) session on the graph at ``path`` and the names of the inputs it is fed; a Q/DQ graph's
+    under onnx_helpers.for_qdq's options (no u8s8 int8 fusions, no WeightBiasQuantization: artifacts of this runtime
+    that the Q/DQ semantics and ATC do not have). A large export's graph is fed the module's own tensors
+    (large_graph.parity_session), under the same options."""
     from ..capture.large_graph import parity_session
 
     key = (str(path), quantized)
