@@ -95,11 +95,12 @@ sys.modules.setdefault("torchvision", None)  # its wheel here does not load agai
 
 def same_as_ours() -> list[str]:
     """Pins for packages transformers imports at model import when they are installed (torchao: seconds and
-    ~85 MiB), at this environment's versions, so both sides run where a user of this environment runs."""
+    ~85 MiB), and for ml_dtypes (onnx imports it; our package leaves out 0.7.0, whose import takes ~1 s), at this
+    environment's versions, so both sides run where a user of this environment runs."""
     from importlib import metadata
 
     pins = []
-    for name in ("torchao",):
+    for name in ("torchao", "ml_dtypes"):
         try:
             pins.append(f"{name}=={metadata.version(name)}")
         except metadata.PackageNotFoundError:
