@@ -113,8 +113,8 @@ def optimum_cli(venv: Path, install: bool) -> tuple[Path | None, str]:
     cli = venv / "bin" / "optimum-cli"
     pins = [*PINS, *same_as_ours()]
     if cli.exists():
-        probe = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--dry-run", *pins], capture_output=True,
-                               text=True, check=False)
+        probe = subprocess.run([str(venv / "bin" / "pip"), "install", "--dry-run", *pins], capture_output=True,
+                               text=True, check=False)  # not -q: it silences the "Would install" line read here
         if "Would install" not in probe.stdout:
             return cli, "present"
     if not install:

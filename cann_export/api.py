@@ -124,7 +124,7 @@ def export(model: Any, output_path: str | Path, export_format: str = "atc_ready"
 
         progress = StageTimeline(trace).wrap(progress)
     check_options(export_format, options)
-    with events.step("read config.json (task, graphs)") if _directory(model) else contextlib.nullcontext():
+    with events.step(_first_read(model)) if _directory(model) else contextlib.nullcontext():
         several = graphs(model, options)  # transformers' import: seconds the live line names
     _check_decode_graph(model, several, options)
     if several is not None:  # a decoder with past / an encoder-decoder: one bundle of several graphs
@@ -154,6 +154,14 @@ def _check_decode_graph(model: Any, several: str | None, options: dict[str, Any]
 
 def _directory(model: Any) -> bool:
     return isinstance(model, (str, Path)) and Path(model).is_dir()
+
+
+def _first_read(directory: Any) -> str:
+    """The step that reads what a model directory is: a pipeline's model_index.json, else config.json."""
+    from .diffusion.directory import is_pipeline_directory
+
+    return "read model_index.json (the pipeline's parts)" if is_pipeline_directory(directory) \
+        else "read config.json (task, graphs)"
 
 
 def _check_model_path(model: Any) -> None:

@@ -10,10 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import OptionsError
+from ..errors import ExportError, OptionsError, gist
 from .files import PIPELINE_DIR, read_json
+from .parts import check_numbers
 from .cache_spec import bundle_components, from_section
 from .known_pipelines import KIND, PIPELINES, SCHEDULERS
+
+REEXPORT = "re-export the bundle (cann-export PIPELINE_DIR)"
 
 
 def load(bundle: str | Path, device: bool = False, cache: bool = True) -> Any:
@@ -60,27 +63,42 @@ def build(root: Path, manifest: dict[str, Any], device: bool = False, cache: boo
     encoders, denoiser = PIPELINES[cls]
     spec = from_section(manifest["pipeline"].get("cache")) if cache else None
     names = bundle_components(cls, spec)
-    index = read_json(root / PIPELINE_DIR / "model_index.json", "pipeline/model_index.json")
+    index = read_json(root / PIPELINE_DIR / "model_index.json", "pipeline/model_index.json", REEXPORT)
     parts: dict[str, Any] = {}
     scheduler = index.get("scheduler")
-    if not (isinstance(scheduler, list) and len(scheduler) == 2 and scheduler[1] in SCHEDULERS):
+    if not (isinstance(scheduler, list) and len(scheduler) == 2 and isinstance(scheduler[1], str)
+            and scheduler[1] in SCHEDULERS):
         raise OptionsError("pipeline/model_index.json names no scheduler this tool knows", path=root)
-    config = read_json(root / PIPELINE_DIR / "scheduler" / "scheduler_config.json", "scheduler_config.json")
-    parts["scheduler"] = getattr(diffusers, scheduler[1]).from_config(config)
+    where = root / PIPELINE_DIR / "scheduler" / "scheduler_config.json"
+    config = read_json(where, "scheduler_config.json", REEXPORT)
+    check_numbers("scheduler", config, where, REEXPORT)
+    parts["scheduler"] = _carried(where, getattr(diffusers, scheduler[1]).from_config, config)
     for enc in encoders:
         tok = enc.replace("text_encoder", "tokenizer")
         entry = index.get(tok)
-        klass = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
+        klass = entry[1] if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str) else None
         if klass not in ("CLIPTokenizer", "CLIPTokenizerFast", "T5Tokenizer", "T5TokenizerFast"):
             raise OptionsError(f"pipeline/model_index.json names no known tokenizer for {enc}", path=root)
-        parts[tok] = getattr(transformers, klass).from_pretrained(str(root / PIPELINE_DIR / tok),
-                                                                  local_files_only=True)
+        folder = root / PIPELINE_DIR / tok
+        parts[tok] = _carried(folder, getattr(transformers, klass).from_pretrained, str(folder), local_files_only=True)
     configs = {n: _config(root, n) for n in (*encoders, denoiser, "vae")}
     runs = device_runs(root, names) if device else {n: ort_run(graph_path(root, n)) for n in names}
     cached = cached_denoiser(spec, denoiser, runs, configs[denoiser], parts["scheduler"]) if spec else None
     loop = (denoiser, "vae_decoder", *((spec.skip,) if spec else ()))  # the graphs the loop may call
     limits = latent_limits({n: _own(root, n) for n in loop})
     return hosted_pipeline(cls, parts, runs, configs, cached, limits, pipeline_flags(index))
+
+
+def _carried(path: Path, build_part: Any, *args: Any, **kwargs: Any) -> Any:
+    """``build_part(*args, **kwargs)``, a part rebuilt from the bundle's carried files, or an OptionsError naming
+    ``path``."""
+    try:
+        return build_part(*args, **kwargs)
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - diffusers' / transformers' refusal of a carried file
+        raise OptionsError(f"the bundle's {path.name} cannot be rebuilt ({gist(e, 300)}); {REEXPORT}",
+                           path=path) from e
 
 
 def _own(root: Path, component: str) -> dict[str, Any]:
@@ -94,4 +112,7 @@ def _config(root: Path, part: str) -> Any:
     """A part's config with attribute access, as the pipeline reads it (``vae.config.scaling_factor``)."""
     from diffusers.configuration_utils import FrozenDict
 
-    return FrozenDict(read_json(root / PIPELINE_DIR / part / "config.json", f"pipeline/{part}/config.json"))
+    where = root / PIPELINE_DIR / part / "config.json"
+    config = read_json(where, f"pipeline/{part}/config.json", REEXPORT)
+    check_numbers(part, config, where, REEXPORT)
+    return FrozenDict(config)

@@ -87,7 +87,7 @@ def checked_index(path: Path) -> tuple[Path, str, dict[str, tuple[str, str]], di
     check_regular_file(where, MODEL_INDEX, "it must be a regular file (or a hub cache's link to one)", LoadError)
     index = read_json(where, MODEL_INDEX)
     cls = index.get("_class_name")
-    if cls not in PIPELINES:
+    if not isinstance(cls, str) or cls not in PIPELINES:
         raise LoadError(f"model_index.json names the pipeline class {str(cls)[:80]!r}, which this tool does not "
                         f"export; it exports {', '.join(PIPELINES)}. Export the pipeline's modules one by one from "
                         "Python (cann_export.export(pipe.transformer, ...))", path=where)
@@ -98,7 +98,11 @@ def checked_index(path: Path) -> tuple[Path, str, dict[str, tuple[str, str]], di
         if entry in ([None, None], [None]) or (len(entry) == 2 and entry[1] is None) or name in OPTIONAL_PARTS:
             continue  # an optional part is left out of the export and never loaded (load_pipeline passes None)
         library, klass = (entry + [None, None])[:2]
-        if not (isinstance(name, str) and PART.fullmatch(name)) or library not in ALLOWED \
+        if not (isinstance(name, str) and PART.fullmatch(name)):
+            raise LoadError(f"model_index.json names a part {str(name)[:64]!r}, not a folder name save_pretrained "
+                            "writes (lower-case letters, digits, _); restore the pipeline's own model_index.json",
+                            path=where)
+        if not (isinstance(library, str) and isinstance(klass, str)) or library not in ALLOWED \
                 or klass not in ALLOWED[library]:
             raise LoadError(f"model_index.json's part {str(name)[:64]!r} names {str(library)[:40]}.{str(klass)[:80]}, "
                             "not a diffusers or transformers class this tool loads (no remote code is run); use a "
@@ -153,15 +157,20 @@ def load_pipeline(path: Path) -> tuple[Any, bytes]:
 
     import torch
 
-    directory, cls, _, index = checked_index(path)
+    from .parts import check_assembled, check_files, load_parts
+
+    directory, cls, parts, index = checked_index(path)
     left_out = {p: None for p in OPTIONAL_PARTS if isinstance(index.get(p), list) and any(index[p])}
     diffusers = diffusers_module()
     os.environ["HF_HUB_OFFLINE"] = "1"
+    check_files(directory, parts)
+    models = load_parts(directory, parts)  # each checked against its weight files; diffusers loads the rest
     try:  # an optional part (SD's safety checker) is passed as None: never imported nor loaded
         pipe = getattr(diffusers, cls).from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
-                                                       torch_dtype=torch.float32, **left_out)
+                                                       torch_dtype=torch.float32, **left_out, **models)
     except Exception as e:  # noqa: BLE001 - any failure of diffusers' load of the user's directory
         raise LoadError(f"diffusers could not load the {cls}: {type(e).__name__}: {str(e)[:300]}. Check the "
                         "directory is a complete pipeline saved with save_pretrained", path=directory) from e
+    check_assembled(pipe, directory)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to("cpu"), (directory / MODEL_INDEX).read_bytes()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import ExportError, LoadError, gist
 from .files import MODEL_INDEX, PIPELINE_DIR, pipeline_files
 
 
@@ -99,7 +100,11 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
         read_index(Path(model))  # what the directory is, named before the options that depend on it
     fmt = options.get("export_format", "atc_ready")
     check_request("a diffusers pipeline", fmt, Path(output), options)
-    options.pop("trust_remote_code", None)
+    if options.pop("trust_remote_code", None):
+        import warnings
+
+        warnings.warn("trust_remote_code is ignored for a diffusers pipeline: only diffusers' and transformers' own "
+                      "classes are loaded (model_index.json naming any other is refused)", stacklevel=2)
     options.pop("task", None)
     options.pop("known_task", None)
     if isinstance(model, (str, Path)):
@@ -109,7 +114,15 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
             from .directory import load_pipeline
 
             pipe, index = load_pipeline(path)
-            return planned(pipe, index, given)
+            try:
+                return planned(pipe, index, given)
+            except ExportError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the user's pipeline, run to plan its graphs, fails on its files
+                raise LoadError(f"the pipeline loaded from the directory fails when run to plan its graphs "
+                                f"({gist(e, 300)}): its configs or tokenizer files do not fit together. Check them "
+                                "against the model's snapshot, or re-save the pipeline with pipe.save_pretrained(DIR)",
+                                path=path) from e
 
         return export_directory(Path(model), Path(output), export_one, (None, None, 0, 1), progress, options,
                                 planner=plan_directory)
@@ -125,7 +138,12 @@ def on_cpu(pipe: Any) -> Iterator[None]:
 
     devices = {p.device for part in pipe.components.values() if isinstance(part, torch.nn.Module)
                for p in part.parameters()}
-    pipe.to("cpu")
+    try:
+        pipe.to("cpu")
+    except Exception as e:  # noqa: BLE001 - a part diffusers cannot move: not the module the pipeline expects
+        raise LoadError(f"diffusers cannot move the pipeline's parts to the CPU ({gist(e, 300)}); each part must be "
+                        f"the diffusers / transformers module {type(pipe).__name__} expects (as from_pretrained "
+                        "loads it)") from e
     try:
         yield
     finally:

@@ -62,21 +62,24 @@ def pipeline_files(pipe: Any, model_index: bytes | None = None) -> dict[str, byt
     return files
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A JSON object from ``path`` (at most MAX_FILE bytes, strict)."""
+def read_json(path: Path, what: str, fix: str = "restore the pipeline's own file (pipe.save_pretrained(DIR) writes "
+              "it)") -> dict[str, Any]:
+    """A JSON object from ``path`` (at most MAX_FILE bytes, strict), else a LoadError naming ``what`` and ``fix``."""
     from ..fs.jsonio import loads_strict
 
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE + 1)
     except OSError as e:
-        raise LoadError(f"{what} cannot be read ({e.strerror})", path=path) from e
+        raise LoadError(f"{what} cannot be read ({e.strerror}); {fix}", path=path) from e
     if len(data) > MAX_FILE:
-        raise LoadError(f"{what} is larger than {MAX_FILE >> 20} MiB; it is not a pipeline's file", path=path)
+        raise LoadError(f"{what} is larger than {MAX_FILE >> 20} MiB; it is not a pipeline's file; {fix}", path=path)
     try:
         value = loads_strict(data.decode("utf-8"))
+    except RecursionError as e:
+        raise LoadError(f"{what} nests too deeply to be a pipeline's file; {fix}", path=path) from e
     except (ValueError, UnicodeDecodeError) as e:
-        raise LoadError(f"{what} is not valid JSON ({str(e)[:120]})", path=path) from e
+        raise LoadError(f"{what} is not valid JSON ({str(e)[:120]}); {fix}", path=path) from e
     if not isinstance(value, dict):
-        raise LoadError(f"{what} is not a JSON object", path=path)
+        raise LoadError(f"{what} is not a JSON object; {fix}", path=path)
     return value

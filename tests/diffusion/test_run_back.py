@@ -65,6 +65,24 @@ def test_a_pickle_beside_the_weights_is_refused(sd, tmp_path):
         cann_export.load(bundle)
 
 
+def test_a_bundles_carried_scheduler_config_edited_with_its_digest_is_refused_by_load(sd, tmp_path):
+    from cann_export.errors import ExportError
+    from cann_export.fs import digests
+
+    _, root = sd
+    bundle = tmp_path / "b"
+    shutil.copytree(root / "sd_bundle", bundle)
+    rel = "pipeline/scheduler/scheduler_config.json"
+    config = json.loads((bundle / rel).read_text())
+    config["beta_schedule"] = "no-such-schedule"
+    (bundle / rel).write_text(json.dumps(config))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"][rel] = {"sha256": digests.sha256_file(bundle / rel), "size": (bundle / rel).stat().st_size}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="scheduler_config.json cannot be rebuilt.*re-export the bundle"):
+        cann_export.load(bundle)
+
+
 def test_the_zoo_keeps_a_pipeline_as_one_signed_entry_and_gives_it_back_both_ways(sd, tmp_path):
     import cann.torch
     from cann.model_zoo import load_model, publish, verify
