@@ -37,9 +37,11 @@ def section(pipe: Any, files: dict[str, bytes], end_to_end: dict[str, Any] | Non
             "warnings": list(warnings or []), **({"cache": cache.section()} if cache is not None else {})}
 
 
-def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
+def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any],
+            directory: Path | None = None) -> tuple[Any, dict[str, bytes]]:
     """The plan of ``pipe`` with its finishing step (the end-to-end check, unless not validating) and the files
-    it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place."""
+    it carries; ``options["atc_hints"]`` become the components' own (``hints.pipeline_hints``), in place.
+    ``directory``: where ``pipe`` was loaded from (its failure to run while planned is named with it)."""
     import warnings
 
     from .cache_measure import with_measure
@@ -54,7 +56,17 @@ def planned(pipe: Any, model_index: bytes | None, options: dict[str, Any]) -> tu
     for text in said:
         warnings.warn(text, stacklevel=2)
     check_asked(pipe, options.get("dynamic"))
-    plan = pipeline_plan(pipe, cache)
+    try:
+        plan = pipeline_plan(pipe, cache)  # runs the pipeline's parts on its example
+    except (ExportError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a loaded directory's parts that do not run together
+        if directory is None:
+            raise
+        raise LoadError(f"the pipeline loaded from the directory fails when its parts run on the example "
+                        f"({gist(e, 300)}); if its configs or tokenizer files were edited, restore them from the "
+                        "model's snapshot or re-save the pipeline with pipe.save_pretrained(DIR)",
+                        path=directory) from e
     files = pipeline_files(pipe, model_index)
 
     def finish(staging: Path, results: dict[str, Any]) -> dict[str, Any]:
@@ -114,15 +126,7 @@ def export_pipeline(model: Any, output: str | Path, export_one: Any, progress: A
             from .directory import load_pipeline
 
             pipe, index = load_pipeline(path)
-            try:
-                return planned(pipe, index, given)
-            except ExportError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the user's pipeline, run to plan its graphs, fails on its files
-                raise LoadError(f"the pipeline loaded from the directory fails when run to plan its graphs "
-                                f"({gist(e, 300)}): its configs or tokenizer files do not fit together. Check them "
-                                "against the model's snapshot, or re-save the pipeline with pipe.save_pretrained(DIR)",
-                                path=path) from e
+            return planned(pipe, index, given, directory=path)
 
         return export_directory(Path(model), Path(output), export_one, (None, None, 0, 1), progress, options,
                                 planner=plan_directory)
@@ -141,9 +145,9 @@ def on_cpu(pipe: Any) -> Iterator[None]:
     try:
         pipe.to("cpu")
     except Exception as e:  # noqa: BLE001 - a part diffusers cannot move: not the module the pipeline expects
-        raise LoadError(f"diffusers cannot move the pipeline's parts to the CPU ({gist(e, 300)}); each part must be "
-                        f"the diffusers / transformers module {type(pipe).__name__} expects (as from_pretrained "
-                        "loads it)") from e
+        raise LoadError(f"diffusers cannot move the pipeline to the CPU, where it is exported ({gist(e, 300)}); each "
+                        f"part must be the diffusers / transformers module {type(pipe).__name__} expects, on one "
+                        "device (no device_map)") from e
     try:
         yield
     finally:

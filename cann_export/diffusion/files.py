@@ -63,19 +63,20 @@ def pipeline_files(pipe: Any, model_index: bytes | None = None) -> dict[str, byt
 
 
 def read_json(path: Path, what: str, fix: str = "restore the pipeline's own file (pipe.save_pretrained(DIR) writes "
-              "it)") -> dict[str, Any]:
-    """A JSON object from ``path`` (at most MAX_FILE bytes, strict), else a LoadError naming ``what`` and ``fix``."""
+              "it)", limit: int = MAX_FILE) -> dict[str, Any]:
+    """A JSON object from ``path`` (at most ``limit`` bytes, strict but for a scheduler config's infinities, which
+    diffusers writes), else a LoadError naming ``what`` and ``fix``."""
     from ..fs.jsonio import loads_strict
 
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_FILE + 1)
+            data = f.read(limit + 1)
     except OSError as e:
         raise LoadError(f"{what} cannot be read ({e.strerror}); {fix}", path=path) from e
-    if len(data) > MAX_FILE:
-        raise LoadError(f"{what} is larger than {MAX_FILE >> 20} MiB; it is not a pipeline's file; {fix}", path=path)
+    if len(data) > limit:
+        raise LoadError(f"{what} is larger than {limit >> 20 or 1} MiB; it is not a pipeline's file; {fix}", path=path)
     try:
-        value = loads_strict(data.decode("utf-8"))
+        value = loads_strict(data.decode("utf-8"), infinities=path.name == "scheduler_config.json")
     except RecursionError as e:
         raise LoadError(f"{what} nests too deeply to be a pipeline's file; {fix}", path=path) from e
     except (ValueError, UnicodeDecodeError) as e:

@@ -26,24 +26,57 @@ _FIX = "restore the part's own files from the model's snapshot, or re-save the p
 
 
 def check_files(directory: Path, parts: dict[str, tuple[str, str]]) -> None:
-    """Every file of each part's folder within its bound (a config 1 MiB, a tokenizer's vocabulary MAX_FILE),
-    each config a strict JSON object, and the config values the loop computes with numbers (NUMBERS)."""
-    from ..hf.config_json import MAX_CONFIG_BYTES, read_json
-    from .files import MAX_FILE
+    """Every file of each part's folder that the load reads within its bound (a config 1 MiB, an index or a
+    tokenizer's vocabulary MAX_FILE; other files, such as a full snapshot's .bin / .msgpack / .onnx weights, are never
+    opened), each config a strict JSON object: a transformers part's under a model directory's rules
+    (hf/config_json.read_config), a diffusers model's integers and lists bounded, the loop's numbers checked."""
+    from ..hf.config_json import MAX_CONFIG_BYTES, read_config
+    from .files import CONFIGS, MAX_FILE, TOKENIZER_FILES, read_json
 
-    for name in parts:
+    for name, (library, klass) in parts.items():
         folder = directory / name
         if not folder.is_dir():
             continue
         for path in folder.iterdir():
-            small = path.suffix == ".json" and path.name not in ("tokenizer.json", "vocab.json")
-            limit = MAX_CONFIG_BYTES if small else MAX_FILE
-            if path.suffix != ".safetensors" and path.is_file() and path.stat().st_size > limit:
+            read = path.name in (*CONFIGS, *TOKENIZER_FILES) or path.name.endswith(".safetensors.index.json")
+            limit = MAX_CONFIG_BYTES if path.name in CONFIGS else MAX_FILE
+            if read and path.is_file() and path.stat().st_size > limit:
                 raise LoadError(f"{name}/{path.name} is larger than {limit >> 20} MiB, far past any pipeline's; "
                                 f"refused unread; {_FIX}", path=path)
-        for config_name in ("config.json", "scheduler_config.json"):
+        if library == "transformers" and klass in MODEL_CLASSES:
+            read_config(folder, trust_remote_code=False)
+            continue
+        for config_name in CONFIGS:
             if (folder / config_name).exists():
-                check_numbers(name, read_json(folder / config_name, f"{name}/{config_name}"), folder / config_name)
+                where = folder / config_name
+                config = read_json(where, f"{name}/{config_name}", _FIX, MAX_CONFIG_BYTES)
+                if klass in MODEL_CLASSES:
+                    _check_bounds(name, config, where)
+                check_numbers(name, config, where)
+
+
+MAX_INT, MAX_LIST, MAX_LAYERS = 1 << 17, 64, 1 << 10  # a diffusers model config's integers, lists, layer counts
+LAYER_KEYS = ("num_layers", "layers_per_block", "transformer_layers_per_block", "num_single_layers")
+
+
+def _check_bounds(name: str, config: dict[str, Any], where: Path) -> None:
+    """A diffusers model's config builds what its integers say (on the meta device first, then for real): each
+    integer at most MAX_INT (layer counts MAX_LAYERS), each list at most MAX_LIST long."""
+    def walk(key: str, value: Any) -> None:
+        bound = MAX_LAYERS if key in LAYER_KEYS else MAX_INT
+        if isinstance(value, list):
+            if len(value) > MAX_LIST and not all(isinstance(v, str) for v in value):
+                raise LoadError(f"{name}/config.json's {key} is a list of {len(value)}, past the {MAX_LIST} any "
+                                f"{name} config has; {_FIX}", path=where)
+            for item in value:
+                walk(key, item)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > bound:
+            raise LoadError(f"{name}/config.json's {key} is {value}, past the {bound} any {name} config has; {_FIX}",
+                            path=where)
+
+    for key, value in config.items():
+        if not key.startswith("_"):  # diffusers' own bookkeeping (_use_default_values: names)
+            walk(key, value)
 
 
 def check_numbers(name: str, config: dict[str, Any], where: Path, fix: str = _FIX) -> None:
@@ -84,7 +117,7 @@ def _load(folder: Path, name: str, library: str, klass: str) -> Any:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
         raise LoadError(f"{len(missing)} weight(s) of {name} ({klass}) are not in {name}/'s weight files ({shown}): "
                         f"{library} would fill them with random values and the exported graph would compute with "
-                        f"them. {name}/config.json does not belong to these weights; {_FIX}", path=folder)
+                        f"them. {name}/config.json describes weights the files lack; {_FIX}", path=folder)
     return model
 
 
@@ -103,7 +136,10 @@ def _check_size(folder: Path, name: str, library: str, cls: Any) -> None:
 
     from ..hf.weights import check_safetensors, stored_elements
 
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".safetensors" and p.is_file())
+    from .files import WEIGHT_FILE
+
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".safetensors" and p.is_file()  # not a variant's
+                   and WEIGHT_FILE.fullmatch(p.name))
     stored = stored_elements([check_safetensors(p) for p in files])  # each header bounded and strict
     try:
         if library == "diffusers":

@@ -83,12 +83,15 @@ def dump_file_text(data: Any) -> str:
     return dumps(data, indent=2) + "\n"
 
 
-def loads_strict(text: str | bytes) -> Any:
+def loads_strict(text: str | bytes, infinities: bool = False) -> Any:
     """Parse JSON the way strict parsers (Node's JSON.parse) do: NaN / Infinity are errors, and so is an object
     that names a key twice (readers disagree on which value wins); a number past the float range (``1e999``,
-    which Python would read as inf) is refused like the Infinity literal."""
+    which Python would read as inf) is refused like the Infinity literal. ``infinities``: the literals
+    ``Infinity`` / ``-Infinity`` are read (diffusers writes them in a scheduler's config), NaN still refused."""
 
     def refuse(name: str) -> Any:
+        if infinities and name in ("Infinity", "-Infinity"):
+            return float(name.replace("Infinity", "inf"))
         raise ValueError(f"not RFC 8259 JSON: {name}")
 
     def finite(text: str) -> float:

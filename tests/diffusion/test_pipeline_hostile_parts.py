@@ -117,3 +117,37 @@ def test_trust_remote_code_is_said_to_be_ignored_for_a_pipeline_directory(sd3_di
     with pytest.warns(UserWarning, match="trust_remote_code is ignored for a diffusers pipeline"):
         result = cann_export.export(str(sd3_dir), tmp_path / "out", trust_remote_code=True, validate=False)
     assert result.ok
+
+
+@pytest.mark.parametrize("rel,edit,words", [
+    ("transformer/config.json", lambda c: c.update(num_layers=1 << 20), ("num_layers", "past the")),
+    ("text_encoder_2/config.json", lambda c: c.update(transformers_weights="../x.safetensors"),
+     ("transformers_weights", "another weight file")),
+])
+def test_a_part_config_past_the_model_directory_rules_is_refused_before_any_build(sd3_dir, tmp_path, rel, edit, words):
+    _refused(tmp_path, _edited(sd3_dir, tmp_path, rel, edit), *words)
+
+
+def test_a_full_hub_download_with_a_dpm_solver_scheduler_exports_and_runs_back(tmp_path):
+    """What `huggingface-cli download` leaves beside the safetensors (pickled, Flax and ONNX weights the load
+    never opens) is not read; diffusers' DPMSolverMultistepScheduler writes ``lambda_min_clipped: -Infinity`` in
+    its config, which the pipeline's own reader takes (NaN is still refused)."""
+    import os
+
+    import cann_export
+    from diffusers import DPMSolverMultistepScheduler
+    from helpers.tiny_diffusion import save, sd_pipeline
+
+    pipe = sd_pipeline()
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    source = save(pipe, tmp_path / "pipe")
+    assert "-Infinity" in (source / "scheduler" / "scheduler_config.json").read_text()
+    for rel in ("unet/diffusion_pytorch_model.bin", "unet/diffusion_flax_model.msgpack",
+                "text_encoder/pytorch_model.bin", "unet/model.onnx_data"):
+        with open(source / rel, "wb") as f:
+            os.ftruncate(f.fileno(), 100 << 20)  # sparse: 100 MiB past every bound, nothing on disk
+    res = CliRunner().invoke(cli, [str(source), "-o", str(tmp_path / "out"), "--no-validate"])
+    assert res.exit_code == 0, res.output
+    runner = cann_export.load(tmp_path / "out")
+    assert type(runner.scheduler).__name__ == "DPMSolverMultistepScheduler"
+    assert runner.scheduler.config.lambda_min_clipped == float("-inf")
