@@ -17,7 +17,6 @@ from ..errors import ExportError, LoadError, gist
 
 MODEL_CLASSES = {"SD3Transformer2DModel", "UNet2DConditionModel", "AutoencoderKL", "CLIPTextModel",
                  "CLIPTextModelWithProjection", "T5EncoderModel"}
-SIZE_SLACK = 1_000_000  # elements a part may build beyond its files (computed buffers such as position ids)
 MAX_MODEL_LENGTH = 1 << 16  # a tokenizer's model_max_length past this is transformers' "no limit" default (1e30)
 MAX_TIMESTEPS = 100_000  # a scheduler's num_train_timesteps (1000 in every released pipeline)
 # config values the assembled loop computes with: a number each (shift_factor may be null)
@@ -114,8 +113,10 @@ def _load(folder: Path, name: str, library: str, klass: str) -> Any:
         raise LoadError(f"{library} could not load {name}/ as {klass} ({gist(e, 300)}); {_FIX}", path=folder) from e
     missing = sorted((info or {}).get("missing_keys") or []) if isinstance(info, dict) else []
     if missing:
-        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise LoadError(f"{len(missing)} weight(s) of {name} ({klass}) are not in {name}/'s weight files ({shown}): "
+        from ..hf.model import shown_keys
+
+        raise LoadError(f"{len(missing)} weight(s) of {name} ({klass}) are not in {name}/'s weight files "
+                        f"({shown_keys(missing)}): "
                         f"{library} would fill them with random values and the exported graph would compute with "
                         f"them. {name}/config.json describes weights the files lack; {_FIX}", path=folder)
     return model
@@ -134,6 +135,7 @@ def _dtype_keyword(library: str) -> str:
 def _check_size(folder: Path, name: str, library: str, cls: Any) -> None:
     import torch
 
+    from ..hf.model import past_the_weights
     from ..hf.weights import check_safetensors, stored_elements
 
     from .files import WEIGHT_FILE
@@ -155,7 +157,7 @@ def _check_size(folder: Path, name: str, library: str, cls: Any) -> None:
                         path=folder / "config.json") from e
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
     needed = sum(t.numel() for t in tensors.values())
-    if needed > stored + max(SIZE_SLACK, stored // 100):
+    if past_the_weights(needed, stored):
         raise LoadError(f"{name}/config.json describes a {cls.__name__} of {needed:,} elements but {name}/'s weight "
                         f"files hold {stored:,}: the config does not belong to these weights (the rest would be "
                         f"random, or allocated for nothing); {_FIX}", path=folder / "config.json")

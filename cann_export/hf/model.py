@@ -147,14 +147,24 @@ def _check_missing(info: Any, name: str, directory: Path, pooler_unused: bool) -
     if pooler_unused:  # a classifier head reads the pooler: never skipped there
         missing = [k for k in missing if not (k.startswith("pooler.") or ".pooler." in k)]
     if missing:
-        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise LoadError(f"{len(missing)} weight(s) of {name} are not in the directory's weight files ({shown}): "
+        raise LoadError(f"{len(missing)} weight(s) of {name} are not in the directory's weight files "
+                        f"({shown_keys(missing)}): "
                         "transformers would fill them with random values, and the exported graph would compute with "
                         "them. Pass the --task the checkpoint was trained for (its head), or re-save the model with "
                         "save_pretrained", path=directory)
 
 
 SIZE_SLACK = 1_000_000  # parameters a model may have beyond its files (e.g. a re-initialised buffer-like table)
+
+
+def shown_keys(keys: list[str]) -> str:
+    """The first weight names of ``keys`` and how many more, for a message."""
+    return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+
+
+def past_the_weights(needed: int, stored: int) -> bool:
+    """Whether a model of ``needed`` elements is far larger than the ``stored`` elements of its weight files."""
+    return needed > stored + max(SIZE_SLACK, stored // 100)
 
 
 def _check_size(cls: Any, directory: Path, stored: int) -> None:
@@ -173,7 +183,7 @@ def _check_size(cls: Any, directory: Path, stored: int) -> None:
                         "fix the config or re-save the model with save_pretrained",
                         path=directory / "config.json") from e
     needed = sum(p.numel() for p in model.parameters())
-    if needed > stored + max(SIZE_SLACK, stored // 100):
+    if past_the_weights(needed, stored):
         raise LoadError(f"config.json describes a model of {needed:,} parameters but the weight files hold {stored:,}; "
                         "the config does not belong to these weights (the rest would be random). Restore the "
                         "model's own config.json or re-save the model with save_pretrained",
